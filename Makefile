@@ -1,0 +1,68 @@
+# hvdmx developer targets. `make demo` and `make test` work on a fresh clone with
+# only python3 and a C++17 compiler: they create (or reuse) .venv, install hvdmx
+# into it in editable mode, build the extension, then run.
+
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+MPIEXEC := $(VENV)/bin/mpiexec
+# Extra mpiexec flags. None are needed with the mpich wheel's Hydra, even with more
+# ranks than cores (it does not bind processes by default).
+MPIEXEC_FLAGS ?=
+export PIP_DISABLE_PIP_VERSION_CHECK := 1
+
+INSTALLED := $(VENV)/.hvdmx-installed
+EXT_SUFFIX := $(shell $(if $(wildcard $(PY)),$(PY),$(PYTHON)) -c \
+	'import sysconfig; print(sysconfig.get_config_var("EXT_SUFFIX"))')
+CORE := hvdmx/_core$(EXT_SUFFIX)
+CSRC := $(wildcard csrc/hvdmx/*.cc csrc/hvdmx/*.h)
+
+# Build requirements from pyproject.toml, quoted for the shell (they contain '>').
+BUILD_REQUIRES = $(shell $(PY) -c 'import re, shlex, sys; t = open("pyproject.toml").read(); \
+	r = __import__("tomllib").loads(t)["build-system"]["requires"] \
+	if sys.version_info >= (3, 11) else re.findall(r"\"([^\"]+)\"", \
+	re.search(r"^requires\s*=\s*\[(.*?)\]", t, re.S | re.M).group(1)); \
+	print(" ".join(map(shlex.quote, r)))')
+
+.PHONY: venv build demo test clean distclean
+
+venv: $(INSTALLED)
+
+$(PY):
+	$(PYTHON) -m venv $(VENV)
+
+# Editable install without build isolation, after putting the build requirements
+# into the venv itself. Why: they are runtime dependencies too (mxnet, mpich) or
+# tiny (setuptools, wheel, pybind11), so this installs nothing extra; an isolated
+# build would instead download and unpack mxnet and mpich into a throwaway
+# environment on every reinstall. And `make build` (setup.py build_ext --inplace)
+# runs in this venv anyway, so both paths compile with the same mpicc and flags
+# and reuse each other's object files in build/.
+# numpy<1.24 is the runtime pin, given here so that mxnet's own numpy requirement
+# does not install a newer numpy that the second step then replaces.
+$(INSTALLED): pyproject.toml setup.py | $(PY)
+	$(PY) -m pip install $(BUILD_REQUIRES) 'numpy<1.24'
+	$(PY) -m pip install --no-build-isolation -e '.[test]'
+	touch $@
+
+build: $(CORE)
+
+# Make decides when to rebuild (a source, a header or setup.py is newer, or a file
+# was added to or removed from csrc/hvdmx); --force makes setuptools relink
+# rather than second-guess that, while setup.py recompiles only the objects whose
+# inputs changed. HVDMX_BUILD_JOBS sets the parallel compile jobs (default: all CPUs).
+$(CORE): $(CSRC) csrc/hvdmx setup.py | $(INSTALLED)
+	$(PY) setup.py -q build_ext --inplace --force
+
+demo: venv build
+	$(MPIEXEC) $(MPIEXEC_FLAGS) -n 2 $(PY) examples/allreduce_demo.py
+
+test: venv build
+	PYTHON=$(PY) MPIEXEC=$(MPIEXEC) MPIEXEC_FLAGS='$(MPIEXEC_FLAGS)' tests/run_all.sh
+
+clean:
+	rm -rf build *.egg-info hvdmx/_core*.so .pytest_cache .hypothesis
+	find . -path ./$(VENV) -prune -o -name __pycache__ -type d -prune -exec rm -rf {} +
+
+distclean: clean
+	rm -rf $(VENV)

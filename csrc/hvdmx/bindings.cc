@@ -1,0 +1,376 @@
+// Thin pybind11 bindings: the module hvdmx._core. Maps Status to Python
+// exceptions, releases the GIL around anything that waits, and holds the one
+// process-wide Runtime. Functions whose names start with _testing exist for
+// the test suite only.
+#include <mpi.h>
+#include <pybind11/numpy.h>
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+
+#include <chrono>
+#include <condition_variable>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <thread>
+
+#include "env_config.h"
+#include "local_comm.h"
+#include "logging.h"
+#include "mpi_comm.h"
+#include "mxnet_engine.h"
+#include "reduce_kernels.h"
+#include "ring.h"
+#include "runtime.h"
+
+#ifndef HVDMX_MPI_VENDOR
+#define HVDMX_MPI_VENDOR "unknown"
+#endif
+#ifndef HVDMX_NCCL_BUILT
+#define HVDMX_NCCL_BUILT 0
+#endif
+#ifndef HVDMX_CUDA_BUILT
+#define HVDMX_CUDA_BUILT 0
+#endif
+
+namespace py = pybind11;
+
+namespace hvdmx {
+namespace {
+
+void ThrowIfError(const Status& status) {
+  if (status.ok()) return;
+  if (status.code() == Status::Code::kInvalidArgument) throw py::value_error(status.message());
+  throw std::runtime_error(status.message());
+}
+
+struct Topology {
+  int rank = 0, size = 1, local_rank = 0, local_size = 1, cross_rank = 0, cross_size = 1;
+};
+
+// The process-wide state: the runtime and the job's shape.
+struct Global {
+  std::mutex mu;
+  std::shared_ptr<Runtime> runtime;
+  Topology topo;
+  int thread_level = 0;
+};
+Global& G() {
+  static Global* g = new Global();  // never destroyed: engine threads may outlive main
+  return *g;
+}
+
+std::shared_ptr<Runtime> RunningRuntime() {
+  std::lock_guard<std::mutex> lock(G().mu);
+  if (!G().runtime) {
+    throw std::runtime_error("hvdmx has not been initialized; call hvd.init() first");
+  }
+  return G().runtime;
+}
+
+Topology ComputeTopology(MPI_Comm comm) {
+  Topology t;
+  MPI_Comm_rank(comm, &t.rank);
+  MPI_Comm_size(comm, &t.size);
+  MPI_Comm local, cross;
+  MPI_Comm_split_type(comm, MPI_COMM_TYPE_SHARED, t.rank, MPI_INFO_NULL, &local);
+  MPI_Comm_rank(local, &t.local_rank);
+  MPI_Comm_size(local, &t.local_size);
+  MPI_Comm_split(comm, t.local_rank, t.rank, &cross);
+  MPI_Comm_rank(cross, &t.cross_rank);
+  MPI_Comm_size(cross, &t.cross_size);
+  MPI_Comm_free(&local);
+  MPI_Comm_free(&cross);
+  return t;
+}
+
+void Init(uintptr_t comm_address) {
+  std::lock_guard<std::mutex> lock(G().mu);
+  if (G().runtime && !G().runtime->stopped()) return;  // a second init is a no-op
+  if (G().runtime) {
+    py::gil_scoped_release release;
+    G().runtime->Shutdown();
+  }
+  G().runtime.reset();
+  Config config;
+  ThrowIfError(LoadConfig(ProcessEnvironment(), &config));
+  SetLogLevel(config.log_level);
+  G().thread_level = EnsureMpiInitialized();
+  if (G().thread_level < MPI_THREAD_MULTIPLE) {
+    HVDMX_LOG(kWarning) << "MPI provides thread level " << G().thread_level
+                        << ", not MPI_THREAD_MULTIPLE; do not call MPI from Python while "
+                           "hvdmx collectives are running";
+  }
+  MPI_Comm comm = comm_address ? *reinterpret_cast<MPI_Comm*>(comm_address) : MPI_COMM_WORLD;
+  G().topo = ComputeTopology(comm);
+  SetLogRank(G().topo.rank);
+  HVDMX_LOG(kDebug) << "init: size " << G().topo.size << ", local_size " << G().topo.local_size
+                    << ", " << config.ToString();
+  auto runtime = std::make_shared<Runtime>(std::make_unique<MpiComm>(comm),
+                                           std::make_unique<MpiComm>(comm), config);
+  runtime->Start();
+  G().runtime = std::move(runtime);
+}
+
+void Shutdown() {
+  std::shared_ptr<Runtime> runtime;
+  {
+    std::lock_guard<std::mutex> lock(G().mu);
+    runtime = std::move(G().runtime);
+  }
+  if (!runtime) return;
+  py::gil_scoped_release release;
+  runtime->Shutdown();
+}
+
+Request MakeRequest(CollectiveType type, const std::string& name,
+                    const std::vector<int>& dtypes,
+                    const std::vector<std::vector<int64_t>>& shapes, int op, int root,
+                    double prescale, double postscale, int dev_type, int dev_id, int rank) {
+  Request q;
+  q.rank = rank;
+  q.type = type;
+  q.name = name;
+  for (int d : dtypes) q.dtypes.push_back(static_cast<DataType>(d));
+  q.shapes = shapes;
+  q.op = static_cast<ReduceOp>(op);
+  q.root = root;
+  q.prescale = prescale;
+  q.postscale = postscale;
+  q.device = dev_type == 2 ? dev_id : -1;
+  return q;
+}
+
+void PushAsync(CollectiveType type, const std::string& name,
+               const std::vector<uintptr_t>& inputs, const std::vector<uintptr_t>& outputs,
+               const std::vector<int>& dtypes, const std::vector<std::vector<int64_t>>& shapes,
+               int op, int root, double prescale, double postscale, int priority, int dev_type,
+               int dev_id) {
+  std::shared_ptr<Runtime> runtime = RunningRuntime();
+  ThrowIfError(runtime->ReserveName(name));
+  PushArgs args;
+  args.request = MakeRequest(type, name, dtypes, shapes, op, root, prescale, postscale, dev_type,
+                             dev_id, runtime->rank());
+  for (uintptr_t h : inputs) args.inputs.push_back(reinterpret_cast<void*>(h));
+  for (uintptr_t h : outputs) args.outputs.push_back(reinterpret_cast<void*>(h));
+  args.dev_type = dev_type;
+  args.dev_id = dev_id;
+  args.priority = priority;
+  ThrowIfError(PushCollective(runtime, std::move(args)));
+}
+
+// ---- test support ---------------------------------------------------------
+
+DataType CheckedType(int code) {
+  if (!IsSupportedDataType(code)) throw py::value_error("unsupported dtype code");
+  return static_cast<DataType>(code);
+}
+
+void TestingReduceInto(py::array dst, py::array src, int dtype, int op, bool scalar) {
+  DataType t = CheckedType(dtype);
+  const int64_t count = dst.nbytes() / static_cast<int64_t>(DataTypeSize(t));
+  if (src.nbytes() != dst.nbytes()) throw py::value_error("dst and src differ in size");
+  void* d = dst.mutable_data();
+  const void* s = src.data();
+  if (scalar) {
+    testing::ReduceIntoScalarForTest(d, s, count, t, static_cast<ReduceOp>(op));
+  } else {
+    ReduceInto(d, s, count, t, static_cast<ReduceOp>(op));
+  }
+}
+
+void TestingScale(py::array buf, int dtype, double factor) {
+  DataType t = CheckedType(dtype);
+  ScaleBuffer(buf.mutable_data(), buf.nbytes() / static_cast<int64_t>(DataTypeSize(t)), t,
+              factor);
+}
+
+// Runs RingAllreduce on LocalComm, one thread per array (= rank), in place.
+void TestingRingAllreduce(std::vector<py::array> arrays, int dtype, int op,
+                          int64_t segment_bytes) {
+  DataType t = CheckedType(dtype);
+  const int n = static_cast<int>(arrays.size());
+  std::vector<void*> data;
+  std::vector<int64_t> counts;
+  for (auto& a : arrays) {
+    data.push_back(a.mutable_data());
+    counts.push_back(a.nbytes() / static_cast<int64_t>(DataTypeSize(t)));
+  }
+  py::gil_scoped_release release;
+  auto world = std::make_shared<LocalWorld>(n);
+  std::vector<std::thread> threads;
+  for (int r = 0; r < n; ++r) {
+    threads.emplace_back([&, r] {
+      LocalComm comm(world, r);
+      RingScratch scratch;
+      RingAllreduce(comm, data[r], counts[r], t, static_cast<ReduceOp>(op), segment_bytes,
+                    &scratch);
+    });
+  }
+  for (auto& th : threads) th.join();
+}
+
+py::dict TestingLoadConfig(const std::map<std::string, std::string>& env) {
+  Config c;
+  ThrowIfError(LoadConfig(
+      [&](const std::string& name) -> std::optional<std::string> {
+        auto it = env.find(name);
+        if (it == env.end()) return std::nullopt;
+        return it->second;
+      },
+      &c));
+  py::dict d;
+  d["fusion_threshold"] = c.fusion_threshold;
+  d["cycle_time_ms"] = c.cycle_time_ms;
+  d["cache_capacity"] = c.cache_capacity;
+  d["allreduce_algo"] = AllreduceAlgoName(c.allreduce_algo);
+  d["ring_min_bytes"] = c.ring_min_bytes;
+  d["ring_segment_bytes"] = c.ring_segment_bytes;
+  d["log_level"] = static_cast<int>(c.log_level);
+  d["stall_check_seconds"] = c.stall_check_seconds;
+  return d;
+}
+
+// A whole job in one process: `size` runtimes over LocalComm, for testing
+// negotiation, the cache and fusion without MPI. Arrays passed to submit
+// must stay alive until wait() has returned for that ticket.
+class LocalJob {
+ public:
+  LocalJob(int size, const std::map<std::string, std::string>& env) {
+    Config config;
+    ThrowIfError(LoadConfig(
+        [&](const std::string& name) -> std::optional<std::string> {
+          auto it = env.find(name);
+          if (it == env.end()) return std::nullopt;
+          return it->second;
+        },
+        &config));
+    auto control = std::make_shared<LocalWorld>(size);
+    auto data = std::make_shared<LocalWorld>(size);
+    for (int r = 0; r < size; ++r) {
+      runtimes_.push_back(std::make_unique<Runtime>(std::make_unique<LocalComm>(control, r),
+                                                    std::make_unique<LocalComm>(data, r),
+                                                    config));
+      runtimes_.back()->Start();
+    }
+  }
+  ~LocalJob() { Shutdown(); }
+
+  int64_t Submit(int rank, const std::string& kind, const std::string& name,
+                 std::vector<py::array> inputs, std::vector<py::array> outputs, int dtype,
+                 int op, int root, double prescale, double postscale) {
+    Runtime& rt = *runtimes_.at(rank);
+    ThrowIfError(rt.ReserveName(name));
+    TensorEntry entry;
+    std::vector<int> dtypes;
+    std::vector<std::vector<int64_t>> shapes;
+    for (size_t i = 0; i < inputs.size(); ++i) {
+      dtypes.push_back(dtype);
+      shapes.emplace_back(inputs[i].shape(), inputs[i].shape() + inputs[i].ndim());
+      entry.inputs.push_back(inputs[i].data());
+      entry.outputs.push_back(outputs[i].mutable_data());
+    }
+    entry.request = MakeRequest(kind == "broadcast" ? CollectiveType::kBroadcast
+                                                    : CollectiveType::kAllreduce,
+                                name, dtypes, shapes, op, root, prescale, postscale, 1, 0, rank);
+    const int64_t ticket = next_ticket_++;
+    entry.callback = [this, ticket](const Status& status) {
+      std::lock_guard<std::mutex> lock(mu_);
+      done_[ticket] = status.ok() ? std::string() : "E:" + status.message();
+      cv_.notify_all();
+    };
+    rt.Enqueue(std::move(entry));
+    return ticket;
+  }
+
+  // Returns None on success, the error message otherwise.
+  py::object Wait(int64_t ticket, double timeout_s) {
+    std::string result;
+    {
+      py::gil_scoped_release release;
+      std::unique_lock<std::mutex> lock(mu_);
+      if (!cv_.wait_for(lock, std::chrono::duration<double>(timeout_s),
+                        [&] { return done_.count(ticket) > 0; })) {
+        result = "T";
+      } else {
+        result = done_[ticket];
+        done_.erase(ticket);
+      }
+    }
+    if (result == "T") throw std::runtime_error("LocalJob.wait timed out");
+    if (result.empty()) return py::none();
+    return py::str(result.substr(2));
+  }
+
+  void Shutdown() {
+    py::gil_scoped_release release;
+    std::vector<std::thread> threads;
+    for (auto& rt : runtimes_) threads.emplace_back([&rt] { rt->Shutdown(); });
+    for (auto& th : threads) th.join();
+  }
+
+ private:
+  std::vector<std::unique_ptr<Runtime>> runtimes_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::map<int64_t, std::string> done_;
+  int64_t next_ticket_ = 0;
+};
+
+}  // namespace
+}  // namespace hvdmx
+
+PYBIND11_MODULE(_core, m) {
+  using namespace hvdmx;
+  m.doc() = "hvdmx's C++ core; use the hvdmx package, not this module.";
+
+  m.def("mpi_built", [] { return true; });
+  m.def("mpi_vendor", [] { return std::string(HVDMX_MPI_VENDOR); });
+  m.def("nccl_built", [] { return HVDMX_NCCL_BUILT; });
+  m.def("cuda_built", [] { return HVDMX_CUDA_BUILT != 0; });
+  m.def("load_mxnet", [](const std::string& path) { ThrowIfError(LoadMXNetApi(path)); });
+
+  m.def("ensure_default_layout",
+        [](uintptr_t handle) { ThrowIfError(EnsureDefaultLayout(reinterpret_cast<void*>(handle))); });
+  m.def("init", &Init, py::arg("comm_address") = 0);
+  m.def("shutdown", &Shutdown);
+  m.def("is_initialized", [] {
+    std::lock_guard<std::mutex> lock(G().mu);
+    return G().runtime != nullptr;
+  });
+  m.def("topology", [] {
+    RunningRuntime();
+    const Topology& t = G().topo;
+    return py::make_tuple(t.rank, t.size, t.local_rank, t.local_size, t.cross_rank, t.cross_size);
+  });
+  m.def("mpi_threads_supported", [] {
+    RunningRuntime();
+    return G().thread_level >= MPI_THREAD_MULTIPLE;
+  });
+  m.def("allreduce_async",
+        [](const std::string& name, const std::vector<uintptr_t>& inputs,
+           const std::vector<uintptr_t>& outputs, const std::vector<int>& dtypes,
+           const std::vector<std::vector<int64_t>>& shapes, int op, double prescale,
+           double postscale, int priority, int dev_type, int dev_id) {
+          PushAsync(CollectiveType::kAllreduce, name, inputs, outputs, dtypes, shapes, op, 0,
+                    prescale, postscale, priority, dev_type, dev_id);
+        });
+  m.def("broadcast_async",
+        [](const std::string& name, const std::vector<uintptr_t>& inputs,
+           const std::vector<uintptr_t>& outputs, const std::vector<int>& dtypes,
+           const std::vector<std::vector<int64_t>>& shapes, int root, int priority,
+           int dev_type, int dev_id) {
+          PushAsync(CollectiveType::kBroadcast, name, inputs, outputs, dtypes, shapes, 1, root,
+                    1.0, 1.0, priority, dev_type, dev_id);
+        });
+
+  m.def("_testing_reduce_into", &TestingReduceInto);
+  m.def("_testing_scale", &TestingScale);
+  m.def("_testing_ring_allreduce", &TestingRingAllreduce);
+  m.def("_testing_load_config", &TestingLoadConfig);
+  py::class_<LocalJob>(m, "_TestingLocalJob")
+      .def(py::init<int, const std::map<std::string, std::string>&>())
+      .def("submit", &LocalJob::Submit)
+      .def("wait", &LocalJob::Wait)
+      .def("shutdown", &LocalJob::Shutdown);
+}

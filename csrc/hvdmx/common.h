@@ -1,0 +1,98 @@
+// Vocabulary shared by every part of the core: data types, reduction ops,
+// a non-owning view of a tensor's bytes, and Status.
+//
+// Nothing here knows MXNet or MPI. DataType values are MXNet's dtype codes
+// (mshadow::TypeFlag) so the engine glue can pass them through unchanged.
+#ifndef HVDMX_COMMON_H_
+#define HVDMX_COMMON_H_
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace hvdmx {
+
+enum class DataType : int32_t {
+  kFloat32 = 0,
+  kFloat64 = 1,
+  kFloat16 = 2,
+  kUInt8 = 3,
+  kInt32 = 4,
+  kInt8 = 5,
+  kInt64 = 6,
+  kBFloat16 = 12,
+};
+
+// Bytes per element, or 0 for a code we do not support.
+size_t DataTypeSize(DataType dtype);
+// True for the codes above; false for bool, int16, ... which MXNet has but we
+// do not reduce.
+bool IsSupportedDataType(int32_t code);
+std::string DataTypeName(DataType dtype);
+
+enum class ReduceOp : int32_t {
+  kAverage = 0,  // a Sum followed by a postscale of 1/size
+  kSum = 1,
+  kAdasum = 2,  // reserved: not implemented
+  kMin = 3,
+  kMax = 4,
+  kProduct = 5,
+};
+std::string ReduceOpName(ReduceOp op);
+
+enum class CollectiveType : int32_t {
+  kAllreduce = 0,
+  kBroadcast = 1,
+};
+std::string CollectiveTypeName(CollectiveType type);
+
+// A contiguous tensor's bytes, owned elsewhere.
+struct TensorView {
+  void* data = nullptr;
+  int64_t count = 0;  // elements
+  DataType dtype = DataType::kFloat32;
+  int64_t bytes() const { return count * static_cast<int64_t>(DataTypeSize(dtype)); }
+};
+
+// Outcome of an operation. The message is for the user: it says what went
+// wrong and what to do about it.
+class Status {
+ public:
+  enum class Code : int32_t { kOk = 0, kInvalidArgument, kMismatch, kShutdown, kInternal };
+
+  Status() = default;
+  static Status Ok() { return Status(); }
+  static Status InvalidArgument(std::string msg) { return Status(Code::kInvalidArgument, std::move(msg)); }
+  static Status Mismatch(std::string msg) { return Status(Code::kMismatch, std::move(msg)); }
+  static Status Shutdown(std::string msg) { return Status(Code::kShutdown, std::move(msg)); }
+  static Status Internal(std::string msg) { return Status(Code::kInternal, std::move(msg)); }
+
+  bool ok() const { return code_ == Code::kOk; }
+  Code code() const { return code_; }
+  const std::string& message() const { return message_; }
+
+ private:
+  Status(Code code, std::string msg) : code_(code), message_(std::move(msg)) {}
+  Code code_ = Code::kOk;
+  std::string message_;
+};
+
+std::string ShapeString(const std::vector<int64_t>& shape);
+
+}  // namespace hvdmx
+
+// Invariant checks: for our own bugs, never for the user's input.
+#define HVDMX_CHECK(cond, msg)                                               \
+  do {                                                                       \
+    if (!(cond)) ::hvdmx::internal::CheckFailed(__FILE__, __LINE__, #cond, (msg)); \
+  } while (0)
+
+namespace hvdmx {
+namespace internal {
+[[noreturn]] void CheckFailed(const char* file, int line, const char* cond, const std::string& msg);
+}  // namespace internal
+}  // namespace hvdmx
+
+#endif  // HVDMX_COMMON_H_

@@ -1,0 +1,93 @@
+// One negotiation round over a Comm and the response cache: decides which
+// submitted tensors every rank is ready to run, in one order for all ranks.
+//
+// Note [Negotiation round]
+// ~~~~~~~~~~~~~~~~~~~~~~~~
+// A rank takes part in rounds only while it has work (pending requests) or
+// wants to shut down; an idle rank sends nothing. A round is collective over
+// the control communicator, so rounds happen in the same sequence everywhere.
+//
+// 1. Each new request is looked up in the cache. A hit (same name, same
+//    parameters) is remembered by slot; a miss is queued for the coordinator.
+// 2. Every rank contributes a bit vector to one bitwise-AND allreduce:
+//      word 0, bit 0  "I have nothing for the coordinator" (no new misses and
+//                     none of mine is still waiting there)
+//      word 0, bit 1  "I do not want to shut down"
+//      words 1..      bit s set: "my request in cache slot s is ready".
+//    The AND tells everyone which slots are ready on all ranks, whether the
+//    slow path is needed and whether to shut down. This is the whole round in
+//    steady state: no gather, no broadcast, no coordinator.
+// 3. Ready slots become responses, in ascending slot order, and are touched
+//    in the cache in that order.
+// 4. Slow path, only if some rank cleared word 0 bit 0: every rank moves its
+//    remaining cache hits to its miss list (a rank whose request missed may be
+//    waiting for ours at the coordinator), then the lists are gathered to
+//    rank 0. Rank 0 keeps each name's requests until all ranks have sent one;
+//    then it checks that they agree (type, dtypes, shapes, op, root, scale
+//    factors, device) and emits a response, or an error response naming the
+//    ranks and values that differ. The new responses are broadcast; every
+//    rank appends them after the cached ones and puts the successful ones
+//    into its cache, in broadcast order, so caches stay identical.
+// 5. If some rank cleared word 0 bit 1, everyone runs this round's responses
+//    and then stops.
+//
+// Threading: only the runtime's background thread calls a Controller.
+#ifndef HVDMX_CONTROLLER_H_
+#define HVDMX_CONTROLLER_H_
+
+#include <chrono>
+#include <functional>
+#include <map>
+#include <set>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "comm.h"
+#include "message.h"
+#include "response_cache.h"
+
+namespace hvdmx {
+
+struct RoundResult {
+  std::vector<Response> responses;  // identical on every rank, in run order
+  bool shutdown = false;            // some rank asked to shut down
+};
+
+class Controller {
+ public:
+  Controller(Comm& comm, int64_t cache_capacity);
+
+  // Runs one round (see Note [Negotiation round]). `idle` is called while
+  // waiting for peers, with the number of times it was called before.
+  RoundResult RunRound(std::vector<Request> new_requests, bool want_shutdown,
+                       const std::function<void(int64_t)>& idle);
+
+  // Requests this rank has submitted that have no response yet.
+  bool HasPending() const { return !cache_hits_.empty() || !at_coordinator_.empty(); }
+  std::vector<std::string> PendingNames() const;
+
+  const ResponseCache& cache() const { return cache_; }
+
+ private:
+  // Rank 0 only: adds `requests` to the table; appends completed units'
+  // responses to *out.
+  void Coordinate(const std::vector<Request>& requests, std::vector<Response>* out);
+
+  Comm& comm_;
+  ResponseCache cache_;
+  int64_t bit_words_;
+  std::map<int64_t, Request> cache_hits_;  // slot -> request, waiting for its bit
+  std::map<std::string, Request> at_coordinator_;  // sent to rank 0, no response yet
+  // Rank 0: per name, the requests received so far (index = rank).
+  struct TableEntry {
+    std::vector<Request> requests;
+    std::vector<bool> received;
+    int count = 0;
+  };
+  std::unordered_map<std::string, TableEntry> table_;
+};
+
+}  // namespace hvdmx
+
+#endif  // HVDMX_CONTROLLER_H_

@@ -1,0 +1,132 @@
+#include "env_config.h"
+
+#include <cerrno>
+#include <cmath>
+#include <cstdlib>
+#include <sstream>
+
+namespace hvdmx {
+namespace {
+
+// Returns the value of HVDMX_<suffix>, else HOROVOD_<suffix>, and which name
+// it came from.
+std::optional<std::string> Find(const EnvLookup& lookup, const std::string& suffix,
+                                std::string* used_name) {
+  for (const char* prefix : {"HVDMX_", "HOROVOD_"}) {
+    std::string name = prefix + suffix;
+    auto value = lookup(name);
+    if (value && !value->empty()) {
+      *used_name = name;
+      return value;
+    }
+  }
+  return std::nullopt;
+}
+
+Status Invalid(const std::string& name, const std::string& value, const std::string& accepted) {
+  return Status::InvalidArgument("environment variable " + name + "='" + value +
+                                 "' is not valid: expected " + accepted +
+                                 ". Fix or unset it.");
+}
+
+Status ReadInt(const EnvLookup& lookup, const std::string& suffix, int64_t min_value,
+               const std::string& accepted, int64_t* out) {
+  std::string name;
+  auto value = Find(lookup, suffix, &name);
+  if (!value) return Status::Ok();
+  errno = 0;
+  char* end = nullptr;
+  long long parsed = std::strtoll(value->c_str(), &end, 10);
+  if (errno != 0 || end == value->c_str() || *end != '\0' || parsed < min_value) {
+    return Invalid(name, *value, accepted);
+  }
+  *out = parsed;
+  return Status::Ok();
+}
+
+Status ReadDouble(const EnvLookup& lookup, const std::string& suffix,
+                  const std::string& accepted, double* out) {
+  std::string name;
+  auto value = Find(lookup, suffix, &name);
+  if (!value) return Status::Ok();
+  errno = 0;
+  char* end = nullptr;
+  double parsed = std::strtod(value->c_str(), &end);
+  if (errno != 0 || end == value->c_str() || *end != '\0' || !std::isfinite(parsed) ||
+      parsed < 0) {
+    return Invalid(name, *value, accepted);
+  }
+  *out = parsed;
+  return Status::Ok();
+}
+
+}  // namespace
+
+std::string AllreduceAlgoName(AllreduceAlgo algo) {
+  switch (algo) {
+    case AllreduceAlgo::kAuto: return "auto";
+    case AllreduceAlgo::kRing: return "ring";
+    case AllreduceAlgo::kMpi: return "mpi";
+  }
+  return "?";
+}
+
+EnvLookup ProcessEnvironment() {
+  return [](const std::string& name) -> std::optional<std::string> {
+    const char* value = std::getenv(name.c_str());
+    if (value == nullptr) return std::nullopt;
+    return std::string(value);
+  };
+}
+
+Status LoadConfig(const EnvLookup& lookup, Config* out) {
+  Config config;
+  Status s = ReadInt(lookup, "FUSION_THRESHOLD", 0, "a byte count >= 0 (0 disables fusion)",
+                     &config.fusion_threshold);
+  if (!s.ok()) return s;
+  s = ReadDouble(lookup, "CYCLE_TIME", "milliseconds >= 0", &config.cycle_time_ms);
+  if (!s.ok()) return s;
+  s = ReadInt(lookup, "CACHE_CAPACITY", 0, "an integer >= 0 (0 disables the cache)",
+              &config.cache_capacity);
+  if (!s.ok()) return s;
+  s = ReadInt(lookup, "RING_MIN_BYTES", 0, "a byte count >= 0", &config.ring_min_bytes);
+  if (!s.ok()) return s;
+  s = ReadInt(lookup, "RING_SEGMENT_BYTES", 64, "a byte count >= 64",
+              &config.ring_segment_bytes);
+  if (!s.ok()) return s;
+  s = ReadDouble(lookup, "STALL_CHECK_TIME_SECONDS", "seconds >= 0 (0 disables)",
+                 &config.stall_check_seconds);
+  if (!s.ok()) return s;
+
+  std::string name;
+  if (auto value = Find(lookup, "ALLREDUCE_ALGO", &name)) {
+    if (*value == "auto") {
+      config.allreduce_algo = AllreduceAlgo::kAuto;
+    } else if (*value == "ring") {
+      config.allreduce_algo = AllreduceAlgo::kRing;
+    } else if (*value == "mpi") {
+      config.allreduce_algo = AllreduceAlgo::kMpi;
+    } else {
+      return Invalid(name, *value, "one of auto, ring, mpi");
+    }
+  }
+  if (auto value = Find(lookup, "LOG_LEVEL", &name)) {
+    if (!ParseLogLevel(*value, &config.log_level)) {
+      return Invalid(name, *value, "one of trace, debug, info, warning, error, fatal");
+    }
+  }
+  *out = config;
+  return Status::Ok();
+}
+
+std::string Config::ToString() const {
+  std::ostringstream out;
+  out << "fusion_threshold=" << fusion_threshold << " cycle_time_ms=" << cycle_time_ms
+      << " cache_capacity=" << cache_capacity
+      << " allreduce_algo=" << AllreduceAlgoName(allreduce_algo)
+      << " ring_min_bytes=" << ring_min_bytes << " ring_segment_bytes=" << ring_segment_bytes
+      << " stall_check_seconds=" << stall_check_seconds;
+  return out.str();
+}
+
+}  // namespace hvdmx

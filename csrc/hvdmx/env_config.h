@@ -1,0 +1,56 @@
+// The only reader of the environment. LoadConfig turns HVDMX_* variables (or
+// their HOROVOD_* twins, so existing job scripts keep their tuning) into one
+// validated Config. Tests pass a map instead of the real environment.
+// docs/env.md lists every variable with its default; keep the two in step.
+#ifndef HVDMX_ENV_CONFIG_H_
+#define HVDMX_ENV_CONFIG_H_
+
+#include <cstdint>
+#include <functional>
+#include <optional>
+#include <string>
+
+#include "common.h"
+#include "logging.h"
+
+namespace hvdmx {
+
+enum class AllreduceAlgo : int { kAuto = 0, kRing, kMpi };
+std::string AllreduceAlgoName(AllreduceAlgo algo);
+
+struct Config {
+  // HVDMX_FUSION_THRESHOLD: bytes of one fusion buffer; 0 disables fusion.
+  int64_t fusion_threshold = 64 * 1024 * 1024;
+  // HVDMX_CYCLE_TIME: milliseconds the background thread waits after it is
+  // woken, to batch more tensors into one round. 0: run at once.
+  double cycle_time_ms = 0.0;
+  // HVDMX_CACHE_CAPACITY: responses remembered for the fast path; 0 disables.
+  int64_t cache_capacity = 1024;
+  // HVDMX_ALLREDUCE_ALGO: auto | ring | mpi.
+  AllreduceAlgo allreduce_algo = AllreduceAlgo::kAuto;
+  // HVDMX_RING_MIN_BYTES: with algo=auto, messages of at least this many
+  // bytes use our ring, smaller ones MPI_Allreduce (see docs/benchmarks.md).
+  int64_t ring_min_bytes = 256 * 1024;
+  // HVDMX_RING_SEGMENT_BYTES: the ring's pipelining unit.
+  int64_t ring_segment_bytes = 256 * 1024;
+  // HVDMX_LOG_LEVEL: trace, debug, info, warning, error, fatal.
+  LogLevel log_level = LogLevel::kWarning;
+  // HVDMX_STALL_CHECK_TIME_SECONDS: warn when this rank has waited this long
+  // for its peers to submit the tensors it has submitted. 0 disables.
+  double stall_check_seconds = 60.0;
+
+  std::string ToString() const;
+};
+
+using EnvLookup = std::function<std::optional<std::string>(const std::string& name)>;
+
+// Reads the process environment.
+EnvLookup ProcessEnvironment();
+
+// Fills *out from `lookup`. A value that does not parse, or is out of range,
+// gives InvalidArgument naming the variable, the value and what is accepted.
+Status LoadConfig(const EnvLookup& lookup, Config* out);
+
+}  // namespace hvdmx
+
+#endif  // HVDMX_ENV_CONFIG_H_

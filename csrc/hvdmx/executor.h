@@ -1,0 +1,44 @@
+// Runs one round's responses on this rank: for each fusion group, pack the
+// inputs into the fusion buffer, run the collective, unpack and scale, and
+// fire each entry's callback as soon as all of its tensors are done.
+//
+// Threading: the runtime's background thread only.
+#ifndef HVDMX_EXECUTOR_H_
+#define HVDMX_EXECUTOR_H_
+
+#include <vector>
+
+#include "comm.h"
+#include "env_config.h"
+#include "fusion_buffer.h"
+#include "fusion_plan.h"
+#include "message.h"
+#include "ring.h"
+#include "tensor_queue.h"
+
+namespace hvdmx {
+
+class Executor {
+ public:
+  Executor(Comm& comm, const Config& config) : comm_(comm), config_(config) {}
+
+  void Run(const std::vector<Response>& responses, TensorQueue* queue);
+
+  // In-place allreduce of one buffer with the configured algorithm. Public
+  // for the benchmark and tests.
+  void Allreduce(void* buf, int64_t count, DataType dtype, ReduceOp op);
+
+ private:
+  void RunAllreduceGroup(const FusionGroup& group, const std::vector<Response>& responses,
+                         std::vector<TensorEntry>& entries);
+  void RunBroadcast(const Response& response, TensorEntry& entry);
+
+  Comm& comm_;
+  const Config& config_;
+  FusionBuffer fusion_;
+  RingScratch ring_scratch_;
+};
+
+}  // namespace hvdmx
+
+#endif  // HVDMX_EXECUTOR_H_

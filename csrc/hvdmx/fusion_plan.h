@@ -1,0 +1,32 @@
+// Which tensors of a round run together (policy only; fusion_buffer.h owns
+// the memory).
+//
+// Allreduce tensors that are next to each other in the round's order and
+// share dtype, op and scale factors are packed into one fused group of at
+// most `threshold` bytes; a tensor larger than the threshold runs alone.
+// Broadcasts and error responses are groups of their own. Every rank plans
+// from the same response list, so every rank runs the same groups.
+#ifndef HVDMX_FUSION_PLAN_H_
+#define HVDMX_FUSION_PLAN_H_
+
+#include <cstdint>
+#include <vector>
+
+#include "message.h"
+
+namespace hvdmx {
+
+struct FusionGroup {
+  struct Item {
+    int response;  // index into the round's responses
+    int tensor;    // index into that response's tensors
+  };
+  std::vector<Item> items;
+  int64_t bytes = 0;
+};
+
+std::vector<FusionGroup> PlanFusion(const std::vector<Response>& responses, int64_t threshold);
+
+}  // namespace hvdmx
+
+#endif  // HVDMX_FUSION_PLAN_H_

@@ -1,0 +1,59 @@
+// Requests (what one rank submitted) and responses (what every rank will
+// run), and their wire form. Pure data and pure functions.
+//
+// One request or response is one negotiation unit: a single tensor, or all
+// the tensors of a grouped call, which are negotiated and delivered together.
+#ifndef HVDMX_MESSAGE_H_
+#define HVDMX_MESSAGE_H_
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "common.h"
+
+namespace hvdmx {
+
+struct Request {
+  int32_t rank = 0;
+  CollectiveType type = CollectiveType::kAllreduce;
+  std::string name;
+  std::vector<DataType> dtypes;               // one per tensor
+  std::vector<std::vector<int64_t>> shapes;   // one per tensor
+  ReduceOp op = ReduceOp::kSum;
+  int32_t root = 0;
+  double prescale = 1.0;
+  double postscale = 1.0;
+  int32_t device = -1;  // -1: CPU; otherwise a GPU ordinal
+
+  // Same collective with the same parameters (ignores `rank`).
+  bool SameParams(const Request& other) const;
+};
+
+struct Response {
+  CollectiveType type = CollectiveType::kAllreduce;
+  std::string name;
+  std::vector<DataType> dtypes;
+  std::vector<int64_t> counts;  // elements per tensor
+  ReduceOp op = ReduceOp::kSum;
+  int32_t root = 0;
+  double prescale = 1.0;
+  double postscale = 1.0;
+  // Non-empty: the request failed on every rank with this message.
+  std::string error;
+};
+
+int64_t ElementCount(const std::vector<int64_t>& shape);
+
+// Builds the response for a unit every rank has requested (requests indexed
+// by rank), or an error response naming the ranks and values that disagree.
+Response MakeResponse(const std::vector<Request>& requests);
+
+std::string SerializeRequests(const std::vector<Request>& requests);
+std::vector<Request> ParseRequests(const std::string& bytes);
+std::string SerializeResponses(const std::vector<Response>& responses);
+std::vector<Response> ParseResponses(const std::string& bytes);
+
+}  // namespace hvdmx
+
+#endif  // HVDMX_MESSAGE_H_

@@ -1,0 +1,222 @@
+#include "mxnet_engine.h"
+
+#include <dlfcn.h>
+
+#include <cstdlib>
+#include <cstring>
+#include <future>
+#include <stdexcept>
+
+namespace dmlc {
+// The exception type MXNet's engine stores and rethrows; the same definition
+// as in the wheel's include/dmlc/logging.h.
+struct Error : public std::runtime_error {
+  explicit Error(const std::string& s) : std::runtime_error(s) {}
+};
+}  // namespace dmlc
+
+namespace hvdmx {
+namespace {
+
+using NDArrayHandle = void*;
+using EngineAsyncFunc = void (*)(void*, void*, void*);
+using EngineFuncParamDeleter = void (*)(void*);
+
+// Mirrors of three small types from the wheel's headers, used only through
+// pointers the engine gives us or takes from us.
+// mxnet/engine.h: class CallbackOnComplete { callback_, engine_, param_ }.
+struct CallbackOnComplete {
+  void (*callback)(void* engine, void* param, const dmlc::Error* error);
+  void* engine;
+  void* param;
+  void operator()(const dmlc::Error* error) const { callback(engine, param, error); }
+};
+// mxnet/base.h: struct Context { DeviceType dev_type; int32_t dev_id; }.
+struct Context {
+  int32_t dev_type;
+  int32_t dev_id;
+};
+// mxnet/engine.h: enum class FnProperty { ..., kAsync = 4, ... }: the op
+// only hands work to another thread, so the engine may run it inline.
+const int32_t kFnPropertyAsync = 4;
+
+struct Api {
+  int (*push_async_nd)(EngineAsyncFunc, void*, EngineFuncParamDeleter, const void*,
+                       NDArrayHandle*, int, NDArrayHandle*, int, const void*, int, const char*,
+                       bool) = nullptr;
+  int (*get_data)(NDArrayHandle, void**) = nullptr;
+  int (*to_dlpack)(NDArrayHandle, void**) = nullptr;
+  int (*dlpack_deleter)(void*) = nullptr;
+  int (*shallow_copy)(NDArrayHandle, NDArrayHandle*) = nullptr;
+  int (*free_ndarray)(NDArrayHandle) = nullptr;
+  const char* (*last_error)() = nullptr;
+};
+Api g_api;
+bool g_naive_engine = false;
+
+// True when the array's data can be read as a plain dense buffer. An array
+// in oneDNN's internal layout cannot: MXNDArrayToDLPack refuses it without
+// waiting, whereas MXNDArrayGetData would reorder it through the engine and
+// wait, which deadlocks inside an engine op (see Note [oneDNN layout]).
+bool HasDefaultLayout(NDArrayHandle handle) {
+  void* dl = nullptr;
+  if (g_api.to_dlpack(handle, &dl) != 0) return false;
+  g_api.dlpack_deleter(dl);
+  return true;
+}
+
+// What the engine keeps for one pushed op until it has been deleted.
+struct OpParam {
+  std::shared_ptr<Runtime> runtime;
+  Request request;
+  std::vector<NDArrayHandle> inputs;   // our shallow copies
+  std::vector<NDArrayHandle> outputs;  // our shallow copies (aliases of inputs when in place)
+  std::vector<NDArrayHandle> owned;    // every copy we made, freed once
+};
+
+void DeleteOpParam(void* p) {
+  OpParam* param = static_cast<OpParam*>(p);
+  for (NDArrayHandle h : param->owned) g_api.free_ndarray(h);
+  delete param;
+}
+
+void Complete(const CallbackOnComplete& on_complete, const Status& status) {
+  if (status.ok()) {
+    on_complete(nullptr);
+  } else {
+    dmlc::Error error(status.message());
+    on_complete(&error);
+  }
+}
+
+// Called by the engine when the op's inputs are ready.
+void RunOp(void* /*run_context*/, void* on_complete_ptr, void* p) {
+  OpParam* param = static_cast<OpParam*>(p);
+  CallbackOnComplete on_complete = *static_cast<CallbackOnComplete*>(on_complete_ptr);
+  TensorEntry entry;
+  entry.request = param->request;
+  for (size_t i = 0; i < param->inputs.size(); ++i) {
+    void* in = nullptr;
+    void* out = nullptr;
+    if (!HasDefaultLayout(param->inputs[i]) || !HasDefaultLayout(param->outputs[i])) {
+      param->runtime->ReleaseName(param->request.name);
+      Complete(on_complete,
+               Status::InvalidArgument(
+                   "hvdmx: tensor '" + param->request.name +
+                   "' was turned into oneDNN's internal layout by an operation that was "
+                   "still pending when the collective was called (e.g. an inference-mode "
+                   "forward). Call wait_to_read() on it before the collective."));
+      return;
+    }
+    if (g_api.get_data(param->inputs[i], &in) != 0 ||
+        g_api.get_data(param->outputs[i], &out) != 0) {
+      param->runtime->ReleaseName(param->request.name);
+      Complete(on_complete, Status::Internal("hvdmx: could not read the data of tensor '" +
+                                             param->request.name + "': " + g_api.last_error()));
+      return;
+    }
+    entry.inputs.push_back(in);
+    entry.outputs.push_back(out);
+  }
+  std::shared_ptr<std::promise<void>> done;
+  if (g_naive_engine) done = std::make_shared<std::promise<void>>();
+  entry.callback = [on_complete, done](const Status& status) {
+    Complete(on_complete, status);
+    if (done) done->set_value();
+  };
+  param->runtime->Enqueue(std::move(entry));
+  // MXNet's NaiveEngine requires an op to complete before it returns.
+  if (done) done->get_future().wait();
+}
+
+template <typename F>
+Status Resolve(void* lib, const char* name, F* out) {
+  *out = reinterpret_cast<F>(dlsym(lib, name));
+  if (*out == nullptr) {
+    return Status::Internal(std::string("hvdmx: libmxnet has no C function ") + name +
+                            "; hvdmx needs MXNet 1.9.1 (pip install mxnet==1.9.1)");
+  }
+  return Status::Ok();
+}
+
+}  // namespace
+
+Status LoadMXNetApi(const std::string& path) {
+  if (g_api.push_async_nd != nullptr) return Status::Ok();
+  void* lib = dlopen(path.c_str(), RTLD_NOW | RTLD_NOLOAD);
+  if (lib == nullptr) lib = dlopen(path.c_str(), RTLD_NOW | RTLD_LOCAL);
+  if (lib == nullptr) {
+    return Status::Internal("hvdmx: could not open " + path + ": " + dlerror());
+  }
+  Api api;
+  Status s = Resolve(lib, "MXEnginePushAsyncND", &api.push_async_nd);
+  if (s.ok()) s = Resolve(lib, "MXNDArrayGetData", &api.get_data);
+  if (s.ok()) s = Resolve(lib, "MXNDArrayToDLPack", &api.to_dlpack);
+  if (s.ok()) s = Resolve(lib, "MXNDArrayCallDLPackDeleter", &api.dlpack_deleter);
+  if (s.ok()) s = Resolve(lib, "MXShallowCopyNDArray", &api.shallow_copy);
+  if (s.ok()) s = Resolve(lib, "MXNDArrayFree", &api.free_ndarray);
+  if (s.ok()) s = Resolve(lib, "MXGetLastError", &api.last_error);
+  if (!s.ok()) return s;
+  g_api = api;
+  const char* engine = std::getenv("MXNET_ENGINE_TYPE");
+  g_naive_engine = engine != nullptr && std::strcmp(engine, "NaiveEngine") == 0;
+  return Status::Ok();
+}
+
+Status EnsureDefaultLayout(void* handle) {
+  HVDMX_CHECK(g_api.get_data != nullptr, "MXNet API not loaded");
+  if (HasDefaultLayout(handle)) return Status::Ok();
+  void* data = nullptr;
+  if (g_api.get_data(handle, &data) != 0) {
+    return Status::Internal(std::string("hvdmx: could not read an NDArray: ") +
+                            g_api.last_error());
+  }
+  return Status::Ok();
+}
+
+Status PushCollective(const std::shared_ptr<Runtime>& runtime, PushArgs args) {
+  HVDMX_CHECK(g_api.push_async_nd != nullptr, "MXNet API not loaded");
+  HVDMX_CHECK(args.inputs.size() == args.outputs.size(), "inputs and outputs differ in number");
+  auto param = std::make_unique<OpParam>();
+  param->runtime = runtime;
+  param->request = std::move(args.request);
+
+  std::vector<NDArrayHandle> const_handles;
+  std::vector<NDArrayHandle> mutable_handles;
+  auto fail = [&](const std::string& what) {
+    for (NDArrayHandle h : param->owned) g_api.free_ndarray(h);
+    runtime->ReleaseName(param->request.name);
+    return Status::Internal("hvdmx: " + what + ": " + g_api.last_error());
+  };
+  for (size_t i = 0; i < args.inputs.size(); ++i) {
+    NDArrayHandle in_copy = nullptr;
+    if (g_api.shallow_copy(args.inputs[i], &in_copy) != 0) return fail("MXShallowCopyNDArray");
+    param->owned.push_back(in_copy);
+    NDArrayHandle out_copy = in_copy;
+    if (args.outputs[i] != args.inputs[i]) {
+      if (g_api.shallow_copy(args.outputs[i], &out_copy) != 0) return fail("MXShallowCopyNDArray");
+      param->owned.push_back(out_copy);
+      const_handles.push_back(in_copy);
+    }
+    mutable_handles.push_back(out_copy);
+    param->inputs.push_back(in_copy);
+    param->outputs.push_back(out_copy);
+  }
+  Context ctx{args.dev_type, args.dev_id};
+  const std::string op_name = "hvdmx_" + CollectiveTypeName(param->request.type);
+  const std::string name = param->request.name;
+  OpParam* raw = param.release();
+  int rc = g_api.push_async_nd(RunOp, raw, DeleteOpParam, &ctx, const_handles.data(),
+                               static_cast<int>(const_handles.size()), mutable_handles.data(),
+                               static_cast<int>(mutable_handles.size()), &kFnPropertyAsync,
+                               args.priority, op_name.c_str(), false);
+  if (rc != 0) {
+    // The engine did not take the op; it owns `raw` and its deleter.
+    runtime->ReleaseName(name);
+    return Status::Internal(std::string("hvdmx: MXEnginePushAsyncND failed: ") +
+                            g_api.last_error());
+  }
+  return Status::Ok();
+}
+
+}  // namespace hvdmx

@@ -1,0 +1,65 @@
+// The only file that knows MXNet, and it knows only MXNet's C API.
+//
+// libmxnet.so is already loaded by `import mxnet` (privately, RTLD_LOCAL), so
+// we find the few C functions we need with dlsym on that library: nothing is
+// linked against MXNet, and no compiler or C++ ABI match with the wheel is
+// ever needed.
+//
+// Note [Engine completion]
+// ~~~~~~~~~~~~~~~~~~~~~~~~
+// A collective is pushed with MXEnginePushAsyncND: inputs as const NDArrays,
+// outputs as mutable ones (an in-place op lists its array once, as mutable),
+// property kAsync. We hold our own shallow copies of the NDArrays (sharing
+// their memory) until the op has completed, so a temporary input like
+// `hvd.allreduce(a * 2)` stays alive. When the engine runs the op, all its
+// inputs are ready: we read the data pointers, hand a TensorEntry to the
+// runtime and return at once. The runtime calls the entry's callback exactly
+// once, later, from its background thread; the callback calls the engine's
+// on_complete, with a dmlc::Error when the collective failed, which MXNet
+// raises as MXNetError when the user reads the output.
+#ifndef HVDMX_MXNET_ENGINE_H_
+#define HVDMX_MXNET_ENGINE_H_
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "common.h"
+#include "message.h"
+#include "runtime.h"
+
+namespace hvdmx {
+
+// Resolves the C API functions from the loaded library at `path`.
+Status LoadMXNetApi(const std::string& path);
+
+// Note [oneDNN layout]
+// ~~~~~~~~~~~~~~~~~~~~
+// MXNet's oneDNN (MKLDNN) operators may keep an array in an internal blocked
+// layout, e.g. a conv weight after an inference-mode forward. Its bytes are
+// not the dense tensor, and MXNDArrayGetData converts it by pushing a reorder
+// to the engine and waiting for it: inside our own engine op that waits for
+// us, a deadlock. So the Python layer calls EnsureDefaultLayout at the call
+// (converting such an array in place, the one case where the call waits), and
+// the op itself only checks, failing with a clear message if an operation
+// still pending at the call changed the layout afterwards.
+
+// Converts the array to the plain dense layout if oneDNN holds it in its own.
+Status EnsureDefaultLayout(void* handle);
+
+struct PushArgs {
+  Request request;                      // name, type, dtypes, shapes, op, ...
+  std::vector<void*> inputs;            // NDArrayHandle per tensor
+  std::vector<void*> outputs;           // NDArrayHandle per tensor (may equal inputs)
+  int dev_type = 1;                     // MXNet Context::DeviceType
+  int dev_id = 0;
+  int priority = 0;
+};
+
+// Pushes the collective onto MXNet's engine (see Note [Engine completion]).
+// The name must already be reserved on `runtime`; on failure it is released.
+Status PushCollective(const std::shared_ptr<Runtime>& runtime, PushArgs args);
+
+}  // namespace hvdmx
+
+#endif  // HVDMX_MXNET_ENGINE_H_

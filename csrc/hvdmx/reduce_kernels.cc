@@ -1,0 +1,454 @@
+// The typed element-wise kernels behind reduce_kernels.h: Sum, Min, Max and
+// Product for every DataType, and ScaleBuffer.
+//
+// Each kernel is a plain loop over an element operation, written once and
+// compiled twice: for the baseline target (SSE2 on x86-64) and, through a
+// target attribute, for AVX2, which is chosen at run time where the CPU has
+// it. On that path float16 Sum, Product and scaling convert with F16C
+// instructions instead of integer code. Build with -O3 and nothing more:
+// GCC leaves these loops scalar at -O2 (about 5x slower).
+//
+// Note [Bitwise identical reductions]
+// Ranks of one job may run on different CPUs and so take different paths
+// through this file (AVX2 or not, x86 or aarch64, vector body or scalar
+// tail). Replicas must never drift, so every path computes each element the
+// same way:
+// - one IEEE operation (an add or a multiply) in the type the header states,
+//   rounded to nearest-even. No second operation exists to fuse into an FMA,
+//   and -ffast-math, which would allow reassociation, is refused below.
+// - float16 and bfloat16 widen to float32 exactly and narrow with
+//   round-to-nearest-even: in integer code on the portable path, with
+//   VCVTPS2PH and an explicit rounding mode on the F16C path.
+// - NaN payloads are what IEEE leaves to the hardware (x86 and Arm make
+//   different default NaNs, and a compiler may swap an add's operands), so
+//   every NaN result becomes the type's canonical NaN.
+// - Min and Max pick one operand by an integer order on its bits (see
+//   FloatMinMax), so no min/max instruction's rule for -0 or NaN leaks in.
+// Outside this file's control is the thread's floating-point mode: with
+// flush-to-zero or denormals-are-zero set (hvdmx sets neither), float32,
+// float64 and bfloat16 subnormals give other results. float16 is immune:
+// its values, sums and products are all float32 normals.
+// testing::ReduceIntoScalarForTest runs the portable path one element at a
+// time, so tests can compare it with the path this CPU takes.
+#include "reduce_kernels.h"
+
+#include <algorithm>
+#include <cstring>
+#include <limits>
+#include <type_traits>
+
+#if defined(__FAST_MATH__)
+#error "no -ffast-math for reduce_kernels.cc: see Note [Bitwise identical reductions]"
+#endif
+
+#if defined(__x86_64__)
+#include <immintrin.h>
+// No "fma" here: see Note [Bitwise identical reductions].
+#define HVDMX_AVX2 __attribute__((target("avx2,f16c")))
+#else
+#define HVDMX_AVX2
+#endif
+
+#define HVDMX_ALWAYS_INLINE inline __attribute__((always_inline))
+
+namespace hvdmx {
+namespace {
+
+template <typename To, typename From>
+inline To BitCast(From from) {
+  static_assert(sizeof(To) == sizeof(From), "BitCast needs types of one size");
+  To to;
+  std::memcpy(&to, &from, sizeof(to));
+  return to;
+}
+
+// Exact: every float16, subnormals included, is a float32 normal or zero.
+inline float HalfToFloat(uint16_t h) {
+  const uint32_t sign = static_cast<uint32_t>(h & 0x8000u) << 16;
+  const uint32_t exponent = (h >> 10) & 0x1Fu;
+  const uint32_t mantissa = h & 0x3FFu;
+  if (exponent == 0x1F) return BitCast<float>(sign | 0x7F800000u | (mantissa << 13));
+  if (exponent != 0) return BitCast<float>(sign | ((exponent + 112) << 23) | (mantissa << 13));
+  // Zero or subnormal: mantissa * 2^-24, which float32 holds exactly.
+  return BitCast<float>(sign | BitCast<uint32_t>(static_cast<float>(mantissa) * 0x1p-24f));
+}
+
+// Round to nearest-even, bit for bit what VCVTPS2PH does with rounding mode 0,
+// except that every NaN becomes the canonical 0x7E00.
+inline uint16_t FloatToHalf(float f) {
+  const uint32_t bits = BitCast<uint32_t>(f);
+  const uint32_t sign = (bits >> 16) & 0x8000u;
+  const uint32_t magnitude = bits & 0x7FFFFFFFu;
+  if (magnitude > 0x7F800000u) return 0x7E00u;
+  uint32_t h = 0;
+  if (magnitude >= 0x47800000u) {  // >= 2^16: infinite
+    h = 0x7C00u;
+  } else if (magnitude >= 0x38800000u) {  // >= 2^-14: normal, or rounds up to infinity
+    // Rebias the exponent and drop 13 mantissa bits, rounding to nearest-even;
+    // a carry into the exponent gives the right answer, up to infinity.
+    h = (magnitude - 0x38000000u + 0xFFFu + ((magnitude >> 13) & 1u)) >> 13;
+  } else if (magnitude > 0x33000000u) {  // > 2^-25: subnormal (or the smallest normal)
+    // The value in units of 2^-24 is mantissa >> shift, rounded.
+    const uint32_t mantissa = (magnitude & 0x7FFFFFu) | 0x800000u;
+    const uint32_t shift = 126 - (magnitude >> 23);  // 14 to 24
+    const uint32_t halfway = 1u << (shift - 1);
+    const uint32_t rest = mantissa & ((halfway << 1) - 1);
+    h = mantissa >> shift;
+    h += (rest > halfway || (rest == halfway && (h & 1u))) ? 1u : 0u;
+  }
+  return static_cast<uint16_t>(sign | h);
+}
+
+// A floating type as stored and as computed, and the raw bits that Min and
+// Max order. Load is exact; Store rounds to the stored type and makes every
+// NaN canonical (positive, only the top mantissa bit set).
+struct Float32 {
+  using Storage = float;
+  using Compute = float;
+  using Bits = uint32_t;
+  static constexpr Bits kInfBits = 0x7F800000u;
+  static constexpr Bits kNaNBits = 0x7FC00000u;
+  static float Load(float x) { return x; }
+  static float Store(float x) { return x != x ? BitCast<float>(kNaNBits) : x; }
+};
+
+struct Float64 {
+  using Storage = double;
+  using Compute = double;
+  using Bits = uint64_t;
+  static constexpr Bits kInfBits = 0x7FF0000000000000u;
+  static constexpr Bits kNaNBits = 0x7FF8000000000000u;
+  static double Load(double x) { return x; }
+  static double Store(double x) { return x != x ? BitCast<double>(kNaNBits) : x; }
+};
+
+struct Float16 {
+  using Storage = uint16_t;
+  using Compute = float;
+  using Bits = uint16_t;
+  static constexpr Bits kInfBits = 0x7C00u;
+  static constexpr Bits kNaNBits = 0x7E00u;
+  static float Load(uint16_t x) { return HalfToFloat(x); }
+  static uint16_t Store(float x) { return FloatToHalf(x); }
+};
+
+// bfloat16 is the top half of a float32.
+struct BFloat16 {
+  using Storage = uint16_t;
+  using Compute = float;
+  using Bits = uint16_t;
+  static constexpr Bits kInfBits = 0x7F80u;
+  static constexpr Bits kNaNBits = 0x7FC0u;
+  static float Load(uint16_t x) { return BitCast<float>(static_cast<uint32_t>(x) << 16); }
+  static uint16_t Store(float x) {
+    const uint32_t bits = BitCast<uint32_t>(x);
+    if ((bits & 0x7FFFFFFFu) > 0x7F800000u) return kNaNBits;
+    // Round to nearest-even; a carry into the exponent is the right answer,
+    // up to infinity.
+    return static_cast<uint16_t>((bits + 0x7FFFu + ((bits >> 16) & 1u)) >> 16);
+  }
+};
+
+// The element operations: a type T and a static Apply the loops inline.
+template <typename F>
+struct FloatSum {
+  using T = typename F::Storage;
+  static T Apply(T a, T b) { return F::Store(F::Load(a) + F::Load(b)); }
+};
+
+template <typename F>
+struct FloatProduct {
+  using T = typename F::Storage;
+  static T Apply(T a, T b) { return F::Store(F::Load(a) * F::Load(b)); }
+};
+
+// Min and Max work on the raw bits: Key maps sign-and-magnitude to a two's
+// complement integer with the same order as the values, -0 just below +0.
+// The result is one of the operands, or the canonical NaN if either is NaN.
+// Widening float16 or bfloat16 to float32 first would not change it.
+template <typename F, bool kMax>
+struct FloatMinMax {
+  using T = typename F::Bits;
+  using Signed = std::make_signed_t<T>;
+  static constexpr T kMagnitude = std::numeric_limits<T>::max() >> 1;
+  static bool IsNaN(T x) { return (x & kMagnitude) > F::kInfBits; }
+  static Signed Key(T x) { return static_cast<Signed>(x > kMagnitude ? x ^ kMagnitude : x); }
+  static T Apply(T a, T b) {
+    const bool take_b = kMax ? Key(a) < Key(b) : Key(b) < Key(a);
+    return (IsNaN(a) | IsNaN(b)) ? F::kNaNBits : (take_b ? b : a);
+  }
+};
+
+// Integer Sum and Product wrap: they run in an unsigned type at least as wide
+// as int, where overflow is defined.
+template <typename T>
+using WrapType = decltype(std::make_unsigned_t<T>() + 0u);
+
+template <typename Int>
+struct IntSum {
+  using T = Int;
+  static T Apply(T a, T b) {
+    return static_cast<T>(static_cast<WrapType<T>>(a) + static_cast<WrapType<T>>(b));
+  }
+};
+
+template <typename Int>
+struct IntProduct {
+  using T = Int;
+  static T Apply(T a, T b) {
+    return static_cast<T>(static_cast<WrapType<T>>(a) * static_cast<WrapType<T>>(b));
+  }
+};
+
+template <typename Int, bool kMax>
+struct IntMinMax {
+  using T = Int;
+  static T Apply(T a, T b) { return kMax ? std::max(a, b) : std::min(a, b); }
+};
+
+template <typename F>
+struct FloatScale {
+  using T = typename F::Storage;
+  static T Apply(T x, double factor) {
+    return F::Store(F::Load(x) * static_cast<typename F::Compute>(factor));
+  }
+};
+
+// static_cast<T>(v) where that is defined (truncation toward zero); beyond
+// T's range the nearest bound, and 0 for NaN.
+template <typename Int>
+struct IntScale {
+  using T = Int;
+  static T Apply(T x, double factor) {
+    constexpr T kMin = std::numeric_limits<T>::min();
+    constexpr T kMax = std::numeric_limits<T>::max();
+    constexpr double kAboveMax = static_cast<double>(kMax / 2 + 1) * 2.0;  // exact: 2^k
+    const double v = static_cast<double>(x) * factor;
+    if (v != v) return 0;
+    if (v <= static_cast<double>(kMin)) return kMin;
+    if (v >= kAboveMax) return kMax;
+    return static_cast<T>(v);
+  }
+};
+
+// The loops, type-erased. The pointer parameters are restrict (and so is
+// every pointer derived from them) so the compiler vectorizes without
+// run-time overlap checks; Reduce3 routes aliased calls to InPlace. The
+// *Avx2 twins compile the same source for AVX2.
+template <typename Op>
+HVDMX_ALWAYS_INLINE void InPlace(void* __restrict dst_bytes, const void* __restrict src_bytes,
+                                 int64_t n) {
+  auto* dst = static_cast<typename Op::T*>(dst_bytes);
+  const auto* src = static_cast<const typename Op::T*>(src_bytes);
+  for (int64_t i = 0; i < n; ++i) dst[i] = Op::Apply(dst[i], src[i]);
+}
+
+template <typename Op>
+HVDMX_ALWAYS_INLINE void Binary(void* __restrict out_bytes, const void* __restrict a_bytes,
+                                const void* __restrict b_bytes, int64_t n) {
+  auto* out = static_cast<typename Op::T*>(out_bytes);
+  const auto* a = static_cast<const typename Op::T*>(a_bytes);
+  const auto* b = static_cast<const typename Op::T*>(b_bytes);
+  for (int64_t i = 0; i < n; ++i) out[i] = Op::Apply(a[i], b[i]);
+}
+
+template <typename Op>
+HVDMX_ALWAYS_INLINE void Scale(void* __restrict buf, int64_t n, double factor) {
+  auto* x = static_cast<typename Op::T*>(buf);
+  for (int64_t i = 0; i < n; ++i) x[i] = Op::Apply(x[i], factor);
+}
+
+template <typename Op>
+HVDMX_AVX2 void InPlaceAvx2(void* dst, const void* src, int64_t n) {
+  InPlace<Op>(dst, src, n);
+}
+
+template <typename Op>
+HVDMX_AVX2 void BinaryAvx2(void* out, const void* a, const void* b, int64_t n) {
+  Binary<Op>(out, a, b, n);
+}
+
+template <typename Op>
+HVDMX_AVX2 void ScaleAvx2(void* buf, int64_t n, double factor) {
+  Scale<Op>(buf, n, factor);
+}
+
+// One (type, op) pair: dst OP= src, and out = a OP b with no aliasing.
+struct Kernel {
+  void (*in_place)(void* dst, const void* src, int64_t n);
+  void (*binary)(void* out, const void* a, const void* b, int64_t n);
+};
+
+// Specialized below for float16 Sum and Product on x86.
+template <typename Op>
+Kernel Avx2Kernel() {
+  return {&InPlaceAvx2<Op>, &BinaryAvx2<Op>};
+}
+
+#if defined(__x86_64__)
+
+bool CpuHasAvx2() {
+  static const bool kHas = [] {
+    __builtin_cpu_init();
+    return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("f16c");
+  }();
+  return kHas;
+}
+
+// float16 Sum, Product and scaling with F16C, eight elements at a time; the
+// last n % 8 take the portable path, which gives the same bits.
+HVDMX_AVX2 inline __m256 LoadHalf8(const uint16_t* p) {
+  return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+}
+
+// Canonical NaN first: VCVTPS2PH would keep part of the payload.
+HVDMX_AVX2 inline void StoreHalf8(uint16_t* p, __m256 x) {
+  const __m256 nan = _mm256_castsi256_ps(_mm256_set1_epi32(static_cast<int>(Float32::kNaNBits)));
+  x = _mm256_blendv_ps(x, nan, _mm256_cmp_ps(x, x, _CMP_UNORD_Q));
+  _mm_storeu_si128(reinterpret_cast<__m128i*>(p), _mm256_cvtps_ph(x, _MM_FROUND_TO_NEAREST_INT));
+}
+
+// out may be a: each block is loaded before it is stored.
+template <typename Op>
+HVDMX_AVX2 void HalfArithmeticF16c(void* out_bytes, const void* a_bytes, const void* b_bytes,
+                                   int64_t n) {
+  constexpr bool kProduct = std::is_same_v<Op, FloatProduct<Float16>>;
+  auto* out = static_cast<uint16_t*>(out_bytes);
+  const auto* a = static_cast<const uint16_t*>(a_bytes);
+  const auto* b = static_cast<const uint16_t*>(b_bytes);
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    const __m256 x = LoadHalf8(a + i);
+    const __m256 y = LoadHalf8(b + i);
+    StoreHalf8(out + i, kProduct ? _mm256_mul_ps(x, y) : _mm256_add_ps(x, y));
+  }
+  for (; i < n; ++i) out[i] = Op::Apply(a[i], b[i]);
+}
+
+template <typename Op>
+HVDMX_AVX2 void HalfInPlaceF16c(void* dst, const void* src, int64_t n) {
+  HalfArithmeticF16c<Op>(dst, dst, src, n);
+}
+
+template <>
+Kernel Avx2Kernel<FloatSum<Float16>>() {
+  return {&HalfInPlaceF16c<FloatSum<Float16>>, &HalfArithmeticF16c<FloatSum<Float16>>};
+}
+
+template <>
+Kernel Avx2Kernel<FloatProduct<Float16>>() {
+  return {&HalfInPlaceF16c<FloatProduct<Float16>>, &HalfArithmeticF16c<FloatProduct<Float16>>};
+}
+
+template <>
+HVDMX_AVX2 void ScaleAvx2<FloatScale<Float16>>(void* buf, int64_t n, double factor) {
+  auto* x = static_cast<uint16_t*>(buf);
+  const __m256 f = _mm256_set1_ps(static_cast<float>(factor));
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) StoreHalf8(x + i, _mm256_mul_ps(LoadHalf8(x + i), f));
+  for (; i < n; ++i) x[i] = FloatScale<Float16>::Apply(x[i], factor);
+}
+
+#else
+
+bool CpuHasAvx2() { return false; }
+
+#endif
+
+template <typename Op>
+Kernel MakeKernel(bool avx2) {
+  if (avx2) return Avx2Kernel<Op>();
+  return {&InPlace<Op>, &Binary<Op>};
+}
+
+using ScaleFn = void (*)(void* buf, int64_t n, double factor);
+
+// The operations of one data type.
+template <typename Sum, typename Product, typename Min, typename Max, typename Scaling>
+struct OpSet {
+  static Kernel KernelFor(ReduceOp op, bool avx2) {
+    switch (op) {
+      case ReduceOp::kAverage:
+      case ReduceOp::kSum: return MakeKernel<Sum>(avx2);
+      case ReduceOp::kProduct: return MakeKernel<Product>(avx2);
+      case ReduceOp::kMin: return MakeKernel<Min>(avx2);
+      case ReduceOp::kMax: return MakeKernel<Max>(avx2);
+      case ReduceOp::kAdasum: break;
+    }
+    HVDMX_CHECK(false, "no reduction kernel for op " + ReduceOpName(op));
+  }
+  static ScaleFn ScaleFor(bool avx2) { return avx2 ? &ScaleAvx2<Scaling> : &Scale<Scaling>; }
+};
+
+template <typename F>
+using FloatOps = OpSet<FloatSum<F>, FloatProduct<F>, FloatMinMax<F, false>,
+                       FloatMinMax<F, true>, FloatScale<F>>;
+template <typename T>
+using IntOps = OpSet<IntSum<T>, IntProduct<T>, IntMinMax<T, false>, IntMinMax<T, true>,
+                     IntScale<T>>;
+
+// Returns fn(ops) for the OpSet of dtype.
+template <typename Fn>
+auto WithOps(DataType dtype, Fn fn) {
+  switch (dtype) {
+    case DataType::kFloat32: return fn(FloatOps<Float32>());
+    case DataType::kFloat64: return fn(FloatOps<Float64>());
+    case DataType::kFloat16: return fn(FloatOps<Float16>());
+    case DataType::kBFloat16: return fn(FloatOps<BFloat16>());
+    case DataType::kUInt8: return fn(IntOps<uint8_t>());
+    case DataType::kInt8: return fn(IntOps<int8_t>());
+    case DataType::kInt32: return fn(IntOps<int32_t>());
+    case DataType::kInt64: return fn(IntOps<int64_t>());
+  }
+  HVDMX_CHECK(false, "no kernels for dtype " + DataTypeName(dtype));
+}
+
+Kernel SelectKernel(DataType dtype, ReduceOp op, bool avx2) {
+  return WithOps(dtype, [&](auto ops) { return decltype(ops)::KernelFor(op, avx2); });
+}
+
+}  // namespace
+
+bool ReduceOpSupported(DataType dtype, ReduceOp op) {
+  const bool implemented = op == ReduceOp::kAverage || op == ReduceOp::kSum ||
+                           op == ReduceOp::kMin || op == ReduceOp::kMax ||
+                           op == ReduceOp::kProduct;
+  return implemented && IsSupportedDataType(static_cast<int32_t>(dtype));
+}
+
+void ReduceInto(void* dst, const void* src, int64_t count, DataType dtype, ReduceOp op) {
+  SelectKernel(dtype, op, CpuHasAvx2()).in_place(dst, src, count);
+}
+
+void Reduce3(void* out, const void* a, const void* b, int64_t count, DataType dtype,
+             ReduceOp op) {
+  const Kernel kernel = SelectKernel(dtype, op, CpuHasAvx2());
+  if (out == a) {
+    kernel.in_place(out, b, count);
+  } else if (out == b) {
+    kernel.in_place(out, a, count);  // every op is commutative, bit for bit
+  } else {
+    kernel.binary(out, a, b, count);
+  }
+}
+
+void ScaleBuffer(void* buf, int64_t count, DataType dtype, double factor) {
+  if (factor == 1.0) return;
+  const bool avx2 = CpuHasAvx2();
+  WithOps(dtype, [&](auto ops) { return decltype(ops)::ScaleFor(avx2); })(buf, count, factor);
+}
+
+namespace testing {
+
+void ReduceIntoScalarForTest(void* dst, const void* src, int64_t count, DataType dtype,
+                             ReduceOp op) {
+  const Kernel kernel = SelectKernel(dtype, op, /*avx2=*/false);
+  const int64_t size = static_cast<int64_t>(DataTypeSize(dtype));
+  for (int64_t i = 0; i < count; ++i) {
+    kernel.in_place(static_cast<char*>(dst) + i * size, static_cast<const char*>(src) + i * size,
+                    1);
+  }
+}
+
+}  // namespace testing
+}  // namespace hvdmx

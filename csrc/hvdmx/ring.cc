@@ -1,0 +1,100 @@
+#include "ring.h"
+
+#include <algorithm>
+#include <cstring>
+
+#include "reduce_kernels.h"
+
+namespace hvdmx {
+
+void RingScratch::Reserve(int64_t segment_bytes) {
+  if (half_bytes_ >= segment_bytes) return;
+  half_bytes_ = segment_bytes;
+  buffer_.assign(2 * segment_bytes, 0);  // assign touches every page now
+}
+
+int64_t RingChunkStart(int64_t count, int n, int c) {
+  const int64_t base = count / n;
+  const int64_t rem = count % n;
+  return c * base + std::min<int64_t>(c, rem);
+}
+
+namespace {
+
+int Mod(int a, int n) { return ((a % n) + n) % n; }
+
+// One step: send chunk `send_c` to the right, receive chunk `recv_c` from the
+// left, segment by segment, two segments in flight each way. With `reduce`,
+// received segments land in scratch and are reduced into place; without,
+// they are received straight into place.
+void RingStep(Comm& comm, char* base, int64_t count, DataType dtype, ReduceOp op,
+              int64_t seg_elems, int send_c, int recv_c, bool reduce, RingScratch* scratch) {
+  const int n = comm.size();
+  const int right = (comm.rank() + 1) % n;
+  const int left = Mod(comm.rank() - 1, n);
+  const int64_t elem = static_cast<int64_t>(DataTypeSize(dtype));
+
+  const int64_t send_begin = RingChunkStart(count, n, send_c);
+  const int64_t send_len = RingChunkStart(count, n, send_c + 1) - send_begin;
+  const int64_t recv_begin = RingChunkStart(count, n, recv_c);
+  const int64_t recv_len = RingChunkStart(count, n, recv_c + 1) - recv_begin;
+  const int64_t send_segs = (send_len + seg_elems - 1) / seg_elems;
+  const int64_t recv_segs = (recv_len + seg_elems - 1) / seg_elems;
+
+  auto seg_len = [&](int64_t len, int64_t k) { return std::min(seg_elems, len - k * seg_elems); };
+  auto recv_target = [&](int64_t k) -> char* {
+    return reduce ? scratch->half(static_cast<int>(k % 2))
+                  : base + (recv_begin + k * seg_elems) * elem;
+  };
+  auto post_recv = [&](int64_t k) {
+    return comm.IRecv(recv_target(k), seg_len(recv_len, k) * elem, left);
+  };
+  auto post_send = [&](int64_t k) {
+    return comm.ISend(base + (send_begin + k * seg_elems) * elem, seg_len(send_len, k) * elem,
+                      right);
+  };
+
+  Comm::Request recv_req[2] = {0, 0};
+  Comm::Request send_req[2] = {0, 0};
+  for (int64_t k = 0; k < std::min<int64_t>(2, recv_segs); ++k) recv_req[k] = post_recv(k);
+  for (int64_t k = 0; k < std::min<int64_t>(2, send_segs); ++k) send_req[k] = post_send(k);
+
+  for (int64_t k = 0; k < std::max(send_segs, recv_segs); ++k) {
+    if (k < recv_segs) {
+      comm.Wait(recv_req[k % 2]);
+      if (reduce) {
+        ReduceInto(base + (recv_begin + k * seg_elems) * elem, scratch->half(k % 2),
+                   seg_len(recv_len, k), dtype, op);
+      }
+      if (k + 2 < recv_segs) recv_req[k % 2] = post_recv(k + 2);
+    }
+    if (k < send_segs) {
+      comm.Wait(send_req[k % 2]);
+      if (k + 2 < send_segs) send_req[k % 2] = post_send(k + 2);
+    }
+  }
+}
+
+}  // namespace
+
+void RingAllreduce(Comm& comm, void* buf, int64_t count, DataType dtype, ReduceOp op,
+                   int64_t segment_bytes, RingScratch* scratch) {
+  const int n = comm.size();
+  if (n == 1 || count == 0) return;
+  const int64_t elem = static_cast<int64_t>(DataTypeSize(dtype));
+  const int64_t seg_bytes = std::min(segment_bytes, Comm::kMaxMessageBytes);
+  const int64_t seg_elems = std::max<int64_t>(1, seg_bytes / elem);
+  scratch->Reserve(seg_elems * elem);
+  char* base = static_cast<char*>(buf);
+  const int r = comm.rank();
+  for (int s = 0; s < n - 1; ++s) {
+    RingStep(comm, base, count, dtype, op, seg_elems, Mod(r - s, n), Mod(r - s - 1, n),
+             /*reduce=*/true, scratch);
+  }
+  for (int s = 0; s < n - 1; ++s) {
+    RingStep(comm, base, count, dtype, op, seg_elems, Mod(r + 1 - s, n), Mod(r - s, n),
+             /*reduce=*/false, scratch);
+  }
+}
+
+}  // namespace hvdmx

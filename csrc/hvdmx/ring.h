@@ -1,0 +1,55 @@
+// Our pipelined ring allreduce over a Comm's point-to-point calls.
+//
+// Vocabulary. The buffer of `count` elements is cut into `size` chunks,
+// chunk c being elements [Start(c), Start(c+1)) with the remainder spread
+// over the first chunks. Each chunk travels in segments of at most
+// `segment_bytes`; a step moves one chunk from every rank to its right
+// neighbour (rank + 1).
+//
+// Reduce-scatter, steps s = 0 .. size-2: rank r sends chunk (r - s) and
+// receives chunk (r - s - 1), which it reduces into its own copy. After it,
+// rank r holds the finished chunk (r + 1).
+// Allgather, steps s = 0 .. size-2: rank r sends chunk (r + 1 - s) and
+// receives chunk (r - s) straight into place.
+//
+// Bytes each rank sends: 2 (size-1)/size * count * elem — the bus-bandwidth
+// optimum. Every chunk is reduced once, on one rank, in one fixed order, and
+// then copied: results are bitwise identical on every rank.
+//
+// Pipelining: two segments of a step are in flight at once; while segment k
+// is being reduced, segment k+1 is on the wire into the other scratch half.
+#ifndef HVDMX_RING_H_
+#define HVDMX_RING_H_
+
+#include <cstdint>
+#include <vector>
+
+#include "comm.h"
+#include "common.h"
+
+namespace hvdmx {
+
+// Persistent receive space for the reduce-scatter: two segments, allocated
+// and touched once, reused by every call (no allocation on the data path).
+class RingScratch {
+ public:
+  // Grows to hold two segments of `segment_bytes`; no-op when big enough.
+  void Reserve(int64_t segment_bytes);
+  char* half(int i) { return buffer_.data() + i * half_bytes_; }
+
+ private:
+  std::vector<char> buffer_;
+  int64_t half_bytes_ = 0;
+};
+
+// Allreduces `buf` (count elements of dtype) in place over `comm` with `op`
+// (kAverage reduces as kSum; scaling is the caller's).
+void RingAllreduce(Comm& comm, void* buf, int64_t count, DataType dtype, ReduceOp op,
+                   int64_t segment_bytes, RingScratch* scratch);
+
+// First element of chunk c when count elements are cut into n chunks.
+int64_t RingChunkStart(int64_t count, int n, int c);
+
+}  // namespace hvdmx
+
+#endif  // HVDMX_RING_H_

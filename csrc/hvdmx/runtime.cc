@@ -1,0 +1,170 @@
+#include "runtime.h"
+
+#include <algorithm>
+#include <sstream>
+
+#include "logging.h"
+
+namespace hvdmx {
+namespace {
+
+Status ShutdownStatus() {
+  return Status::Shutdown(
+      "hvdmx has been shut down (hvd.shutdown() ran on this or another rank) before this "
+      "collective could run; call hvd.init() again before submitting collectives");
+}
+
+std::string JoinNames(const std::vector<std::string>& names, size_t limit) {
+  std::string out;
+  for (size_t i = 0; i < names.size() && i < limit; ++i) out += (i ? ", " : "") + names[i];
+  if (names.size() > limit) out += ", ... (" + std::to_string(names.size()) + " in all)";
+  return out;
+}
+
+// How long a wait polls before it starts to sleep.
+constexpr int64_t kSpinMicros = 200;
+
+}  // namespace
+
+Runtime::Runtime(std::unique_ptr<Comm> control, std::unique_ptr<Comm> data, const Config& config)
+    : control_(std::move(control)),
+      data_(std::move(data)),
+      config_(config),
+      controller_(*control_, config.cache_capacity),
+      executor_(*data_, config_) {}
+
+Runtime::~Runtime() {
+  if (thread_.joinable()) Shutdown();
+}
+
+void Runtime::Start() {
+  thread_ = std::thread([this] { Loop(); });
+}
+
+Status Runtime::ReserveName(const std::string& name) {
+  std::lock_guard<std::mutex> lock(names_mu_);
+  if (!names_.insert(name).second) {
+    return Status::InvalidArgument("a collective named '" + name +
+                                   "' is still pending on this rank; wait for it to finish "
+                                   "or give the new one another name");
+  }
+  return Status::Ok();
+}
+
+void Runtime::ReleaseName(const std::string& name) {
+  std::lock_guard<std::mutex> lock(names_mu_);
+  names_.erase(name);
+}
+
+void Runtime::Enqueue(TensorEntry entry) {
+  const std::string name = entry.request.name;
+  auto user_callback = std::move(entry.callback);
+  entry.callback = [this, name, user_callback](const Status& status) {
+    ReleaseName(name);
+    user_callback(status);
+  };
+  if (stopped_) {
+    entry.callback(ShutdownStatus());
+    return;
+  }
+  auto callback = entry.callback;
+  Status added = queue_.Add(std::move(entry));
+  if (!added.ok()) {
+    callback(added);
+    return;
+  }
+  if (stopped_) {
+    // The loop may have exited between the check above and the Add.
+    FailAll(ShutdownStatus());
+    return;
+  }
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+  }
+  wake_.notify_one();
+}
+
+void Runtime::Shutdown() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    shutdown_requested_ = true;
+  }
+  wake_.notify_one();
+  if (thread_.joinable()) thread_.join();
+  stopped_ = true;
+  FailAll(ShutdownStatus());
+}
+
+void Runtime::FailAll(const Status& status) {
+  for (TensorEntry& entry : queue_.TakeAll()) entry.callback(status);
+}
+
+void Runtime::Idle(int64_t iteration) {
+  const auto now = std::chrono::steady_clock::now();
+  if (iteration == 0) {
+    wait_started_ = now;
+    stall_warned_ = false;
+  }
+  // Poll without sleeping for a short while: peers usually arrive within
+  // microseconds. Then sleep, longer each time, up to 1 ms.
+  const int64_t waited_us =
+      std::chrono::duration_cast<std::chrono::microseconds>(now - wait_started_).count();
+  if (waited_us < kSpinMicros) {
+    std::this_thread::yield();
+    return;
+  }
+  std::this_thread::sleep_for(
+      std::chrono::microseconds(std::min<int64_t>(1000, 20 + (waited_us - kSpinMicros) / 8)));
+  if (config_.stall_check_seconds > 0 && !stall_warned_) {
+    const double waited = std::chrono::duration<double>(std::chrono::steady_clock::now() -
+                                                        wait_started_).count();
+    if (waited > config_.stall_check_seconds) {
+      stall_warned_ = true;
+      HVDMX_LOG(kWarning) << "waited " << static_cast<int>(waited)
+                          << " s for the other ranks to submit collectives. Pending on this "
+                             "rank: "
+                          << JoinNames(controller_.PendingNames(), 8)
+                          << ". Another rank may be stuck, or be running different "
+                             "collectives (see docs/errors.md).";
+    }
+  }
+}
+
+bool Runtime::LoopOnce() {
+  if (stopped_) return false;
+  bool want_shutdown;
+  {
+    std::unique_lock<std::mutex> lock(mu_);
+    auto ready = [&] { return shutdown_requested_ || queue_.HasNew(); };
+    if (!controller_.HasPending()) {
+      wake_.wait(lock, ready);
+    } else if (!made_progress_) {
+      backoff_us_ = std::min<int64_t>(std::max<int64_t>(2 * backoff_us_, 50), 1000);
+      wake_.wait_for(lock, std::chrono::microseconds(backoff_us_), ready);
+    }
+    want_shutdown = shutdown_requested_;
+  }
+  if (config_.cycle_time_ms > 0 && !want_shutdown) {
+    std::this_thread::sleep_for(std::chrono::duration<double, std::milli>(config_.cycle_time_ms));
+  }
+  RoundResult round = controller_.RunRound(queue_.TakeNewRequests(), want_shutdown,
+                                           [this](int64_t i) { Idle(i); });
+  made_progress_ = !round.responses.empty();
+  if (made_progress_) backoff_us_ = 0;
+  executor_.Run(round.responses, &queue_);
+  if (round.shutdown) {
+    stopped_ = true;
+    FailAll(ShutdownStatus());
+    return false;
+  }
+  return true;
+}
+
+void Runtime::Loop() {
+  HVDMX_LOG(kDebug) << "background thread started; " << config_.ToString();
+  while (LoopOnce()) {
+  }
+  HVDMX_LOG(kDebug) << "background thread stopped";
+}
+
+}  // namespace hvdmx

@@ -1,0 +1,104 @@
+// The runtime: owns the communicators, the queue, the controller and the
+// executor, and the background thread that drives them. An object, not a bag
+// of globals; the one process-wide instance lives in the bindings.
+//
+// Note [Background loop]
+// ~~~~~~~~~~~~~~~~~~~~~~
+// The background thread sleeps on a condition variable while this rank has
+// nothing pending, so an idle process costs no CPU and sends nothing. When
+// work arrives it optionally waits HVDMX_CYCLE_TIME to batch more, runs one
+// negotiation round (controller.h) and executes the round's responses. While
+// requests are still pending after a round that completed none (peers have
+// not submitted them yet), the next round waits a short, growing backoff
+// unless new local work arrives first, so ranks waiting on each other do not
+// spin. Waits inside a round poll the transport the same way: a few quick
+// checks, then sleeps growing to 1 ms.
+//
+// Note [Shutdown]
+// ~~~~~~~~~~~~~~~
+// Shutdown() sets a flag that the next round carries to every rank (word 0
+// bit 1). Once any rank asks, every rank runs that round's responses, fails
+// the entries still pending with a "shut down" status, and its background
+// thread exits. Shutdown() returns after the thread has been joined. Entries
+// enqueued after that fail at once.
+#ifndef HVDMX_RUNTIME_H_
+#define HVDMX_RUNTIME_H_
+
+#include <atomic>
+#include <condition_variable>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <unordered_set>
+
+#include "comm.h"
+#include "controller.h"
+#include "env_config.h"
+#include "executor.h"
+#include "tensor_queue.h"
+
+namespace hvdmx {
+
+class Runtime {
+ public:
+  // `control` carries negotiation, `data` the collectives' bytes; both span
+  // the same ranks.
+  Runtime(std::unique_ptr<Comm> control, std::unique_ptr<Comm> data, const Config& config);
+  ~Runtime();
+
+  // Starts the background thread.
+  void Start();
+
+  int rank() const { return control_->rank(); }
+  int size() const { return control_->size(); }
+  const Config& config() const { return config_; }
+
+  // Called at the user's call (any thread): claims `name` until its callback
+  // has fired, so a second collective of the same name fails at the call.
+  Status ReserveName(const std::string& name);
+  void ReleaseName(const std::string& name);
+
+  // Any thread (MXNet engine threads). The entry's name must be reserved;
+  // the callback fires exactly once, from the background thread (or at once
+  // if the runtime has stopped), after the name is released.
+  void Enqueue(TensorEntry entry);
+
+  // See Note [Shutdown]. Idempotent. Any thread but the background thread.
+  void Shutdown();
+  bool stopped() const { return stopped_; }
+
+  // One pass of the background loop (see Note [Background loop]); returns
+  // false once the runtime has stopped. Exposed for tests.
+  bool LoopOnce();
+
+ private:
+  void Loop();
+  void FailAll(const Status& status);
+  void Idle(int64_t iteration);
+
+  std::unique_ptr<Comm> control_;
+  std::unique_ptr<Comm> data_;
+  Config config_;
+  TensorQueue queue_;
+  Controller controller_;
+  Executor executor_;
+
+  std::mutex mu_;  // guards the wake-up condition below
+  std::condition_variable wake_;
+  bool shutdown_requested_ = false;
+  std::atomic<bool> stopped_{false};
+  bool made_progress_ = true;
+  int64_t backoff_us_ = 0;
+  std::chrono::steady_clock::time_point wait_started_;
+  bool stall_warned_ = false;
+
+  std::mutex names_mu_;
+  std::unordered_set<std::string> names_;
+
+  std::thread thread_;
+};
+
+}  // namespace hvdmx
+
+#endif  // HVDMX_RUNTIME_H_

@@ -1,0 +1,48 @@
+#include "tensor_queue.h"
+
+namespace hvdmx {
+
+Status TensorQueue::Add(TensorEntry entry) {
+  std::lock_guard<std::mutex> lock(mu_);
+  const std::string name = entry.request.name;
+  if (entries_.count(name)) {
+    return Status::InvalidArgument("a collective named '" + name +
+                                   "' is still pending on this rank; give each concurrent "
+                                   "collective a different name");
+  }
+  new_requests_.push_back(entry.request);
+  entries_.emplace(name, std::move(entry));
+  return Status::Ok();
+}
+
+std::vector<Request> TensorQueue::TakeNewRequests() {
+  std::lock_guard<std::mutex> lock(mu_);
+  std::vector<Request> out;
+  out.swap(new_requests_);
+  return out;
+}
+
+bool TensorQueue::HasNew() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return !new_requests_.empty();
+}
+
+TensorEntry TensorQueue::Take(const std::string& name) {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = entries_.find(name);
+  HVDMX_CHECK(it != entries_.end(), "no pending entry named " + name);
+  TensorEntry entry = std::move(it->second);
+  entries_.erase(it);
+  return entry;
+}
+
+std::vector<TensorEntry> TensorQueue::TakeAll() {
+  std::lock_guard<std::mutex> lock(mu_);
+  std::vector<TensorEntry> out;
+  for (auto& kv : entries_) out.push_back(std::move(kv.second));
+  entries_.clear();
+  new_requests_.clear();
+  return out;
+}
+
+}  // namespace hvdmx

@@ -1,0 +1,48 @@
+// Entries submitted on this rank and not yet completed, by name.
+//
+// Add is called from MXNet engine threads; everything else from the
+// runtime's background thread. One mutex guards it all.
+#ifndef HVDMX_TENSOR_QUEUE_H_
+#define HVDMX_TENSOR_QUEUE_H_
+
+#include <functional>
+#include <mutex>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "common.h"
+#include "message.h"
+
+namespace hvdmx {
+
+// One negotiation unit on this rank: its request, the data pointers of each
+// tensor (input and output may be the same), and the callback to fire once.
+struct TensorEntry {
+  Request request;
+  std::vector<const void*> inputs;
+  std::vector<void*> outputs;
+  std::function<void(const Status&)> callback;
+};
+
+class TensorQueue {
+ public:
+  // Fails (returning the entry's callback unused) if the name is pending.
+  Status Add(TensorEntry entry);
+  // The requests added since the last call, in the order they were added.
+  std::vector<Request> TakeNewRequests();
+  bool HasNew() const;
+  // Removes and returns the entry; HVDMX_CHECKs that it exists.
+  TensorEntry Take(const std::string& name);
+  // Removes every entry and returns them (to be failed by the caller).
+  std::vector<TensorEntry> TakeAll();
+
+ private:
+  mutable std::mutex mu_;
+  std::unordered_map<std::string, TensorEntry> entries_;
+  std::vector<Request> new_requests_;
+};
+
+}  // namespace hvdmx
+
+#endif  // HVDMX_TENSOR_QUEUE_H_

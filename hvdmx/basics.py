@@ -1,0 +1,132 @@
+"""Process-level calls: init, shutdown and the job's shape."""
+from __future__ import annotations
+
+import atexit
+from typing import Any, Optional, Sequence, Union
+
+# mpi4py loads libmpi first; the extension then binds to that same library
+# (matched by soname), so a script can use mpi4py and hvdmx side by side.
+from mpi4py import MPI
+import mxnet as mx
+
+from hvdmx import _core
+
+_core.load_mxnet(mx.base._LIB._name)
+
+_atexit_registered = False
+_owned_comm = None  # a communicator init() created from a list of ranks
+
+
+def init(comm: Optional[Union[Any, Sequence[int]]] = None) -> None:
+    """Starts hvdmx on this process; a second call is a no-op.
+
+    ``comm`` is an mpi4py communicator to run on, or a list of ranks of
+    ``MPI.COMM_WORLD``; by default the whole job. Every rank of the
+    communicator must call ``init``.
+    """
+    global _atexit_registered, _owned_comm
+    if _core.is_initialized():
+        return
+    if comm is None:
+        address = 0
+    elif isinstance(comm, MPI.Comm):
+        if comm == MPI.COMM_NULL:
+            raise ValueError("hvdmx.init: argument 'comm' is MPI.COMM_NULL; pass a valid "
+                             "communicator, e.g. MPI.COMM_WORLD")
+        address = MPI._addressof(comm)
+    elif isinstance(comm, (list, tuple)) and all(isinstance(r, int) for r in comm):
+        world = MPI.COMM_WORLD
+        ranks = list(comm)
+        bad = [r for r in ranks if not 0 <= r < world.Get_size()]
+        if bad or len(set(ranks)) != len(ranks) or not ranks:
+            raise ValueError(f"hvdmx.init: argument 'comm'={ranks!r} must be a non-empty list "
+                             f"of distinct ranks in [0, {world.Get_size()})")
+        if world.Get_rank() not in ranks:
+            raise ValueError(f"hvdmx.init: this process (world rank {world.Get_rank()}) is not "
+                             f"in comm={ranks!r}; only the listed ranks may call init")
+        _owned_comm = world.Create_group(world.Get_group().Incl(ranks))
+        address = MPI._addressof(_owned_comm)
+    else:
+        raise TypeError("hvdmx.init: argument 'comm' must be None, an mpi4py communicator "
+                        f"or a list of ranks, got {type(comm).__name__}")
+    _core.init(address)
+    if not _atexit_registered:
+        atexit.register(shutdown)
+        _atexit_registered = True
+
+
+def shutdown() -> None:
+    """Stops hvdmx on every rank (agreed by all); pending ops fail with a
+    "shut down" error. ``init`` may be called again afterwards."""
+    _core.shutdown()
+
+
+def is_initialized() -> bool:
+    return _core.is_initialized()
+
+
+def _topology() -> tuple:
+    if not _core.is_initialized():
+        raise ValueError("hvdmx has not been initialized; call hvd.init() first")
+    return _core.topology()
+
+
+def rank() -> int:
+    """This process's rank in the job, 0 .. size()-1."""
+    return _topology()[0]
+
+
+def size() -> int:
+    """The number of processes in the job."""
+    return _topology()[1]
+
+
+def local_rank() -> int:
+    """This process's rank among the processes on its host."""
+    return _topology()[2]
+
+
+def local_size() -> int:
+    """The number of processes on this host."""
+    return _topology()[3]
+
+
+def cross_rank() -> int:
+    """The index of this host among hosts (rank among processes of equal local_rank)."""
+    return _topology()[4]
+
+
+def cross_size() -> int:
+    """The number of processes with this process's local_rank (hosts, when balanced)."""
+    return _topology()[5]
+
+
+def mpi_threads_supported() -> bool:
+    """True when MPI runs with MPI_THREAD_MULTIPLE."""
+    _topology()
+    return _core.mpi_threads_supported()
+
+
+def mpi_built() -> bool:
+    return _core.mpi_built()
+
+
+def mpi_enabled() -> bool:
+    return _core.mpi_built()
+
+
+def nccl_built() -> int:
+    """The NCCL version built in, or 0."""
+    return _core.nccl_built()
+
+
+def cuda_built() -> bool:
+    return _core.cuda_built()
+
+
+def gloo_built() -> bool:
+    return False
+
+
+def ccl_built() -> bool:
+    return False

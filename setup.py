@@ -1,0 +1,368 @@
+"""Builds hvdmx: the Python package hvdmx/ and one extension, hvdmx._core.
+
+The extension is every csrc/hvdmx/*.cc compiled together (C++17, pybind11).
+It needs two things from the build environment, both found here:
+
+MPI
+    The wrapper compiler is chosen in this order: $MPICC; $HVDMX_MPI_HOME/bin/mpicc;
+    the mpicc beside sys.executable (a venv with the `mpich` wheel); mpicc on PATH
+    (under pip's build isolation, the `mpich` build requirement). We only ask it for
+    its flags (`mpicc --showme:compile/--showme:link` for Open MPI, `mpicc -show` for
+    MPICH and its derivatives) and compile with the ordinary C++ compiler.
+    See Note [Finding libmpi at run time].
+
+MXNet
+    Headers only, from the installed wheel's mxnet/include, located without importing
+    mxnet. The extension reaches MXNet through its C API at run time, resolved with
+    dlsym from the libmxnet that `import mxnet` already loaded; it links no MXNet
+    symbol, so no compiler or C++ ABI match with the wheel is needed.
+
+Environment variables read here (build time only):
+    MPICC             the MPI C wrapper to take flags from (a system MPI)
+    HVDMX_MPI_HOME    an MPI installation prefix; its bin/mpicc is used
+    HVDMX_BUILD_JOBS  parallel compile jobs (default: the CPUs this process may use)
+With MPICC or HVDMX_MPI_HOME set, the `mpich` wheel is not a runtime dependency.
+
+Note [Finding libmpi at run time]
+---------------------------------
+_core links libmpi by its soname (`-lmpi`, giving NEEDED libmpi.so.12 for MPICH,
+libmpi.so.40 for Open MPI) and records no rpath from the MPI wrapper when the MPI
+was found automatically: under build isolation that directory is a temporary
+build environment that is deleted after the build. Instead:
+  1. The package imports mpi4py.MPI before _core (hvdmx/basics.py). mpi4py has loaded
+     the MPI library, and the dynamic loader satisfies _core's NEEDED entry with
+     the loaded object whose soname matches, so both share one MPI.
+  2. As a fallback, RUNPATH $ORIGIN/../../.. points from <prefix>/lib/pythonX.Y/
+     site-packages/hvdmx to <prefix>/lib, where the `mpich` wheel puts libmpi.
+When the MPI was chosen explicitly (MPICC/HVDMX_MPI_HOME), it is a lasting
+installation: its wrapper's rpath is kept and the wheel fallback is left out.
+"""
+
+import glob
+import hashlib
+import importlib.util
+import os
+import re
+import shlex
+import shutil
+import subprocess
+import sys
+import tempfile
+
+from pybind11.setup_helpers import ParallelCompile, Pybind11Extension
+from pybind11.setup_helpers import build_ext as _pybind11_build_ext
+from setuptools import setup
+from setuptools.errors import CompileError
+
+CSRC_DIR = os.path.join("csrc", "hvdmx")
+
+# The GPU path is not built: no CUDA or NCCL probe exists yet, and these macros say
+# so to the C++ (`--check-build`, nccl_built(), cuda_built()).
+GPU_MACROS = [("HVDMX_NCCL_BUILT", "0"), ("HVDMX_CUDA_BUILT", "0")]
+
+# Needed to include <mxnet/engine.h> (for CallbackOnComplete) from the wheel's headers:
+# mshadow/base.h otherwise includes mkl_blas.h and cuda.h, which the wheel lacks.
+# MSHADOW_USE_CBLAS already defaults to 0, and <dmlc/logging.h> needs nothing.
+MXNET_HEADER_MACROS = [("MSHADOW_USE_MKL", "0"), ("MSHADOW_USE_CUDA", "0")]
+
+
+def explicit_mpi() -> bool:
+    """True when the user picked an MPI installation rather than the mpich wheel."""
+    return bool(os.environ.get("MPICC") or os.environ.get("HVDMX_MPI_HOME"))
+
+
+def runtime_requires() -> list:
+    requires = ["mxnet==1.9.1", "numpy<1.24", "mpi4py"]
+    if not explicit_mpi():
+        requires.append("mpich")
+    return requires
+
+
+class BuildError(SystemExit):
+    def __init__(self, message: str):
+        super().__init__("error: hvdmx: " + message)
+
+
+# --------------------------------------------------------------------------- MPI
+
+
+def find_mpicc() -> list:
+    """The MPI C wrapper as a command (a list), in the order the module docstring gives."""
+    if os.environ.get("MPICC"):
+        command = shlex.split(os.environ["MPICC"])
+        if not shutil.which(command[0]):
+            raise BuildError(f"MPICC={os.environ['MPICC']!r} is not an executable.")
+        return command
+    home = os.environ.get("HVDMX_MPI_HOME")
+    if home:
+        path = os.path.join(home, "bin", "mpicc")
+        if not os.access(path, os.X_OK):
+            raise BuildError(
+                f"HVDMX_MPI_HOME={home!r} has no bin/mpicc. Point it at the MPI "
+                "installation prefix, or set MPICC=/path/to/mpicc instead."
+            )
+        return [path]
+    beside_python = os.path.join(os.path.dirname(sys.executable), "mpicc")
+    if os.access(beside_python, os.X_OK):
+        return [beside_python]
+    on_path = shutil.which("mpicc")
+    if on_path:
+        return [on_path]
+    raise BuildError(
+        "no MPI found: no mpicc beside the Python interpreter or on PATH. Either "
+        "`pip install mpich` into this environment, or use a system MPI with "
+        "MPICC=/path/to/mpicc or HVDMX_MPI_HOME=/path/to/mpi/prefix."
+    )
+
+
+def _run(command: list) -> str:
+    result = subprocess.run(command, capture_output=True, text=True, check=False)
+    return result.stdout.strip() if result.returncode == 0 else ""
+
+
+def mpi_wrapper_flags(mpicc: list) -> list:
+    """The wrapper's compile and link flags, without the compiler itself."""
+    compile_flags = _run(mpicc + ["--showme:compile"])  # Open MPI
+    link_flags = _run(mpicc + ["--showme:link"])
+    if compile_flags or link_flags:
+        return shlex.split(compile_flags) + shlex.split(link_flags)
+    shown = shlex.split(_run(mpicc + ["-show"]))  # MPICH, Intel MPI, MVAPICH
+    if not shown:
+        raise BuildError(
+            f"{' '.join(mpicc)} answered neither --showme:compile (Open MPI) nor -show "
+            "(MPICH). Set MPICC to the C wrapper of an MPI installation."
+        )
+    return shown[1:]
+
+
+class MpiFlags:
+    """Flags for compiling and linking against MPI, parsed from its wrapper."""
+
+    def __init__(self, tokens: list, keep_rpath: bool):
+        self.include_dirs = []
+        self.library_dirs = []
+        self.libraries = []
+        self.macros = []
+        self.compile_args = []
+        self.link_args = []
+        self.rpaths = []
+        self._parse(list(tokens))
+        if not keep_rpath:
+            self.rpaths = []
+
+    @staticmethod
+    def _add(flags: list, flag):
+        if flag not in flags:
+            flags.append(flag)
+
+    def _parse(self, tokens: list):
+        linker_words = []
+        while tokens:
+            token = tokens.pop(0)
+            if token in ("-I", "-L", "-l", "-D", "-isystem") and tokens:
+                token += tokens.pop(0)
+            if token.startswith("-isystem"):
+                self._add(self.include_dirs, token[len("-isystem") :])
+            elif token.startswith("-I"):
+                self._add(self.include_dirs, token[2:])
+            elif token.startswith("-L"):
+                self._add(self.library_dirs, token[2:])
+            elif token.startswith("-l"):
+                self._add(self.libraries, token[2:])
+            elif token.startswith("-D"):
+                name, _, value = token[2:].partition("=")
+                self._add(self.macros, (name, value or None))
+            elif token.startswith("-Wl,"):
+                linker_words += token[4:].split(",")
+            elif token == "-Xlinker" and tokens:
+                linker_words.append(tokens.pop(0))
+            elif token in ("-pthread", "-fopenmp"):
+                self._add(self.compile_args, token)
+                self._add(self.link_args, token)
+            elif token.startswith("-"):
+                self._add(self.compile_args, token)
+            else:
+                self._add(self.link_args, token)  # a library given by path
+        while linker_words:
+            word = linker_words.pop(0)
+            if word in ("-rpath", "-R") and linker_words:
+                self._add(self.rpaths, linker_words.pop(0))
+            elif word.startswith("-rpath="):
+                self._add(self.rpaths, word[len("-rpath=") :])
+            elif word in ("--enable-new-dtags", "--disable-new-dtags"):
+                pass  # we choose: RUNPATH, so LD_LIBRARY_PATH can still override
+            else:
+                self.link_args.append("-Wl," + word)
+
+
+MPI_VENDOR_PROBE = r"""
+#include <mpi.h>
+#define HVDMX_STR_(x) #x
+#define HVDMX_STR(x) HVDMX_STR_(x)
+#if defined(I_MPI_VERSION)
+hvdmx_mpi_vendor "Intel MPI " I_MPI_VERSION
+#elif defined(MVAPICH2_VERSION)
+hvdmx_mpi_vendor "MVAPICH2 " MVAPICH2_VERSION
+#elif defined(OMPI_MAJOR_VERSION)
+hvdmx_mpi_vendor "Open MPI " HVDMX_STR(OMPI_MAJOR_VERSION) "." HVDMX_STR(OMPI_MINOR_VERSION) "." HVDMX_STR(OMPI_RELEASE_VERSION)
+#elif defined(MPICH_VERSION)
+hvdmx_mpi_vendor "MPICH " MPICH_VERSION
+#else
+hvdmx_mpi_vendor "MPI " HVDMX_STR(MPI_VERSION) "." HVDMX_STR(MPI_SUBVERSION)
+#endif
+"""
+
+
+def mpi_vendor(compiler, mpi: MpiFlags) -> str:
+    """'MPICH 5.0.2', 'Open MPI 4.1.5', ...: read from mpi.h, which also checks it is found."""
+    with tempfile.TemporaryDirectory() as tmp:
+        source = os.path.join(tmp, "mpi_vendor.c")
+        output = os.path.join(tmp, "mpi_vendor.i")
+        with open(source, "w") as f:
+            f.write(MPI_VENDOR_PROBE)
+        try:
+            compiler.preprocess(
+                source, output, macros=mpi.macros, include_dirs=mpi.include_dirs
+            )
+        except CompileError as e:
+            raise BuildError(
+                f"cannot preprocess <mpi.h> with include dirs {mpi.include_dirs}: {e}"
+            )
+        with open(output) as f:
+            for line in f:
+                if line.startswith("hvdmx_mpi_vendor"):
+                    return "".join(re.findall(r'"([^"]*)"', line)).strip()
+    raise BuildError("could not read the MPI version from <mpi.h>.")
+
+
+# ------------------------------------------------------------------------- MXNet
+
+
+def mxnet_include_dir() -> str:
+    """mxnet/include of the installed wheel, found without importing mxnet."""
+    spec = importlib.util.find_spec("mxnet")
+    if spec is not None and spec.origin:
+        include = os.path.join(os.path.dirname(spec.origin), "include")
+        if os.path.isfile(os.path.join(include, "mxnet", "c_api.h")):
+            return include
+    raise BuildError(
+        "MXNet headers not found (mxnet/include/mxnet/c_api.h). Install the wheel "
+        "first: pip install mxnet==1.9.1 (it is a build requirement in pyproject.toml)."
+    )
+
+
+# ---------------------------------------------------------------------- building
+
+
+def usable_cpus() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:
+        return os.cpu_count() or 1
+
+
+class ObjectFreshness:
+    """ParallelCompile's needs_recompile: an object file is rebuilt when it is older
+    than its source, any header in csrc/hvdmx, or setup.py, or when the compile
+    command changed since the last build (see build_ext.build_extensions)."""
+
+    def __init__(self):
+        self.force = True
+
+    def __call__(self, obj: str, src: str) -> bool:
+        if self.force:
+            return True
+        inputs = [src, __file__] + glob.glob(os.path.join(CSRC_DIR, "*.h"))
+        newest_input = max(os.stat(path).st_mtime for path in inputs)
+        return os.stat(obj).st_mtime < newest_input
+
+
+object_freshness = ObjectFreshness()
+
+
+class build_ext(_pybind11_build_ext):
+    """Adds the MPI and MXNet flags to hvdmx._core just before it is compiled, so
+    that commands which compile nothing (egg_info, sdist) need neither."""
+
+    def build_extensions(self):
+        mpicc = find_mpicc()
+        mpi = MpiFlags(mpi_wrapper_flags(mpicc), keep_rpath=explicit_mpi())
+        vendor = mpi_vendor(self.compiler, mpi)
+        mxnet_include = mxnet_include_dir()
+        if explicit_mpi():
+            rpaths = mpi.rpaths
+        else:
+            rpaths = ["$ORIGIN/../../.."]  # See Note [Finding libmpi at run time]
+        for ext in self.extensions:
+            ext.include_dirs += mpi.include_dirs
+            ext.library_dirs += mpi.library_dirs
+            ext.libraries += mpi.libraries + ["dl", "pthread"]
+            ext.define_macros += (
+                mpi.macros
+                + MXNET_HEADER_MACROS
+                + GPU_MACROS
+                + [("HVDMX_MPI_VENDOR", f'"{vendor}"')]
+            )
+            # -isystem: the MXNet headers are not ours to keep -Wall clean.
+            ext.extra_compile_args += mpi.compile_args + ["-isystem", mxnet_include]
+            ext.extra_link_args += (
+                mpi.link_args
+                + ["-Wl,--enable-new-dtags"]
+                + ["-Wl,-rpath," + path for path in rpaths]
+            )
+        print(
+            f"hvdmx: MPI {vendor} from {' '.join(mpicc)}; MXNet headers {mxnet_include}"
+        )
+        # Object files are reused only if the compile command is the one that made
+        # them; the record is written after a successful build, so a build that
+        # fails half way with new flags leaves no stale objects marked fresh.
+        record = os.path.join(self.build_temp, "hvdmx_compile_command.sha256")
+        digest = self._compile_command_digest()
+        previous = ""
+        if os.path.exists(record):
+            with open(record) as f:
+                previous = f.read()
+        object_freshness.force = previous != digest
+        if object_freshness.force and previous:
+            os.remove(record)
+        super().build_extensions()
+        os.makedirs(self.build_temp, exist_ok=True)
+        with open(record, "w") as f:
+            f.write(digest)
+
+    def _compile_command_digest(self) -> str:
+        signature = repr(
+            [self.compiler.compiler_so, getattr(self.compiler, "compiler_so_cxx", None)]
+            + [
+                (ext.include_dirs, ext.define_macros, ext.extra_compile_args)
+                for ext in self.extensions
+            ]
+        )
+        return hashlib.sha256(signature.encode()).hexdigest()
+
+
+def core_extension() -> Pybind11Extension:
+    sources = sorted(glob.glob(os.path.join(CSRC_DIR, "*.cc")))
+    if not sources:
+        raise BuildError(f"no C++ sources in {CSRC_DIR}/*.cc")
+    return Pybind11Extension(
+        "hvdmx._core",
+        sources,
+        depends=sorted(glob.glob(os.path.join(CSRC_DIR, "*.h"))),
+        include_dirs=[CSRC_DIR],
+        # Pybind11Extension adds -std=c++17, -fvisibility=hidden and -g0.
+        cxx_std=17,
+        extra_compile_args=["-O3", "-Wall"],
+        language="c++",
+    )
+
+
+ParallelCompile(
+    "HVDMX_BUILD_JOBS", default=usable_cpus(), needs_recompile=object_freshness
+).install()
+
+setup(
+    ext_modules=[core_extension()],
+    cmdclass={"build_ext": build_ext},
+    install_requires=runtime_requires(),
+)

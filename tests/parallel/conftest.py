@@ -1,0 +1,57 @@
+"""Multi-rank tests: every rank runs this pytest session under mpiexec.
+
+A test that fails on one rank aborts the whole job at once (MPI_Abort), so
+the other ranks never wait for a collective that will not come.
+"""
+import os
+import sys
+import traceback
+
+import pytest
+from mpi4py import MPI
+
+import hvdmx as hvd
+
+
+def pytest_configure(config):
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    hvd.init()
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    outcome = yield
+    report = outcome.get_result()
+    if report.failed:
+        rank = MPI.COMM_WORLD.Get_rank()
+        sys.stderr.write(f"\n[rank {rank}] {item.nodeid} FAILED ({report.when}):\n"
+                         f"{report.longreprtext}\n[rank {rank}] aborting the job\n")
+        sys.stderr.flush()
+        MPI.COMM_WORLD.Abort(1)
+
+
+@pytest.fixture
+def world():
+    """(rank, size) of the job."""
+    return hvd.rank(), hvd.size()
+
+
+def restart(env):
+    """Shuts hvdmx down and starts it again under extra environment variables."""
+    hvd.shutdown()
+    saved = {k: os.environ.get(k) for k in env}
+    os.environ.update(env)
+    try:
+        hvd.init()
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
+def all_equal_across_ranks(array) -> bool:
+    """True when every rank holds the same bytes."""
+    data = array.tobytes()
+    return all(d == data for d in MPI.COMM_WORLD.allgather(data))

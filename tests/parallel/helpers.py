@@ -1,0 +1,53 @@
+"""Inputs that catch misplaced data, and their exact expected reductions.
+
+Values are small integers that depend on rank and index, so every dtype
+(float16 and int8 included) holds every sum and product exactly and results
+can be compared with equality.
+"""
+import numpy as np
+
+import hvdmx as hvd
+
+DTYPES = ["float32", "float64", "float16", "uint8", "int8", "int32", "int64"]
+OPS = [hvd.Sum, hvd.Min, hvd.Max, hvd.Product, hvd.Average]
+
+
+def counts_for(size):
+    """0, 1, size-1, size+1 and a large count not divisible by size."""
+    return sorted({0, 1, max(size - 1, 0), size + 1, 100_003 * size + 1})
+
+
+def rank_input(rank, count, dtype, op):
+    i = np.arange(count)
+    if op == hvd.Product:
+        values = 1 + (i + rank) % 2  # products stay <= 2**size
+    else:
+        values = (i * 7 + rank * 3) % 11  # sums stay <= 10 * size
+    return values.astype(dtype)
+
+
+def expected(size, count, dtype, op, prescale=1.0, postscale=1.0):
+    inputs = [rank_input(r, count, dtype, op).astype(np.float64) * prescale
+              for r in range(size)]
+    if op in (hvd.Sum, hvd.Average):
+        out = np.sum(inputs, axis=0)
+    elif op == hvd.Min:
+        out = np.min(inputs, axis=0)
+    elif op == hvd.Max:
+        out = np.max(inputs, axis=0)
+    else:
+        out = np.prod(inputs, axis=0)
+    factor = postscale / size if op == hvd.Average else postscale
+    return scaled(out, dtype, factor)
+
+
+def scaled(values, dtype, factor):
+    """values * factor the way the core computes it for this dtype."""
+    dt = np.dtype(dtype)
+    if factor == 1.0:
+        return values.astype(dt)
+    if dt == np.float64:
+        return (values * factor).astype(dt)
+    if dt.kind == "f":
+        return (values.astype(dt).astype(np.float32) * np.float32(factor)).astype(dt)
+    return np.trunc(values * factor).astype(dt)

@@ -1,0 +1,227 @@
+import gc
+
+import mxnet as mx
+import numpy as np
+import pytest
+
+import hvdmx as hvd
+from conftest import all_equal_across_ranks, restart
+from helpers import DTYPES, OPS, counts_for, expected, rank_input
+
+
+def check(out, want):
+    got = out.asnumpy()
+    assert got.dtype == want.dtype
+    assert got.shape == want.shape
+    assert np.array_equal(got, want), f"got {got[:8]} want {want[:8]}"
+    assert all_equal_across_ranks(got)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("op", OPS)
+def test_allreduce_every_dtype_op_and_count(world, dtype, op):
+    rank, size = world
+    for count in counts_for(size):
+        x = mx.nd.array(rank_input(rank, count, dtype, op), dtype=dtype)
+        out = hvd.allreduce(x, op=op, name=f"ar.{dtype}.{op}.{count}")
+        check(out, expected(size, count, dtype, op))
+
+
+@pytest.mark.parametrize("algo", ["ring", "mpi", "auto"])
+def test_every_algorithm_with_a_tiny_segment(world, algo):
+    rank, size = world
+    restart({"HVDMX_ALLREDUCE_ALGO": algo, "HVDMX_RING_SEGMENT_BYTES": "64",
+             "HVDMX_RING_MIN_BYTES": "256"})
+    try:
+        for dtype in ["float32", "float16", "int64", "int8"]:
+            for op in [hvd.Sum, hvd.Max, hvd.Product]:
+                for count in counts_for(size) + [17, 257]:
+                    x = mx.nd.array(rank_input(rank, count, dtype, op), dtype=dtype)
+                    check(hvd.allreduce(x, op=op), expected(size, count, dtype, op))
+    finally:
+        restart({})
+
+
+def test_scale_factors(world):
+    rank, size = world
+    for dtype in DTYPES:
+        for op in [hvd.Sum, hvd.Average]:
+            count = size + 5
+            x = mx.nd.array(rank_input(rank, count, dtype, op), dtype=dtype)
+            out = hvd.allreduce(x, op=op, prescale_factor=2.0, postscale_factor=0.5)
+            check(out, expected(size, count, dtype, op, prescale=2.0, postscale=0.5))
+
+
+def test_average_is_the_default_and_average_flag_is_honoured(world):
+    rank, size = world
+    x = mx.nd.array([size * 2.0 * (rank + 1)] * 3)
+    want = np.full(3, float(size * (size + 1)), dtype=np.float32)
+    assert np.array_equal(hvd.allreduce(x).asnumpy(), want)
+    with pytest.warns(DeprecationWarning):
+        summed = hvd.allreduce(x, average=False)
+    assert np.array_equal(summed.asnumpy(), want * size)
+    with pytest.warns(DeprecationWarning):
+        averaged = hvd.allreduce(x, average=True)
+    assert np.array_equal(averaged.asnumpy(), want)
+
+
+def test_in_place(world):
+    rank, size = world
+    x = mx.nd.array(rank_input(rank, 1001, "float32", hvd.Sum))
+    same = hvd.allreduce_(x, op=hvd.Sum, name="inplace")
+    assert same is x
+    check(x, expected(size, 1001, "float32", hvd.Sum))
+
+
+def test_input_is_not_modified_by_out_of_place(world):
+    rank, _ = world
+    data = rank_input(rank, 50, "float32", hvd.Sum)
+    x = mx.nd.array(data)
+    hvd.allreduce(x, op=hvd.Sum, prescale_factor=3.0).wait_to_read()
+    assert np.array_equal(x.asnumpy(), data)
+
+
+def test_grouped(world):
+    rank, size = world
+    dtypes = ["float32", "int32", "float16", "float32"]
+    counts = [3, size + 1, 0, 1000]
+    xs = [mx.nd.array(rank_input(rank, c, d, hvd.Sum), dtype=d) for c, d in zip(counts, dtypes)]
+    outs = hvd.grouped_allreduce(xs, op=hvd.Sum, name="grouped")
+    assert len(outs) == len(xs)
+    for out, c, d in zip(outs, counts, dtypes):
+        check(out, expected(size, c, d, hvd.Sum))
+    same = hvd.grouped_allreduce_(xs, op=hvd.Max)
+    assert same == xs
+    for x, c, d in zip(xs, counts, dtypes):
+        check(x, expected(size, c, d, hvd.Max))
+    assert hvd.grouped_allreduce([]) == []
+
+
+def test_zero_size_and_0d(world):
+    rank, size = world
+    empty = mx.nd.array(np.zeros((0, 4), dtype=np.float32))
+    assert hvd.allreduce(empty).shape == (0, 4)
+    scalar = mx.nd.array(np.array(rank + 1.0, dtype=np.float32).reshape(()))
+    assert scalar.shape == ()
+    out = hvd.allreduce(scalar, op=hvd.Sum)
+    assert out.shape == ()
+    assert out.asscalar() == size * (size + 1) / 2
+
+
+def test_multidimensional_shape_is_kept(world):
+    rank, size = world
+    x = mx.nd.array(rank_input(rank, 60, "float32", hvd.Sum).reshape(3, 4, 5))
+    out = hvd.allreduce(x, op=hvd.Sum)
+    check(out, expected(size, 60, "float32", hvd.Sum).reshape(3, 4, 5))
+
+
+def test_returns_before_peers_submit_different_orders(world):
+    # If a call blocked the Python thread, ranks submitting in opposite
+    # orders would deadlock; negotiation must match them by name.
+    rank, size = world
+    names = [f"order.{i}" for i in range(6)]
+    if rank % 2:
+        names.reverse()
+    outs = {n: hvd.allreduce(mx.nd.ones((5,)) * int(n[-1]), op=hvd.Sum, name=n) for n in names}
+    for n, out in outs.items():
+        assert out.asnumpy().tolist() == [int(n[-1]) * size] * 5
+
+
+def test_temporary_input_stays_alive(world):
+    rank, size = world
+    outs = [hvd.allreduce(mx.nd.ones((10000,)) * (i + 1), op=hvd.Sum) for i in range(20)]
+    gc.collect()
+    for i, out in enumerate(outs):
+        assert np.array_equal(out.asnumpy(), np.full(10000, (i + 1) * size, np.float32))
+
+
+def test_engine_orders_reads_and_writes(world):
+    # A write to the input pushed after the allreduce must wait for it, and a
+    # read of the output must wait for the allreduce.
+    rank, size = world
+    x = mx.nd.ones((100000,)) * (rank + 1)
+    out = hvd.allreduce(x, op=hvd.Sum)
+    x[:] = -1
+    y = out * 2
+    assert np.array_equal(y.asnumpy(), np.full(100000, size * (size + 1), np.float32))
+    assert np.array_equal(x.asnumpy(), np.full(100000, -1, np.float32))
+
+
+def test_chained_collectives_depend_on_each_other(world):
+    rank, size = world
+    x = mx.nd.ones((7,)) * (rank + 1)
+    for _ in range(3):
+        x = hvd.allreduce(x, op=hvd.Sum)
+    total = size * (size + 1) // 2
+    assert x.asnumpy().tolist() == [total * size * size] * 7
+
+
+def test_repeated_names_use_the_cache_and_stay_correct(world):
+    rank, size = world
+    for step in range(50):
+        xs = [mx.nd.ones((i + 1,)) * (rank + step) for i in range(4)]
+        outs = [hvd.allreduce(x, op=hvd.Sum, name=f"step.{i}") for i, x in enumerate(xs)]
+        want = sum(r + step for r in range(size))
+        for i, out in enumerate(outs):
+            assert out.asnumpy().tolist() == [want] * (i + 1)
+
+
+def test_fusion_disabled_and_tiny_threshold(world):
+    rank, size = world
+    for threshold in ["0", "40"]:
+        restart({"HVDMX_FUSION_THRESHOLD": threshold})
+        try:
+            xs = [mx.nd.array(rank_input(rank, c, "float32", hvd.Sum)) for c in [1, 9, 10, 3]]
+            outs = [hvd.allreduce(x, op=hvd.Sum) for x in xs]
+            for out, c in zip(outs, [1, 9, 10, 3]):
+                check(out, expected(size, c, "float32", hvd.Sum))
+        finally:
+            restart({})
+
+
+def test_cache_disabled_and_tiny_cache(world):
+    rank, size = world
+    for capacity in ["0", "2"]:
+        restart({"HVDMX_CACHE_CAPACITY": capacity})
+        try:
+            for step in range(5):
+                outs = [hvd.allreduce(mx.nd.ones((2,)) * (rank + i), op=hvd.Sum, name=f"c{i}")
+                        for i in range(5)]
+                for i, out in enumerate(outs):
+                    assert out.asnumpy().tolist() == [sum(r + i for r in range(size))] * 2
+        finally:
+            restart({})
+
+
+def test_mkldnn_layout_weight(world):
+    # After a hybridized forward in inference mode, MXNet keeps conv weights in
+    # oneDNN's internal layout; they must reduce like any other array.
+    rank, size = world
+    mx.random.seed(1234)
+    net = mx.gluon.nn.HybridSequential()
+    net.add(mx.gluon.nn.Conv2D(8, 3, in_channels=4), mx.gluon.nn.Conv2D(8, 3, in_channels=8))
+    net.initialize()
+    net.hybridize(static_alloc=True, static_shape=True)
+    for _ in range(2):
+        net(mx.nd.ones((2, 4, 12, 12))).wait_to_read()
+    weight = net[1].weight.data()
+    out = hvd.allreduce(weight, op=hvd.Max, name="mkldnn.weight")
+    assert np.array_equal(out.asnumpy(), weight.asnumpy())
+    hvd.broadcast_(weight, root_rank=0, name="mkldnn.bcast")
+    assert all_equal_across_ranks(weight.asnumpy())
+
+
+@pytest.mark.skipif(hvd.size() > 2, reason="needs ~6 GiB per rank: runs at -n 1 and -n 2")
+def test_over_two_gib(world):
+    # 2**29 + 5 float32 elements: over 2**31 bytes (MXNet's wheel caps a tensor
+    # at 2**31 elements, not bytes).
+    rank, size = world
+    count = 2**29 + 5
+    x = mx.nd.ones((count,), dtype="float32") * (rank + 1)
+    x[count - 5:] = 100 + rank
+    hvd.allreduce_(x, op=hvd.Sum, name="huge")
+    got = x.asnumpy()
+    total = size * (size + 1) // 2
+    assert got[0] == total and got[count // 2] == total and got[count - 6] == total
+    assert np.all(got[count - 5:] == 100 * size + size * (size - 1) // 2)
+    assert np.count_nonzero(got != total) == 5

@@ -1,0 +1,85 @@
+import mxnet as mx
+import pytest
+from mpi4py import MPI
+
+import hvdmx as hvd
+
+
+def test_rank_and_size_match_mpi():
+    assert hvd.is_initialized()
+    assert hvd.size() == MPI.COMM_WORLD.Get_size()
+    assert hvd.rank() == MPI.COMM_WORLD.Get_rank()
+
+
+def test_topology_on_one_host():
+    # The test job runs on one host: every rank is local, one "cross" group.
+    assert hvd.local_size() == hvd.size()
+    assert hvd.local_rank() == hvd.rank()
+    assert hvd.cross_size() == 1
+    assert hvd.cross_rank() == 0
+
+
+def test_second_init_is_a_noop():
+    before = (hvd.rank(), hvd.size())
+    hvd.init()
+    assert (hvd.rank(), hvd.size()) == before
+
+
+def test_build_flags():
+    assert hvd.mpi_built() is True
+    assert hvd.mpi_enabled() is True
+    assert hvd.nccl_built() == 0
+    assert hvd.cuda_built() is False
+    assert hvd.gloo_built() is False
+    assert hvd.ccl_built() is False
+    assert hvd.mpi_threads_supported() is True
+
+
+def test_init_after_shutdown_works():
+    hvd.shutdown()
+    assert not hvd.is_initialized()
+    with pytest.raises(ValueError, match="not been initialized"):
+        hvd.rank()
+    with pytest.raises(ValueError, match="not been initialized"):
+        hvd.allreduce(mx.nd.ones((2,)))
+    hvd.init()
+    out = hvd.allreduce(mx.nd.ones((3,)) * (hvd.rank() + 1), op=hvd.Sum)
+    n = hvd.size()
+    assert out.asnumpy().tolist() == [n * (n + 1) / 2] * 3
+
+
+def test_init_with_mpi4py_communicator():
+    hvd.shutdown()
+    hvd.init(comm=MPI.COMM_WORLD)
+    assert hvd.size() == MPI.COMM_WORLD.Get_size()
+    out = hvd.allreduce(mx.nd.ones((2,)), op=hvd.Sum)
+    assert out.asnumpy().tolist() == [hvd.size()] * 2
+
+
+def test_init_with_split_communicator():
+    # Even and odd world ranks each form a job of their own.
+    world = MPI.COMM_WORLD
+    sub = world.Split(world.Get_rank() % 2, world.Get_rank())
+    hvd.shutdown()
+    hvd.init(comm=sub)
+    try:
+        assert hvd.size() == sub.Get_size()
+        assert hvd.rank() == sub.Get_rank()
+        out = hvd.allreduce(mx.nd.ones((2,)) * world.Get_rank(), op=hvd.Sum)
+        expected = sum(r for r in range(world.Get_size()) if r % 2 == world.Get_rank() % 2)
+        assert out.asnumpy().tolist() == [expected] * 2
+    finally:
+        hvd.shutdown()
+        sub.Free()
+        hvd.init()
+
+
+def test_init_rejects_bad_comm():
+    hvd.shutdown()
+    try:
+        with pytest.raises(TypeError, match="'comm'"):
+            hvd.init(comm="world")
+        with pytest.raises(ValueError, match="'comm'"):
+            hvd.init(comm=[MPI.COMM_WORLD.Get_size()])
+    finally:
+        hvd.init()

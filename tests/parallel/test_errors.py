@@ -1,0 +1,177 @@
+"""Bad input: local misuse raises at the call; a cross-rank mismatch raises
+MXNetError at read on every rank, and the next collective still works."""
+import mxnet as mx
+import numpy as np
+import pytest
+
+import hvdmx as hvd
+
+
+def still_works():
+    out = hvd.allreduce(mx.nd.ones((4,)), op=hvd.Sum)
+    assert out.asnumpy().tolist() == [hvd.size()] * 4
+
+
+@pytest.mark.parametrize("fn", [hvd.allreduce, hvd.allreduce_,
+                                lambda t, **kw: hvd.broadcast(t, 0, **kw)])
+def test_not_an_ndarray(fn):
+    with pytest.raises(TypeError, match="'tensor' must be an mxnet.nd.NDArray, got list"):
+        fn([1.0, 2.0])
+    with pytest.raises(TypeError, match="ndarray"):
+        fn(np.ones(3))
+
+
+def test_sparse_ndarray():
+    sparse = mx.nd.zeros((4, 2)).tostype("row_sparse")
+    with pytest.raises(ValueError, match="sparse.*row_sparse.*tostype\\('default'\\)"):
+        hvd.allreduce(sparse)
+    with pytest.raises(ValueError, match="sparse"):
+        hvd.broadcast(sparse, root_rank=0)
+
+
+def test_unsupported_dtype():
+    with pytest.raises(TypeError, match="dtype bool.*float32"):
+        hvd.allreduce(mx.nd.zeros((3,), dtype="bool"))
+    with pytest.raises(TypeError, match="dtype bool.*float32"):
+        hvd.broadcast(mx.nd.zeros((3,), dtype="bool"), root_rank=0)
+
+
+def test_root_rank_out_of_range():
+    n = hvd.size()
+    for bad in (-1, n, n + 5):
+        with pytest.raises(ValueError, match=f"'root_rank'={bad} is out of range"):
+            hvd.broadcast(mx.nd.ones((2,)), root_rank=bad)
+    with pytest.raises(TypeError, match="'root_rank' must be an int"):
+        hvd.broadcast(mx.nd.ones((2,)), root_rank=0.5)
+
+
+def test_unknown_op():
+    with pytest.raises(ValueError, match="'op'=42 is not a reduction op"):
+        hvd.allreduce(mx.nd.ones((2,)), op=42)
+    with pytest.raises(ValueError, match="Adasum is not implemented"):
+        hvd.allreduce(mx.nd.ones((2,)), op=hvd.Adasum)
+
+
+def test_average_and_op_both_given():
+    with pytest.raises(ValueError, match="'average' and 'op' were both given"):
+        hvd.allreduce(mx.nd.ones((2,)), average=True, op=hvd.Sum)
+
+
+def test_bad_name_priority_and_scale():
+    with pytest.raises(TypeError, match="'name' must be a str"):
+        hvd.allreduce(mx.nd.ones((2,)), name=3)
+    with pytest.raises(TypeError, match="'priority' must be an int"):
+        hvd.allreduce(mx.nd.ones((2,)), priority="high")
+    with pytest.raises(TypeError, match="'prescale_factor' must be a real number"):
+        hvd.allreduce(mx.nd.ones((2,)), prescale_factor="2")
+    with pytest.raises(ValueError, match="'postscale_factor'=nan must be finite"):
+        hvd.allreduce(mx.nd.ones((2,)), postscale_factor=float("nan"))
+
+
+def test_grouped_needs_a_list_of_distinct_arrays():
+    with pytest.raises(TypeError, match="'tensors' must be a list"):
+        hvd.grouped_allreduce(mx.nd.ones((2,)))
+    with pytest.raises(TypeError, match="'tensors\\[1\\]' must be an mxnet.nd.NDArray"):
+        hvd.grouped_allreduce([mx.nd.ones((2,)), 5])
+    a = mx.nd.ones((2,))
+    with pytest.raises(ValueError, match="appears twice"):
+        hvd.grouped_allreduce_([a, a])
+
+
+def test_name_still_pending():
+    # An allreduce whose input is not ready yet stays pending; a second
+    # collective of the same name on this rank is refused at the call.
+    gate = mx.nd.zeros((1,))
+    big = mx.nd.ones((1000, 1000))
+    slow = mx.nd.dot(big, big) + gate  # the allreduce waits for this
+    first = hvd.allreduce(slow, name="pending.name", op=hvd.Sum)
+    try:
+        with pytest.raises(ValueError, match="'pending.name' is still pending"):
+            hvd.allreduce(mx.nd.ones((1,)), name="pending.name")
+    finally:
+        first.wait_to_read()
+    # once done, the name is free again
+    hvd.allreduce(mx.nd.ones((1,)), name="pending.name").wait_to_read()
+
+
+def test_gpu_context_without_cuda(monkeypatch):
+    # A CPU build of MXNet cannot create a GPU array, so pretend one is.
+    arr = mx.nd.ones((2,))
+    monkeypatch.setattr(mx.nd.NDArray, "context", property(lambda self: mx.gpu(0)))
+    with pytest.raises(ValueError, match="gpu\\(0\\).*without CUDA"):
+        hvd.allreduce(arr)
+
+
+def mismatch(make, pattern):
+    with pytest.raises(mx.base.MXNetError, match=pattern):
+        make().wait_to_read()
+    still_works()
+
+
+def test_mismatched_shape(world):
+    rank, size = world
+    if size == 1:
+        pytest.skip("a mismatch needs two ranks")
+    mismatch(lambda: hvd.allreduce(mx.nd.ones((2 + rank,)), name="mm.shape"),
+             "'mm.shape' was called with different shape.*rank 0 has \\(2,\\), rank 1 has \\(3,\\)")
+
+
+def test_mismatched_dtype(world):
+    rank, size = world
+    if size == 1:
+        pytest.skip("a mismatch needs two ranks")
+    dtype = "float32" if rank == 0 else "float64"
+    mismatch(lambda: hvd.allreduce(mx.nd.ones((2,), dtype=dtype), name="mm.dtype"),
+             "different dtype.*rank 0 has float32, rank 1 has float64")
+
+
+def test_mismatched_op(world):
+    rank, size = world
+    if size == 1:
+        pytest.skip("a mismatch needs two ranks")
+    op = hvd.Sum if rank == 0 else hvd.Max
+    mismatch(lambda: hvd.allreduce(mx.nd.ones((2,)), op=op, name="mm.op"),
+             "different op.*rank 0 has Sum, rank 1 has Max")
+
+
+def test_mismatched_root(world):
+    rank, size = world
+    if size == 1:
+        pytest.skip("a mismatch needs two ranks")
+    root = 0 if rank == 0 else 1
+    mismatch(lambda: hvd.broadcast(mx.nd.ones((2,)), root_rank=root, name="mm.root"),
+             "different root_rank.*rank 0 has 0, rank 1 has 1")
+
+
+def test_mismatched_scale_factors(world):
+    rank, size = world
+    if size == 1:
+        pytest.skip("a mismatch needs two ranks")
+    mismatch(lambda: hvd.allreduce(mx.nd.ones((2,)), prescale_factor=1.0 + rank, name="mm.pre"),
+             "different prescale_factor.*rank 0 has 1, rank 1 has 2")
+    mismatch(lambda: hvd.allreduce(mx.nd.ones((2,)), postscale_factor=1.0 + rank,
+                                   name="mm.post"),
+             "different postscale_factor")
+
+
+def test_mismatched_collective(world):
+    rank, size = world
+    if size == 1:
+        pytest.skip("a mismatch needs two ranks")
+    x = mx.nd.ones((2,))
+    mismatch(lambda: hvd.allreduce(x, name="mm.kind") if rank == 0
+             else hvd.broadcast(x, root_rank=0, name="mm.kind"),
+             "different collective.*rank 0 has allreduce, rank 1 has broadcast")
+
+
+def test_mismatch_after_cached_success(world):
+    # The same name succeeded (and was cached); a later call with another
+    # shape on one rank must still be caught, on every rank.
+    rank, size = world
+    if size == 1:
+        pytest.skip("a mismatch needs two ranks")
+    for _ in range(3):
+        hvd.allreduce(mx.nd.ones((3,)), name="mm.cached").wait_to_read()
+    shape = (3,) if rank != size - 1 else (4,)
+    mismatch(lambda: hvd.allreduce(mx.nd.ones(shape), name="mm.cached"), "different shape")
+    hvd.allreduce(mx.nd.ones((3,)), name="mm.cached").wait_to_read()

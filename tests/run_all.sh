@@ -1,0 +1,143 @@
+#!/usr/bin/env bash
+# Runs the whole test suite: the single-process tests, then tests/parallel under
+# mpiexec -n 1, 2, 3 and 4. Exits non-zero if anything failed, hung or crashed,
+# and ends with one line for CI: "N passed, N failed" (all runs added up; a
+# multi-rank test counts once, as failed if it failed on any rank).
+#
+# Under mpiexec every rank runs pytest; rank 0 prints to the terminal and the other
+# ranks write to a log in a temporary directory, printed when a run fails.
+#
+# Environment (all optional):
+#   PYTHON                  interpreter with hvdmx installed  (default: .venv/bin/python)
+#   MPIEXEC                 launcher  (default: mpiexec beside PYTHON, else on PATH)
+#   MPIEXEC_FLAGS           extra launcher flags  (default: none)
+#   HVDMX_TEST_TIMEOUT      seconds one test may take, per rank  (default: 120)
+#   HVDMX_TEST_RUN_TIMEOUT  seconds one pytest run (one mpiexec) may take  (default: 1200)
+set -uo pipefail
+
+cd "$(dirname "$0")/.."
+PYTHON=${PYTHON:-.venv/bin/python}
+if [[ -z ${MPIEXEC:-} ]]; then
+  MPIEXEC=$(dirname "$PYTHON")/mpiexec
+  [[ -x $MPIEXEC ]] || MPIEXEC=mpiexec
+fi
+read -r -a mpiexec_flags <<<"${MPIEXEC_FLAGS:-}"
+test_timeout=${HVDMX_TEST_TIMEOUT:-120}
+run_timeout=${HVDMX_TEST_RUN_TIMEOUT:-1200}
+
+# One engine worker thread and one OpenMP thread per rank: up to 4 ranks share
+# the machine, and the results must not depend on thread scheduling.
+export OMP_NUM_THREADS=1 MXNET_CPU_WORKER_NTHREADS=1 MXNET_ENGINE_TYPE=ThreadedEnginePerDevice
+
+logs=$(mktemp -d "${TMPDIR:-/tmp}/hvdmx-tests.XXXXXX")
+status=0
+runs=()
+
+# Records a run's label, rank count, exit code and duration (from $started);
+# pytest's exit code 5 means no tests were collected.
+finish_run() {
+  local label=$1 nranks=$2 rc=$3
+  runs+=("$label:$nranks:$rc:$((SECONDS - started))")
+  if ((rc != 0 && rc != 5)); then
+    status=1
+    if ((rc == 124 || rc == 137)); then
+      echo "hvdmx tests: $label exceeded ${run_timeout}s and was killed" >&2
+    fi
+  fi
+}
+
+echo "== single process: pytest tests (without tests/parallel)"
+started=$SECONDS
+timeout -k 10 "$run_timeout" "$PYTHON" -m pytest -q --timeout="$test_timeout" \
+  --ignore=tests/parallel --junitxml="$logs/serial.rank0.xml" tests
+finish_run serial 1 $?
+
+for n in 1 2 3 4; do
+  echo "== mpiexec -n $n: pytest tests/parallel"
+  started=$SECONDS
+  # Each rank: rank 0 prints, the others log; each writes its own JUnit report.
+  # The thread timeout method ends a stuck rank even inside a C call, and
+  # mpiexec then ends the job; the outer timeout bounds the run whatever happens.
+  # A fixed Hypothesis seed keeps generated inputs the same on every rank.
+  # shellcheck disable=SC2016
+  timeout -k 10 "$run_timeout" "$MPIEXEC" "${mpiexec_flags[@]}" -n "$n" bash -c '
+    rank=${PMI_RANK:-${OMPI_COMM_WORLD_RANK:-${PMIX_RANK:-0}}}
+    logs=$1; n=$2; shift 2
+    if [[ $rank == 0 ]]; then
+      exec "$@" --junitxml="$logs/n$n.rank$rank.xml"
+    fi
+    exec "$@" --junitxml="$logs/n$n.rank$rank.xml" >"$logs/n$n.rank$rank.log" 2>&1
+  ' rank-wrapper "$logs" "$n" \
+    "$PYTHON" -m pytest -q -x -p no:cacheprovider --timeout="$test_timeout" \
+    --timeout-method=thread --hypothesis-seed=0 tests/parallel
+  rc=$?
+  finish_run "n$n" "$n" "$rc"
+  if ((rc != 0 && rc != 5)); then
+    for ((r = 1; r < n; r++)); do
+      echo "---- mpiexec -n $n, rank $r: $logs/n$n.rank$r.log"
+      tail -n 60 "$logs/n$n.rank$r.log" 2>/dev/null || echo "(no log)"
+    done
+  fi
+done
+
+if ((status != 0)); then
+  printf '\nhvdmx tests: FAILED; JUnit reports and the logs of ranks > 0 are in %s\n' "$logs"
+fi
+
+# Adds up the JUnit reports. Per run, a test is failed if it failed or errored on
+# any rank; passed or skipped only if every rank reported it (a rank killed by a
+# timeout or a crash writes no report), and skipped if every rank skipped it. A run
+# that ended badly without a failing test on record counts as one failure.
+# The last line printed is the total.
+"$PYTHON" - "$logs" "${runs[@]}" <<'EOF'
+import glob
+import os
+import sys
+import xml.etree.ElementTree as ET
+
+logs, runs = sys.argv[1], [run.split(":") for run in sys.argv[2:]]
+total = {"passed": 0, "failed": 0, "skipped": 0}
+notes = {5: " (no tests collected)", 124: " (timed out)", 137: " (killed)"}
+for label, nranks, rc, seconds in runs:
+    nranks, rc = int(nranks), int(rc)
+    results = {}  # test -> one result per rank that reported it
+    for report in glob.glob(os.path.join(logs, f"{label}.rank*.xml")):
+        try:
+            cases = list(ET.parse(report).getroot().iter("testcase"))
+        except ET.ParseError:  # cut off by a rank that was killed while writing it
+            cases = []
+        for case in cases:
+            if case.find("failure") is not None or case.find("error") is not None:
+                result = "failed"
+            elif case.find("skipped") is not None:
+                result = "skipped"
+            else:
+                result = "passed"
+            key = (case.get("classname"), case.get("name"))
+            results.setdefault(key, {})[report] = result
+    counts = dict.fromkeys(total, 0)
+    unfinished = 0
+    for by_rank in results.values():
+        outcomes = set(by_rank.values())
+        if "failed" in outcomes:
+            counts["failed"] += 1
+        elif len(by_rank) < nranks:
+            unfinished += 1
+        elif outcomes == {"skipped"}:
+            counts["skipped"] += 1
+        else:
+            counts["passed"] += 1
+    if rc not in (0, 5) and counts["failed"] == 0:
+        counts["failed"] = 1
+    line = ", ".join(f"{counts[k]} {k}" for k in ("passed", "failed", "skipped"))
+    if unfinished:
+        line += f", {unfinished} not reported by every rank"
+    print(f"{label:>7}: {line}; exit {rc}{notes.get(rc, '')}; {seconds}s")
+    for k in total:
+        total[k] += counts[k]
+print(f"{total['passed']} passed, {total['failed']} failed")
+EOF
+(($? == 0)) || status=1
+
+((status != 0)) || rm -rf "$logs"
+exit "$status"

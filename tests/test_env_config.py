@@ -1,0 +1,47 @@
+"""The environment reader: defaults, HOROVOD_* twins, and clear errors."""
+import pytest
+
+from hvdmx import _core
+
+
+def test_defaults():
+    c = _core._testing_load_config({})
+    assert c["fusion_threshold"] == 64 * 1024 * 1024
+    assert c["cycle_time_ms"] == 0
+    assert c["cache_capacity"] == 1024
+    assert c["allreduce_algo"] == "auto"
+    assert c["stall_check_seconds"] == 60
+
+
+def test_hvdmx_names_and_horovod_twins():
+    c = _core._testing_load_config({"HOROVOD_FUSION_THRESHOLD": "1024",
+                                    "HOROVOD_CYCLE_TIME": "2.5",
+                                    "HOROVOD_CACHE_CAPACITY": "0"})
+    assert (c["fusion_threshold"], c["cycle_time_ms"], c["cache_capacity"]) == (1024, 2.5, 0)
+    # the HVDMX_ name wins over its twin
+    c = _core._testing_load_config({"HOROVOD_FUSION_THRESHOLD": "1024",
+                                    "HVDMX_FUSION_THRESHOLD": "2048"})
+    assert c["fusion_threshold"] == 2048
+    c = _core._testing_load_config({"HVDMX_ALLREDUCE_ALGO": "ring",
+                                    "HVDMX_RING_SEGMENT_BYTES": "4096",
+                                    "HVDMX_LOG_LEVEL": "DEBUG"})
+    assert (c["allreduce_algo"], c["ring_segment_bytes"], c["log_level"]) == ("ring", 4096, 1)
+
+
+@pytest.mark.parametrize("name,value,accepted", [
+    ("HVDMX_FUSION_THRESHOLD", "64MB", "a byte count"),
+    ("HVDMX_FUSION_THRESHOLD", "-1", "a byte count"),
+    ("HOROVOD_CYCLE_TIME", "fast", "milliseconds"),
+    ("HVDMX_CACHE_CAPACITY", "1.5", "an integer"),
+    ("HVDMX_ALLREDUCE_ALGO", "tree", "one of auto, ring, mpi"),
+    ("HVDMX_RING_SEGMENT_BYTES", "8", "a byte count >= 64"),
+    ("HVDMX_LOG_LEVEL", "loud", "one of trace"),
+    ("HVDMX_STALL_CHECK_TIME_SECONDS", "inf", "seconds"),
+])
+def test_bad_values_name_the_variable_the_value_and_the_fix(name, value, accepted):
+    with pytest.raises(ValueError) as info:
+        _core._testing_load_config({name: value})
+    message = str(info.value)
+    assert f"{name}='{value}'" in message
+    assert accepted in message
+    assert "Fix or unset it" in message

@@ -1,0 +1,122 @@
+"""Negotiation, the response cache and fusion, with whole runtimes running
+one rank per thread in this process (no MPI)."""
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from hvdmx import _core
+
+F32, SUM, MAX = 0, 1, 4
+TIMEOUT = 30.0
+
+
+class Job:
+    def __init__(self, size, **env):
+        self.size = size
+        self.job = _core._TestingLocalJob(size, {k: str(v) for k, v in env.items()})
+        self.keep = []
+
+    def submit(self, rank, name, arrays, op=SUM, kind="allreduce", root=0, pre=1.0, post=1.0,
+               dtype=F32):
+        outs = [np.empty_like(a) for a in arrays]
+        self.keep.append((arrays, outs))
+        ticket = self.job.submit(rank, kind, name, arrays, outs, dtype, op, root, pre, post)
+        return ticket, outs
+
+    def wait(self, ticket):
+        return self.job.wait(ticket, TIMEOUT)
+
+    def close(self):
+        self.job.shutdown()
+
+
+def data(rank, name_index, count):
+    return ((np.arange(count) + rank * 3 + name_index) % 13).astype(np.float32)
+
+
+@settings(max_examples=25, deadline=None)
+@given(size=st.integers(1, 4), n_tensors=st.integers(1, 8), seed=st.integers(0, 10**6),
+       threshold=st.sampled_from([0, 16, 64, 1 << 20]), capacity=st.sampled_from([0, 1, 3, 64]),
+       rounds=st.integers(1, 3))
+def test_any_submission_order_completes_with_exact_results(size, n_tensors, seed, threshold,
+                                                           capacity, rounds):
+    rng = np.random.default_rng(seed)
+    job = Job(size, HVDMX_FUSION_THRESHOLD=threshold, HVDMX_CACHE_CAPACITY=capacity)
+    try:
+        counts = rng.integers(0, 40, n_tensors)
+        for _ in range(rounds):
+            tickets = {}
+            # every rank submits the same names in its own random order
+            for rank in range(size):
+                for i in rng.permutation(n_tensors):
+                    tickets[(rank, i)] = job.submit(rank, f"t{i}", [data(rank, i, counts[i])])
+            for (rank, i), (ticket, outs) in tickets.items():
+                assert job.wait(ticket) is None
+                want = sum(data(r, i, counts[i]) for r in range(size)).astype(np.float32)
+                assert np.array_equal(outs[0], want)
+    finally:
+        job.close()
+
+
+def test_mismatch_fails_on_every_rank_and_the_next_call_works():
+    job = Job(3)
+    try:
+        tickets = [job.submit(r, "x", [np.ones(2 + (r == 2), np.float32)])[0] for r in range(3)]
+        errors = [job.wait(t) for t in tickets]
+        for e in errors:
+            assert "'x' was called with different shape" in e
+            assert "rank 0 has (2,), rank 1 has (2,), rank 2 has (3,)" in e
+        tickets = [job.submit(r, "x", [np.ones(2, np.float32)]) for r in range(3)]
+        for ticket, outs in tickets:
+            assert job.wait(ticket) is None
+            assert outs[0].tolist() == [3.0, 3.0]
+    finally:
+        job.close()
+
+
+def test_grouped_unit_with_several_tensors():
+    job = Job(2, HVDMX_FUSION_THRESHOLD=8)  # forces the group over several fused pieces
+    try:
+        tickets = [job.submit(r, "g", [data(r, i, 5) for i in range(4)]) for r in range(2)]
+        for ticket, outs in tickets:
+            assert job.wait(ticket) is None
+            for i, out in enumerate(outs):
+                assert np.array_equal(out, data(0, i, 5) + data(1, i, 5))
+    finally:
+        job.close()
+
+
+def test_broadcast_and_scale_factors():
+    job = Job(3)
+    try:
+        tickets = [job.submit(r, "b", [data(r, 0, 7)], kind="broadcast", root=2) for r in range(3)]
+        for ticket, outs in tickets:
+            assert job.wait(ticket) is None
+            assert np.array_equal(outs[0], data(2, 0, 7))
+        tickets = [job.submit(r, "s", [data(r, 0, 7)], pre=2.0, post=0.5) for r in range(3)]
+        for ticket, outs in tickets:
+            assert job.wait(ticket) is None
+            assert np.array_equal(outs[0], sum(data(r, 0, 7) for r in range(3)))
+    finally:
+        job.close()
+
+
+def test_shutdown_fails_pending_ops():
+    job = Job(2)
+    # rank 1 never submits "lonely": rank 0's op is pending at shutdown
+    ticket, _ = job.submit(0, "lonely", [np.ones(3, np.float32)])
+    job.close()
+    message = job.wait(ticket)
+    assert message is not None and "shut down" in message
+
+
+def test_duplicate_pending_name_is_refused():
+    job = Job(2)
+    try:
+        job.submit(0, "dup", [np.ones(1, np.float32)])
+        with pytest.raises(ValueError, match="'dup' is still pending"):
+            job.submit(0, "dup", [np.ones(1, np.float32)])
+        job.submit(1, "dup", [np.ones(1, np.float32)])
+    finally:
+        job.close()

@@ -1,0 +1,276 @@
+"""The reduction kernels (csrc/hvdmx/reduce_kernels.*) against numpy references.
+
+Every comparison is bit for bit. The references follow the semantics in
+reduce_kernels.h: float16 and bfloat16 are combined in float32 and rounded to
+nearest-even, every NaN result is the type's canonical NaN, Min and Max order
+-0 below +0, and integers wrap. The portable path (one element at a time) must
+match the path this CPU takes, whatever the data: NaN payloads, infinities,
+subnormals and signed zeros included.
+"""
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from hvdmx import _core
+
+# DataType and ReduceOp codes (csrc/hvdmx/common.h).
+FLOAT32, FLOAT64, FLOAT16, UINT8, INT32, INT8, INT64, BFLOAT16 = 0, 1, 2, 3, 4, 5, 6, 12
+AVERAGE, SUM, MIN, MAX, PRODUCT = 0, 1, 3, 4, 5
+
+ALL_DTYPES = [FLOAT32, FLOAT64, FLOAT16, BFLOAT16, UINT8, INT8, INT32, INT64]
+ALL_OPS = [AVERAGE, SUM, MIN, MAX, PRODUCT]
+# Lengths around the vector widths (4 to 32 elements) so bodies and tails both run.
+LENGTHS = [0, 1, 7, 31, 33, 1001, 4099]
+
+# The numpy array type that holds each DataType; bfloat16 travels as its bits.
+STORAGE = {
+    FLOAT32: np.float32, FLOAT64: np.float64, FLOAT16: np.float16, BFLOAT16: np.uint16,
+    UINT8: np.uint8, INT8: np.int8, INT32: np.int32, INT64: np.int64,
+}
+FLOATS = {FLOAT32, FLOAT64, FLOAT16, BFLOAT16}
+BITS = {FLOAT32: np.uint32, FLOAT64: np.uint64, FLOAT16: np.uint16, BFLOAT16: np.uint16}
+CANONICAL_NAN = {FLOAT32: 0x7FC00000, FLOAT64: 0x7FF8000000000000, FLOAT16: 0x7E00,
+                 BFLOAT16: 0x7FC0}
+# Bit patterns worth meeting often: zeros, ones, infinities, NaNs with payloads
+# and either sign, the smallest and largest subnormals and normals.
+SPECIAL_BITS = {
+    FLOAT32: [0x0, 0x80000000, 0x3F800000, 0xBF800000, 0x7F800000, 0xFF800000, 0x7FC00000,
+              0xFFC00001, 0x7F800001, 0x7FBFFFFF, 0x1, 0x807FFFFF, 0x00800000, 0x7F7FFFFF],
+    FLOAT64: [0x0, 1 << 63, 0x3FF0000000000000, 0x7FF0000000000000, 0xFFF0000000000000,
+              0x7FF8000000000000, 0xFFF8000000000123, 0x7FF0000000000001, 0x1,
+              0x800FFFFFFFFFFFFF, 0x7FEFFFFFFFFFFFFF],
+    FLOAT16: [0x0, 0x8000, 0x3C00, 0xBC00, 0x7C00, 0xFC00, 0x7E00, 0xFE01, 0x7C01, 0x7DFF,
+              0x1, 0x83FF, 0x0400, 0x7BFF],
+    BFLOAT16: [0x0, 0x8000, 0x3F80, 0xBF80, 0x7F80, 0xFF80, 0x7FC0, 0xFFC1, 0x7F81, 0x7FBF,
+               0x1, 0x807F, 0x0080, 0x7F7F],
+}
+
+
+def reduce_into(dst, src, dtype, op, scalar=False):
+    out = dst.copy()
+    _core._testing_reduce_into(out, src, dtype, op, scalar)
+    return out
+
+
+def scale(buf, dtype, factor):
+    out = buf.copy()
+    _core._testing_scale(out, dtype, factor)
+    return out
+
+
+def bf16_to_f32(bits):
+    return (bits.astype(np.uint32) << 16).view(np.float32)
+
+
+def f32_to_bf16(x):
+    bits = np.asarray(x, dtype=np.float32).view(np.uint32)
+    rounded = ((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16).astype(np.uint16)
+    return np.where(np.isnan(x), np.uint16(CANONICAL_NAN[BFLOAT16]), rounded)
+
+
+def widen(x, dtype):
+    """Storage to the type the kernels compute in."""
+    if dtype == BFLOAT16:
+        return bf16_to_f32(x)
+    return x.astype(np.float32) if dtype == FLOAT16 else x
+
+
+def narrow(x, dtype):
+    """Computed values back to storage, with every NaN canonical."""
+    if dtype == BFLOAT16:
+        return f32_to_bf16(x)
+    out = x.astype(STORAGE[dtype])
+    nan = np.array(CANONICAL_NAN[dtype], dtype=BITS[dtype]).view(STORAGE[dtype])
+    return np.where(np.isnan(out), nan, out)
+
+
+def float_min_max(a, b, op):
+    """Min or Max with -0 below +0 and NaN winning."""
+    pick = np.where(b < a, b, a) if op == MIN else np.where(b > a, b, a)
+    both_zero = (a == 0) & (b == 0)
+    either_negative = np.signbit(a) | np.signbit(b)
+    zero_negative = either_negative if op == MIN else np.signbit(a) & np.signbit(b)
+    signed_zero = np.where(zero_negative, -np.zeros_like(a), np.zeros_like(a))
+    out = np.where(both_zero, signed_zero, pick)
+    return np.where(np.isnan(a) | np.isnan(b), np.full_like(a, np.nan), out)
+
+
+def reference(a, b, dtype, op):
+    if dtype not in FLOATS:  # numpy's integer arrays wrap, as the kernels do
+        return {AVERAGE: np.add, SUM: np.add, PRODUCT: np.multiply, MIN: np.minimum,
+                MAX: np.maximum}[op](a, b)
+    x, y = widen(a, dtype), widen(b, dtype)
+    with np.errstate(all="ignore"):
+        if op in (AVERAGE, SUM):
+            return narrow(x + y, dtype)
+        if op == PRODUCT:
+            return narrow(x * y, dtype)
+        return narrow(float_min_max(x, y, op), dtype)
+
+
+def assert_same_bits(got, want):
+    assert got.dtype == want.dtype
+    bits = {2: np.uint16, 4: np.uint32, 8: np.uint64}.get(got.itemsize, np.uint8)
+    np.testing.assert_array_equal(got.view(bits), want.view(bits))
+
+
+def random_array(rng, dtype, n):
+    """Integers over their whole range; floats as random bits, one in four
+    special and one in four a small integer so that sums mean something."""
+    if dtype not in FLOATS:
+        info = np.iinfo(STORAGE[dtype])
+        return rng.integers(info.min, info.max, size=n, endpoint=True, dtype=STORAGE[dtype])
+    bits_type = BITS[dtype]
+    bits = rng.integers(0, np.iinfo(bits_type).max, size=n, endpoint=True, dtype=bits_type)
+    special = np.array(SPECIAL_BITS[dtype], dtype=bits_type)
+    compute_type = np.float64 if dtype == FLOAT64 else np.float32
+    small = narrow(rng.integers(-8, 9, size=n).astype(compute_type), dtype)
+    choice = rng.integers(0, 4, size=n)
+    bits = np.where(choice == 0, rng.choice(special, size=n), bits)
+    bits = np.where(choice == 1, small.view(bits_type), bits)
+    return bits.view(STORAGE[dtype])
+
+
+def check(a, b, dtype, op):
+    want = reference(a, b, dtype, op)
+    assert_same_bits(reduce_into(a, b, dtype, op), want)
+    assert_same_bits(reduce_into(a, b, dtype, op, scalar=True), want)
+
+
+@pytest.mark.parametrize("n", LENGTHS)
+@pytest.mark.parametrize("op", ALL_OPS)
+@pytest.mark.parametrize("dtype", ALL_DTYPES)
+def test_reduce_matches_reference_on_both_paths(dtype, op, n):
+    rng = np.random.default_rng([dtype, op, n])
+    check(random_array(rng, dtype, n), random_array(rng, dtype, n), dtype, op)
+
+
+@settings(max_examples=150, deadline=None)
+@given(dtype=st.sampled_from(ALL_DTYPES), op=st.sampled_from(ALL_OPS),
+       n=st.integers(0, 300), seed=st.integers(0, 2**32 - 1))
+def test_reduce_random(dtype, op, n, seed):
+    rng = np.random.default_rng(seed)
+    check(random_array(rng, dtype, n), random_array(rng, dtype, n), dtype, op)
+
+
+@pytest.mark.parametrize("dtype", [FLOAT32, FLOAT64, FLOAT16, BFLOAT16])
+def test_every_pair_of_special_values(dtype):
+    special = np.array(SPECIAL_BITS[dtype], dtype=BITS[dtype])
+    a, b = (x.ravel().view(STORAGE[dtype]) for x in np.meshgrid(special, special))
+    for op in ALL_OPS:
+        check(a, b, dtype, op)
+
+
+@pytest.mark.parametrize("dtype", [FLOAT16, BFLOAT16])
+def test_every_16_bit_value(dtype):
+    """Each 16-bit pattern against a shuffled copy: all of them, one pass."""
+    a = np.arange(1 << 16, dtype=np.uint16)
+    b = np.random.default_rng(dtype).permutation(a)
+    for op in ALL_OPS:
+        check(a.view(STORAGE[dtype]), b.view(STORAGE[dtype]), dtype, op)
+
+
+def test_float_semantics_spelled_out():
+    f32 = np.float32
+    nan_bits = np.array([CANONICAL_NAN[FLOAT32]], dtype=np.uint32)
+    odd_nan = np.array([0xFFC00123], dtype=np.uint32).view(f32)
+    assert_same_bits(reduce_into(odd_nan, np.array([1], f32), FLOAT32, SUM), nan_bits.view(f32))
+    inf, ninf = np.array([np.inf], f32), np.array([-np.inf], f32)
+    assert_same_bits(reduce_into(inf, ninf, FLOAT32, SUM), nan_bits.view(f32))
+    pz, nz = np.array([0.0], f32), np.array([-0.0], f32)
+    for a, b in ((pz, nz), (nz, pz)):
+        assert_same_bits(reduce_into(a, b, FLOAT32, MIN), nz)
+        assert_same_bits(reduce_into(a, b, FLOAT32, MAX), pz)
+    assert_same_bits(reduce_into(odd_nan, pz, FLOAT32, MAX), nan_bits.view(f32))
+    # float16: 1 + 2^-11 is halfway between 1 and its successor; ties go to even.
+    one, half_ulp = np.array([1.0], np.float16), np.array([2.0 ** -11], np.float16)
+    assert_same_bits(reduce_into(one, half_ulp, FLOAT16, SUM), one)
+    assert_same_bits(reduce_into(np.array([65504], np.float16), np.array([16], np.float16),
+                                 FLOAT16, SUM), np.array([np.inf], np.float16))
+
+
+WRAP_CASES = [  # dtype, a, b, a + b, a * b
+    (UINT8, [255, 200, 16], [1, 100, 16], [0, 44, 32], [255, 32, 0]),
+    (INT8, [127, -128, 16], [1, -1, 16], [-128, 127, 32], [127, -128, 0]),
+    (INT32, [2**31 - 1, -(2**31), 2**16], [1, -1, 2**16], [-(2**31), 2**31 - 1, 2**17],
+     [2**31 - 1, -(2**31), 0]),
+    (INT64, [2**63 - 1, -(2**63), 2**32], [1, -1, 2**32], [-(2**63), 2**63 - 1, 2**33],
+     [2**63 - 1, -(2**63), 0]),
+]
+
+
+@pytest.mark.parametrize("dtype, a, b, total, product", WRAP_CASES)
+def test_integer_sum_and_product_wrap(dtype, a, b, total, product):
+    t = STORAGE[dtype]
+    a, b = np.array(a, t), np.array(b, t)
+    for scalar in (False, True):
+        assert_same_bits(reduce_into(a, b, dtype, SUM, scalar), np.array(total, t))
+        assert_same_bits(reduce_into(a, b, dtype, PRODUCT, scalar), np.array(product, t))
+
+
+def test_reduce_op_codes_average_is_sum():
+    rng = np.random.default_rng(0)
+    a, b = random_array(rng, FLOAT32, 100), random_array(rng, FLOAT32, 100)
+    assert_same_bits(reduce_into(a, b, FLOAT32, AVERAGE), reduce_into(a, b, FLOAT32, SUM))
+
+
+FACTORS = [0.5, 1 / 3, -2.5, 1e-3, 3.0, 1e5, 0.0]
+
+
+def scale_reference(x, dtype, factor):
+    if dtype in FLOATS:
+        f = np.float64(factor) if dtype == FLOAT64 else np.float32(factor)
+        with np.errstate(all="ignore"):
+            return narrow(widen(x, dtype) * f, dtype)
+    info = np.iinfo(STORAGE[dtype])
+    return np.clip(np.trunc(x.astype(np.float64) * factor), info.min, info.max).astype(x.dtype)
+
+
+@pytest.mark.parametrize("n", [0, 1, 7, 33, 1001])
+@pytest.mark.parametrize("factor", FACTORS)
+@pytest.mark.parametrize("dtype", ALL_DTYPES)
+def test_scale_matches_reference(dtype, factor, n):
+    rng = np.random.default_rng([dtype, n])
+    if dtype in FLOATS:
+        x = random_array(rng, dtype, n)
+    else:
+        # Within the range where the product fits T, except that uint8 times a
+        # negative factor saturates to 0. Saturation is tested on its own below.
+        info = np.iinfo(STORAGE[dtype])
+        limit = int(min(info.max, 2**50) / max(1.0, abs(factor)))
+        x = rng.integers(info.min and -limit, limit, size=n, endpoint=True, dtype=STORAGE[dtype])
+    assert_same_bits(scale(x, dtype, factor), scale_reference(x, dtype, factor))
+
+
+def test_scale_every_float16():
+    x = np.arange(1 << 16, dtype=np.uint16).view(np.float16)
+    for factor in FACTORS + [1e-30, 1e30]:
+        assert_same_bits(scale(x, FLOAT16, factor), scale_reference(x, FLOAT16, factor))
+
+
+@pytest.mark.parametrize("dtype", [FLOAT32, FLOAT64, FLOAT16, BFLOAT16, INT64])
+def test_scale_by_one_leaves_memory_alone(dtype):
+    # Values that a multiplication by 1.0 would change: NaNs with payloads
+    # become canonical, and 2^53 + 1 does not survive a trip through double.
+    if dtype == INT64:
+        x = np.full(37, 2**53 + 1, dtype=np.int64)
+    else:
+        x = np.full(37 * np.dtype(STORAGE[dtype]).itemsize, 0xFF, np.uint8).view(STORAGE[dtype])
+    assert_same_bits(scale(x, dtype, 1.0), x)
+
+
+def test_integer_scale_truncates_and_saturates():
+    cases = [  # dtype, values, factor, expected
+        (INT32, [7, -7, 5], 0.5, [3, -3, 2]),
+        (INT8, [100, -100, 3], 2.0, [127, -128, 6]),
+        (UINT8, [200, 5, 0], 2.0, [255, 10, 0]),
+        (UINT8, [200, 5], -1.0, [0, 0]),
+        (INT32, [1, -1, 0], float("inf"), [2**31 - 1, -(2**31), 0]),
+        (INT32, [1, -1], float("nan"), [0, 0]),
+        (INT64, [2**62, -(2**62), 3], 4.0, [2**63 - 1, -(2**63), 12]),
+    ]
+    for dtype, values, factor, expected in cases:
+        t = STORAGE[dtype]
+        assert_same_bits(scale(np.array(values, t), dtype, factor), np.array(expected, t))
