@@ -44,25 +44,27 @@ def _auto_name(kind: str) -> str:
     return f"{kind}.noname.{next(counter)}"
 
 
-def _check_tensor(fn: str, arg: str, tensor) -> int:
-    """Validates one NDArray argument and returns its dtype code."""
+def _check_tensor(fn: str, arg: str, tensor):
+    """Validates one NDArray argument; returns (dtype code, context)."""
     if not isinstance(tensor, mx.nd.NDArray):
         raise TypeError(f"hvdmx.{fn}: argument '{arg}' must be an mxnet.nd.NDArray, got "
                         f"{type(tensor).__name__}; convert it with mx.nd.array(...)")
-    if tensor.stype != "default":
+    if isinstance(tensor, mx.nd.sparse.BaseSparseNDArray):
         raise ValueError(f"hvdmx.{fn}: argument '{arg}' is a sparse NDArray (stype="
                          f"'{tensor.stype}'); hvdmx reduces dense arrays: pass "
                          f"{arg}.tostype('default')")
     dtype = np.dtype(tensor.dtype)
-    if dtype not in _SUPPORTED_DTYPES:
+    code = _SUPPORTED_DTYPES.get(dtype)
+    if code is None:
         raise TypeError(f"hvdmx.{fn}: argument '{arg}' has dtype {dtype}, which hvdmx does "
                         f"not support; use one of {_SUPPORTED_NAMES} (e.g. {arg}.astype("
                         f"'float32'))")
-    if tensor.context.device_type == "gpu" and not _core.cuda_built():
-        raise ValueError(f"hvdmx.{fn}: argument '{arg}' is on {tensor.context}, but this "
+    ctx = tensor.context
+    if ctx.device_typeid == 2 and not _core.cuda_built():
+        raise ValueError(f"hvdmx.{fn}: argument '{arg}' is on {ctx}, but this "
                          "hvdmx was built without CUDA; move it to mx.cpu() or rebuild "
                          "hvdmx on a machine with CUDA and NCCL")
-    return _SUPPORTED_DTYPES[dtype]
+    return code, ctx
 
 
 def _empty_like(tensor):
@@ -72,7 +74,8 @@ def _empty_like(tensor):
 
 
 def _check_common(fn: str, name, priority) -> None:
-    _topology()  # raises when not initialized
+    if not _core.is_initialized():
+        raise ValueError("hvdmx has not been initialized; call hvd.init() first")
     if name is not None and not isinstance(name, str):
         raise TypeError(f"hvdmx.{fn}: argument 'name' must be a str or None, got "
                         f"{type(name).__name__}")
@@ -119,12 +122,12 @@ def _check_root(fn: str, root_rank) -> int:
     return int(root_rank)
 
 
-def _context_of(fn: str, tensors: Sequence[mx.nd.NDArray]):
-    ctx = tensors[0].context
-    for t in tensors[1:]:
-        if t.context != ctx:
+def _one_context(fn: str, contexts):
+    ctx = contexts[0] if contexts else mx.cpu()
+    for other in contexts[1:]:
+        if other != ctx:
             raise ValueError(f"hvdmx.{fn}: all tensors must be on one device; got {ctx} and "
-                             f"{t.context}")
+                             f"{other}")
     return ctx
 
 
@@ -135,37 +138,32 @@ def _check_distinct(fn: str, tensors: Sequence[mx.nd.NDArray]) -> None:
                          "in-place call needs distinct arrays")
 
 
-def _default_layout(tensors) -> None:
+def _default_layout(tensors, ctx) -> None:
     """Arrays that oneDNN holds in its internal layout are converted back in
     place first (see Note [oneDNN layout] in csrc/hvdmx/mxnet_engine.h)."""
-    for t in tensors:
-        if t.context.device_type != "gpu":
+    if ctx.device_typeid != 2:
+        for t in tensors:
             _core.ensure_default_layout(t.handle.value)
-
-
-def _push_allreduce(fn, name, inputs, outputs, codes, op, prescale, postscale, priority):
-    ctx = _context_of(fn, inputs) if inputs else mx.cpu()
-    _default_layout(inputs)
-    _core.allreduce_async(name, [t.handle.value for t in inputs],
-                          [t.handle.value for t in outputs], codes,
-                          [list(t.shape) for t in inputs], op, prescale, postscale,
-                          int(priority), ctx.device_typeid, ctx.device_id)
 
 
 def _allreduce(fn, tensors, outputs, average, name, priority, prescale_factor,
                postscale_factor, op, kind):
     _check_common(fn, name, priority)
-    codes = [_check_tensor(fn, "tensor" if len(tensors) == 1 else f"tensors[{i}]", t)
-             for i, t in enumerate(tensors)]
+    checked = [_check_tensor(fn, "tensor" if len(tensors) == 1 else f"tensors[{i}]", t)
+               for i, t in enumerate(tensors)]
     op = _resolve_op(fn, average, op)
     prescale = _check_scale(fn, "prescale_factor", prescale_factor)
     postscale = _check_scale(fn, "postscale_factor", postscale_factor)
+    ctx = _one_context(fn, [c for _, c in checked])
     if outputs is None:
         outputs = [_empty_like(t) for t in tensors]
     else:
         _check_distinct(fn, outputs)
-    _push_allreduce(fn, name if name is not None else _auto_name(kind), tensors, outputs,
-                    codes, op, prescale, postscale, priority)
+    _default_layout(tensors, ctx)
+    _core.allreduce_async(name if name is not None else _auto_name(kind),
+                          [t.handle.value for t in tensors], [t.handle.value for t in outputs],
+                          [code for code, _ in checked], [list(t.shape) for t in tensors], op,
+                          prescale, postscale, int(priority), ctx.device_typeid, ctx.device_id)
     return outputs
 
 
@@ -219,12 +217,11 @@ def grouped_allreduce_(tensors, average=None, name=None, priority=0, prescale_fa
 
 def _broadcast(fn, tensor, output, root_rank, name, priority):
     _check_common(fn, name, priority)
-    code = _check_tensor(fn, "tensor", tensor)
+    code, ctx = _check_tensor(fn, "tensor", tensor)
     root = _check_root(fn, root_rank)
     if output is None:
         output = _empty_like(tensor)
-    ctx = tensor.context
-    _default_layout([tensor])
+    _default_layout([tensor], ctx)
     _core.broadcast_async(name if name is not None else _auto_name("broadcast"),
                           [tensor.handle.value], [output.handle.value], [code],
                           [list(tensor.shape)], root, int(priority), ctx.device_typeid,
