@@ -67,7 +67,8 @@ def is_initialized() -> bool:
 
 def _topology() -> tuple:
     if not _core.is_initialized():
-        raise ValueError("hvdmx has not been initialized; call hvd.init() first")
+        raise ValueError("hvdmx has not been initialized, or has been shut down; call "
+                         "hvd.init() first")
     return _core.topology()
 
 

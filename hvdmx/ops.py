@@ -62,8 +62,8 @@ def _check_tensor(fn: str, arg: str, tensor):
     ctx = tensor.context
     if ctx.device_typeid == 2 and not _core.cuda_built():
         raise ValueError(f"hvdmx.{fn}: argument '{arg}' is on {ctx}, but this "
-                         "hvdmx was built without CUDA; move it to mx.cpu() or rebuild "
-                         "hvdmx on a machine with CUDA and NCCL")
+                         "hvdmx was built without CUDA (GPU support is not there yet); "
+                         "move it to mx.cpu()")
     return code, ctx
 
 
@@ -75,7 +75,8 @@ def _empty_like(tensor):
 
 def _check_common(fn: str, name, priority) -> None:
     if not _core.is_initialized():
-        raise ValueError("hvdmx has not been initialized; call hvd.init() first")
+        raise ValueError("hvdmx has not been initialized, or has been shut down; call "
+                         "hvd.init() first")
     if name is not None and not isinstance(name, str):
         raise TypeError(f"hvdmx.{fn}: argument 'name' must be a str or None, got "
                         f"{type(name).__name__}")

@@ -42,5 +42,5 @@ def test_built_flags_work_before_init():
     lambda: hvd.broadcast_(mx.nd.ones((1,)), 0),
 ])
 def test_calls_before_init_raise(call):
-    with pytest.raises(ValueError, match="not been initialized; call hvd.init\\(\\) first"):
+    with pytest.raises(ValueError, match="not been initialized, or has been shut down; call hvd.init\\(\\) first"):
         call()

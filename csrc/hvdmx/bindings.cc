@@ -62,8 +62,9 @@ Global& G() {
 
 std::shared_ptr<Runtime> RunningRuntime() {
   std::lock_guard<std::mutex> lock(G().mu);
-  if (!G().runtime) {
-    throw std::runtime_error("hvdmx has not been initialized; call hvd.init() first");
+  if (!G().runtime || G().runtime->stopped()) {
+    throw std::runtime_error("hvdmx has not been initialized, or has been shut down; call "
+                             "hvd.init() first");
   }
   return G().runtime;
 }
@@ -334,9 +335,10 @@ PYBIND11_MODULE(_core, m) {
         [](uintptr_t handle) { ThrowIfError(EnsureDefaultLayout(reinterpret_cast<void*>(handle))); });
   m.def("init", &Init, py::arg("comm_address") = 0);
   m.def("shutdown", &Shutdown);
+  // False again once any rank has shut the job down (see Note [Shutdown]).
   m.def("is_initialized", [] {
     std::lock_guard<std::mutex> lock(G().mu);
-    return G().runtime != nullptr;
+    return G().runtime != nullptr && !G().runtime->stopped();
   });
   m.def("topology", [] {
     RunningRuntime();

@@ -78,6 +78,24 @@ RoundResult Controller::RunRound(std::vector<Request> new_requests, bool want_sh
   return result;
 }
 
+std::vector<std::string> Controller::StallReport(std::chrono::steady_clock::time_point cutoff,
+                                                 size_t limit) const {
+  std::vector<std::string> lines;
+  for (const auto& kv : table_) {
+    if (kv.second.first_seen >= cutoff) continue;
+    if (lines.size() == limit) {
+      lines.push_back("...");
+      break;
+    }
+    std::string missing;
+    for (size_t r = 0; r < kv.second.received.size(); ++r) {
+      if (!kv.second.received[r]) missing += (missing.empty() ? "" : ", ") + std::to_string(r);
+    }
+    lines.push_back("'" + kv.first + "' (missing on ranks " + missing + ")");
+  }
+  return lines;
+}
+
 void Controller::Coordinate(const std::vector<Request>& requests, std::vector<Response>* out) {
   const int n = comm_.size();
   for (const Request& q : requests) {
@@ -85,6 +103,7 @@ void Controller::Coordinate(const std::vector<Request>& requests, std::vector<Re
     if (entry.requests.empty()) {
       entry.requests.resize(n);
       entry.received.assign(n, false);
+      entry.first_seen = std::chrono::steady_clock::now();
     }
     HVDMX_CHECK(!entry.received[q.rank], "rank sent the same name twice: " + q.name);
     entry.requests[q.rank] = q;

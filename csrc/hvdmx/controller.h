@@ -69,6 +69,11 @@ class Controller {
 
   const ResponseCache& cache() const { return cache_; }
 
+  // Rank 0: for units some ranks submitted before `cutoff` and others have
+  // not submitted at all, "'name' (missing on ranks 1, 3)"; at most `limit`.
+  std::vector<std::string> StallReport(std::chrono::steady_clock::time_point cutoff,
+                                       size_t limit) const;
+
  private:
   // Rank 0 only: adds `requests` to the table; appends completed units'
   // responses to *out.
@@ -84,6 +89,7 @@ class Controller {
     std::vector<Request> requests;
     std::vector<bool> received;
     int count = 0;
+    std::chrono::steady_clock::time_point first_seen;
   };
   std::unordered_map<std::string, TableEntry> table_;
 };

@@ -1,4 +1,5 @@
-// The only reader of the environment. LoadConfig turns HVDMX_* variables (or
+// The one reader of hvdmx's environment variables (MXNet's own
+// MXNET_ENGINE_TYPE is read in mxnet_engine.cc). LoadConfig turns HVDMX_* variables (or
 // their HOROVOD_* twins, so existing job scripts keep their tuning) into one
 // validated Config. Tests pass a map instead of the real environment.
 // docs/env.md lists every variable with its default; keep the two in step.
@@ -30,7 +31,7 @@ struct Config {
   AllreduceAlgo allreduce_algo = AllreduceAlgo::kAuto;
   // HVDMX_RING_MIN_BYTES: with algo=auto, messages of at least this many
   // bytes use our ring, smaller ones MPI_Allreduce (see docs/benchmarks.md).
-  int64_t ring_min_bytes = 256 * 1024;
+  int64_t ring_min_bytes = 512 * 1024;
   // HVDMX_RING_SEGMENT_BYTES: the ring's pipelining unit.
   int64_t ring_segment_bytes = 256 * 1024;
   // HVDMX_LOG_LEVEL: trace, debug, info, warning, error, fatal.

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <sstream>
 
+#include <pthread.h>
 #include <sys/prctl.h>
 
 #include "logging.h"
@@ -41,6 +42,9 @@ Runtime::~Runtime() {
 
 void Runtime::Start() {
   thread_ = std::thread([this] { Loop(); });
+  // Named here, not in the thread, so the name is there when Start returns
+  // (top, gdb and the tests look for it).
+  pthread_setname_np(thread_.native_handle(), "hvdmx-runtime");
 }
 
 Status Runtime::ReserveName(const std::string& name) {
@@ -103,10 +107,7 @@ void Runtime::FailAll(const Status& status) {
 
 void Runtime::Idle(int64_t iteration) {
   const auto now = std::chrono::steady_clock::now();
-  if (iteration == 0) {
-    wait_started_ = now;
-    stall_warned_ = false;
-  }
+  if (iteration == 0) wait_started_ = now;
   // Poll without sleeping for a short while: peers usually arrive within
   // microseconds. Then sleep, longer each time, up to 1 ms.
   const int64_t waited_us =
@@ -117,19 +118,32 @@ void Runtime::Idle(int64_t iteration) {
   }
   std::this_thread::sleep_for(
       std::chrono::microseconds(std::min<int64_t>(1000, 20 + (waited_us - kSpinMicros) / 8)));
-  if (config_.stall_check_seconds > 0 && !stall_warned_) {
-    const double waited = std::chrono::duration<double>(std::chrono::steady_clock::now() -
-                                                        wait_started_).count();
-    if (waited > config_.stall_check_seconds) {
-      stall_warned_ = true;
-      HVDMX_LOG(kWarning) << "waited " << static_cast<int>(waited)
-                          << " s for the other ranks to submit collectives. Pending on this "
-                             "rank: "
-                          << JoinNames(controller_.PendingNames(), 8)
-                          << ". Another rank may be stuck, or be running different "
-                             "collectives (see docs/errors.md).";
-    }
+  MaybeWarnStall();
+}
+
+void Runtime::MaybeWarnStall() {
+  if (config_.stall_check_seconds <= 0) return;
+  const auto now = std::chrono::steady_clock::now();
+  if (now < next_stall_check_) return;
+  const auto period = std::chrono::duration_cast<std::chrono::steady_clock::duration>(
+      std::chrono::duration<double>(config_.stall_check_seconds));
+  next_stall_check_ = now + std::min(period, std::chrono::steady_clock::duration(
+                                                 std::chrono::seconds(1)));
+  size_t total = 0;
+  const std::vector<std::string> stalled = queue_.EnqueuedBefore(now - period, 8, &total);
+  if (stalled.empty() || now < last_stall_warning_ + period) return;
+  last_stall_warning_ = now;
+  LogLine log(LogLevel::kWarning);
+  std::ostringstream& line = log.stream();
+  line << total << " collective(s) submitted on this rank over "
+       << config_.stall_check_seconds << " s ago have not run, because other ranks have not "
+       << "submitted them: " << JoinNames(stalled, 8) << ".";
+  if (rank() == 0) {
+    const std::vector<std::string> report = controller_.StallReport(now - period, 8);
+    if (!report.empty()) line << " Waiting for: " << JoinNames(report, 9) << ".";
   }
+  line << " A rank may be stuck or dead, or be running different collectives (names, order "
+          "or count); see docs/errors.md.";
 }
 
 bool Runtime::LoopOnce() {
@@ -164,6 +178,7 @@ bool Runtime::LoopOnce() {
   made_progress_ = !round.responses.empty();
   if (made_progress_) backoff_us_ = 0;
   executor_.Run(round.responses, &queue_);
+  MaybeWarnStall();
   if (round.shutdown) {
     stopped_ = true;
     FailAll(ShutdownStatus());

@@ -11,8 +11,9 @@
 // requests are still pending after a round that completed none (peers have
 // not submitted them yet), the next round waits a short, growing backoff
 // unless new local work arrives first, so ranks waiting on each other do not
-// spin. Waits inside a round poll the transport the same way: a few quick
-// checks, then sleeps growing to 1 ms.
+// spin. The wait for the round's bit-AND polls the transport the same way: a
+// short spin, then sleeps growing to 1 ms. (The collectives themselves poll
+// without sleeping: all ranks are in them together.)
 //
 // Note [Shutdown]
 // ~~~~~~~~~~~~~~~
@@ -25,6 +26,7 @@
 #define HVDMX_RUNTIME_H_
 
 #include <atomic>
+#include <chrono>
 #include <condition_variable>
 #include <memory>
 #include <mutex>
@@ -76,6 +78,10 @@ class Runtime {
   void Loop();
   void FailAll(const Status& status);
   void Idle(int64_t iteration);
+  // Logs (at most once per HVDMX_STALL_CHECK_TIME_SECONDS) the collectives
+  // pending on this rank for longer than that; rank 0 adds which ranks have
+  // not submitted them.
+  void MaybeWarnStall();
 
   std::unique_ptr<Comm> control_;
   std::unique_ptr<Comm> data_;
@@ -91,7 +97,8 @@ class Runtime {
   bool made_progress_ = true;
   int64_t backoff_us_ = 0;
   std::chrono::steady_clock::time_point wait_started_;
-  bool stall_warned_ = false;
+  std::chrono::steady_clock::time_point next_stall_check_;
+  std::chrono::steady_clock::time_point last_stall_warning_;
 
   std::mutex names_mu_;
   std::unordered_set<std::string> names_;

@@ -36,6 +36,19 @@ TensorEntry TensorQueue::Take(const std::string& name) {
   return entry;
 }
 
+std::vector<std::string> TensorQueue::EnqueuedBefore(std::chrono::steady_clock::time_point cutoff,
+                                                     size_t limit, size_t* total) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  std::vector<std::string> names;
+  *total = 0;
+  for (const auto& kv : entries_) {
+    if (kv.second.enqueued >= cutoff) continue;
+    ++*total;
+    if (names.size() < limit) names.push_back(kv.first);
+  }
+  return names;
+}
+
 std::vector<TensorEntry> TensorQueue::TakeAll() {
   std::lock_guard<std::mutex> lock(mu_);
   std::vector<TensorEntry> out;

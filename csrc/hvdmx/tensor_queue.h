@@ -5,6 +5,7 @@
 #ifndef HVDMX_TENSOR_QUEUE_H_
 #define HVDMX_TENSOR_QUEUE_H_
 
+#include <chrono>
 #include <functional>
 #include <mutex>
 #include <string>
@@ -23,6 +24,7 @@ struct TensorEntry {
   std::vector<const void*> inputs;
   std::vector<void*> outputs;
   std::function<void(const Status&)> callback;
+  std::chrono::steady_clock::time_point enqueued = std::chrono::steady_clock::now();
 };
 
 class TensorQueue {
@@ -34,6 +36,10 @@ class TensorQueue {
   bool HasNew() const;
   // Removes and returns the entry; HVDMX_CHECKs that it exists.
   TensorEntry Take(const std::string& name);
+  // Names of entries enqueued before `cutoff`, at most `limit` of them, and
+  // how many there are in all.
+  std::vector<std::string> EnqueuedBefore(std::chrono::steady_clock::time_point cutoff,
+                                          size_t limit, size_t* total) const;
   // Removes every entry and returns them (to be failed by the caller).
   std::vector<TensorEntry> TakeAll();
 

@@ -14,7 +14,6 @@ import hvdmx as hvd
 
 
 def pytest_configure(config):
-    os.environ.setdefault("OMP_NUM_THREADS", "1")
     hvd.init()
 
 

@@ -1,3 +1,5 @@
+import os
+
 import mxnet as mx
 import pytest
 from mpi4py import MPI
@@ -83,3 +85,47 @@ def test_init_rejects_bad_comm():
             hvd.init(comm=[MPI.COMM_WORLD.Get_size()])
     finally:
         hvd.init()
+
+
+def runtime_threads():
+    """How many hvdmx background threads this process has."""
+    names = []
+    for task in os.listdir("/proc/self/task"):
+        try:
+            with open(f"/proc/self/task/{task}/comm") as f:
+                names.append(f.read().strip())
+        except FileNotFoundError:  # the thread ended while we looked
+            pass
+    return names.count("hvdmx-runtime")
+
+
+def test_shutdown_fails_pending_ops_and_joins_the_thread(world):
+    rank, size = world
+    assert runtime_threads() == 1
+    # With two or more ranks, a name no other rank submits stays pending.
+    lonely = hvd.allreduce(mx.nd.ones((2,)), name=f"lonely.{rank}") if size > 1 else None
+    hvd.shutdown()
+    assert runtime_threads() == 0
+    if lonely is not None:
+        with pytest.raises(mx.base.MXNetError, match="has been shut down"):
+            lonely.wait_to_read()
+    hvd.init()
+    assert runtime_threads() == 1
+    still = hvd.allreduce(mx.nd.ones((2,)), name="lonely.all", op=hvd.Sum)
+    assert still.asnumpy().tolist() == [size] * 2
+
+
+def test_shutdown_on_one_rank_stops_every_rank(world):
+    rank, size = world
+    if size == 1:
+        pytest.skip("needs a second rank")
+    if rank == 0:
+        hvd.shutdown()
+    else:
+        out = hvd.allreduce(mx.nd.ones((1,)), name="after-peer-shutdown")
+        with pytest.raises(mx.base.MXNetError, match="has been shut down"):
+            out.wait_to_read()
+        assert not hvd.is_initialized()
+    hvd.init()
+    out = hvd.allreduce(mx.nd.ones((1,)), name="after-restart", op=hvd.Sum)
+    assert out.asnumpy().tolist() == [size]

@@ -1,0 +1,72 @@
+"""Whole jobs under mpiexec: a clean exit without an explicit shutdown, a
+failing or killed rank ending the job instead of hanging it, and the warning
+about a stalled collective."""
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+MPIEXEC = os.path.join(os.path.dirname(sys.executable), "mpiexec")
+ENV = dict(os.environ, OMP_NUM_THREADS="1", MXNET_CPU_WORKER_NTHREADS="1")
+
+
+def run_job(n, body, timeout=120, **env):
+    script = textwrap.dedent("""
+        import os, signal, sys
+        import mxnet as mx
+        import hvdmx as hvd
+        hvd.init()
+        rank, size = hvd.rank(), hvd.size()
+    """) + textwrap.dedent(body)
+    return subprocess.run([MPIEXEC, "-n", str(n), sys.executable, "-c", script],
+                          env=dict(ENV, **env),
+                          capture_output=True, text=True, timeout=timeout)
+
+
+def test_exit_without_shutdown_is_clean():
+    result = run_job(2, """
+        out = hvd.allreduce(mx.nd.ones((3,)) * (rank + 1), op=hvd.Sum)
+        sys.stdout.write(f"result {rank} {out.asnumpy().tolist()}\\n")  # one write: ranks share stdout
+        sys.stdout.flush()
+        pending = hvd.allreduce(mx.nd.ones((3,)), name="left-for-atexit")
+    """)
+    assert result.returncode == 0, result.stderr
+    assert "result 0 [3.0, 3.0, 3.0]" in result.stdout
+    assert "result 1 [3.0, 3.0, 3.0]" in result.stdout
+
+
+def test_a_rank_that_raises_does_not_hang_the_others():
+    # Rank 1 dies with an exception before submitting; its exit shuts hvdmx
+    # down, so rank 0's pending allreduce fails instead of waiting forever.
+    result = run_job(2, """
+        if rank == 1:
+            raise RuntimeError("rank 1 fails on purpose")
+        hvd.allreduce(mx.nd.ones((3,)), name="never-matched").wait_to_read()
+    """)
+    assert result.returncode != 0
+    assert "rank 1 fails on purpose" in result.stderr
+
+
+def test_a_killed_rank_ends_the_job():
+    result = run_job(2, """
+        if rank == 1:
+            os.kill(os.getpid(), signal.SIGKILL)
+        hvd.allreduce(mx.nd.ones((3,)), name="never-matched").wait_to_read()
+    """)
+    assert result.returncode != 0
+
+
+def test_stall_warning_names_the_waiting_tensor():
+    result = run_job(2, """
+        import time
+        if rank == 1:
+            time.sleep(3)  # rank 1 is late: rank 0 waits on 'late.tensor'
+        out = hvd.allreduce(mx.nd.ones((2,)), name="late.tensor", op=hvd.Sum)
+        assert out.asnumpy().tolist() == [2.0, 2.0]
+    """, HVDMX_STALL_CHECK_TIME_SECONDS="1")
+    assert result.returncode == 0, result.stderr
+    assert "hvdmx WARNING rank 0" in result.stderr
+    assert "have not run, because other ranks have not submitted them: late.tensor" in (
+        result.stderr)
