@@ -55,7 +55,7 @@ $(CORE): $(CSRC) csrc/hvdmx setup.py | $(INSTALLED)
 	$(PY) setup.py -q build_ext --inplace --force
 
 demo: venv build
-	$(MPIEXEC) $(MPIEXEC_FLAGS) -n 2 $(PY) examples/allreduce_demo.py
+	$(MPIEXEC) $(MPIEXEC_FLAGS) -n 2 $(PY) examples/mnist_gluon.py
 
 test: venv build
 	PYTHON=$(PY) MPIEXEC=$(MPIEXEC) MPIEXEC_FLAGS='$(MPIEXEC_FLAGS)' tests/run_all.sh

@@ -20,6 +20,7 @@ from hvdmx.basics import (
     shutdown,
     size,
 )
+from hvdmx.compression import Compression
 from hvdmx.ops import (
     Adasum,
     Average,
@@ -34,5 +35,6 @@ from hvdmx.ops import (
     grouped_allreduce,
     grouped_allreduce_,
 )
+from hvdmx.optimizer import DistributedOptimizer, DistributedTrainer, broadcast_parameters
 
 __version__ = "0.1.0"

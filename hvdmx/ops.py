@@ -139,14 +139,6 @@ def _check_distinct(fn: str, tensors: Sequence[mx.nd.NDArray]) -> None:
                          "in-place call needs distinct arrays")
 
 
-def _default_layout(tensors, ctx) -> None:
-    """Arrays that oneDNN holds in its internal layout are converted back in
-    place first (see Note [oneDNN layout] in csrc/hvdmx/mxnet_engine.h)."""
-    if ctx.device_typeid != 2:
-        for t in tensors:
-            _core.ensure_default_layout(t.handle.value)
-
-
 def _allreduce(fn, tensors, outputs, average, name, priority, prescale_factor,
                postscale_factor, op, kind):
     _check_common(fn, name, priority)
@@ -160,7 +152,6 @@ def _allreduce(fn, tensors, outputs, average, name, priority, prescale_factor,
         outputs = [_empty_like(t) for t in tensors]
     else:
         _check_distinct(fn, outputs)
-    _default_layout(tensors, ctx)
     _core.allreduce_async(name if name is not None else _auto_name(kind),
                           [t.handle.value for t in tensors], [t.handle.value for t in outputs],
                           [code for code, _ in checked], [list(t.shape) for t in tensors], op,
@@ -222,7 +213,6 @@ def _broadcast(fn, tensor, output, root_rank, name, priority):
     root = _check_root(fn, root_rank)
     if output is None:
         output = _empty_like(tensor)
-    _default_layout([tensor], ctx)
     _core.broadcast_async(name if name is not None else _auto_name("broadcast"),
                           [tensor.handle.value], [output.handle.value], [code],
                           [list(tensor.shape)], root, int(priority), ctx.device_typeid,

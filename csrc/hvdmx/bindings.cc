@@ -148,7 +148,6 @@ void PushAsync(CollectiveType type, const std::string& name,
                int op, int root, double prescale, double postscale, int priority, int dev_type,
                int dev_id) {
   std::shared_ptr<Runtime> runtime = RunningRuntime();
-  ThrowIfError(runtime->ReserveName(name));
   PushArgs args;
   args.request = MakeRequest(type, name, dtypes, shapes, op, root, prescale, postscale, dev_type,
                              dev_id, runtime->rank());

@@ -93,6 +93,15 @@ void Complete(const CallbackOnComplete& on_complete, const Status& status) {
 void RunOp(void* /*run_context*/, void* on_complete_ptr, void* p) {
   OpParam* param = static_cast<OpParam*>(p);
   CallbackOnComplete on_complete = *static_cast<CallbackOnComplete*>(on_complete_ptr);
+  // The name is reserved here, when the engine runs the op, not at the call:
+  // the engine runs the ops that write one NDArray in push order, so the
+  // training loop's allreduce of gradient "i" at step k+1 may be called while
+  // step k's is still queued.
+  Status reserved = param->runtime->ReserveName(param->request.name);
+  if (!reserved.ok()) {
+    Complete(on_complete, reserved);
+    return;
+  }
   TensorEntry entry;
   entry.request = param->request;
   for (size_t i = 0; i < param->inputs.size(); ++i) {
@@ -103,9 +112,9 @@ void RunOp(void* /*run_context*/, void* on_complete_ptr, void* p) {
       Complete(on_complete,
                Status::InvalidArgument(
                    "hvdmx: tensor '" + param->request.name +
-                   "' was turned into oneDNN's internal layout by an operation that was "
-                   "still pending when the collective was called (e.g. an inference-mode "
-                   "forward). Call wait_to_read() on it before the collective."));
+                   "' is held in oneDNN's internal layout (e.g. a conv weight after an "
+                   "inference-mode forward); pass a plain copy instead, x.copy(), or use "
+                   "hvd.broadcast_parameters for parameters"));
       return;
     }
     if (g_api.get_data(param->inputs[i], &in) != 0 ||
@@ -185,7 +194,6 @@ Status PushCollective(const std::shared_ptr<Runtime>& runtime, PushArgs args) {
   std::vector<NDArrayHandle> mutable_handles;
   auto fail = [&](const std::string& what) {
     for (NDArrayHandle h : param->owned) g_api.free_ndarray(h);
-    runtime->ReleaseName(param->request.name);
     return Status::Internal("hvdmx: " + what + ": " + g_api.last_error());
   };
   for (size_t i = 0; i < args.inputs.size(); ++i) {
@@ -204,7 +212,6 @@ Status PushCollective(const std::shared_ptr<Runtime>& runtime, PushArgs args) {
   }
   Context ctx{args.dev_type, args.dev_id};
   const std::string op_name = "hvdmx_" + CollectiveTypeName(param->request.type);
-  const std::string name = param->request.name;
   OpParam* raw = param.release();
   int rc = g_api.push_async_nd(RunOp, raw, DeleteOpParam, &ctx, const_handles.data(),
                                static_cast<int>(const_handles.size()), mutable_handles.data(),
@@ -212,7 +219,6 @@ Status PushCollective(const std::shared_ptr<Runtime>& runtime, PushArgs args) {
                                args.priority, op_name.c_str(), false);
   if (rc != 0) {
     // The engine did not take the op; it owns `raw` and its deleter.
-    runtime->ReleaseName(name);
     return Status::Internal(std::string("hvdmx: MXEnginePushAsyncND failed: ") +
                             g_api.last_error());
   }

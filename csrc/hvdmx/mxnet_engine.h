@@ -39,10 +39,13 @@ Status LoadMXNetApi(const std::string& path);
 // layout, e.g. a conv weight after an inference-mode forward. Its bytes are
 // not the dense tensor, and MXNDArrayGetData converts it by pushing a reorder
 // to the engine and waiting for it: inside our own engine op that waits for
-// us, a deadlock. So the Python layer calls EnsureDefaultLayout at the call
-// (converting such an array in place, the one case where the call waits), and
-// the op itself only checks, failing with a clear message if an operation
-// still pending at the call changed the layout afterwards.
+// us, a deadlock. Probing an array from the Python thread at the call is no
+// way out either: an array whose producing op has not run yet is allocated
+// by the probe, racing the engine thread that allocates it for that op
+// (garbage results, seen at -n 4). So the op checks with MXNDArrayToDLPack,
+// which refuses such an array without waiting, and fails with a message that
+// says to pass a plain copy; broadcast_parameters, which meets such weights,
+// waits for each parameter and converts it with EnsureDefaultLayout first.
 
 // Converts the array to the plain dense layout if oneDNN holds it in its own.
 Status EnsureDefaultLayout(void* handle);
@@ -57,7 +60,7 @@ struct PushArgs {
 };
 
 // Pushes the collective onto MXNet's engine (see Note [Engine completion]).
-// The name must already be reserved on `runtime`; on failure it is released.
+// The name is reserved on `runtime` when the engine runs the op.
 Status PushCollective(const std::shared_ptr<Runtime>& runtime, PushArgs args);
 
 }  // namespace hvdmx

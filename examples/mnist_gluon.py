@@ -1,0 +1,233 @@
+"""Data-parallel training of a small Gluon CNN on handwritten digits with hvdmx.
+
+    mpiexec -n 2 python examples/mnist_gluon.py                      # scikit-learn's digits
+    mpiexec -n 2 python examples/mnist_gluon.py --data-dir ~/mnist   # MNIST idx files
+
+Every rank trains on its own shard of the training set; DistributedTrainer
+averages the gradients over all ranks at every step, so the job trains one
+model on a batch of batch-size x ranks samples. Rank 0 logs MXNet
+Speedometer lines (speed in samples/sec of the whole job). At the end, the
+test accuracy over the whole test set, and a check that every rank holds
+bitwise-identical parameters (the exit status is 1 when they differ).
+
+Without --data-dir it uses the 8x8 handwritten digits that scikit-learn ships
+(1797 images, no download; `pip install scikit-learn`). With --data-dir it
+reads train-images-idx3-ubyte, train-labels-idx1-ubyte, t10k-images-idx3-ubyte
+and t10k-labels-idx1-ubyte, each optionally gzipped.
+"""
+import argparse
+import gzip
+import hashlib
+import logging
+import os
+import sys
+import time
+
+import mxnet as mx
+import numpy as np
+from mxnet import autograd, gluon
+from mxnet.gluon import nn
+
+import hvdmx as hvd
+
+
+def parse_args(argv=None):
+    parser = argparse.ArgumentParser(
+        description="Train a small CNN on handwritten digits with hvdmx (data parallel; run "
+                    "it under mpiexec).",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    parser.add_argument("--data-dir", default=None,
+                        help="directory with the MNIST idx files (optionally .gz); default: "
+                             "scikit-learn's 8x8 digits")
+    parser.add_argument("--epochs", type=int, default=8, help="passes over the training set")
+    parser.add_argument("--batch-size", type=int, default=32, help="samples per rank and step")
+    parser.add_argument("--lr", type=float, default=0.02,
+                        help="learning rate per rank; the job uses lr x ranks")
+    parser.add_argument("--momentum", type=float, default=0.9, help="SGD momentum")
+    parser.add_argument("--log-interval", type=int, default=10,
+                        help="batches between Speedometer lines")
+    parser.add_argument("--fp16-allreduce", action="store_true",
+                        help="send gradients as float16 (hvd.Compression.fp16)")
+    parser.add_argument("--seed", type=int, default=42, help="data split and shuffling seed")
+    args = parser.parse_args(argv)
+    if args.epochs < 1 or args.batch_size < 1 or args.log_interval < 1:
+        parser.error("--epochs, --batch-size and --log-interval must be >= 1")
+    return args
+
+
+# --- data --------------------------------------------------------------------
+
+def read_idx(path):
+    """An array from an idx file (the MNIST format), gzipped or not."""
+    if not os.path.exists(path) and os.path.exists(path + ".gz"):
+        path += ".gz"
+    opener = gzip.open if path.endswith(".gz") else open
+    with opener(path, "rb") as f:
+        raw = f.read()
+    if raw[:2] != b"\0\0" or raw[2] != 0x08:
+        raise ValueError(f"{path}: not an idx file of unsigned bytes")
+    ndim = raw[3]
+    shape = tuple(int.from_bytes(raw[4 + 4 * i:8 + 4 * i], "big") for i in range(ndim))
+    return np.frombuffer(raw, dtype=np.uint8, offset=4 + 4 * ndim).reshape(shape)
+
+
+def load_mnist(data_dir):
+    def images(name):
+        return (read_idx(os.path.join(data_dir, name)).astype(np.float32) / 255.0)[:, None]
+
+    def labels(name):
+        return read_idx(os.path.join(data_dir, name)).astype(np.float32)
+
+    return ((images("train-images-idx3-ubyte"), labels("train-labels-idx1-ubyte")),
+            (images("t10k-images-idx3-ubyte"), labels("t10k-labels-idx1-ubyte")))
+
+
+def load_digits(seed):
+    """scikit-learn's 8x8 digits, split 80/20 the same way on every rank."""
+    from sklearn.datasets import load_digits as sklearn_digits
+
+    digits = sklearn_digits()
+    x = (digits.images.astype(np.float32) / 16.0)[:, None]  # (n, 1, 8, 8) in [0, 1]
+    y = digits.target.astype(np.float32)
+    order = np.random.RandomState(seed).permutation(len(x))
+    x, y = x[order], y[order]
+    n_test = len(x) // 5
+    return (x[n_test:], y[n_test:]), (x[:n_test], y[:n_test])
+
+
+def rank_shard(x, y, rank, size):
+    """This rank's training samples: the same count on every rank (the last
+    len(x) % size samples are left out), so all ranks make the same number of
+    steps and every allreduce has a partner."""
+    per_rank = len(x) // size
+    return x[rank::size][:per_rank], y[rank::size][:per_rank]
+
+
+# --- model -------------------------------------------------------------------
+
+def build_net(image_size):
+    """Two 3x3 convolutions and two dense layers; one more pooling for 28x28."""
+    net = nn.HybridSequential(prefix="cnn_")
+    with net.name_scope():
+        net.add(nn.Conv2D(32, kernel_size=3, padding=1, activation="relu"))
+        if image_size > 16:
+            net.add(nn.MaxPool2D(pool_size=2))
+        net.add(nn.Conv2D(64, kernel_size=3, padding=1, activation="relu"),
+                nn.MaxPool2D(pool_size=2),
+                nn.Flatten(),
+                nn.Dense(128, activation="relu"),
+                nn.Dense(10))
+    return net
+
+
+def evaluate(net, x, y, batch_size, ctx):
+    """(correct, total) on this rank's samples."""
+    correct = 0
+    for start in range(0, len(x), batch_size):
+        out = net(mx.nd.array(x[start:start + batch_size], ctx=ctx))
+        pred = out.argmax(axis=1).asnumpy()
+        correct += int((pred == y[start:start + batch_size]).sum())
+    return correct, len(x)
+
+
+def parameter_digest(net):
+    """A 48-bit digest of all parameter bytes, in a fixed order."""
+    h = hashlib.blake2b(digest_size=6)
+    for name, p in sorted(net.collect_params().items()):
+        h.update(name.encode())
+        h.update(p.data().asnumpy().tobytes())
+    return int.from_bytes(h.digest(), "little")
+
+
+def main(argv=None):
+    """Trains, evaluates and checks the replicas; returns the test accuracy.
+    Raises RuntimeError when the ranks' parameters are not identical."""
+    args = parse_args(argv)
+    hvd.init()
+    rank, size = hvd.rank(), hvd.size()
+    log = logging.getLogger("mnist_gluon")
+    if rank == 0:
+        logging.basicConfig(level=logging.INFO, format="%(message)s")
+        logging.getLogger().setLevel(logging.INFO)
+    else:
+        logging.getLogger().setLevel(logging.WARNING)
+    ctx = mx.gpu(hvd.local_rank()) if hvd.cuda_built() and mx.context.num_gpus() \
+        else mx.cpu(hvd.local_rank())
+
+    (x_train, y_train), (x_test, y_test) = (load_mnist(args.data_dir) if args.data_dir
+                                            else load_digits(args.seed))
+    x_local, y_local = rank_shard(x_train, y_train, rank, size)
+    steps = len(x_local) // args.batch_size
+    if steps == 0:
+        raise ValueError(f"{len(x_local)} training samples per rank is less than one batch "
+                         f"of {args.batch_size}; use a smaller --batch-size")
+    log.info("%s: %d training samples (%d per rank, %d steps of %d x %d per epoch), %d test "
+             "samples, %d ranks", args.data_dir or "scikit-learn digits", len(x_train),
+             len(x_local), steps, args.batch_size, size, len(x_test), size)
+
+    # Each rank initializes differently (its own seed); broadcast_parameters
+    # then gives every rank rank 0's values, as soon as the shapes are known
+    # (deferred initialization, at the first forward pass).
+    mx.random.seed(args.seed + rank)
+    net = build_net(x_train.shape[-1])
+    net.initialize(mx.init.Xavier(magnitude=2.24), ctx=ctx)
+    net.hybridize()
+    hvd.broadcast_parameters(net.collect_params(), root_rank=0)
+
+    compression = hvd.Compression.fp16 if args.fp16_allreduce else hvd.Compression.none
+    trainer = hvd.DistributedTrainer(net.collect_params(), "sgd",
+                                     {"learning_rate": args.lr * size,
+                                      "momentum": args.momentum},
+                                     compression=compression)
+    loss_fn = gluon.loss.SoftmaxCrossEntropyLoss()
+    metric = mx.metric.Accuracy()
+    speedometer = mx.callback.Speedometer(args.batch_size * size, args.log_interval)
+
+    start = time.time()
+    for epoch in range(args.epochs):
+        tic = time.time()
+        metric.reset()
+        order = np.random.RandomState(args.seed * 1000 + epoch * size + rank) \
+            .permutation(len(x_local))
+        for nbatch in range(steps):
+            idx = order[nbatch * args.batch_size:(nbatch + 1) * args.batch_size]
+            data = mx.nd.array(x_local[idx], ctx=ctx)
+            label = mx.nd.array(y_local[idx], ctx=ctx)
+            with autograd.record():
+                out = net(data)
+                loss = loss_fn(out, label)
+            loss.backward()
+            trainer.step(args.batch_size)
+            metric.update([label], [out])
+            speedometer(mx.model.BatchEndParam(epoch=epoch, nbatch=nbatch + 1,
+                                               eval_metric=metric, locals=None))
+        name, value = metric.get_global()
+        log.info("Epoch[%d] Train-%s=%f (rank 0's shard)", epoch, name, value)
+        log.info("Epoch[%d] Time cost=%.3f", epoch, time.time() - tic)
+    train_seconds = time.time() - start
+
+    # Test accuracy over the whole test set: each rank scores its part.
+    correct, total = evaluate(net, x_test[rank::size], y_test[rank::size], 256, ctx)
+    counts = hvd.allreduce(mx.nd.array([correct, total], dtype="int64"), op=hvd.Sum,
+                           name="mnist.test_counts").asnumpy()
+    accuracy = counts[0] / counts[1]
+    log.info("test accuracy %.4f (%d/%d) after %d epochs; training took %.1f s on %d ranks",
+             accuracy, counts[0], counts[1], args.epochs, train_seconds, size)
+
+    # Replicas must not drift: compare a digest of every parameter's bytes.
+    digest = parameter_digest(net)
+    both = hvd.allreduce(mx.nd.array([digest, -digest], dtype="int64"), op=hvd.Max,
+                         name="mnist.param_digest").asnumpy()
+    if both[0] != -both[1]:
+        raise RuntimeError(f"rank {rank}: the ranks' parameters are NOT identical "
+                           f"(digest {digest:012x})")
+    log.info("parameters bitwise identical on all %d ranks", size)
+    return float(accuracy)
+
+
+if __name__ == "__main__":
+    try:
+        main()
+    except RuntimeError as error:
+        print(error, file=sys.stderr, flush=True)
+        sys.exit(1)

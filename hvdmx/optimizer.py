@@ -1,0 +1,486 @@
+"""Training integration: DistributedTrainer (Gluon), DistributedOptimizer
+(Module API) and broadcast_parameters, with ``horovod.mxnet``'s names,
+arguments and averaging.
+
+Gradients are reduced in place with asynchronous allreduces through MXNet's
+engine, so the optimizer update that reads a gradient waits for its
+allreduce and nothing here blocks the Python thread (apart from a one-time
+check of the parameters on a trainer's first step).
+
+Tensor names are derived from parameter positions, which are the same on
+every rank because parameters are sorted by name:
+- DistributedTrainer: ``prefix + str(index)``; a group ``"{first}:{last}"``.
+- DistributedOptimizer: ``"DistributedOptimizer." + str(index)``.
+- broadcast_parameters: ``prefix + str(key)``.
+"""
+from __future__ import annotations
+
+import hashlib
+import numbers
+import types
+import warnings
+from typing import Any, Dict, List, Optional, Sequence
+
+import mxnet as mx
+import numpy as np
+from mxnet.gluon.parameter import DeferredInitializationError, Parameter, ParameterDict
+
+from hvdmx import _core
+from hvdmx.basics import rank, size
+from hvdmx.compression import Compression
+from hvdmx.ops import Max, Sum, _check_root, allreduce, allreduce_, broadcast_, \
+    grouped_allreduce_
+
+__all__ = ["DistributedOptimizer", "DistributedTrainer", "broadcast_parameters"]
+
+
+def _split_list(items: Sequence, n: int) -> List[list]:
+    """Splits ``items`` into ``n`` contiguous parts whose lengths differ by at
+    most one (Horovod's split_list); parts are empty when n > len(items)."""
+    d, r = divmod(len(items), n)
+    return [list(items[i * d + min(i, r):(i + 1) * d + min(i + 1, r)]) for i in range(n)]
+
+
+def _check_predivide(fn: str, value) -> float:
+    if isinstance(value, bool) or not isinstance(value, numbers.Real) \
+            or not np.isfinite(value) or value <= 0:
+        raise ValueError(f"hvdmx.{fn}: argument 'gradient_predivide_factor'={value!r} must be "
+                         "a finite number > 0 (1.0 averages after the sum)")
+    return float(value)
+
+
+def _check_num_groups(fn: str, value) -> int:
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 0:
+        raise ValueError(f"hvdmx.{fn}: argument 'num_groups'={value!r} must be an int >= 0 "
+                         "(0: one allreduce per gradient)")
+    return int(value)
+
+
+def _reduce_by_dtype(tensors: List[mx.nd.NDArray], names: List[str], priority: int,
+                     prescale: float, postscale: float) -> None:
+    """One grouped in-place Sum per dtype present in ``tensors`` (a group is
+    one unit for the core, which wants a single dtype)."""
+    by_dtype: Dict[np.dtype, List[int]] = {}
+    for k, t in enumerate(tensors):
+        by_dtype.setdefault(np.dtype(t.dtype), []).append(k)
+    for ks in by_dtype.values():
+        grouped_allreduce_([tensors[k] for k in ks], op=Sum,
+                           name=f"{names[ks[0]]}:{names[ks[-1]]}", priority=priority,
+                           prescale_factor=prescale, postscale_factor=postscale)
+
+
+class DistributedOptimizer(mx.optimizer.Optimizer):
+    """Wraps an optimizer so that every gradient is averaged over all ranks
+    before the wrapped optimizer's update (Module API; for Gluon use
+    DistributedTrainer).
+
+    The average is an in-place Sum allreduce with ``prescale_factor=1/f``
+    and ``postscale_factor=f/size()`` (f = ``gradient_predivide_factor``),
+    so after the update each gradient holds the average and ``rescale_grad``
+    is left as the caller set it. (Horovod multiplies ``rescale_grad`` by
+    f/size instead and leaves the sum in the gradient; the update is the same.)
+    With ``num_groups`` > 0 the gradients of one update call are reduced in
+    that many grouped allreduces.
+
+    Attributes and the Optimizer methods (``rescale_grad``, ``idx2name``,
+    ``aggregate_num``, ``lr``, ``set_learning_rate``, ``set_lr_mult``,
+    ``set_wd_mult``, ``create_state*``, ...) are read from and written to the
+    wrapped optimizer.
+    """
+
+    _OWN = frozenset({"_optimizer", "_gradient_predivide_factor", "_num_groups"})
+    _NAME_PREFIX = "DistributedOptimizer."
+
+    def __init__(self, optimizer, gradient_predivide_factor=1.0, num_groups=0):
+        # Optimizer.__init__ is not called on purpose: this object keeps no
+        # optimizer state of its own, everything lives in the wrapped one.
+        if isinstance(optimizer, DistributedOptimizer):
+            warnings.warn("hvdmx.DistributedOptimizer: the optimizer is already a "
+                          "DistributedOptimizer; wrapping it again would reduce every "
+                          "gradient twice, so its inner optimizer is used", stacklevel=2)
+            optimizer = optimizer._optimizer
+        if not isinstance(optimizer, mx.optimizer.Optimizer):
+            raise TypeError("hvdmx.DistributedOptimizer: argument 'optimizer' must be an "
+                            f"mxnet.optimizer.Optimizer, got {type(optimizer).__name__}; "
+                            "create one with mx.optimizer.create('sgd', ...)")
+        object.__setattr__(self, "_optimizer", optimizer)
+        object.__setattr__(self, "_gradient_predivide_factor", _check_predivide(
+            "DistributedOptimizer", gradient_predivide_factor))
+        object.__setattr__(self, "_num_groups", _check_num_groups(
+            "DistributedOptimizer", num_groups))
+
+    # Attribute forwarding. Reads of anything not defined here, and every
+    # write except to the fields above, go to the wrapped optimizer, so
+    # Module's `optimizer.idx2name = ...` and Trainer's
+    # `optimizer.rescale_grad = ...` reach the optimizer that uses them.
+    def __getattr__(self, item):
+        if item in DistributedOptimizer._OWN or (item.startswith("__") and item.endswith("__")):
+            raise AttributeError(item)
+        return getattr(self._optimizer, item)
+
+    def __setattr__(self, key, value):
+        if key in DistributedOptimizer._OWN:
+            object.__setattr__(self, key, value)
+        else:
+            setattr(self._optimizer, key, value)
+
+    def __delattr__(self, key):
+        if key in DistributedOptimizer._OWN:
+            object.__delattr__(self, key)
+        else:
+            delattr(self._optimizer, key)
+
+    def __getstate__(self):
+        return {k: self.__dict__[k] for k in DistributedOptimizer._OWN}
+
+    def __setstate__(self, state):
+        for k, v in state.items():
+            object.__setattr__(self, k, v)
+
+    def __repr__(self):
+        return (f"hvdmx.DistributedOptimizer({self._optimizer!r}, gradient_predivide_factor="
+                f"{self._gradient_predivide_factor}, num_groups={self._num_groups})")
+
+    def _allreduce_grads(self, index, grad) -> None:
+        n = size()
+        if n == 1:
+            return
+        f = self._gradient_predivide_factor
+        pre, post = 1.0 / f, f / n
+        if isinstance(index, (list, tuple)):
+            indices, grads = list(index), list(grad)
+        else:
+            indices, grads = [index], [grad]
+        names = [f"{self._NAME_PREFIX}{i}" for i in indices]
+        if self._num_groups > 0 and len(indices) > 1:
+            positions = _split_list(range(len(indices)), self._num_groups)
+            for g, group in enumerate(positions):
+                if group:
+                    _reduce_by_dtype([grads[k] for k in group], [names[k] for k in group],
+                                     -g, pre, post)
+            return
+        for k, (i, t, name) in enumerate(zip(indices, grads, names)):
+            priority = -i if isinstance(i, numbers.Integral) else -k
+            allreduce_(t, op=Sum, name=name, priority=int(priority), prescale_factor=pre,
+                       postscale_factor=post)
+
+    def update(self, index, weight, grad, state):
+        self._allreduce_grads(index, grad)
+        self._optimizer.update(index, weight, grad, state)
+
+    def update_multi_precision(self, index, weight, grad, state):
+        self._allreduce_grads(index, grad)
+        self._optimizer.update_multi_precision(index, weight, grad, state)
+
+    # Explicit forwards of Optimizer's methods, so that the wrapped optimizer's
+    # own versions run (LARS overrides _get_lrs and set_wd_mult, for instance).
+    @property
+    def learning_rate(self):
+        return self._optimizer.learning_rate
+
+    def create_state(self, index, weight):
+        return self._optimizer.create_state(index, weight)
+
+    def create_state_multi_precision(self, index, weight):
+        return self._optimizer.create_state_multi_precision(index, weight)
+
+    def set_learning_rate(self, lr):
+        self._optimizer.set_learning_rate(lr)
+
+    def set_lr_scale(self, args_lrscale):
+        self._optimizer.set_lr_scale(args_lrscale)
+
+    def set_lr_mult(self, args_lr_mult):
+        self._optimizer.set_lr_mult(args_lr_mult)
+
+    def set_wd_mult(self, args_wd_mult):
+        self._optimizer.set_wd_mult(args_wd_mult)
+
+    def _set_current_context(self, device_id):
+        self._optimizer._set_current_context(device_id)
+
+    def _update_count(self, index):
+        self._optimizer._update_count(index)
+
+    def _get_lrs(self, indices):
+        return self._optimizer._get_lrs(indices)
+
+    def _get_lr(self, index):
+        return self._optimizer._get_lr(index)
+
+    def _get_wds(self, indices):
+        return self._optimizer._get_wds(indices)
+
+    def _get_wd(self, index):
+        return self._optimizer._get_wd(index)
+
+
+# --- the one-time check that every rank trains the same parameters ---------
+
+_DESC_BYTES = 160  # bytes of one rank's description of a parameter in the error
+
+
+def _stable_hash(text: str) -> int:
+    """A 48-bit hash that is the same in every process (unlike hash())."""
+    return int.from_bytes(hashlib.blake2b(text.encode(), digest_size=6).digest(), "little")
+
+
+def _describe(param: Parameter) -> str:
+    null = " grad_req='null'" if param.grad_req == "null" else ""
+    return f"'{param.name}' shape {tuple(param.shape)} {np.dtype(param.dtype).name}{null}"
+
+
+def _min_max(values: np.ndarray, name: str):
+    """Elementwise (min, max) of an int64 vector over all ranks, in one allreduce."""
+    both = mx.nd.array(np.concatenate([values, -values]), dtype="int64")
+    out = allreduce(both, op=Max, name=name).asnumpy()
+    n = len(values)
+    return -out[n:], out[:n]
+
+
+def _gather_text(text: str, name: str) -> List[str]:
+    """Every rank's ``text`` (cut to _DESC_BYTES bytes), via one uint8 Sum."""
+    rows = np.zeros((size(), _DESC_BYTES), dtype=np.uint8)
+    raw = text.encode()[:_DESC_BYTES]
+    rows[rank(), :len(raw)] = np.frombuffer(raw, dtype=np.uint8)
+    out = allreduce(mx.nd.array(rows, dtype="uint8"), op=Sum, name=name).asnumpy()
+    return [bytes(r).rstrip(b"\0").decode(errors="replace") for r in out]
+
+
+def _check_same_parameters(params: Sequence[Parameter], name: str, who: str) -> None:
+    """Raises ValueError on every rank when the ranks' parameter lists differ
+    in count, shape, dtype or grad_req='null' at some position (the position
+    names the gradient, so a mismatch would pair unrelated gradients or hang);
+    warns when only the names differ. Costs one 6-element allreduce when all
+    agree; only collective calls that every rank makes (no hang)."""
+    structure = [_stable_hash(f"{tuple(p.shape)}|{np.dtype(p.dtype).name}|{p.grad_req == 'null'}")
+                 for p in params]
+    names = [_stable_hash(p.name) for p in params]
+    summary = np.array([len(params), _stable_hash(repr(structure)), _stable_hash(repr(names))],
+                       dtype=np.int64)
+    lo, hi = _min_max(summary, name)
+    if np.array_equal(lo, hi):
+        return
+    by_structure = lo[0] != hi[0] or lo[1] != hi[1]
+    longest = int(hi[0])
+    per_param = np.full(longest, -1, dtype=np.int64)  # -1: no parameter at this position
+    per_param[:len(params)] = structure if by_structure else names
+    lo, hi = _min_max(per_param, f"{name}.position")
+    first = int(np.flatnonzero(lo != hi)[0])
+    mine = _describe(params[first]) if first < len(params) else "no parameter"
+    seen = _gather_text(f"{len(params)} parameters; #{first}: {mine}", f"{name}.describe")
+    ranks = "; ".join(f"rank {r}: {s}" for r, s in enumerate(seen))
+    message = (f"hvdmx.{who}: the parameters differ across ranks; the first "
+               f"difference is at position {first} of the parameters sorted by name ({ranks})")
+    if by_structure:
+        raise ValueError(message + ". Every rank must build the same model and pass the "
+                         "same parameters, so that gradient i is the same tensor everywhere.")
+    warnings.warn(message + ". Only the names differ (shapes and dtypes agree), so training "
+                  "proceeds pairing parameters by position; names usually differ when one "
+                  "rank creates extra blocks before the model.", stacklevel=4)
+
+
+# --- Gluon -------------------------------------------------------------------
+
+def _reject_kvstore_arguments(kwargs: Dict[str, Any]) -> None:
+    kvstore = kwargs.pop("kvstore", None)
+    if kvstore is not None:
+        raise ValueError(f"hvdmx.DistributedTrainer: argument 'kvstore'={kvstore!r} is not "
+                         "supported: DistributedTrainer averages gradients with hvdmx "
+                         "allreduce and runs gluon.Trainer with kvstore=None underneath. Drop "
+                         "the kvstore argument (or use a plain gluon.Trainer with an hvdmx "
+                         "kvstore instead of DistributedTrainer).")
+    if kwargs.pop("update_on_kvstore", None):
+        raise ValueError("hvdmx.DistributedTrainer: update_on_kvstore=True is not supported; "
+                         "parameters are updated locally on every rank after the allreduce")
+    if kwargs.pop("compression_params", None) is not None:
+        raise ValueError("hvdmx.DistributedTrainer: argument 'compression_params' is for "
+                         "MXNet's kvstore; use compression=hvd.Compression.fp16 instead")
+    if kwargs:
+        raise TypeError("hvdmx.DistributedTrainer got unexpected keyword arguments "
+                        f"{sorted(kwargs)}")
+
+
+class DistributedTrainer(mx.gluon.Trainer):
+    """A gluon.Trainer that averages gradients over all ranks with hvdmx.
+
+    As in Horovod, ``_scale`` (the trainer's ``rescale_grad`` before division
+    by the batch size) is multiplied by ``gradient_predivide_factor / size()``
+    and gradients are reduced with Sum, prescaled by
+    ``1 / gradient_predivide_factor``: ``step(batch_size)`` with the local
+    batch size then applies the average over all ranks' samples.
+
+    Parameters are sorted by name, gradient ``i`` travels as
+    ``prefix + str(i)`` with priority ``-i``; ``num_groups`` > 0 reduces them
+    in that many grouped allreduces. ``compression`` is Compression.none or
+    Compression.fp16. ``kvstore`` must not be given (it is None underneath).
+    """
+
+    def __init__(self, params, optimizer, optimizer_params=None, compression=Compression.none,
+                 gradient_predivide_factor=1.0, prefix=None, num_groups=0, **kwargs):
+        _reject_kvstore_arguments(kwargs)
+        if isinstance(optimizer, DistributedOptimizer):
+            warnings.warn("hvdmx.DistributedTrainer does not take a DistributedOptimizer as "
+                          "its optimizer (gradients would be reduced twice); it has been "
+                          "unwrapped for you", stacklevel=2)
+            optimizer = optimizer._optimizer
+        predivide = _check_predivide("DistributedTrainer", gradient_predivide_factor)
+        if prefix is not None and not isinstance(prefix, str):
+            raise ValueError("hvdmx.DistributedTrainer: argument 'prefix' must be a str or "
+                             f"None, got {type(prefix).__name__}")
+        num_groups = _check_num_groups("DistributedTrainer", num_groups)
+        if not (callable(getattr(compression, "compress", None))
+                and callable(getattr(compression, "decompress", None))):
+            raise TypeError("hvdmx.DistributedTrainer: argument 'compression' must be "
+                            "hvd.Compression.none, hvd.Compression.fp16 or another object "
+                            f"with compress() and decompress(), got {compression!r}")
+        n = size()  # raises a clear error before init()
+        if isinstance(params, (list, tuple)):
+            # Sorted like the dict case (which gluon.Trainer sorts by key), so
+            # that position i is the same parameter on every rank.
+            params = sorted(params, key=lambda p: getattr(p, "name", ""))
+        super().__init__(params, optimizer, optimizer_params=optimizer_params, kvstore=None)
+        self._scale *= predivide / n
+        self._gradient_predivide_factor = predivide
+        self._prefix = prefix if prefix else ""
+        self._num_groups = num_groups
+        self._compression = compression
+        self._hvdmx_checked = False
+
+    def _allreduce_grads(self):
+        entries = [(i, p) for i, p in enumerate(self._params) if p.grad_req != "null"]
+        grads = [self._sum_over_contexts(p) for _, p in entries]
+        f = self._gradient_predivide_factor
+        if size() > 1:
+            if not self._hvdmx_checked:
+                _check_same_parameters(self._params, f"{self._prefix}DistributedTrainer.check",
+                                       "DistributedTrainer")
+                self._hvdmx_checked = True
+            self._reduce(entries, grads, 1.0 / f)
+        elif f != 1.0:
+            for g in grads:  # the 1/f that the allreduce would apply (_scale has f)
+                g *= 1.0 / f
+        for (_, p), g in zip(entries, grads):
+            for other in p.list_grad()[1:]:
+                g.copyto(other)
+
+    @staticmethod
+    def _sum_over_contexts(param: Parameter) -> mx.nd.NDArray:
+        """The gradient on the first context, holding the sum over this rank's
+        contexts when there are several (gluon.Trainer with kvstore=None would
+        not combine them)."""
+        grads = param.list_grad()
+        for other in grads[1:]:
+            grads[0] += other.as_in_context(grads[0].context)
+        return grads[0]
+
+    def _reduce(self, entries, grads: List[mx.nd.NDArray], prescale: float) -> None:
+        compressed = [self._compression.compress(g) for g in grads]
+        tensors = [t for t, _ in compressed]
+        names = [self._prefix + str(i) for i, _ in entries]
+        if self._num_groups > 0:
+            for g, group in enumerate(_split_list(range(len(entries)), self._num_groups)):
+                if group:
+                    _reduce_by_dtype([tensors[k] for k in group], [names[k] for k in group],
+                                     -g, prescale, 1.0)
+        else:
+            for (i, _), t, name in zip(entries, tensors, names):
+                allreduce_(t, op=Sum, name=name, priority=-i, prescale_factor=prescale)
+        for g, (t, ctx) in zip(grads, compressed):
+            if t is not g:
+                self._compression.decompress(t, ctx).copyto(g)
+
+
+# --- broadcast_parameters ----------------------------------------------------
+
+def _plain_layout(array: mx.nd.NDArray) -> mx.nd.NDArray:
+    """Waits for ``array`` and converts it in place if oneDNN holds it in its
+    internal layout (a conv weight after an inference-mode forward), which a
+    collective refuses; see Note [oneDNN layout] in csrc/hvdmx/mxnet_engine.h.
+    Waiting first matters: probing an array still being computed races its
+    allocation."""
+    if array.context.device_typeid != 2:
+        array.wait_to_read()
+        _core.ensure_default_layout(array.handle.value)
+    return array
+
+
+def _broadcast_arrays(arrays: List[mx.nd.NDArray], root_rank: int, name: str) -> None:
+    """Broadcasts the first array in place and copies it to the others (a
+    parameter's copies on this rank's other contexts)."""
+    broadcast_(_plain_layout(arrays[0]), root_rank, name=name)
+    for other in arrays[1:]:
+        arrays[0].copyto(other)
+
+
+def _broadcast_after_init(param: Parameter, root_rank: int, name: str) -> None:
+    """Makes ``param`` broadcast itself right after its deferred
+    initialization. The hook is on ``_init_impl`` (which both
+    ``_finish_deferred_init`` and a load into a deferred parameter call, as in
+    Horovod), fires once and then removes itself; calling this again before
+    the initialization only updates the root and name."""
+    pending = "_hvdmx_broadcast_after_init"
+    had_pending = pending in param.__dict__
+    param.__dict__[pending] = (root_rank, name)
+    if had_pending:
+        return
+    own = param.__dict__.get("_init_impl")  # an instance-level override to keep
+    original = param._init_impl
+
+    def init_then_broadcast(self, *args, **kwargs):
+        original(*args, **kwargs)
+        root, tensor_name = self.__dict__.pop(pending)
+        if own is None:
+            del self.__dict__["_init_impl"]
+        else:
+            self.__dict__["_init_impl"] = own
+        _broadcast_arrays(self.list_data(), root, tensor_name)
+
+    param.__dict__["_init_impl"] = types.MethodType(init_then_broadcast, param)
+
+
+def _sorted_items(params: Dict) -> list:
+    try:
+        return sorted(params.items(), key=lambda kv: kv[0])
+    except TypeError:  # keys of different types
+        return sorted(params.items(), key=lambda kv: (type(kv[0]).__name__, str(kv[0])))
+
+
+def broadcast_parameters(params, root_rank: int = 0, prefix: Optional[str] = None) -> None:
+    """Sets every rank's parameters to ``root_rank``'s, in place.
+
+    ``params`` is a ParameterDict (``net.collect_params()``) or a dict whose
+    values are Parameters or NDArrays (keys of any type, e.g. the arg_params
+    of the Module API). Entries go in sorted-key order, each as tensor
+    ``prefix + str(key)``. A parameter whose initialization is deferred
+    (shape still unknown) is broadcast right after it gets initialized, at
+    the first forward pass. Returns at once; reads of the parameters wait.
+    """
+    if prefix is not None and not isinstance(prefix, str):
+        raise ValueError("hvdmx.broadcast_parameters: argument 'prefix' must be a str or "
+                         f"None, got {type(prefix).__name__}")
+    root = _check_root("broadcast_parameters", root_rank)
+    prefix = prefix if prefix else ""
+    if isinstance(params, ParameterDict):
+        items = sorted(params.items())
+    elif isinstance(params, dict):
+        items = _sorted_items(params)
+    else:
+        raise TypeError("hvdmx.broadcast_parameters: argument 'params' must be a "
+                        "ParameterDict (net.collect_params()) or a dict of Parameters or "
+                        f"NDArrays, got {type(params).__name__}")
+    for key, value in items:
+        if not isinstance(value, (Parameter, mx.nd.NDArray)):
+            raise TypeError(f"hvdmx.broadcast_parameters: params[{key!r}] must be a Parameter "
+                            f"or an NDArray, got {type(value).__name__}")
+    for key, value in items:
+        name = prefix + str(key)
+        if isinstance(value, mx.nd.NDArray):
+            broadcast_(_plain_layout(value), root, name=name)
+            continue
+        try:
+            arrays = value.list_data()
+        except DeferredInitializationError:
+            _broadcast_after_init(value, root, name)
+            continue
+        _broadcast_arrays(arrays, root, name)
