@@ -210,15 +210,18 @@ void TestingRingAllreduce(std::vector<py::array> arrays, int dtype, int op,
   for (auto& th : threads) th.join();
 }
 
+// An EnvLookup over a map, for tests that pass their own environment.
+EnvLookup MapLookup(const std::map<std::string, std::string>& env) {
+  return [env](const std::string& name) -> std::optional<std::string> {
+    auto it = env.find(name);
+    if (it == env.end()) return std::nullopt;
+    return it->second;
+  };
+}
+
 py::dict TestingLoadConfig(const std::map<std::string, std::string>& env) {
   Config c;
-  ThrowIfError(LoadConfig(
-      [&](const std::string& name) -> std::optional<std::string> {
-        auto it = env.find(name);
-        if (it == env.end()) return std::nullopt;
-        return it->second;
-      },
-      &c));
+  ThrowIfError(LoadConfig(MapLookup(env), &c));
   py::dict d;
   d["fusion_threshold"] = c.fusion_threshold;
   d["cycle_time_ms"] = c.cycle_time_ms;
@@ -238,13 +241,7 @@ class LocalJob {
  public:
   LocalJob(int size, const std::map<std::string, std::string>& env) {
     Config config;
-    ThrowIfError(LoadConfig(
-        [&](const std::string& name) -> std::optional<std::string> {
-          auto it = env.find(name);
-          if (it == env.end()) return std::nullopt;
-          return it->second;
-        },
-        &config));
+    ThrowIfError(LoadConfig(MapLookup(env), &config));
     auto control = std::make_shared<LocalWorld>(size);
     auto data = std::make_shared<LocalWorld>(size);
     for (int r = 0; r < size; ++r) {

@@ -69,20 +69,17 @@ Comm::Request MpiComm::ISend(const void* buf, int64_t bytes, int peer) {
   HVDMX_CHECK(bytes <= kMaxMessageBytes, "message too large");
   MPI_Request req;
   CheckMpi(MPI_Isend(buf, static_cast<int>(bytes), MPI_BYTE, peer, 0, comm_, &req), "MPI_Isend");
-  if (free_slots_.empty()) {
-    requests_.push_back(req);
-    return static_cast<Request>(requests_.size() - 1);
-  }
-  Request slot = free_slots_.back();
-  free_slots_.pop_back();
-  requests_[slot] = req;
-  return slot;
+  return Keep(req);
 }
 
 Comm::Request MpiComm::IRecv(void* buf, int64_t bytes, int peer) {
   HVDMX_CHECK(bytes <= kMaxMessageBytes, "message too large");
   MPI_Request req;
   CheckMpi(MPI_Irecv(buf, static_cast<int>(bytes), MPI_BYTE, peer, 0, comm_, &req), "MPI_Irecv");
+  return Keep(req);
+}
+
+Comm::Request MpiComm::Keep(MPI_Request req) {
   if (free_slots_.empty()) {
     requests_.push_back(req);
     return static_cast<Request>(requests_.size() - 1);

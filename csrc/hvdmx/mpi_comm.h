@@ -41,6 +41,9 @@ class MpiComm : public Comm {
   int rank_ = 0;
   int size_ = 1;
   // Requests live in slots; a Request is a slot index. Freed slots are reused.
+  // Stores `req` in a free slot and returns the slot as the Request.
+  Request Keep(MPI_Request req);
+
   std::vector<MPI_Request> requests_;
   std::vector<int64_t> free_slots_;
   MPI_Request bit_and_request_ = MPI_REQUEST_NULL;
