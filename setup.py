@@ -57,12 +57,12 @@ from setuptools.errors import CompileError
 CSRC_DIR = os.path.join("csrc", "hvdmx")
 
 # The GPU path is not built: no CUDA or NCCL probe exists yet, and these macros say
-# so to the C++ (`--check-build`, nccl_built(), cuda_built()).
+# so to the C++ (nccl_built(), cuda_built()).
 GPU_MACROS = [("HVDMX_NCCL_BUILT", "0"), ("HVDMX_CUDA_BUILT", "0")]
 
-# Needed to include <mxnet/engine.h> (for CallbackOnComplete) from the wheel's headers:
-# mshadow/base.h otherwise includes mkl_blas.h and cuda.h, which the wheel lacks.
-# MSHADOW_USE_CBLAS already defaults to 0, and <dmlc/logging.h> needs nothing.
+# Needed only if a source includes <mxnet/engine.h> from the wheel's headers (none does
+# today: mxnet_engine.cc mirrors the three small types it needs). mshadow/base.h would
+# otherwise include mkl_blas.h and cuda.h, which the wheel lacks.
 MXNET_HEADER_MACROS = [("MSHADOW_USE_MKL", "0"), ("MSHADOW_USE_CUDA", "0")]
 
 
