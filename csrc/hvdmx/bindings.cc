@@ -257,7 +257,6 @@ class LocalJob {
                  std::vector<py::array> inputs, std::vector<py::array> outputs, int dtype,
                  int op, int root, double prescale, double postscale) {
     Runtime& rt = *runtimes_.at(rank);
-    ThrowIfError(rt.ReserveName(name));
     TensorEntry entry;
     std::vector<int> dtypes;
     std::vector<std::vector<int64_t>> shapes;
@@ -276,7 +275,7 @@ class LocalJob {
       done_[ticket] = status.ok() ? std::string() : "E:" + status.message();
       cv_.notify_all();
     };
-    rt.Enqueue(std::move(entry));
+    ThrowIfError(rt.Enqueue(std::move(entry)));
     return ticket;
   }
 

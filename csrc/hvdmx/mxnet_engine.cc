@@ -93,22 +93,12 @@ void Complete(const CallbackOnComplete& on_complete, const Status& status) {
 void RunOp(void* /*run_context*/, void* on_complete_ptr, void* p) {
   OpParam* param = static_cast<OpParam*>(p);
   CallbackOnComplete on_complete = *static_cast<CallbackOnComplete*>(on_complete_ptr);
-  // The name is reserved here, when the engine runs the op, not at the call:
-  // the engine runs the ops that write one NDArray in push order, so the
-  // training loop's allreduce of gradient "i" at step k+1 may be called while
-  // step k's is still queued.
-  Status reserved = param->runtime->ReserveName(param->request.name);
-  if (!reserved.ok()) {
-    Complete(on_complete, reserved);
-    return;
-  }
   TensorEntry entry;
   entry.request = param->request;
   for (size_t i = 0; i < param->inputs.size(); ++i) {
     void* in = nullptr;
     void* out = nullptr;
     if (!HasDefaultLayout(param->inputs[i]) || !HasDefaultLayout(param->outputs[i])) {
-      param->runtime->ReleaseName(param->request.name);
       Complete(on_complete,
                Status::InvalidArgument(
                    "hvdmx: tensor '" + param->request.name +
@@ -119,7 +109,6 @@ void RunOp(void* /*run_context*/, void* on_complete_ptr, void* p) {
     }
     if (g_api.get_data(param->inputs[i], &in) != 0 ||
         g_api.get_data(param->outputs[i], &out) != 0) {
-      param->runtime->ReleaseName(param->request.name);
       Complete(on_complete, Status::Internal("hvdmx: could not read the data of tensor '" +
                                              param->request.name + "': " + g_api.last_error()));
       return;
@@ -133,7 +122,15 @@ void RunOp(void* /*run_context*/, void* on_complete_ptr, void* p) {
     Complete(on_complete, status);
     if (done) done->set_value();
   };
-  param->runtime->Enqueue(std::move(entry));
+  // A name is checked here, when the engine runs the op, not at the call:
+  // the engine runs the ops that write one NDArray in push order, so the
+  // training loop's allreduce of gradient "i" at step k+1 may be called while
+  // step k's is still queued.
+  Status queued = param->runtime->Enqueue(std::move(entry));
+  if (!queued.ok()) {
+    Complete(on_complete, queued);
+    return;
+  }
   // MXNet's NaiveEngine requires an op to complete before it returns.
   if (done) done->get_future().wait();
 }

@@ -60,7 +60,7 @@ struct PushArgs {
 };
 
 // Pushes the collective onto MXNet's engine (see Note [Engine completion]).
-// The name is reserved on `runtime` when the engine runs the op.
+// The name is checked against `runtime`'s queue when the engine runs the op.
 Status PushCollective(const std::shared_ptr<Runtime>& runtime, PushArgs args);
 
 }  // namespace hvdmx

@@ -47,47 +47,25 @@ void Runtime::Start() {
   pthread_setname_np(thread_.native_handle(), "hvdmx-runtime");
 }
 
-Status Runtime::ReserveName(const std::string& name) {
-  std::lock_guard<std::mutex> lock(names_mu_);
-  if (!names_.insert(name).second) {
-    return Status::InvalidArgument("a collective named '" + name +
-                                   "' is still pending on this rank; wait for it to finish "
-                                   "or give the new one another name");
-  }
-  return Status::Ok();
-}
-
-void Runtime::ReleaseName(const std::string& name) {
-  std::lock_guard<std::mutex> lock(names_mu_);
-  names_.erase(name);
-}
-
-void Runtime::Enqueue(TensorEntry entry) {
-  const std::string name = entry.request.name;
-  auto user_callback = std::move(entry.callback);
-  entry.callback = [this, name, user_callback](const Status& status) {
-    ReleaseName(name);
-    user_callback(status);
-  };
+Status Runtime::Enqueue(TensorEntry entry) {
   if (stopped_) {
     entry.callback(ShutdownStatus());
-    return;
+    return Status::Ok();
   }
-  auto callback = entry.callback;
   Status added = queue_.Add(std::move(entry));
-  if (!added.ok()) {
-    callback(added);
-    return;
-  }
+  if (!added.ok()) return added;
   if (stopped_) {
     // The loop may have exited between the check above and the Add.
     FailAll(ShutdownStatus());
-    return;
+    return Status::Ok();
   }
   {
+    // Taking the lock orders this Add before the loop's next look at the
+    // queue, so the notification below cannot be lost.
     std::lock_guard<std::mutex> lock(mu_);
   }
   wake_.notify_one();
+  return Status::Ok();
 }
 
 void Runtime::Shutdown() {

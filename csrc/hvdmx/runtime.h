@@ -32,7 +32,6 @@
 #include <mutex>
 #include <string>
 #include <thread>
-#include <unordered_set>
 
 #include "comm.h"
 #include "controller.h"
@@ -56,15 +55,11 @@ class Runtime {
   int size() const { return control_->size(); }
   const Config& config() const { return config_; }
 
-  // Called at the user's call (any thread): claims `name` until its callback
-  // has fired, so a second collective of the same name fails at the call.
-  Status ReserveName(const std::string& name);
-  void ReleaseName(const std::string& name);
-
-  // Any thread (MXNet engine threads). The entry's name must be reserved;
-  // the callback fires exactly once, from the background thread (or at once
-  // if the runtime has stopped), after the name is released.
-  void Enqueue(TensorEntry entry);
+  // Any thread (MXNet engine threads). Refuses, returning the error and
+  // leaving the callback unfired, an entry whose name is already queued on
+  // this rank. Otherwise the callback fires exactly once, from the
+  // background thread (or at once if the runtime has stopped).
+  Status Enqueue(TensorEntry entry);
 
   // See Note [Shutdown]. Idempotent. Any thread but the background thread.
   void Shutdown();
@@ -99,9 +94,6 @@ class Runtime {
   std::chrono::steady_clock::time_point wait_started_;
   std::chrono::steady_clock::time_point next_stall_check_;
   std::chrono::steady_clock::time_point last_stall_warning_;
-
-  std::mutex names_mu_;
-  std::unordered_set<std::string> names_;
 
   std::thread thread_;
 };

@@ -7,8 +7,8 @@ Status TensorQueue::Add(TensorEntry entry) {
   const std::string name = entry.request.name;
   if (entries_.count(name)) {
     return Status::InvalidArgument("a collective named '" + name +
-                                   "' is still pending on this rank; give each concurrent "
-                                   "collective a different name");
+                                   "' is still pending on this rank; wait for it to finish "
+                                   "or give the new one another name");
   }
   new_requests_.push_back(entry.request);
   entries_.emplace(name, std::move(entry));

@@ -29,7 +29,7 @@ struct TensorEntry {
 
 class TensorQueue {
  public:
-  // Fails (returning the entry's callback unused) if the name is pending.
+  // Fails, leaving the entry's callback unfired, if the name is pending.
   Status Add(TensorEntry entry);
   // The requests added since the last call, in the order they were added.
   std::vector<Request> TakeNewRequests();
