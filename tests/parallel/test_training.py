@@ -91,13 +91,14 @@ def assert_close(got, want, rtol):
                                    err_msg=f"parameter {key}")
 
 
-def distributed_and_reference(steps, prefix="eq_", trainer_kwargs=None, split=False,
-                              dtype="float32", optimizer_params=None):
-    """Trains a net with DistributedTrainer (checking after every step that all
-    ranks agree bitwise) and, on every rank, a reference with gluon.Trainer on
-    the whole batch. Returns both nets' parameters and the trainer."""
+def paired_trainers(prefix, dtype="float32", ctxs=None, trainer_kwargs=None,
+                    optimizer_params=None):
+    """A net with a DistributedTrainer (parameters broadcast from rank 0) and a
+    same-valued reference net with a plain gluon.Trainer, kvstore=None."""
     optimizer_params = optimizer_params or {"learning_rate": LR, "momentum": MOMENTUM}
     net = make_net(prefix, dtype)
+    if ctxs:
+        net.collect_params().reset_ctx(ctxs)
     hvd.broadcast_parameters(net.collect_params(), root_rank=0)
     ref = make_net("ref_" + prefix, dtype)
     copy_params(net, ref)  # waits for the broadcast
@@ -105,6 +106,16 @@ def distributed_and_reference(steps, prefix="eq_", trainer_kwargs=None, split=Fa
                                      **(trainer_kwargs or {}))
     ref_trainer = gluon.Trainer(ref.collect_params(), "sgd", dict(optimizer_params),
                                 kvstore=None)
+    return net, trainer, ref, ref_trainer
+
+
+def distributed_and_reference(steps, prefix="eq_", trainer_kwargs=None, split=False,
+                              dtype="float32", optimizer_params=None):
+    """Trains a net with DistributedTrainer (checking after every step that all
+    ranks agree bitwise) and, on every rank, a reference with gluon.Trainer on
+    the whole batch. Returns both nets' parameters and the trainer."""
+    net, trainer, ref, ref_trainer = paired_trainers(prefix, dtype, None, trainer_kwargs,
+                                                     optimizer_params)
     xs, ys = batches(steps, dtype)
     for step in range(steps):
         train_step(net, trainer, local(xs[step]), local(ys[step]), B, split=split)
@@ -125,13 +136,7 @@ def test_steps_without_reads_in_between():
     k+1's allreduce of gradient i while step k's may still be queued in the
     engine (behind the backward pass that writes the same array)."""
     steps = 10
-    net = make_net("ahead_")
-    hvd.broadcast_parameters(net.collect_params(), root_rank=0)
-    ref = make_net("aheadref_")
-    copy_params(net, ref)
-    opt = {"learning_rate": LR, "momentum": MOMENTUM}
-    trainer = hvd.DistributedTrainer(net.collect_params(), "sgd", dict(opt))
-    ref_trainer = gluon.Trainer(ref.collect_params(), "sgd", dict(opt), kvstore=None)
+    net, trainer, ref, ref_trainer = paired_trainers("ahead_")
     xs, ys = batches(steps)
     for step in range(steps):
         train_step(net, trainer, local(xs[step]), local(ys[step]), B)
@@ -150,14 +155,7 @@ def test_two_contexts_per_rank():
     """Each rank splits its batch over two contexts; the trainer adds the two
     gradients before the allreduce (gluon.Trainer with kvstore=None would not)."""
     steps, ctxs = 5, [mx.cpu(0), mx.cpu(1)]
-    net = make_net("twoctxtrain_")
-    net.collect_params().reset_ctx(ctxs)
-    hvd.broadcast_parameters(net.collect_params(), root_rank=0)
-    ref = make_net("twoctxref_")
-    copy_params(net, ref)
-    opt = {"learning_rate": LR, "momentum": MOMENTUM}
-    trainer = hvd.DistributedTrainer(net.collect_params(), "sgd", dict(opt))
-    ref_trainer = gluon.Trainer(ref.collect_params(), "sgd", dict(opt), kvstore=None)
+    net, trainer, ref, ref_trainer = paired_trainers("twoctxtrain_", ctxs=ctxs)
     xs, ys = batches(steps)
     loss_fn = gluon.loss.L2Loss()
     for step in range(steps):
