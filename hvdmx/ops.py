@@ -10,7 +10,7 @@ from __future__ import annotations
 import itertools
 import numbers
 import warnings
-from typing import List, Optional, Sequence
+from typing import List, Sequence
 
 import mxnet as mx
 import numpy as np

@@ -5,7 +5,6 @@ the other ranks never wait for a collective that will not come.
 """
 import os
 import sys
-import traceback
 
 import pytest
 from mpi4py import MPI
