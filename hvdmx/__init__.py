@@ -21,6 +21,7 @@ from hvdmx.basics import (
     size,
 )
 from hvdmx.compression import Compression
+from hvdmx.functions import allgather_object, broadcast_object
 from hvdmx.ops import (
     Adasum,
     Average,
@@ -28,12 +29,25 @@ from hvdmx.ops import (
     Min,
     Product,
     Sum,
+    allgather,
     allreduce,
     allreduce_,
+    alltoall,
+    barrier,
     broadcast,
     broadcast_,
+    grouped_allgather,
     grouped_allreduce,
     grouped_allreduce_,
+    grouped_reducescatter,
+    join,
+    reducescatter,
+)
+from hvdmx.process_sets import (
+    ProcessSet,
+    add_process_set,
+    global_process_set,
+    remove_process_set,
 )
 from hvdmx.optimizer import DistributedOptimizer, DistributedTrainer, broadcast_parameters
 

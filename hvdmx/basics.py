@@ -9,30 +9,43 @@ from typing import Any, Optional, Sequence, Union
 from mpi4py import MPI
 import mxnet as mx
 
-from hvdmx import _core
+from hvdmx import _core, process_sets as _process_sets
 
 _core.load_mxnet(mx.base._LIB._name)
 
 _atexit_registered = False
 _owned_comm = None  # a communicator init() created from a list of ranks
+_comm = None  # the mpi4py communicator hvdmx runs on
 
 
-def init(comm: Optional[Union[Any, Sequence[int]]] = None) -> None:
+def _job_comm():
+    """The mpi4py communicator of the whole job (what init ran on)."""
+    return _comm if _comm is not None else MPI.COMM_WORLD
+
+
+def init(comm: Optional[Union[Any, Sequence[int]]] = None,
+         process_sets: Optional[Sequence[Any]] = None) -> None:
     """Starts hvdmx on this process; a second call is a no-op.
 
     ``comm`` is an mpi4py communicator to run on, or a list of ranks of
     ``MPI.COMM_WORLD``; by default the whole job. Every rank of the
-    communicator must call ``init``.
+    communicator must call ``init``. ``process_sets`` lists ProcessSets (or
+    lists of ranks) to add at once, as ``hvd.add_process_set`` would.
     """
-    global _atexit_registered, _owned_comm
+    global _atexit_registered, _owned_comm, _comm
     if _core.is_initialized():
         return
+    if process_sets is not None and not isinstance(process_sets, (list, tuple)):
+        raise TypeError("hvdmx.init: argument 'process_sets' must be a list of ProcessSets "
+                        f"or None, got {type(process_sets).__name__}")
     if comm is None:
+        _comm = MPI.COMM_WORLD
         address = 0
     elif isinstance(comm, MPI.Comm):
         if comm == MPI.COMM_NULL:
             raise ValueError("hvdmx.init: argument 'comm' is MPI.COMM_NULL; pass a valid "
                              "communicator, e.g. MPI.COMM_WORLD")
+        _comm = comm
         address = MPI._addressof(comm)
     elif isinstance(comm, (list, tuple)) and all(isinstance(r, int) for r in comm):
         world = MPI.COMM_WORLD
@@ -45,20 +58,25 @@ def init(comm: Optional[Union[Any, Sequence[int]]] = None) -> None:
             raise ValueError(f"hvdmx.init: this process (world rank {world.Get_rank()}) is not "
                              f"in comm={ranks!r}; only the listed ranks may call init")
         _owned_comm = world.Create_group(world.Get_group().Incl(ranks))
+        _comm = _owned_comm
         address = MPI._addressof(_owned_comm)
     else:
         raise TypeError("hvdmx.init: argument 'comm' must be None, an mpi4py communicator "
                         f"or a list of ranks, got {type(comm).__name__}")
+    _process_sets._forget_all()
     _core.init(address)
     if not _atexit_registered:
         atexit.register(shutdown)
         _atexit_registered = True
+    for process_set in process_sets or ():
+        _process_sets.add_process_set(process_set)
 
 
 def shutdown() -> None:
     """Stops hvdmx on every rank (agreed by all); pending ops fail with a
     "shut down" error. ``init`` may be called again afterwards."""
     _core.shutdown()
+    _process_sets._forget_all()
 
 
 def is_initialized() -> bool:

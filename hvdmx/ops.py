@@ -4,6 +4,12 @@ Every call checks what it can see locally, then returns at once: the
 collective runs when the engine has the inputs ready, and reading the
 result (``asnumpy()``, ``wait_to_read()``, a later op) waits for it. A
 mismatch between ranks raises ``MXNetError`` at that read, on every rank.
+
+Allgather and alltoall must know every rank's sizes to allocate their
+output: the call first exchanges the sizes (shapes and splits, never the
+data) with the other ranks' same call, then pushes the data exchange as an
+engine op. So the call waits for the other ranks to *make* the call, but
+never for the input to be computed or for any data to move.
 """
 from __future__ import annotations
 
@@ -17,6 +23,7 @@ import numpy as np
 
 from hvdmx import _core
 from hvdmx.basics import _topology
+from hvdmx.process_sets import _set_for_call, global_process_set
 
 # Reduction ops; the values are Horovod's.
 Average = 0
@@ -39,9 +46,12 @@ _SUPPORTED_NAMES = "float16, float32, float64, uint8, int8, int32, int64"
 _counters = {}
 
 
-def _auto_name(kind: str) -> str:
-    counter = _counters.setdefault(kind, itertools.count())
-    return f"{kind}.noname.{next(counter)}"
+def _auto_name(kind: str, set_id: int = 0) -> str:
+    # One counter per kind and process set: ranks outside a set do not
+    # count its calls, and the names must agree within each set.
+    counter = _counters.setdefault((kind, set_id), itertools.count())
+    suffix = f"@{set_id}" if set_id else ""
+    return f"{kind}.noname.{next(counter)}{suffix}"
 
 
 def _check_tensor(fn: str, arg: str, tensor):
@@ -113,14 +123,19 @@ def _check_scale(fn: str, arg: str, value) -> float:
     return value
 
 
-def _check_root(fn: str, root_rank) -> int:
+def _check_root(fn: str, root_rank, set_ranks: List[int]) -> int:
+    """The root's index in the process set; ``root_rank`` is a rank of the job."""
     if isinstance(root_rank, bool) or not isinstance(root_rank, numbers.Integral):
         raise TypeError(f"hvdmx.{fn}: argument 'root_rank' must be an int, got {root_rank!r}")
     n = _topology()[1]
     if not 0 <= root_rank < n:
         raise ValueError(f"hvdmx.{fn}: argument 'root_rank'={root_rank} is out of range; "
                          f"it must be in [0, {n}) for a job of size {n}")
-    return int(root_rank)
+    if root_rank not in set_ranks:
+        raise ValueError(f"hvdmx.{fn}: argument 'root_rank'={root_rank} is not in the process "
+                         f"set (ranks {set_ranks}); pick a root among them (root_rank is a "
+                         "rank of the whole job)")
+    return set_ranks.index(int(root_rank))
 
 
 def _one_context(fn: str, contexts):
@@ -139,9 +154,19 @@ def _check_distinct(fn: str, tensors: Sequence[mx.nd.NDArray]) -> None:
                          "in-place call needs distinct arrays")
 
 
+def _push(set_id, ctype, name, tensors, outputs, codes, op=Sum, root=0, prescale=1.0,
+          postscale=1.0, splits=(), priority=0, ctx=None):
+    ctx = ctx if ctx is not None else mx.cpu()
+    _core.push_async(set_id, ctype, name, [t.handle.value for t in tensors],
+                     [t.handle.value for t in outputs], list(codes),
+                     [list(t.shape) for t in tensors], op, root, prescale, postscale,
+                     list(splits), int(priority), ctx.device_typeid, ctx.device_id)
+
+
 def _allreduce(fn, tensors, outputs, average, name, priority, prescale_factor,
-               postscale_factor, op, kind):
+               postscale_factor, op, kind, process_set):
     _check_common(fn, name, priority)
+    set_id, _, _ = _set_for_call(fn, process_set)
     checked = [_check_tensor(fn, "tensor" if len(tensors) == 1 else f"tensors[{i}]", t)
                for i, t in enumerate(tensors)]
     op = _resolve_op(fn, average, op)
@@ -152,15 +177,14 @@ def _allreduce(fn, tensors, outputs, average, name, priority, prescale_factor,
         outputs = [_empty_like(t) for t in tensors]
     else:
         _check_distinct(fn, outputs)
-    _core.allreduce_async(name if name is not None else _auto_name(kind),
-                          [t.handle.value for t in tensors], [t.handle.value for t in outputs],
-                          [code for code, _ in checked], [list(t.shape) for t in tensors], op,
-                          prescale, postscale, int(priority), ctx.device_typeid, ctx.device_id)
+    _push(set_id, _core.ALLREDUCE, name if name is not None else _auto_name(kind, set_id),
+          tensors, outputs, [code for code, _ in checked], op=op, prescale=prescale,
+          postscale=postscale, priority=priority, ctx=ctx)
     return outputs
 
 
 def allreduce(tensor, average=None, name=None, priority=0, prescale_factor=1.0,
-              postscale_factor=1.0, op=None):
+              postscale_factor=1.0, op=None, process_set=global_process_set):
     """Reduces ``tensor`` over all ranks and returns the result as a new NDArray.
 
     ``op`` is hvd.Average (the default), hvd.Sum, hvd.Min, hvd.Max or
@@ -170,15 +194,15 @@ def allreduce(tensor, average=None, name=None, priority=0, prescale_factor=1.0,
     ranks (one is generated from a per-op counter when omitted).
     """
     return _allreduce("allreduce", [tensor], None, average, name, priority, prescale_factor,
-                      postscale_factor, op, "allreduce")[0]
+                      postscale_factor, op, "allreduce", process_set)[0]
 
 
 def allreduce_(tensor, average=None, name=None, priority=0, prescale_factor=1.0,
-               postscale_factor=1.0, op=None):
+               postscale_factor=1.0, op=None, process_set=global_process_set):
     """In-place ``allreduce``: the result replaces ``tensor``, which is returned."""
     _check_tensor("allreduce_", "tensor", tensor)
     return _allreduce("allreduce_", [tensor], [tensor], average, name, priority,
-                      prescale_factor, postscale_factor, op, "allreduce")[0]
+                      prescale_factor, postscale_factor, op, "allreduce", process_set)[0]
 
 
 def _check_list(fn: str, tensors) -> List[mx.nd.NDArray]:
@@ -189,43 +213,256 @@ def _check_list(fn: str, tensors) -> List[mx.nd.NDArray]:
 
 
 def grouped_allreduce(tensors, average=None, name=None, priority=0, prescale_factor=1.0,
-                      postscale_factor=1.0, op=None):
+                      postscale_factor=1.0, op=None, process_set=global_process_set):
     """Allreduces a list of tensors as one unit (negotiated and delivered
     together) and returns the list of results."""
     tensors = _check_list("grouped_allreduce", tensors)
     return _allreduce("grouped_allreduce", tensors, None, average, name, priority,
-                      prescale_factor, postscale_factor, op, "grouped_allreduce")
+                      prescale_factor, postscale_factor, op, "grouped_allreduce", process_set)
 
 
 def grouped_allreduce_(tensors, average=None, name=None, priority=0, prescale_factor=1.0,
-                       postscale_factor=1.0, op=None):
+                       postscale_factor=1.0, op=None, process_set=global_process_set):
     """In-place ``grouped_allreduce``; returns ``tensors``."""
     tensors = _check_list("grouped_allreduce_", tensors)
     for i, t in enumerate(tensors):
         _check_tensor("grouped_allreduce_", f"tensors[{i}]", t)
     return _allreduce("grouped_allreduce_", tensors, tensors, average, name, priority,
-                      prescale_factor, postscale_factor, op, "grouped_allreduce")
+                      prescale_factor, postscale_factor, op, "grouped_allreduce", process_set)
 
 
-def _broadcast(fn, tensor, output, root_rank, name, priority):
+def _broadcast(fn, tensor, output, root_rank, name, priority, process_set):
     _check_common(fn, name, priority)
+    set_id, set_ranks, _ = _set_for_call(fn, process_set)
     code, ctx = _check_tensor(fn, "tensor", tensor)
-    root = _check_root(fn, root_rank)
+    root = _check_root(fn, root_rank, set_ranks)
     if output is None:
         output = _empty_like(tensor)
-    _core.broadcast_async(name if name is not None else _auto_name("broadcast"),
-                          [tensor.handle.value], [output.handle.value], [code],
-                          [list(tensor.shape)], root, int(priority), ctx.device_typeid,
-                          ctx.device_id)
+    _push(set_id, _core.BROADCAST, name if name is not None else _auto_name("broadcast", set_id),
+          [tensor], [output], [code], root=root, priority=priority, ctx=ctx)
     return output
 
 
-def broadcast(tensor, root_rank, name=None, priority=0):
-    """Returns a new NDArray holding ``root_rank``'s ``tensor`` on every rank."""
-    return _broadcast("broadcast", tensor, None, root_rank, name, priority)
+def broadcast(tensor, root_rank, name=None, priority=0, process_set=global_process_set):
+    """Returns a new NDArray holding ``root_rank``'s ``tensor`` on every rank
+    (``root_rank`` is a rank of the whole job, in ``process_set``)."""
+    return _broadcast("broadcast", tensor, None, root_rank, name, priority, process_set)
 
 
-def broadcast_(tensor, root_rank, name=None, priority=0):
+def broadcast_(tensor, root_rank, name=None, priority=0, process_set=global_process_set):
     """In-place ``broadcast``: ``tensor`` takes ``root_rank``'s value; returned."""
     _check_tensor("broadcast_", "tensor", tensor)
-    return _broadcast("broadcast_", tensor, tensor, root_rank, name, priority)
+    return _broadcast("broadcast_", tensor, tensor, root_rank, name, priority, process_set)
+
+
+# ---- allgather, alltoall, reducescatter -------------------------------------
+
+def _new_like(tensor, shape):
+    """An uninitialized array of ``shape`` with ``tensor``'s dtype, device and
+    class (mx.nd or mx.np)."""
+    out = mx.nd.empty(tuple(shape), ctx=tensor.context, dtype=tensor.dtype)
+    return out.as_np_ndarray() if isinstance(tensor, mx.np.ndarray) else out
+
+
+def _check_rows(fn: str, arg: str, tensor) -> None:
+    if len(tensor.shape) == 0:
+        raise ValueError(f"hvdmx.{fn}: argument '{arg}' is a 0-d (scalar) array; {fn} works "
+                         f"on the first dimension: pass {arg}.reshape((1,))")
+
+
+def _sizes_round(fn, set_id, ctype, name, tensors, codes, ctx, splits=()):
+    """Exchanges sizes with the other ranks' same call (see the module doc).
+    Returns (error message or None, the response's splits)."""
+    error, sizes, _ = _core.negotiate(set_id, ctype, name + "#sizes", list(codes),
+                                      [list(t.shape) for t in tensors], list(splits), True,
+                                      ctx.device_typeid, ctx.device_id)
+    return error, sizes
+
+
+def _fail_outputs(tensors, error, ctx):
+    """Outputs shaped like the inputs whose read raises ``error`` as MXNetError."""
+    outputs = [_new_like(t, t.shape) for t in tensors]
+    _core.push_failure([o.handle.value for o in outputs], error, ctx.device_typeid,
+                       ctx.device_id)
+    return outputs
+
+
+def _allgather(fn, tensors, name, priority, process_set):
+    _check_common(fn, name, priority)
+    set_id, set_ranks, _ = _set_for_call(fn, process_set)
+    label = "tensor" if fn == "allgather" else "tensors[{}]"
+    checked = []
+    for i, t in enumerate(tensors):
+        checked.append(_check_tensor(fn, label.format(i), t))
+        _check_rows(fn, label.format(i), t)
+    ctx = _one_context(fn, [c for _, c in checked])
+    codes = [code for code, _ in checked]
+    name = name if name is not None else _auto_name(fn, set_id)
+    error, sizes = _sizes_round(fn, set_id, _core.ALLGATHER, name, tensors, codes, ctx)
+    if error is not None:
+        return _fail_outputs(tensors, error, ctx)
+    n = len(set_ranks)
+    outputs = [_new_like(t, (sum(sizes[i * n:(i + 1) * n]),) + tuple(t.shape[1:]))
+               for i, t in enumerate(tensors)]
+    _push(set_id, _core.ALLGATHER, name, tensors, outputs, codes, splits=sizes,
+          priority=priority, ctx=ctx)
+    return outputs
+
+
+def allgather(tensor, name=None, priority=0, process_set=global_process_set):
+    """Concatenates every rank's ``tensor`` along the first dimension, in rank
+    order; the first dimension may differ between ranks, the others must
+    match. Returns a new NDArray."""
+    return _allgather("allgather", [tensor], name, priority, process_set)[0]
+
+
+def grouped_allgather(tensors, name=None, priority=0, process_set=global_process_set):
+    """``allgather`` of each tensor in a list, as one unit; returns the list
+    of results."""
+    tensors = _check_list("grouped_allgather", tensors)
+    return _allgather("grouped_allgather", tensors, name, priority, process_set)
+
+
+def _check_splits(fn: str, splits, rows: int, n: int) -> List[int]:
+    if isinstance(splits, mx.nd.NDArray):
+        if np.dtype(splits.dtype).kind not in "iu":
+            raise TypeError(f"hvdmx.{fn}: argument 'splits' must hold integers (int32), got "
+                            f"an NDArray of {np.dtype(splits.dtype)}; use "
+                            "splits.astype('int32')")
+        values = splits.asnumpy().reshape(-1).tolist()
+    elif isinstance(splits, np.ndarray):
+        if splits.dtype.kind not in "iu":
+            raise TypeError(f"hvdmx.{fn}: argument 'splits' must hold integers, got a numpy "
+                            f"array of {splits.dtype}")
+        values = splits.reshape(-1).tolist()
+    elif isinstance(splits, (list, tuple)):
+        for v in splits:
+            if isinstance(v, bool) or not isinstance(v, numbers.Integral):
+                raise TypeError(f"hvdmx.{fn}: argument 'splits' must hold integers, got "
+                                f"{v!r} in {list(splits)!r}")
+        values = [int(v) for v in splits]
+    else:
+        raise TypeError(f"hvdmx.{fn}: argument 'splits' must be a list of ints or an int32 "
+                        f"NDArray, got {type(splits).__name__}")
+    if len(values) != n:
+        raise ValueError(f"hvdmx.{fn}: argument 'splits' has {len(values)} entries but the "
+                         f"process set has {n} ranks; give one entry per rank")
+    if any(v < 0 for v in values):
+        raise ValueError(f"hvdmx.{fn}: argument 'splits'={values} has negative entries; each "
+                         "is a number of rows to send")
+    if sum(values) != rows:
+        raise ValueError(f"hvdmx.{fn}: argument 'splits'={values} sums to {sum(values)}, but "
+                         f"the tensor has {rows} rows (its first dimension); they must be "
+                         "equal")
+    return values
+
+
+def alltoall(tensor, splits=None, name=None, priority=0, process_set=global_process_set):
+    """Sends ``splits[j]`` rows of ``tensor`` (consecutive, in rank order) to
+    rank j of the process set and concatenates what every rank sent here.
+
+    Without ``splits`` the first dimension is divided equally. Returns the
+    output, or ``(output, received_splits)`` (an int32 NDArray) when
+    ``splits`` was given.
+    """
+    fn = "alltoall"
+    _check_common(fn, name, priority)
+    set_id, set_ranks, me = _set_for_call(fn, process_set)
+    code, ctx = _check_tensor(fn, "tensor", tensor)
+    _check_rows(fn, "tensor", tensor)
+    n = len(set_ranks)
+    rows = tensor.shape[0]
+    if splits is None:
+        if rows % n:
+            raise ValueError(f"hvdmx.{fn}: the tensor's first dimension ({rows}) does not "
+                             f"divide evenly among {n} ranks; pass 'splits' (rows per rank)")
+        send = [rows // n] * n
+    else:
+        send = _check_splits(fn, splits, rows, n)
+    name = name if name is not None else _auto_name(fn, set_id)
+    error, matrix = _sizes_round(fn, set_id, _core.ALLTOALL, name, [tensor], [code], ctx, send)
+    if error is not None:
+        output = _fail_outputs([tensor], error, ctx)[0]
+        received = mx.nd.zeros((n,), dtype="int32")
+    else:
+        recv = [matrix[j * n + me] for j in range(n)]
+        output = _new_like(tensor, (sum(recv),) + tuple(tensor.shape[1:]))
+        _push(set_id, _core.ALLTOALL, name, [tensor], [output], [code], splits=matrix,
+              priority=priority, ctx=ctx)
+        received = mx.nd.array(recv, dtype="int32")
+    return output if splits is None else (output, received)
+
+
+def _reducescatter(fn, tensors, op, name, priority, process_set, prescale_factor,
+                   postscale_factor):
+    _check_common(fn, name, priority)
+    set_id, set_ranks, me = _set_for_call(fn, process_set)
+    label = "tensor" if fn == "reducescatter" else "tensors[{}]"
+    checked = []
+    for i, t in enumerate(tensors):
+        checked.append(_check_tensor(fn, label.format(i), t))
+        _check_rows(fn, label.format(i), t)
+    if isinstance(op, bool) or op not in (Average, Sum):
+        raise ValueError(f"hvdmx.{fn}: argument 'op'={op!r} is not supported; reducescatter "
+                         "takes hvd.Average or hvd.Sum")
+    prescale = _check_scale(fn, "prescale_factor", prescale_factor)
+    postscale = _check_scale(fn, "postscale_factor", postscale_factor)
+    ctx = _one_context(fn, [c for _, c in checked])
+    n = len(set_ranks)
+    outputs = []
+    for t in tensors:
+        rows = t.shape[0] // n + (1 if me < t.shape[0] % n else 0)
+        outputs.append(_new_like(t, (rows,) + tuple(t.shape[1:])))
+    _push(set_id, _core.REDUCESCATTER, name if name is not None else _auto_name(fn, set_id),
+          tensors, outputs, [code for code, _ in checked], op=op, prescale=prescale,
+          postscale=postscale, priority=priority, ctx=ctx)
+    return outputs
+
+
+def reducescatter(tensor, op=Average, name=None, priority=0, process_set=global_process_set,
+                  prescale_factor=1.0, postscale_factor=1.0):
+    """Reduces ``tensor`` over the ranks and returns this rank's block of rows
+    of the result: the first dimension is split as evenly as possible, the
+    first ranks taking one row more when it does not divide."""
+    return _reducescatter("reducescatter", [tensor], op, name, priority, process_set,
+                          prescale_factor, postscale_factor)[0]
+
+
+def grouped_reducescatter(tensors, op=Average, name=None, priority=0,
+                          process_set=global_process_set, prescale_factor=1.0,
+                          postscale_factor=1.0):
+    """``reducescatter`` of each tensor in a list, as one unit."""
+    tensors = _check_list("grouped_reducescatter", tensors)
+    return _reducescatter("grouped_reducescatter", tensors, op, name, priority, process_set,
+                          prescale_factor, postscale_factor)
+
+
+# ---- barrier and join ---------------------------------------------------------
+
+def _raise_if(error) -> None:
+    if error is not None:
+        raise mx.base.MXNetError(error)
+
+
+def barrier(process_set=global_process_set) -> None:
+    """Returns once every rank of ``process_set`` has called ``barrier``.
+    Collectives submitted before it are not waited for."""
+    _check_common("barrier", None, 0)
+    set_id, _, _ = _set_for_call("barrier", process_set)
+    error, _, _ = _core.negotiate(set_id, _core.BARRIER, _auto_name("barrier", set_id), [], [],
+                                  [], False, 1, 0)
+    _raise_if(error)
+
+
+def join() -> int:
+    """Declares that this rank has no more data; returns once every rank has
+    joined, with the rank that joined last.
+
+    Until then this rank takes part in the other ranks' allreduces with
+    zeros (an Average still divides by ``size()``), so ranks with fewer
+    batches can stop early. Other collectives fail while a rank has joined.
+    """
+    _check_common("join", None, 0)
+    error, _, last = _core.negotiate(0, _core.JOIN, "hvdmx.join", [], [], [], False, 1, 0)
+    _raise_if(error)
+    return int(last)

@@ -459,7 +459,7 @@ def broadcast_parameters(params, root_rank: int = 0, prefix: Optional[str] = Non
     if prefix is not None and not isinstance(prefix, str):
         raise ValueError("hvdmx.broadcast_parameters: argument 'prefix' must be a str or "
                          f"None, got {type(prefix).__name__}")
-    root = _check_root("broadcast_parameters", root_rank)
+    root = _check_root("broadcast_parameters", root_rank, list(range(size())))
     prefix = prefix if prefix else ""
     if isinstance(params, ParameterDict):
         items = sorted(params.items())

@@ -7,6 +7,7 @@
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
+#include <algorithm>
 #include <chrono>
 #include <condition_variable>
 #include <map>
@@ -48,25 +49,49 @@ struct Topology {
   int rank = 0, size = 1, local_rank = 0, local_size = 1, cross_rank = 0, cross_size = 1;
 };
 
-// The process-wide state: the runtime and the job's shape.
+// The process-wide state: the job's shape and one runtime per process set.
+// Set 0 is the global set; every rank knows every set's ranks, but holds a
+// runtime only for the sets it belongs to.
 struct Global {
   std::mutex mu;
-  std::shared_ptr<Runtime> runtime;
+  std::shared_ptr<Runtime> runtime;  // the global set's
   Topology topo;
   int thread_level = 0;
+  Config config;
+  MPI_Comm world = MPI_COMM_NULL;  // our duplicate of the job's communicator
+  std::map<int, std::shared_ptr<Runtime>> sets;  // ids >= 1 this rank belongs to
+  std::map<int, std::vector<int>> set_ranks;     // ids >= 1, every rank
+  int next_set_id = 1;
 };
 Global& G() {
   static Global* g = new Global();  // never destroyed: engine threads may outlive main
   return *g;
 }
 
-std::shared_ptr<Runtime> RunningRuntime() {
-  std::lock_guard<std::mutex> lock(G().mu);
-  if (!G().runtime || G().runtime->stopped()) {
-    throw std::runtime_error("hvdmx has not been initialized, or has been shut down; call "
-                             "hvd.init() first");
+const char kNotInitialized[] =
+    "hvdmx has not been initialized, or has been shut down; call hvd.init() first";
+
+bool Running() { return G().runtime && !G().runtime->stopped(); }
+
+// The runtime of process set `set_id` (0: the global set). Callers hold mu.
+std::shared_ptr<Runtime> SetRuntimeLocked(int set_id) {
+  if (!Running()) throw std::runtime_error(kNotInitialized);
+  if (set_id == 0) return G().runtime;
+  auto it = G().sets.find(set_id);
+  if (it != G().sets.end()) return it->second;
+  if (G().set_ranks.count(set_id)) {
+    throw py::value_error("hvdmx: this rank (" + std::to_string(G().topo.rank) +
+                          ") is not in process set " + std::to_string(set_id) +
+                          "; only its ranks may call collectives on it");
   }
-  return G().runtime;
+  throw py::value_error("hvdmx: process set " + std::to_string(set_id) +
+                        " does not exist (it was removed, or never added); add it with "
+                        "hvd.add_process_set on every rank first");
+}
+
+std::shared_ptr<Runtime> RunningRuntime(int set_id = 0) {
+  std::lock_guard<std::mutex> lock(G().mu);
+  return SetRuntimeLocked(set_id);
 }
 
 Topology ComputeTopology(MPI_Comm comm) {
@@ -85,17 +110,33 @@ Topology ComputeTopology(MPI_Comm comm) {
   return t;
 }
 
+std::shared_ptr<Runtime> StartRuntime(MPI_Comm comm) {
+  auto runtime = std::make_shared<Runtime>(std::make_unique<MpiComm>(comm),
+                                           std::make_unique<MpiComm>(comm), G().config);
+  runtime->Start();
+  return runtime;
+}
+
+// Stops every runtime this rank holds, process sets first (every rank stops
+// them in the same order, id order), and forgets the sets. Callers hold mu.
+void StopAllLocked() {
+  py::gil_scoped_release release;
+  for (auto& kv : G().sets) kv.second->Shutdown();
+  G().sets.clear();
+  G().set_ranks.clear();
+  if (G().runtime) G().runtime->Shutdown();
+  G().runtime.reset();
+  if (G().world != MPI_COMM_NULL) MPI_Comm_free(&G().world);
+}
+
 void Init(uintptr_t comm_address) {
   std::lock_guard<std::mutex> lock(G().mu);
-  if (G().runtime && !G().runtime->stopped()) return;  // a second init is a no-op
-  if (G().runtime) {
-    py::gil_scoped_release release;
-    G().runtime->Shutdown();
-  }
-  G().runtime.reset();
+  if (Running()) return;  // a second init is a no-op
+  StopAllLocked();
   Config config;
   ThrowIfError(LoadConfig(ProcessEnvironment(), &config));
   SetLogLevel(config.log_level);
+  G().config = config;
   G().thread_level = EnsureMpiInitialized();
   if (G().thread_level < MPI_THREAD_MULTIPLE) {
     HVDMX_LOG(kWarning) << "MPI provides thread level " << G().thread_level
@@ -107,21 +148,77 @@ void Init(uintptr_t comm_address) {
   SetLogRank(G().topo.rank);
   HVDMX_LOG(kDebug) << "init: size " << G().topo.size << ", local_size " << G().topo.local_size
                     << ", " << config.ToString();
-  auto runtime = std::make_shared<Runtime>(std::make_unique<MpiComm>(comm),
-                                           std::make_unique<MpiComm>(comm), config);
-  runtime->Start();
-  G().runtime = std::move(runtime);
+  MPI_Comm_dup(comm, &G().world);
+  G().next_set_id = 1;
+  G().runtime = StartRuntime(comm);
 }
 
 void Shutdown() {
+  std::lock_guard<std::mutex> lock(G().mu);
+  StopAllLocked();
+}
+
+// Collective over the whole job: every rank passes the same sorted, distinct
+// ranks (checked here, so a mismatch is an error everywhere, not a hang).
+int AddProcessSet(const std::vector<int>& ranks) {
+  std::lock_guard<std::mutex> lock(G().mu);
+  if (!Running()) throw std::runtime_error(kNotInitialized);
+  for (const auto& kv : G().set_ranks) {
+    if (kv.second == ranks) {
+      throw py::value_error("hvdmx.add_process_set: a process set with ranks " +
+                            ShapeString(std::vector<int64_t>(ranks.begin(), ranks.end())) +
+                            " already exists (id " + std::to_string(kv.first) +
+                            "); use that one");
+    }
+  }
+  // Every rank's list must be the same: compare a fingerprint of it.
+  uint64_t mine = 1469598103934665603ULL;
+  for (int r : ranks) mine = (mine ^ static_cast<uint64_t>(r + 1)) * 1099511628211ULL;
+  mine ^= ranks.size();
+  std::vector<uint64_t> all(G().topo.size);
+  MPI_Comm sub = MPI_COMM_NULL;
+  const bool member = std::find(ranks.begin(), ranks.end(), G().topo.rank) != ranks.end();
+  bool agree = true;
+  {
+    py::gil_scoped_release release;
+    MPI_Allgather(&mine, 1, MPI_UINT64_T, all.data(), 1, MPI_UINT64_T, G().world);
+    for (uint64_t h : all) agree &= h == all[0];
+    if (agree) {
+      MPI_Comm_split(G().world, member ? 0 : MPI_UNDEFINED, G().topo.rank, &sub);
+    }
+  }
+  if (!agree) {
+    throw py::value_error("hvdmx.add_process_set: ranks differ between processes; every "
+                          "rank must call add_process_set with the same ranks, in the same "
+                          "order of calls");
+  }
+  const int id = G().next_set_id++;
+  G().set_ranks[id] = ranks;
+  if (member) {
+    py::gil_scoped_release release;
+    G().sets[id] = StartRuntime(sub);
+    MPI_Comm_free(&sub);
+  }
+  return id;
+}
+
+void RemoveProcessSet(int id) {
   std::shared_ptr<Runtime> runtime;
   {
     std::lock_guard<std::mutex> lock(G().mu);
-    runtime = std::move(G().runtime);
+    if (!Running()) throw std::runtime_error(kNotInitialized);
+    if (!G().set_ranks.count(id)) {
+      throw py::value_error("hvdmx.remove_process_set: process set " + std::to_string(id) +
+                            " does not exist (already removed?)");
+    }
+    G().set_ranks.erase(id);
+    auto it = G().sets.find(id);
+    if (it == G().sets.end()) return;
+    runtime = std::move(it->second);
+    G().sets.erase(it);
   }
-  if (!runtime) return;
   py::gil_scoped_release release;
-  runtime->Shutdown();
+  runtime->Shutdown();  // collective over the set's ranks (see Note [Shutdown])
 }
 
 Request MakeRequest(CollectiveType type, const std::string& name,
@@ -142,21 +239,68 @@ Request MakeRequest(CollectiveType type, const std::string& name,
   return q;
 }
 
-void PushAsync(CollectiveType type, const std::string& name,
+void PushAsync(int set_id, int type, const std::string& name,
                const std::vector<uintptr_t>& inputs, const std::vector<uintptr_t>& outputs,
                const std::vector<int>& dtypes, const std::vector<std::vector<int64_t>>& shapes,
-               int op, int root, double prescale, double postscale, int priority, int dev_type,
-               int dev_id) {
-  std::shared_ptr<Runtime> runtime = RunningRuntime();
+               int op, int root, double prescale, double postscale,
+               const std::vector<int64_t>& splits, int priority, int dev_type, int dev_id) {
+  std::shared_ptr<Runtime> runtime = RunningRuntime(set_id);
   PushArgs args;
-  args.request = MakeRequest(type, name, dtypes, shapes, op, root, prescale, postscale, dev_type,
-                             dev_id, runtime->rank());
+  args.request = MakeRequest(static_cast<CollectiveType>(type), name, dtypes, shapes, op, root,
+                             prescale, postscale, dev_type, dev_id, runtime->rank());
+  args.request.splits = splits;
   for (uintptr_t h : inputs) args.inputs.push_back(reinterpret_cast<void*>(h));
   for (uintptr_t h : outputs) args.outputs.push_back(reinterpret_cast<void*>(h));
   args.dev_type = dev_type;
   args.dev_id = dev_id;
   args.priority = priority;
   ThrowIfError(PushCollective(runtime, std::move(args)));
+}
+
+// Negotiates a unit that moves no tensor data (a sizes round, barrier, join)
+// and waits for it, the GIL released; returns (error message or None,
+// response splits, response root). Ctrl-C interrupts the wait.
+py::tuple Negotiate(int set_id, int type, const std::string& name, const std::vector<int>& dtypes,
+                    const std::vector<std::vector<int64_t>>& shapes,
+                    const std::vector<int64_t>& splits, bool sizes_only, int dev_type,
+                    int dev_id) {
+  std::shared_ptr<Runtime> runtime = RunningRuntime(set_id);
+  struct Outcome {
+    std::mutex mu;
+    std::condition_variable cv;
+    bool done = false;
+    Status status;
+    Response response;
+  };
+  auto outcome = std::make_shared<Outcome>();
+  TensorEntry entry;
+  entry.request = MakeRequest(static_cast<CollectiveType>(type), name, dtypes, shapes, 1, 0, 1.0,
+                              1.0, dev_type, dev_id, runtime->rank());
+  entry.request.splits = splits;
+  entry.request.sizes_only = sizes_only;
+  entry.on_response = [outcome](const Response& response) { outcome->response = response; };
+  entry.callback = [outcome](const Status& status) {
+    std::lock_guard<std::mutex> lock(outcome->mu);
+    outcome->status = status;
+    outcome->done = true;
+    outcome->cv.notify_all();
+  };
+  ThrowIfError(runtime->Enqueue(std::move(entry)));
+  while (true) {
+    {
+      py::gil_scoped_release release;
+      std::unique_lock<std::mutex> lock(outcome->mu);
+      if (outcome->cv.wait_for(lock, std::chrono::milliseconds(100),
+                               [&] { return outcome->done; })) {
+        break;
+      }
+    }
+    if (PyErr_CheckSignals() != 0) throw py::error_already_set();
+  }
+  if (!outcome->status.ok()) {
+    return py::make_tuple(outcome->status.message(), py::none(), 0);
+  }
+  return py::make_tuple(py::none(), outcome->response.splits, outcome->response.root);
 }
 
 // ---- test support ---------------------------------------------------------
@@ -333,7 +477,7 @@ PYBIND11_MODULE(_core, m) {
   // False again once any rank has shut the job down (see Note [Shutdown]).
   m.def("is_initialized", [] {
     std::lock_guard<std::mutex> lock(G().mu);
-    return G().runtime != nullptr && !G().runtime->stopped();
+    return Running();
   });
   m.def("topology", [] {
     RunningRuntime();
@@ -344,22 +488,30 @@ PYBIND11_MODULE(_core, m) {
     RunningRuntime();
     return G().thread_level >= MPI_THREAD_MULTIPLE;
   });
-  m.def("allreduce_async",
-        [](const std::string& name, const std::vector<uintptr_t>& inputs,
-           const std::vector<uintptr_t>& outputs, const std::vector<int>& dtypes,
-           const std::vector<std::vector<int64_t>>& shapes, int op, double prescale,
-           double postscale, int priority, int dev_type, int dev_id) {
-          PushAsync(CollectiveType::kAllreduce, name, inputs, outputs, dtypes, shapes, op, 0,
-                    prescale, postscale, priority, dev_type, dev_id);
-        });
-  m.def("broadcast_async",
-        [](const std::string& name, const std::vector<uintptr_t>& inputs,
-           const std::vector<uintptr_t>& outputs, const std::vector<int>& dtypes,
-           const std::vector<std::vector<int64_t>>& shapes, int root, int priority,
-           int dev_type, int dev_id) {
-          PushAsync(CollectiveType::kBroadcast, name, inputs, outputs, dtypes, shapes, 1, root,
-                    1.0, 1.0, priority, dev_type, dev_id);
-        });
+  m.def("add_process_set", &AddProcessSet);
+  m.def("remove_process_set", &RemoveProcessSet);
+  m.def("process_set_ids", [] {
+    std::lock_guard<std::mutex> lock(G().mu);
+    std::vector<int> ids{0};
+    for (const auto& kv : G().set_ranks) ids.push_back(kv.first);
+    return ids;
+  });
+  // Collective types, as the Python layer passes them.
+  m.attr("ALLREDUCE") = static_cast<int>(CollectiveType::kAllreduce);
+  m.attr("BROADCAST") = static_cast<int>(CollectiveType::kBroadcast);
+  m.attr("ALLGATHER") = static_cast<int>(CollectiveType::kAllgather);
+  m.attr("ALLTOALL") = static_cast<int>(CollectiveType::kAlltoall);
+  m.attr("REDUCESCATTER") = static_cast<int>(CollectiveType::kReducescatter);
+  m.attr("BARRIER") = static_cast<int>(CollectiveType::kBarrier);
+  m.attr("JOIN") = static_cast<int>(CollectiveType::kJoin);
+  m.def("push_async", &PushAsync);
+  m.def("negotiate", &Negotiate);
+  m.def("push_failure", [](const std::vector<uintptr_t>& outputs, const std::string& message,
+                           int dev_type, int dev_id) {
+    std::vector<void*> handles;
+    for (uintptr_t h : outputs) handles.push_back(reinterpret_cast<void*>(h));
+    ThrowIfError(PushFailure(handles, message, dev_type, dev_id));
+  });
 
   m.def("_testing_reduce_into", &TestingReduceInto);
   m.def("_testing_scale", &TestingScale);

@@ -63,6 +63,11 @@ std::string CollectiveTypeName(CollectiveType type) {
   switch (type) {
     case CollectiveType::kAllreduce: return "allreduce";
     case CollectiveType::kBroadcast: return "broadcast";
+    case CollectiveType::kAllgather: return "allgather";
+    case CollectiveType::kAlltoall: return "alltoall";
+    case CollectiveType::kReducescatter: return "reducescatter";
+    case CollectiveType::kBarrier: return "barrier";
+    case CollectiveType::kJoin: return "join";
   }
   return "collective(" + std::to_string(static_cast<int>(type)) + ")";
 }

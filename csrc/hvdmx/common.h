@@ -45,6 +45,11 @@ std::string ReduceOpName(ReduceOp op);
 enum class CollectiveType : int32_t {
   kAllreduce = 0,
   kBroadcast = 1,
+  kAllgather = 2,      // concatenation on dim 0, which may differ per rank
+  kAlltoall = 3,       // rank i sends splits[i][j] rows to rank j
+  kReducescatter = 4,  // Sum/Average; rank r keeps row block r of the result
+  kBarrier = 5,        // no data: done once every rank has called it
+  kJoin = 6,           // this rank has no more data (see Note [Join] in controller.h)
 };
 std::string CollectiveTypeName(CollectiveType type);
 

@@ -31,6 +31,20 @@
 // 5. If some rank cleared word 0 bit 1, everyone runs this round's responses
 //    and then stops.
 //
+// Note [Join]
+// ~~~~~~~~~~~
+// A rank that has run out of data calls join(): a request of type kJoin that
+// always goes to the coordinator and is never cached. While it waits there
+// the rank keeps word 0 bit 0 cleared, so every round takes the slow path,
+// and it never sets a cache bit, so no cached unit becomes ready without it.
+// Rank 0 treats joined ranks as having submitted everything: a unit is
+// complete once every rank that has not joined has submitted it. An allreduce
+// then runs on every rank, the joined ones taking part with zeros (a
+// "phantom" response: the name is not in their queue); any other collective
+// gets an error response, since a joined rank has no data to give it. When
+// the last rank joins, rank 0 answers the join of every rank with the rank
+// that joined last, and the job goes on with no rank joined.
+//
 // Threading: only the runtime's background thread calls a Controller.
 #ifndef HVDMX_CONTROLLER_H_
 #define HVDMX_CONTROLLER_H_
@@ -78,12 +92,17 @@ class Controller {
   // Rank 0 only: adds `requests` to the table; appends completed units'
   // responses to *out.
   void Coordinate(const std::vector<Request>& requests, std::vector<Response>* out);
+  // Rank 0 only: appends the responses of units that became complete
+  // because ranks joined (see Note [Join]), and the join's own response once
+  // every rank has joined.
+  void CompleteForJoined(std::vector<Response>* out);
 
   Comm& comm_;
   ResponseCache cache_;
   int64_t bit_words_;
   std::map<int64_t, Request> cache_hits_;  // slot -> request, waiting for its bit
   std::map<std::string, Request> at_coordinator_;  // sent to rank 0, no response yet
+  bool joined_ = false;  // this rank's join is at the coordinator
   // Rank 0: per name, the requests received so far (index = rank).
   struct TableEntry {
     std::vector<Request> requests;
@@ -92,6 +111,11 @@ class Controller {
     std::chrono::steady_clock::time_point first_seen;
   };
   std::unordered_map<std::string, TableEntry> table_;
+  // Rank 0: ranks whose join is pending, and the join requests themselves.
+  std::vector<bool> joined_ranks_;
+  int joined_count_ = 0;
+  Request join_request_;
+  int last_joined_ = -1;
 };
 
 }  // namespace hvdmx

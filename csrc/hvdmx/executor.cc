@@ -1,5 +1,6 @@
 #include "executor.h"
 
+#include <algorithm>
 #include <cstring>
 
 #include "reduce_kernels.h"
@@ -17,25 +18,61 @@ void Executor::Allreduce(void* buf, int64_t count, DataType dtype, ReduceOp op) 
   RingAllreduce(comm_, buf, count, dtype, op, config_.ring_segment_bytes, &ring_scratch_);
 }
 
+namespace {
+
+// Elements per row: the product of every dimension but the first.
+int64_t RowElems(const std::vector<int64_t>& shape) {
+  int64_t n = 1;
+  for (size_t i = 1; i < shape.size(); ++i) n *= shape[i];
+  return n;
+}
+
+// Posts the transfer of `bytes` to or from `peer` in messages the transport
+// takes, appending the requests.
+void PostPieces(Comm& comm, bool send, char* buf, int64_t bytes, int peer,
+                std::vector<Comm::Request>* requests) {
+  for (int64_t done = 0; done < bytes; done += Comm::kMaxMessageBytes) {
+    const int64_t piece = std::min(Comm::kMaxMessageBytes, bytes - done);
+    requests->push_back(send ? comm.ISend(buf + done, piece, peer)
+                             : comm.IRecv(buf + done, piece, peer));
+  }
+}
+
+}  // namespace
+
 void Executor::Run(const std::vector<Response>& responses, TensorQueue* queue) {
   // Take every entry first: the groups below address them by response index.
-  std::vector<TensorEntry> entries;
+  std::vector<TensorEntry> entries(responses.size());
   std::vector<int> remaining;
-  entries.reserve(responses.size());
-  for (const Response& response : responses) {
-    entries.push_back(queue->Take(response.name));
+  // Zeros this rank contributes to allreduces it has joined through (see
+  // Note [Join] in controller.h): it has no entry for them.
+  std::vector<std::vector<char>> phantom_memory;
+  for (size_t r = 0; r < responses.size(); ++r) {
+    const Response& response = responses[r];
+    if (!queue->Take(response.name, &entries[r])) {
+      TensorEntry& phantom = entries[r];
+      phantom.callback = [](const Status&) {};
+      for (size_t t = 0; t < response.counts.size() && response.error.empty(); ++t) {
+        HVDMX_CHECK(response.type == CollectiveType::kAllreduce, "phantom non-allreduce");
+        phantom_memory.emplace_back(response.counts[t] * DataTypeSize(response.dtypes[t]), 0);
+        phantom.inputs.push_back(phantom_memory.back().data());
+        phantom.outputs.push_back(phantom_memory.back().data());
+      }
+    }
     remaining.push_back(static_cast<int>(response.counts.size()));
   }
   for (const FusionGroup& group : PlanFusion(responses, config_.fusion_threshold)) {
     const int first = group.items[0].response;
     const Response& response = responses[first];
+    TensorEntry& entry = entries[first];
     if (!response.error.empty()) {
-      entries[first].callback(Status::Mismatch(response.error));
+      entry.callback(Status::Mismatch(response.error));
       continue;
     }
-    if (response.type == CollectiveType::kBroadcast) {
-      RunBroadcast(response, entries[first]);
-      entries[first].callback(Status::Ok());
+    if (response.type != CollectiveType::kAllreduce) {
+      RunUnit(response, entry);
+      if (entry.on_response) entry.on_response(response);
+      entry.callback(Status::Ok());
       continue;
     }
     RunAllreduceGroup(group, responses, entries);
@@ -43,12 +80,28 @@ void Executor::Run(const std::vector<Response>& responses, TensorQueue* queue) {
       if (--remaining[item.response] == 0) entries[item.response].callback(Status::Ok());
     }
   }
-  // Units with no tensors at all (an empty grouped call) are done at once.
+  // Allreduces with no tensors at all (an empty grouped call) are in no
+  // group; they are done at once.
   for (size_t r = 0; r < responses.size(); ++r) {
     if (responses[r].counts.empty() && responses[r].error.empty() &&
         responses[r].type == CollectiveType::kAllreduce) {
       entries[r].callback(Status::Ok());
     }
+  }
+}
+
+void Executor::RunUnit(const Response& response, TensorEntry& entry) {
+  // A sizes round has delivered its result in the response itself; barrier
+  // and join are complete once negotiated.
+  if (response.sizes_only) return;
+  switch (response.type) {
+    case CollectiveType::kBroadcast: RunBroadcast(response, entry); return;
+    case CollectiveType::kAllgather: RunAllgather(response, entry); return;
+    case CollectiveType::kAlltoall: RunAlltoall(response, entry); return;
+    case CollectiveType::kReducescatter: RunReducescatter(response, entry); return;
+    case CollectiveType::kBarrier:
+    case CollectiveType::kJoin:
+    case CollectiveType::kAllreduce: return;
   }
 }
 
@@ -102,6 +155,142 @@ void Executor::RunBroadcast(const Response& response, TensorEntry& entry) {
       std::memcpy(entry.outputs[t], entry.inputs[t], bytes);
     }
     comm_.Bcast(entry.outputs[t], bytes, response.root);
+  }
+}
+
+
+// Each rank's rows travel as one block of bytes; with several tensors the
+// blocks are packed by rank ([rank 0: t0, t1, ...][rank 1: ...]) so one
+// ring allgather moves them all.
+void Executor::RunAllgather(const Response& response, TensorEntry& entry) {
+  const int n = comm_.size();
+  const int me = comm_.rank();
+  const size_t tensors = response.dtypes.size();
+  // Bytes of tensor t's rows on rank r.
+  auto block = [&](size_t t, int r) {
+    return response.splits[t * n + r] * RowElems(entry.request.shapes[t]) *
+           static_cast<int64_t>(DataTypeSize(response.dtypes[t]));
+  };
+  starts_.assign(n + 1, 0);
+  for (int r = 0; r < n; ++r) {
+    starts_[r + 1] = starts_[r];
+    for (size_t t = 0; t < tensors; ++t) starts_[r + 1] += block(t, r);
+  }
+  if (tensors == 1) {
+    char* out = static_cast<char*>(entry.outputs[0]);
+    if (block(0, me)) std::memcpy(out + starts_[me], entry.inputs[0], block(0, me));
+    RingAllgather(comm_, out, starts_, DataType::kUInt8, &ring_scratch_);
+    return;
+  }
+  char* buffer = fusion_.Get(starts_[n]);
+  int64_t offset = starts_[me];
+  for (size_t t = 0; t < tensors; ++t) {
+    if (block(t, me)) std::memcpy(buffer + offset, entry.inputs[t], block(t, me));
+    offset += block(t, me);
+  }
+  RingAllgather(comm_, buffer, starts_, DataType::kUInt8, &ring_scratch_);
+  std::vector<int64_t> out_offset(tensors, 0);
+  offset = 0;
+  for (int r = 0; r < n; ++r) {
+    for (size_t t = 0; t < tensors; ++t) {
+      const int64_t bytes = block(t, r);
+      if (bytes) std::memcpy(static_cast<char*>(entry.outputs[t]) + out_offset[t], buffer + offset, bytes);
+      out_offset[t] += bytes;
+      offset += bytes;
+    }
+  }
+}
+
+// Every pair exchanges its rows directly: all receives, then all sends, are
+// posted at once and waited for together; the rows a rank keeps are copied.
+void Executor::RunAlltoall(const Response& response, TensorEntry& entry) {
+  const int n = comm_.size();
+  const int me = comm_.rank();
+  const int64_t row_bytes = RowElems(entry.request.shapes[0]) *
+                            static_cast<int64_t>(DataTypeSize(response.dtypes[0]));
+  const std::vector<int64_t>& m = response.splits;  // rows i sends to j at [i * n + j]
+  char* in = static_cast<char*>(const_cast<void*>(entry.inputs[0]));
+  char* out = static_cast<char*>(entry.outputs[0]);
+  requests_.clear();
+  int64_t recv_offset = 0;
+  int64_t self_recv = 0;
+  for (int j = 0; j < n; ++j) {
+    const int64_t bytes = m[j * n + me] * row_bytes;
+    if (j == me) {
+      self_recv = recv_offset;
+    } else {
+      PostPieces(comm_, /*send=*/false, out + recv_offset, bytes, j, &requests_);
+    }
+    recv_offset += bytes;
+  }
+  int64_t send_offset = 0;
+  for (int j = 0; j < n; ++j) {
+    const int64_t bytes = m[me * n + j] * row_bytes;
+    if (j == me) {
+      if (bytes) std::memcpy(out + self_recv, in + send_offset, bytes);
+    } else {
+      PostPieces(comm_, /*send=*/true, in + send_offset, bytes, j, &requests_);
+    }
+    send_offset += bytes;
+  }
+  for (Comm::Request request : requests_) comm_.Wait(request);
+}
+
+// Rank r keeps rows [RingChunkStart(dim0, n, r), RingChunkStart(dim0, n, r+1))
+// of the reduction, so the first ranks get the remainder. Tensors of one
+// dtype are packed by rank ([rank 0's rows of t0, t1, ...][rank 1's ...]) and
+// reduce-scattered together; the reduction is the ring's, computed once per
+// element, so every rank's share is bitwise what the others would compute.
+void Executor::RunReducescatter(const Response& response, TensorEntry& entry) {
+  const int n = comm_.size();
+  const int me = comm_.rank();
+  double postscale = response.postscale;
+  if (response.op == ReduceOp::kAverage) postscale /= n;
+  const size_t tensors = response.dtypes.size();
+  std::vector<bool> done(tensors, false);
+  for (size_t lead = 0; lead < tensors; ++lead) {
+    if (done[lead]) continue;
+    const DataType dtype = response.dtypes[lead];
+    const int64_t elem = static_cast<int64_t>(DataTypeSize(dtype));
+    std::vector<size_t> members;
+    for (size_t t = lead; t < tensors; ++t) {
+      if (!done[t] && response.dtypes[t] == dtype) {
+        members.push_back(t);
+        done[t] = true;
+      }
+    }
+    // Elements of tensor t's rows that rank r keeps, and where they start.
+    auto rows_begin = [&](size_t t, int r) {
+      return RingChunkStart(entry.request.shapes[t][0], n, r) * RowElems(entry.request.shapes[t]);
+    };
+    starts_.assign(n + 1, 0);
+    for (int r = 0; r < n; ++r) {
+      starts_[r + 1] = starts_[r];
+      for (size_t t : members) starts_[r + 1] += rows_begin(t, r + 1) - rows_begin(t, r);
+    }
+    char* buffer = fusion_.Get(starts_[n] * elem);
+    int64_t offset = 0;
+    for (int r = 0; r < n; ++r) {
+      for (size_t t : members) {
+        const int64_t count = rows_begin(t, r + 1) - rows_begin(t, r);
+        if (count) {
+          std::memcpy(buffer + offset * elem,
+                      static_cast<const char*>(entry.inputs[t]) + rows_begin(t, r) * elem,
+                      count * elem);
+        }
+        offset += count;
+      }
+    }
+    ScaleBuffer(buffer, starts_[n], dtype, response.prescale);
+    RingReduceScatter(comm_, buffer, starts_, dtype, response.op, config_.ring_segment_bytes,
+                      &ring_scratch_);
+    ScaleBuffer(buffer + starts_[me] * elem, starts_[me + 1] - starts_[me], dtype, postscale);
+    offset = starts_[me];
+    for (size_t t : members) {
+      const int64_t count = rows_begin(t, me + 1) - rows_begin(t, me);
+      if (count) std::memcpy(entry.outputs[t], buffer + offset * elem, count * elem);
+      offset += count;
+    }
   }
 }
 

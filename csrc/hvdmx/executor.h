@@ -1,6 +1,8 @@
 // Runs one round's responses on this rank: for each fusion group, pack the
 // inputs into the fusion buffer, run the collective, unpack and scale, and
-// fire each entry's callback as soon as all of its tensors are done.
+// fire each entry's callback as soon as all of its tensors are done. The
+// other collectives run one unit at a time, several tensors of a grouped
+// call packed into one exchange.
 //
 // Threading: the runtime's background thread only.
 #ifndef HVDMX_EXECUTOR_H_
@@ -31,12 +33,19 @@ class Executor {
  private:
   void RunAllreduceGroup(const FusionGroup& group, const std::vector<Response>& responses,
                          std::vector<TensorEntry>& entries);
+  // Runs a unit that is not an allreduce (its own fusion group).
+  void RunUnit(const Response& response, TensorEntry& entry);
   void RunBroadcast(const Response& response, TensorEntry& entry);
+  void RunAllgather(const Response& response, TensorEntry& entry);
+  void RunAlltoall(const Response& response, TensorEntry& entry);
+  void RunReducescatter(const Response& response, TensorEntry& entry);
 
   Comm& comm_;
   const Config& config_;
   FusionBuffer fusion_;
   RingScratch ring_scratch_;
+  std::vector<int64_t> starts_;             // chunk boundaries, reused
+  std::vector<Comm::Request> requests_;     // outstanding point-to-point, reused
 };
 
 }  // namespace hvdmx

@@ -75,7 +75,7 @@ std::string FormatScale(double v) {
 bool Request::SameParams(const Request& o) const {
   return type == o.type && name == o.name && dtypes == o.dtypes && shapes == o.shapes &&
          op == o.op && root == o.root && prescale == o.prescale && postscale == o.postscale &&
-         device == o.device;
+         device == o.device && sizes_only == o.sizes_only && splits == o.splits;
 }
 
 int64_t ElementCount(const std::vector<int64_t>& shape) {
@@ -83,6 +83,52 @@ int64_t ElementCount(const std::vector<int64_t>& shape) {
   for (int64_t d : shape) n *= d;
   return n;
 }
+
+Response ErrorResponse(const Request& request, std::string message) {
+  Response r;
+  r.type = request.type;
+  r.name = request.name;
+  r.sizes_only = request.sizes_only;
+  r.error = std::move(message);
+  return r;
+}
+
+namespace {
+
+// Allgather and alltoall let dim 0 differ between ranks; they must agree on
+// the rest of the shape.
+std::string TrailingShapes(const Request& q) {
+  std::string out;
+  for (size_t t = 0; t < q.shapes.size(); ++t) {
+    const auto& shape = q.shapes[t];
+    out += t ? ", (*" : "(*";
+    for (size_t i = 1; i < shape.size(); ++i) out += ", " + std::to_string(shape[i]);
+    out += shape.empty() ? " scalar)" : ")";
+  }
+  return q.shapes.size() == 1 ? out : "[" + out + "]";
+}
+
+std::string JoinInts(const std::vector<int64_t>& values) {
+  std::string out;
+  for (size_t i = 0; i < values.size(); ++i) out += (i ? ", " : "") + std::to_string(values[i]);
+  return "[" + out + "]";
+}
+
+// The every-rank sizes a sizes round delivers (see Response::splits).
+std::vector<int64_t> GatherSizes(const std::vector<Request>& requests) {
+  const Request& first = requests[0];
+  std::vector<int64_t> splits;
+  if (first.type == CollectiveType::kAlltoall) {
+    for (const Request& q : requests) splits.insert(splits.end(), q.splits.begin(), q.splits.end());
+    return splits;
+  }
+  for (size_t t = 0; t < first.shapes.size(); ++t) {
+    for (const Request& q : requests) splits.push_back(q.shapes[t].empty() ? 1 : q.shapes[t][0]);
+  }
+  return splits;
+}
+
+}  // namespace
 
 Response MakeResponse(const std::vector<Request>& requests) {
   const Request& first = requests[0];
@@ -94,48 +140,54 @@ Response MakeResponse(const std::vector<Request>& requests) {
   r.root = first.root;
   r.prescale = first.prescale;
   r.postscale = first.postscale;
+  r.sizes_only = first.sizes_only;
   for (const auto& shape : first.shapes) r.counts.push_back(ElementCount(shape));
+
+  const CollectiveType type = first.type;
+  const bool ragged = type == CollectiveType::kAllgather || type == CollectiveType::kAlltoall;
+  const bool reduces = type == CollectiveType::kAllreduce || type == CollectiveType::kReducescatter;
+  const bool has_tensors = type != CollectiveType::kBarrier && type != CollectiveType::kJoin;
 
   // The first property that differs names the problem; the message lists
   // every rank's value so the user sees who is out of step.
   struct Property {
     const char* what;
+    bool applies;
     std::string (*value)(const Request&);
   };
-  static const Property kProperties[] = {
-      {"collective", [](const Request& q) { return CollectiveTypeName(q.type); }},
-      {"number of tensors", [](const Request& q) { return std::to_string(q.shapes.size()); }},
-      {"dtype", [](const Request& q) { return JoinTypes(q.dtypes); }},
-      {"shape", [](const Request& q) { return JoinShapes(q.shapes); }},
-      {"op", [](const Request& q) { return ReduceOpName(q.op); }},
-      {"root_rank", [](const Request& q) { return std::to_string(q.root); }},
-      {"prescale_factor", [](const Request& q) { return FormatScale(q.prescale); }},
-      {"postscale_factor", [](const Request& q) { return FormatScale(q.postscale); }},
-      {"device", [](const Request& q) { return DeviceName(q.device); }},
+  const Property kProperties[] = {
+      {"collective", true, [](const Request& q) { return CollectiveTypeName(q.type); }},
+      {"number of tensors", has_tensors,
+       [](const Request& q) { return std::to_string(q.shapes.size()); }},
+      {"dtype", has_tensors, [](const Request& q) { return JoinTypes(q.dtypes); }},
+      {"shape", has_tensors && !ragged, [](const Request& q) { return JoinShapes(q.shapes); }},
+      {"shape after the first dimension", ragged, &TrailingShapes},
+      {"sizes", ragged && !first.sizes_only, [](const Request& q) { return JoinInts(q.splits); }},
+      {"op", reduces, [](const Request& q) { return ReduceOpName(q.op); }},
+      {"root_rank", type == CollectiveType::kBroadcast,
+       [](const Request& q) { return std::to_string(q.root); }},
+      {"prescale_factor", reduces, [](const Request& q) { return FormatScale(q.prescale); }},
+      {"postscale_factor", reduces, [](const Request& q) { return FormatScale(q.postscale); }},
+      {"device", has_tensors, [](const Request& q) { return DeviceName(q.device); }},
   };
   for (const Property& prop : kProperties) {
-    // Allreduce ignores root; broadcast ignores op and scale factors.
-    std::string what = prop.what;
-    if (first.type == CollectiveType::kAllreduce && what == "root_rank") continue;
-    if (first.type == CollectiveType::kBroadcast &&
-        (what == "op" || what == "prescale_factor" || what == "postscale_factor")) {
-      continue;
-    }
+    if (!prop.applies) continue;
     const std::string want = prop.value(first);
     bool differs = false;
     for (const Request& q : requests) differs |= prop.value(q) != want;
     if (!differs) continue;
     std::ostringstream msg;
-    msg << "hvdmx: " << CollectiveTypeName(first.type) << " of tensor '" << first.name
-        << "' was called with different " << what << " on different ranks: ";
+    msg << "hvdmx: " << CollectiveTypeName(type) << " of tensor '" << first.name
+        << "' was called with different " << prop.what << " on different ranks: ";
     for (size_t i = 0; i < requests.size(); ++i) {
       msg << (i ? ", " : "") << "rank " << requests[i].rank << " has " << prop.value(requests[i]);
     }
-    msg << ". Every rank must call it with the same " << what
+    msg << ". Every rank must call it with the same " << prop.what
         << "; check that all ranks run the same code on the same shapes in the same order.";
     r.error = msg.str();
     return r;
   }
+  if (ragged) r.splits = first.sizes_only ? GatherSizes(requests) : first.splits;
   return r;
 }
 
@@ -158,6 +210,9 @@ std::string SerializeRequests(const std::vector<Request>& requests) {
     w.Pod(q.prescale);
     w.Pod(q.postscale);
     w.Pod(q.device);
+    w.Pod(q.sizes_only);
+    w.Pod<int64_t>(static_cast<int64_t>(q.splits.size()));
+    for (int64_t v : q.splits) w.Pod(v);
   }
   return w.Take();
 }
@@ -181,6 +236,9 @@ std::vector<Request> ParseRequests(const std::string& bytes) {
     q.prescale = r.Pod<double>();
     q.postscale = r.Pod<double>();
     q.device = r.Pod<int32_t>();
+    q.sizes_only = r.Pod<bool>();
+    q.splits.resize(r.Pod<int64_t>());
+    for (int64_t& v : q.splits) v = r.Pod<int64_t>();
   }
   HVDMX_CHECK(r.done(), "trailing bytes in request list");
   return out;
@@ -200,6 +258,9 @@ std::string SerializeResponses(const std::vector<Response>& responses) {
     w.Pod(p.root);
     w.Pod(p.prescale);
     w.Pod(p.postscale);
+    w.Pod(p.sizes_only);
+    w.Pod<int64_t>(static_cast<int64_t>(p.splits.size()));
+    for (int64_t v : p.splits) w.Pod(v);
     w.Str(p.error);
   }
   return w.Take();
@@ -219,6 +280,9 @@ std::vector<Response> ParseResponses(const std::string& bytes) {
     p.root = r.Pod<int32_t>();
     p.prescale = r.Pod<double>();
     p.postscale = r.Pod<double>();
+    p.sizes_only = r.Pod<bool>();
+    p.splits.resize(r.Pod<int64_t>());
+    for (int64_t& v : p.splits) v = r.Pod<int64_t>();
     p.error = r.Str();
   }
   HVDMX_CHECK(r.done(), "trailing bytes in response list");

@@ -25,6 +25,13 @@ struct Request {
   double prescale = 1.0;
   double postscale = 1.0;
   int32_t device = -1;  // -1: CPU; otherwise a GPU ordinal
+  // Allgather and alltoall negotiate twice: first only the sizes (each
+  // rank's dim 0, or its alltoall splits), at the call, so that the output
+  // can be allocated; then the data, from the engine op.
+  bool sizes_only = false;
+  // alltoall, sizes round: rows this rank sends to each rank. Data round of
+  // allgather and alltoall: the sizes round's Response::splits.
+  std::vector<int64_t> splits;
 
   // Same collective with the same parameters (ignores `rank`).
   bool SameParams(const Request& other) const;
@@ -39,15 +46,23 @@ struct Response {
   int32_t root = 0;
   double prescale = 1.0;
   double postscale = 1.0;
+  bool sizes_only = false;
+  // allgather: dim 0 of tensor t on rank r at [t * size + r]; alltoall:
+  // rows rank i sends to rank j at [i * size + j]. Empty for the others.
+  std::vector<int64_t> splits;
   // Non-empty: the request failed on every rank with this message.
   std::string error;
 };
 
 int64_t ElementCount(const std::vector<int64_t>& shape);
 
-// Builds the response for a unit every rank has requested (requests indexed
-// by rank), or an error response naming the ranks and values that disagree.
+// Builds the response for a unit every rank has requested (requests in rank
+// order, one per rank), or an error response naming the ranks and values
+// that disagree.
 Response MakeResponse(const std::vector<Request>& requests);
+
+// An error response for `request`'s unit with `message`.
+Response ErrorResponse(const Request& request, std::string message);
 
 std::string SerializeRequests(const std::vector<Request>& requests);
 std::vector<Request> ParseRequests(const std::string& bytes);

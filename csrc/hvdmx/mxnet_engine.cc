@@ -72,6 +72,7 @@ struct OpParam {
   std::vector<NDArrayHandle> inputs;   // our shallow copies
   std::vector<NDArrayHandle> outputs;  // our shallow copies (aliases of inputs when in place)
   std::vector<NDArrayHandle> owned;    // every copy we made, freed once
+  std::string failure;                 // non-empty: fail with this, run nothing
 };
 
 void DeleteOpParam(void* p) {
@@ -93,6 +94,10 @@ void Complete(const CallbackOnComplete& on_complete, const Status& status) {
 void RunOp(void* /*run_context*/, void* on_complete_ptr, void* p) {
   OpParam* param = static_cast<OpParam*>(p);
   CallbackOnComplete on_complete = *static_cast<CallbackOnComplete*>(on_complete_ptr);
+  if (!param->failure.empty()) {
+    Complete(on_complete, Status::Mismatch(param->failure));
+    return;
+  }
   TensorEntry entry;
   entry.request = param->request;
   for (size_t i = 0; i < param->inputs.size(); ++i) {
@@ -180,6 +185,29 @@ Status EnsureDefaultLayout(void* handle) {
   return Status::Ok();
 }
 
+namespace {
+
+// Pushes `param`'s op (inputs read, outputs written) onto the engine, which
+// takes ownership of it whatever the outcome.
+Status Push(std::unique_ptr<OpParam> param, std::vector<NDArrayHandle> const_handles,
+            std::vector<NDArrayHandle> mutable_handles, int dev_type, int dev_id,
+            int priority, const std::string& op_name) {
+  Context ctx{dev_type, dev_id};
+  OpParam* raw = param.release();
+  int rc = g_api.push_async_nd(RunOp, raw, DeleteOpParam, &ctx, const_handles.data(),
+                               static_cast<int>(const_handles.size()), mutable_handles.data(),
+                               static_cast<int>(mutable_handles.size()), &kFnPropertyAsync,
+                               priority, op_name.c_str(), false);
+  if (rc != 0) {
+    // The engine did not take the op; it owns `raw` and its deleter.
+    return Status::Internal(std::string("hvdmx: MXEnginePushAsyncND failed: ") +
+                            g_api.last_error());
+  }
+  return Status::Ok();
+}
+
+}  // namespace
+
 Status PushCollective(const std::shared_ptr<Runtime>& runtime, PushArgs args) {
   HVDMX_CHECK(g_api.push_async_nd != nullptr, "MXNet API not loaded");
   HVDMX_CHECK(args.inputs.size() == args.outputs.size(), "inputs and outputs differ in number");
@@ -207,19 +235,27 @@ Status PushCollective(const std::shared_ptr<Runtime>& runtime, PushArgs args) {
     param->inputs.push_back(in_copy);
     param->outputs.push_back(out_copy);
   }
-  Context ctx{args.dev_type, args.dev_id};
   const std::string op_name = "hvdmx_" + CollectiveTypeName(param->request.type);
-  OpParam* raw = param.release();
-  int rc = g_api.push_async_nd(RunOp, raw, DeleteOpParam, &ctx, const_handles.data(),
-                               static_cast<int>(const_handles.size()), mutable_handles.data(),
-                               static_cast<int>(mutable_handles.size()), &kFnPropertyAsync,
-                               args.priority, op_name.c_str(), false);
-  if (rc != 0) {
-    // The engine did not take the op; it owns `raw` and its deleter.
-    return Status::Internal(std::string("hvdmx: MXEnginePushAsyncND failed: ") +
-                            g_api.last_error());
+  return Push(std::move(param), const_handles, mutable_handles, args.dev_type, args.dev_id,
+              args.priority, op_name);
+}
+
+Status PushFailure(const std::vector<void*>& outputs, const std::string& message, int dev_type,
+                   int dev_id) {
+  HVDMX_CHECK(g_api.push_async_nd != nullptr, "MXNet API not loaded");
+  auto param = std::make_unique<OpParam>();
+  param->failure = message;
+  std::vector<NDArrayHandle> mutable_handles;
+  for (void* handle : outputs) {
+    NDArrayHandle copy = nullptr;
+    if (g_api.shallow_copy(handle, &copy) != 0) {
+      for (NDArrayHandle h : param->owned) g_api.free_ndarray(h);
+      return Status::Internal(std::string("hvdmx: MXShallowCopyNDArray: ") + g_api.last_error());
+    }
+    param->owned.push_back(copy);
+    mutable_handles.push_back(copy);
   }
-  return Status::Ok();
+  return Push(std::move(param), {}, mutable_handles, dev_type, dev_id, 0, "hvdmx_failed");
 }
 
 }  // namespace hvdmx

@@ -63,6 +63,12 @@ struct PushArgs {
 // The name is checked against `runtime`'s queue when the engine runs the op.
 Status PushCollective(const std::shared_ptr<Runtime>& runtime, PushArgs args);
 
+// Pushes an op that writes `outputs` and fails with `message`, so that a
+// collective whose negotiation failed at the call (allgather's and
+// alltoall's sizes round) raises MXNetError at read, like every other.
+Status PushFailure(const std::vector<void*>& outputs, const std::string& message, int dev_type,
+                   int dev_id);
+
 }  // namespace hvdmx
 
 #endif  // HVDMX_MXNET_ENGINE_H_

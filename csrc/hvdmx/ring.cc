@@ -24,20 +24,21 @@ namespace {
 int Mod(int a, int n) { return ((a % n) + n) % n; }
 
 // One step: send chunk `send_c` to the right, receive chunk `recv_c` from the
-// left, segment by segment, two segments in flight each way. With `reduce`,
-// received segments land in scratch and are reduced into place; without,
-// they are received straight into place.
-void RingStep(Comm& comm, char* base, int64_t count, DataType dtype, ReduceOp op,
+// left, segment by segment, two segments in flight each way. Chunk c is
+// elements [starts[c], starts[c+1]). With `reduce`, received segments land
+// in scratch and are reduced into place; without, they are received straight
+// into place.
+void RingStep(Comm& comm, char* base, const int64_t* starts, DataType dtype, ReduceOp op,
               int64_t seg_elems, int send_c, int recv_c, bool reduce, RingScratch* scratch) {
   const int n = comm.size();
   const int right = (comm.rank() + 1) % n;
   const int left = Mod(comm.rank() - 1, n);
   const int64_t elem = static_cast<int64_t>(DataTypeSize(dtype));
 
-  const int64_t send_begin = RingChunkStart(count, n, send_c);
-  const int64_t send_len = RingChunkStart(count, n, send_c + 1) - send_begin;
-  const int64_t recv_begin = RingChunkStart(count, n, recv_c);
-  const int64_t recv_len = RingChunkStart(count, n, recv_c + 1) - recv_begin;
+  const int64_t send_begin = starts[send_c];
+  const int64_t send_len = starts[send_c + 1] - send_begin;
+  const int64_t recv_begin = starts[recv_c];
+  const int64_t recv_len = starts[recv_c + 1] - recv_begin;
   const int64_t send_segs = (send_len + seg_elems - 1) / seg_elems;
   const int64_t recv_segs = (recv_len + seg_elems - 1) / seg_elems;
 
@@ -75,26 +76,64 @@ void RingStep(Comm& comm, char* base, int64_t count, DataType dtype, ReduceOp op
   }
 }
 
+int64_t SegmentElems(int64_t segment_bytes, DataType dtype) {
+  const int64_t elem = static_cast<int64_t>(DataTypeSize(dtype));
+  return std::max<int64_t>(1, std::min(segment_bytes, Comm::kMaxMessageBytes) / elem);
+}
+
+// Reduce-scatter steps: afterwards rank r holds the finished chunk r + shift.
+void ReduceScatterSteps(Comm& comm, char* base, const int64_t* starts, DataType dtype,
+                        ReduceOp op, int64_t seg_elems, int shift, RingScratch* scratch) {
+  const int n = comm.size();
+  const int r = comm.rank();
+  scratch->Reserve(seg_elems * static_cast<int64_t>(DataTypeSize(dtype)));
+  for (int s = 0; s < n - 1; ++s) {
+    RingStep(comm, base, starts, dtype, op, seg_elems, Mod(r + shift - 1 - s, n),
+             Mod(r + shift - 2 - s, n), /*reduce=*/true, scratch);
+  }
+}
+
+// Allgather steps, starting from rank r holding chunk r + shift.
+void AllgatherSteps(Comm& comm, char* base, const int64_t* starts, DataType dtype,
+                    int64_t seg_elems, int shift, RingScratch* scratch) {
+  const int n = comm.size();
+  const int r = comm.rank();
+  for (int s = 0; s < n - 1; ++s) {
+    RingStep(comm, base, starts, dtype, ReduceOp::kSum, seg_elems, Mod(r + shift - s, n),
+             Mod(r + shift - 1 - s, n), /*reduce=*/false, scratch);
+  }
+}
+
 }  // namespace
 
 void RingAllreduce(Comm& comm, void* buf, int64_t count, DataType dtype, ReduceOp op,
                    int64_t segment_bytes, RingScratch* scratch) {
   const int n = comm.size();
   if (n == 1 || count == 0) return;
-  const int64_t elem = static_cast<int64_t>(DataTypeSize(dtype));
-  const int64_t seg_bytes = std::min(segment_bytes, Comm::kMaxMessageBytes);
-  const int64_t seg_elems = std::max<int64_t>(1, seg_bytes / elem);
-  scratch->Reserve(seg_elems * elem);
+  std::vector<int64_t>& starts = scratch->starts;
+  starts.resize(n + 1);
+  for (int c = 0; c <= n; ++c) starts[c] = RingChunkStart(count, n, c);
+  const int64_t seg_elems = SegmentElems(segment_bytes, dtype);
   char* base = static_cast<char*>(buf);
-  const int r = comm.rank();
-  for (int s = 0; s < n - 1; ++s) {
-    RingStep(comm, base, count, dtype, op, seg_elems, Mod(r - s, n), Mod(r - s - 1, n),
-             /*reduce=*/true, scratch);
-  }
-  for (int s = 0; s < n - 1; ++s) {
-    RingStep(comm, base, count, dtype, op, seg_elems, Mod(r + 1 - s, n), Mod(r - s, n),
-             /*reduce=*/false, scratch);
-  }
+  ReduceScatterSteps(comm, base, starts.data(), dtype, op, seg_elems, /*shift=*/1, scratch);
+  AllgatherSteps(comm, base, starts.data(), dtype, seg_elems, /*shift=*/1, scratch);
+}
+
+void RingReduceScatter(Comm& comm, void* buf, const std::vector<int64_t>& starts,
+                       DataType dtype, ReduceOp op, int64_t segment_bytes,
+                       RingScratch* scratch) {
+  if (comm.size() == 1 || starts.back() == 0) return;
+  ReduceScatterSteps(comm, static_cast<char*>(buf), starts.data(), dtype, op,
+                     SegmentElems(segment_bytes, dtype), /*shift=*/0, scratch);
+}
+
+void RingAllgather(Comm& comm, void* buf, const std::vector<int64_t>& starts, DataType dtype,
+                   RingScratch* scratch) {
+  if (comm.size() == 1 || starts.back() == 0) return;
+  // Nothing is reduced, so nothing gains from small segments: each block
+  // goes in pieces of the largest message the transport takes.
+  AllgatherSteps(comm, static_cast<char*>(buf), starts.data(), dtype,
+                 SegmentElems(Comm::kMaxMessageBytes, dtype), /*shift=*/0, scratch);
 }
 
 }  // namespace hvdmx

@@ -36,6 +36,8 @@ class RingScratch {
   // Grows to hold two segments of `segment_bytes`; no-op when big enough.
   void Reserve(int64_t segment_bytes);
   char* half(int i) { return buffer_.data() + i * half_bytes_; }
+  // Chunk boundaries of the current call (kept to spare an allocation).
+  std::vector<int64_t> starts;
 
  private:
   std::vector<char> buffer_;
@@ -46,6 +48,17 @@ class RingScratch {
 // (kAverage reduces as kSum; scaling is the caller's).
 void RingAllreduce(Comm& comm, void* buf, int64_t count, DataType dtype, ReduceOp op,
                    int64_t segment_bytes, RingScratch* scratch);
+
+// The same two phases on their own, over chunks of any sizes: chunk c is
+// elements [starts[c], starts[c+1]) of `buf`, starts having size + 1
+// entries. After RingReduceScatter rank r holds the reduction of chunk r
+// (the other chunks hold partial sums); RingAllgather starts from rank r
+// holding chunk r and leaves every chunk everywhere.
+void RingReduceScatter(Comm& comm, void* buf, const std::vector<int64_t>& starts,
+                       DataType dtype, ReduceOp op, int64_t segment_bytes,
+                       RingScratch* scratch);
+void RingAllgather(Comm& comm, void* buf, const std::vector<int64_t>& starts, DataType dtype,
+                   RingScratch* scratch);
 
 // First element of chunk c when count elements are cut into n chunks.
 int64_t RingChunkStart(int64_t count, int n, int c);

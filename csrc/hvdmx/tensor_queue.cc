@@ -27,13 +27,13 @@ bool TensorQueue::HasNew() const {
   return !new_requests_.empty();
 }
 
-TensorEntry TensorQueue::Take(const std::string& name) {
+bool TensorQueue::Take(const std::string& name, TensorEntry* out) {
   std::lock_guard<std::mutex> lock(mu_);
   auto it = entries_.find(name);
-  HVDMX_CHECK(it != entries_.end(), "no pending entry named " + name);
-  TensorEntry entry = std::move(it->second);
+  if (it == entries_.end()) return false;
+  *out = std::move(it->second);
   entries_.erase(it);
-  return entry;
+  return true;
 }
 
 std::vector<std::string> TensorQueue::EnqueuedBefore(std::chrono::steady_clock::time_point cutoff,
@@ -42,7 +42,8 @@ std::vector<std::string> TensorQueue::EnqueuedBefore(std::chrono::steady_clock::
   std::vector<std::string> names;
   *total = 0;
   for (const auto& kv : entries_) {
-    if (kv.second.enqueued >= cutoff) continue;
+    // A joined rank waits for the others by design; that is no stall.
+    if (kv.second.enqueued >= cutoff || kv.second.request.type == CollectiveType::kJoin) continue;
     ++*total;
     if (names.size() < limit) names.push_back(kv.first);
   }

@@ -24,6 +24,9 @@ struct TensorEntry {
   std::vector<const void*> inputs;
   std::vector<void*> outputs;
   std::function<void(const Status&)> callback;
+  // Optional: called with the response just before a successful callback,
+  // for calls that need what the negotiation decided (sizes, join's rank).
+  std::function<void(const Response&)> on_response;
   std::chrono::steady_clock::time_point enqueued = std::chrono::steady_clock::now();
 };
 
@@ -34,8 +37,9 @@ class TensorQueue {
   // The requests added since the last call, in the order they were added.
   std::vector<Request> TakeNewRequests();
   bool HasNew() const;
-  // Removes and returns the entry; HVDMX_CHECKs that it exists.
-  TensorEntry Take(const std::string& name);
+  // Removes the entry into *out; false if there is none by that name (a unit
+  // this rank joined through, see Note [Join] in controller.h).
+  bool Take(const std::string& name, TensorEntry* out);
   // Names of entries enqueued before `cutoff`, at most `limit` of them, and
   // how many there are in all.
   std::vector<std::string> EnqueuedBefore(std::chrono::steady_clock::time_point cutoff,

@@ -1,0 +1,187 @@
+"""Process sets: collectives over a subset of the job's ranks.
+
+A process set negotiates on a communicator of its own, with its own
+background thread, so collectives on different sets run independently (the
+even ranks and the odd ranks can each reduce at once). Ranks are ranks of
+the whole job (``hvd.rank()``), as is every ``root_rank``.
+
+Adding and removing a set are collective over the whole job: every rank
+calls ``add_process_set`` with the same ranks, in the same order of calls,
+members and non-members alike.
+"""
+from __future__ import annotations
+
+import numbers
+from typing import Any, List, Optional, Sequence, Union
+
+from mpi4py import MPI
+
+from hvdmx import _core
+
+
+class ProcessSet:
+    """A set of ranks of the job, given as a list of ranks or an mpi4py
+    communicator (its ranks in the communicator hvdmx was initialized on).
+
+    Usable in collectives once registered with ``hvd.add_process_set`` (or
+    ``hvd.init(process_sets=[...])``), which sets ``process_set_id``.
+    """
+
+    def __init__(self, ranks_or_comm: Union[Sequence[int], Any]):
+        self.process_set_id: Optional[int] = None
+        self._comm = None
+        if isinstance(ranks_or_comm, MPI.Comm):
+            # Resolved when the set is added: a rank outside the
+            # communicator holds MPI.COMM_NULL and learns the ranks then.
+            self._comm = ranks_or_comm
+            self._ranks: Optional[List[int]] = None
+        else:
+            self._ranks = _check_ranks("ProcessSet", "ranks_or_comm", ranks_or_comm)
+
+    @property
+    def ranks(self) -> List[int]:
+        """The set's ranks, ascending (ranks of the whole job)."""
+        if self._ranks is None:
+            raise ValueError("hvdmx: this ProcessSet was made from a communicator and has not "
+                             "been added yet; call hvd.add_process_set(process_set) on every "
+                             "rank first")
+        return list(self._ranks)
+
+    def size(self) -> int:
+        return len(self.ranks)
+
+    def included(self) -> bool:
+        """True when this process belongs to the set."""
+        return _core.topology()[0] in self.ranks
+
+    def rank(self) -> int:
+        """This process's rank within the set."""
+        me = _core.topology()[0]
+        if me not in self.ranks:
+            raise ValueError(f"hvdmx: this process (rank {me}) is not in {self!r}")
+        return self.ranks.index(me)
+
+    def __repr__(self) -> str:
+        ranks = "from a communicator" if self._ranks is None else f"ranks={self._ranks}"
+        return f"ProcessSet(process_set_id={self.process_set_id}, {ranks})"
+
+
+class _GlobalProcessSet(ProcessSet):
+    """Every rank of the job; always registered, with id 0."""
+
+    def __init__(self):
+        self.process_set_id = 0
+        self._comm = None
+        self._ranks = None
+
+    @property
+    def ranks(self) -> List[int]:
+        return list(range(_core.topology()[1]))
+
+    def __repr__(self) -> str:
+        return "global_process_set"
+
+
+global_process_set = _GlobalProcessSet()
+# Registered sets by id (the global set is not listed).
+_registered = {}
+
+
+def _check_ranks(fn: str, arg: str, ranks) -> List[int]:
+    if isinstance(ranks, (str, bytes)) or not hasattr(ranks, "__iter__"):
+        raise TypeError(f"hvdmx.{fn}: argument '{arg}' must be a list of ranks or an mpi4py "
+                        f"communicator, got {type(ranks).__name__}")
+    ranks = list(ranks)
+    for r in ranks:
+        if isinstance(r, bool) or not isinstance(r, numbers.Integral):
+            raise TypeError(f"hvdmx.{fn}: argument '{arg}' must hold int ranks, got {r!r}")
+    if not ranks:
+        raise ValueError(f"hvdmx.{fn}: argument '{arg}' is empty; a process set needs at "
+                         "least one rank")
+    if len(set(ranks)) != len(ranks):
+        dup = sorted({r for r in ranks if ranks.count(r) > 1})
+        raise ValueError(f"hvdmx.{fn}: argument '{arg}'={ranks} lists rank(s) {dup} more "
+                         "than once; list each rank once")
+    return sorted(int(r) for r in ranks)
+
+
+def _resolve(process_set: ProcessSet, comm) -> List[int]:
+    """The set's ranks; for a set made from a communicator, learned from the
+    members (collective over ``comm``, the job's communicator)."""
+    if process_set._comm is None:
+        return process_set.ranks
+    mine = None
+    if process_set._comm != MPI.COMM_NULL:
+        mine = MPI.Group.Translate_ranks(process_set._comm.Get_group(),
+                                         list(range(process_set._comm.Get_size())),
+                                         comm.Get_group())
+    views = [v for v in comm.allgather(mine) if v is not None]
+    if not views or any(sorted(v) != sorted(views[0]) for v in views):
+        raise ValueError("hvdmx.add_process_set: the communicator's ranks differ between "
+                         "its members; pass the same communicator on every member")
+    if any(r == MPI.UNDEFINED for r in views[0]):
+        raise ValueError("hvdmx.add_process_set: the communicator has ranks outside the "
+                         "communicator hvdmx was initialized on")
+    return sorted(views[0])
+
+
+def add_process_set(process_set: Union[ProcessSet, Sequence[int]]) -> ProcessSet:
+    """Registers a process set on every rank and returns it (collective over
+    the whole job; every rank passes the same ranks)."""
+    from hvdmx.basics import _job_comm, _topology
+    n = _topology()[1]
+    if not isinstance(process_set, ProcessSet):
+        process_set = ProcessSet(process_set)
+    if process_set is global_process_set or process_set.process_set_id is not None:
+        raise ValueError(f"hvdmx.add_process_set: {process_set!r} is already registered")
+    ranks = _resolve(process_set, _job_comm())
+    bad = [r for r in ranks if not 0 <= r < n]
+    if bad:
+        raise ValueError(f"hvdmx.add_process_set: ranks {bad} are out of range for a job of "
+                         f"size {n}; ranks must be in [0, {n})")
+    process_set._ranks = ranks
+    process_set.process_set_id = _core.add_process_set(ranks)
+    _registered[process_set.process_set_id] = process_set
+    return process_set
+
+
+def remove_process_set(process_set: ProcessSet) -> bool:
+    """Unregisters a process set on every rank (collective over the whole
+    job). Returns False if it was not registered."""
+    if not isinstance(process_set, ProcessSet):
+        raise TypeError("hvdmx.remove_process_set: argument 'process_set' must be a "
+                        f"ProcessSet, got {type(process_set).__name__}")
+    if process_set is global_process_set or process_set.process_set_id == 0:
+        raise ValueError("hvdmx.remove_process_set: the global process set cannot be "
+                         "removed; it lives until hvd.shutdown()")
+    if _registered.get(process_set.process_set_id) is not process_set:
+        return False
+    del _registered[process_set.process_set_id]
+    _core.remove_process_set(process_set.process_set_id)
+    process_set.process_set_id = None
+    return True
+
+
+def _forget_all() -> None:
+    """After shutdown: every set but the global one is gone."""
+    for process_set in _registered.values():
+        process_set.process_set_id = None
+    _registered.clear()
+
+
+def _set_for_call(fn: str, process_set) -> tuple:
+    """(set id, the set's ranks, this rank's index in them) for a collective
+    on ``process_set``, or a clear error."""
+    if not isinstance(process_set, ProcessSet):
+        raise TypeError(f"hvdmx.{fn}: argument 'process_set' must be a ProcessSet (e.g. "
+                        f"hvd.global_process_set), got {type(process_set).__name__}")
+    if process_set.process_set_id is None:
+        raise ValueError(f"hvdmx.{fn}: {process_set!r} is not registered; call "
+                         "hvd.add_process_set(process_set) on every rank first")
+    ranks = process_set.ranks
+    me = _core.topology()[0]
+    if me not in ranks:
+        raise ValueError(f"hvdmx.{fn}: this process (rank {me}) is not in process set "
+                         f"{process_set.process_set_id} (ranks {ranks}); only its ranks may "
+                         "call collectives on it")
+    return process_set.process_set_id, ranks, ranks.index(me)
