@@ -106,23 +106,32 @@ def _check_ranks(fn: str, arg: str, ranks) -> List[int]:
 
 
 def _resolve(process_set: ProcessSet, comm) -> List[int]:
-    """The set's ranks; for a set made from a communicator, learned from the
-    members (collective over ``comm``, the job's communicator)."""
+    """The set's ranks as this process sees them. A set made from a
+    communicator learns them from its members (collective over ``comm``, the
+    job's communicator); a communicator from ``Split`` gives every group its
+    own set, so each rank gets its own group's ranks."""
     if process_set._comm is None:
         return process_set.ranks
     mine = None
     if process_set._comm != MPI.COMM_NULL:
-        mine = MPI.Group.Translate_ranks(process_set._comm.Get_group(),
-                                         list(range(process_set._comm.Get_size())),
-                                         comm.Get_group())
-    views = [v for v in comm.allgather(mine) if v is not None]
-    if not views or any(sorted(v) != sorted(views[0]) for v in views):
-        raise ValueError("hvdmx.add_process_set: the communicator's ranks differ between "
-                         "its members; pass the same communicator on every member")
-    if any(r == MPI.UNDEFINED for r in views[0]):
-        raise ValueError("hvdmx.add_process_set: the communicator has ranks outside the "
-                         "communicator hvdmx was initialized on")
-    return sorted(views[0])
+        mine = sorted(MPI.Group.Translate_ranks(process_set._comm.Get_group(),
+                                                list(range(process_set._comm.Get_size())),
+                                                comm.Get_group()))
+    views = comm.allgather(mine)
+    for rank, view in enumerate(views):
+        if view is None:
+            continue
+        if MPI.UNDEFINED in view:
+            raise ValueError("hvdmx.add_process_set: the communicator has ranks outside the "
+                             "communicator hvdmx was initialized on")
+        if rank not in view or any(views[other] != view for other in view):
+            raise ValueError("hvdmx.add_process_set: the communicators passed on different "
+                             "ranks do not split the job into groups (rank "
+                             f"{rank} sees {view}); pass each rank its group's communicator, "
+                             "e.g. from comm.Split(color)")
+    if mine is not None:
+        return mine
+    return sorted({r for view in views if view is not None for r in view})
 
 
 def add_process_set(process_set: Union[ProcessSet, Sequence[int]]) -> ProcessSet:
@@ -139,8 +148,11 @@ def add_process_set(process_set: Union[ProcessSet, Sequence[int]]) -> ProcessSet
     if bad:
         raise ValueError(f"hvdmx.add_process_set: ranks {bad} are out of range for a job of "
                          f"size {n}; ranks must be in [0, {n})")
+    if not ranks:
+        raise ValueError("hvdmx.add_process_set: the communicator is MPI.COMM_NULL on every "
+                         "rank; a process set needs at least one rank")
     process_set._ranks = ranks
-    process_set.process_set_id = _core.add_process_set(ranks)
+    process_set.process_set_id = _core.add_process_set(ranks, process_set._comm is None)
     _registered[process_set.process_set_id] = process_set
     return process_set
 

@@ -158,23 +158,30 @@ void Shutdown() {
   StopAllLocked();
 }
 
-// Collective over the whole job: every rank passes the same sorted, distinct
-// ranks (checked here, so a mismatch is an error everywhere, not a hang).
-int AddProcessSet(const std::vector<int>& ranks) {
+// Collective over the whole job. With `same_everywhere`, every rank passes the
+// same sorted, distinct ranks (checked here, so a mismatch is an error
+// everywhere, not a hang). Without, the set is a partition made from a split
+// communicator: each rank passes its own group (checked by the caller) and
+// every group becomes a set of its own under the one id.
+int AddProcessSet(const std::vector<int>& ranks, bool same_everywhere) {
   std::lock_guard<std::mutex> lock(G().mu);
   if (!Running()) throw std::runtime_error(kNotInitialized);
-  for (const auto& kv : G().set_ranks) {
-    if (kv.second == ranks) {
-      throw py::value_error("hvdmx.add_process_set: a process set with ranks " +
-                            ShapeString(std::vector<int64_t>(ranks.begin(), ranks.end())) +
-                            " already exists (id " + std::to_string(kv.first) +
-                            "); use that one");
+  if (same_everywhere) {
+    for (const auto& kv : G().set_ranks) {
+      if (kv.second == ranks) {
+        throw py::value_error("hvdmx.add_process_set: a process set with ranks " +
+                              ShapeString(std::vector<int64_t>(ranks.begin(), ranks.end())) +
+                              " already exists (id " + std::to_string(kv.first) +
+                              "); use that one");
+      }
     }
   }
   // Every rank's list must be the same: compare a fingerprint of it.
   uint64_t mine = 1469598103934665603ULL;
-  for (int r : ranks) mine = (mine ^ static_cast<uint64_t>(r + 1)) * 1099511628211ULL;
-  mine ^= ranks.size();
+  if (same_everywhere) {
+    for (int r : ranks) mine = (mine ^ static_cast<uint64_t>(r + 1)) * 1099511628211ULL;
+    mine ^= ranks.size();
+  }
   std::vector<uint64_t> all(G().topo.size);
   MPI_Comm sub = MPI_COMM_NULL;
   const bool member = std::find(ranks.begin(), ranks.end(), G().topo.rank) != ranks.end();
@@ -184,7 +191,7 @@ int AddProcessSet(const std::vector<int>& ranks) {
     MPI_Allgather(&mine, 1, MPI_UINT64_T, all.data(), 1, MPI_UINT64_T, G().world);
     for (uint64_t h : all) agree &= h == all[0];
     if (agree) {
-      MPI_Comm_split(G().world, member ? 0 : MPI_UNDEFINED, G().topo.rank, &sub);
+      MPI_Comm_split(G().world, member ? ranks[0] : MPI_UNDEFINED, G().topo.rank, &sub);
     }
   }
   if (!agree) {

@@ -176,8 +176,16 @@ Response MakeResponse(const std::vector<Request>& requests) {
     bool differs = false;
     for (const Request& q : requests) differs |= prop.value(q) != want;
     if (!differs) continue;
+    // A sizes round runs under the name plus "#sizes" (hvdmx/ops.py); the
+    // user knows the name they gave.
+    std::string shown = first.name;
+    const std::string suffix = "#sizes";
+    if (first.sizes_only && shown.size() > suffix.size() &&
+        shown.compare(shown.size() - suffix.size(), suffix.size(), suffix) == 0) {
+      shown.resize(shown.size() - suffix.size());
+    }
     std::ostringstream msg;
-    msg << "hvdmx: " << CollectiveTypeName(type) << " of tensor '" << first.name
+    msg << "hvdmx: " << CollectiveTypeName(type) << " of tensor '" << shown
         << "' was called with different " << prop.what << " on different ranks: ";
     for (size_t i = 0; i < requests.size(); ++i) {
       msg << (i ? ", " : "") << "rank " << requests[i].rank << " has " << prop.value(requests[i]);

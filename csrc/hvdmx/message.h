@@ -27,7 +27,8 @@ struct Request {
   int32_t device = -1;  // -1: CPU; otherwise a GPU ordinal
   // Allgather and alltoall negotiate twice: first only the sizes (each
   // rank's dim 0, or its alltoall splits), at the call, so that the output
-  // can be allocated; then the data, from the engine op.
+  // can be allocated; then the data, from the engine op. The sizes round
+  // carries the name plus "#sizes", so the two rounds never share a name.
   bool sizes_only = false;
   // alltoall, sizes round: rows this rank sends to each rank. Data round of
   // allgather and alltoall: the sizes round's Response::splits.

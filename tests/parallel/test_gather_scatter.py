@@ -1,0 +1,178 @@
+"""allgather, grouped_allgather, alltoall, reducescatter and
+grouped_reducescatter: exact results for every dtype, ragged first
+dimensions (0 rows on some ranks included) and every size."""
+import mxnet as mx
+import numpy as np
+import pytest
+
+import hvdmx as hvd
+from conftest import all_equal_across_ranks
+from helpers import DTYPES, expected, rank_input
+
+TRAILING = [(), (3,), (2, 2)]
+
+
+def rows_of(rank, k):
+    """Rows rank `rank` contributes in variant k: 0 on some ranks."""
+    return (rank * 2 + k) % 3
+
+
+def block(rank, rows, trailing, dtype):
+    count = rows * int(np.prod(trailing, dtype=np.int64))
+    return rank_input(rank, count, dtype, hvd.Sum).reshape((rows,) + trailing)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_allgather_ragged_rows(world, dtype):
+    rank, size = world
+    for trailing in TRAILING:
+        for k in range(3):
+            x = mx.nd.array(block(rank, rows_of(rank, k), trailing, dtype), dtype=dtype)
+            out = hvd.allgather(x, name=f"ag.{dtype}.{trailing}.{k}")
+            want = np.concatenate([block(r, rows_of(r, k), trailing, dtype) for r in range(size)])
+            got = out.asnumpy()
+            assert got.dtype == want.dtype and got.shape == want.shape
+            assert np.array_equal(got, want)
+            assert all_equal_across_ranks(got)
+
+
+def test_allgather_large_and_unnamed(world):
+    rank, size = world
+    rows = 70_001 + rank
+    x = mx.nd.array(block(rank, rows, (3,), "float32"))
+    got = hvd.allgather(x).asnumpy()
+    want = np.concatenate([block(r, 70_001 + r, (3,), "float32") for r in range(size)])
+    assert np.array_equal(got, want)
+
+
+def test_allgather_repeats_hit_the_cache_and_stay_right(world):
+    # The same name again and again, its sizes changing every other call.
+    rank, size = world
+    for step in range(6):
+        rows = rank + step % 2
+        x = mx.nd.array(block(rank + step, rows, (2,), "int32"), dtype="int32")
+        got = hvd.allgather(x, name="ag.repeat").asnumpy()
+        want = np.concatenate([block(r + step, r + step % 2, (2,), "int32")
+                               for r in range(size)])
+        assert np.array_equal(got, want)
+
+
+def test_grouped_allgather_mixed(world):
+    rank, size = world
+    xs = [mx.nd.array(block(rank, rows_of(rank, 1), (2,), "float32")),
+          mx.nd.array(block(rank + 1, rank + 1, (), "int64"), dtype="int64"),
+          mx.nd.array(block(rank + 2, rows_of(rank, 2), (2, 2), "float16"), dtype="float16")]
+    outs = hvd.grouped_allgather(xs, name="gag")
+    wants = [np.concatenate([block(r, rows_of(r, 1), (2,), "float32") for r in range(size)]),
+             np.concatenate([block(r + 1, r + 1, (), "int64") for r in range(size)]),
+             np.concatenate([block(r + 2, rows_of(r, 2), (2, 2), "float16")
+                             for r in range(size)])]
+    for out, want in zip(outs, wants):
+        assert np.array_equal(out.asnumpy(), want) and out.dtype == want.dtype
+    assert hvd.grouped_allgather([]) == []
+
+
+def alltoall_splits(size, src):
+    """Rows rank `src` sends to each rank (0 for some pairs)."""
+    return [(src + 2 * dst) % 3 for dst in range(size)]
+
+
+def alltoall_rows(src, dst, rows, trailing, dtype):
+    count = rows * int(np.prod(trailing, dtype=np.int64))
+    values = (np.arange(count) * 5 + src * 3 + dst * 7) % 13
+    return values.astype(dtype).reshape((rows,) + trailing)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_alltoall_with_splits(world, dtype):
+    rank, size = world
+    for trailing in [(), (3,)]:
+        splits = alltoall_splits(size, rank)
+        x = np.concatenate([alltoall_rows(rank, d, splits[d], trailing, dtype)
+                            for d in range(size)])
+        out, received = hvd.alltoall(mx.nd.array(x, dtype=dtype), splits=splits,
+                                     name=f"a2a.{dtype}.{trailing}")
+        want = np.concatenate([alltoall_rows(s, rank, alltoall_splits(size, s)[rank], trailing,
+                                             dtype) for s in range(size)])
+        assert np.array_equal(out.asnumpy(), want) and out.dtype == want.dtype
+        assert received.dtype == np.int32
+        assert received.asnumpy().tolist() == [alltoall_splits(size, s)[rank]
+                                               for s in range(size)]
+
+
+@pytest.mark.parametrize("splits_type", ["list", "numpy", "ndarray"])
+def test_alltoall_splits_types(world, splits_type):
+    rank, size = world
+    splits = alltoall_splits(size, rank)
+    given = {"list": splits, "numpy": np.array(splits, dtype=np.int64),
+             "ndarray": mx.nd.array(splits, dtype="int32")}[splits_type]
+    x = np.concatenate([alltoall_rows(rank, d, splits[d], (2,), "float32") for d in range(size)])
+    out, received = hvd.alltoall(mx.nd.array(x), splits=given)
+    want = np.concatenate([alltoall_rows(s, rank, alltoall_splits(size, s)[rank], (2,),
+                                         "float32") for s in range(size)])
+    assert np.array_equal(out.asnumpy(), want)
+
+
+def test_alltoall_equal_split(world):
+    rank, size = world
+    x = np.concatenate([alltoall_rows(rank, d, 3, (2,), "int32") for d in range(size)])
+    out = hvd.alltoall(mx.nd.array(x, dtype="int32"))
+    assert isinstance(out, mx.nd.NDArray)
+    want = np.concatenate([alltoall_rows(s, rank, 3, (2,), "int32") for s in range(size)])
+    assert np.array_equal(out.asnumpy(), want)
+
+
+def test_alltoall_large(world):
+    rank, size = world
+    splits = [50_000 + d for d in range(size)]
+    x = np.concatenate([alltoall_rows(rank, d, splits[d], (4,), "float32") for d in range(size)])
+    out, _ = hvd.alltoall(mx.nd.array(x), splits=splits)
+    want = np.concatenate([alltoall_rows(s, rank, 50_000 + rank, (4,), "float32")
+                           for s in range(size)])
+    assert np.array_equal(out.asnumpy(), want)
+
+
+def my_rows(dim0, size, rank):
+    """The rows reducescatter leaves on `rank`: the first ranks get the remainder."""
+    base, rem = divmod(dim0, size)
+    start = rank * base + min(rank, rem)
+    return start, start + base + (1 if rank < rem else 0)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_reducescatter_every_dtype_and_size(world, dtype):
+    rank, size = world
+    for op in (hvd.Sum, hvd.Average):
+        for dim0 in sorted({1, max(size - 1, 1), size + 1, 2 * size + 3}):
+            x = rank_input(rank, dim0 * 2, dtype, op).reshape(dim0, 2)
+            out = hvd.reducescatter(mx.nd.array(x, dtype=dtype), op=op,
+                                    name=f"rs.{dtype}.{op}.{dim0}")
+            start, end = my_rows(dim0, size, rank)
+            want = expected(size, dim0 * 2, dtype, op).reshape(dim0, 2)[start:end]
+            got = out.asnumpy()
+            assert got.dtype == want.dtype and got.shape == want.shape
+            assert np.array_equal(got, want), (op, dim0)
+
+
+def test_reducescatter_scale_factors_and_large(world):
+    rank, size = world
+    dim0 = 40_003
+    x = rank_input(rank, dim0 * 3, "float64", hvd.Sum).reshape(dim0, 3)
+    out = hvd.reducescatter(mx.nd.array(x, dtype="float64"), op=hvd.Sum, prescale_factor=2.0,
+                            postscale_factor=0.5)
+    start, end = my_rows(dim0, size, rank)
+    want = expected(size, dim0 * 3, "float64", hvd.Sum, 2.0, 0.5).reshape(dim0, 3)[start:end]
+    assert np.array_equal(out.asnumpy(), want)
+
+
+def test_grouped_reducescatter_mixed_dtypes(world):
+    rank, size = world
+    shapes = [(size + 1, 2), (3 * size,), (1, 3, 2)]
+    dtypes = ["float32", "int32", "float32"]
+    xs = [mx.nd.array(rank_input(rank, int(np.prod(s)), d, hvd.Sum).reshape(s), dtype=d)
+          for s, d in zip(shapes, dtypes)]
+    outs = hvd.grouped_reducescatter(xs, op=hvd.Sum, name="grs")
+    for out, s, d in zip(outs, shapes, dtypes):
+        start, end = my_rows(s[0], size, rank)
+        want = expected(size, int(np.prod(s)), d, hvd.Sum).reshape(s)[start:end]
+        assert np.array_equal(out.asnumpy(), want)

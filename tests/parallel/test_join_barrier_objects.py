@@ -1,0 +1,96 @@
+"""join, barrier, broadcast_object and allgather_object."""
+import mxnet as mx
+import numpy as np
+import pytest
+
+import hvdmx as hvd
+
+
+def test_join_with_uneven_batches(world):
+    rank, size = world
+    outs = []
+    for step in range(rank + 1):  # rank r has r + 1 batches
+        x = mx.nd.array(np.full((5,), step + 1, dtype=np.float32))
+        outs.append(hvd.allreduce(x, op=hvd.Sum, name=f"join.{step}"))
+    last = hvd.join()
+    # Only the rank with the most batches can finish last.
+    assert last == size - 1
+    for step, out in enumerate(outs):
+        ranks_with_data = sum(1 for r in range(size) if r + 1 > step)
+        assert out.asnumpy().tolist() == [ranks_with_data * (step + 1)] * 5
+    # After every rank has joined, collectives are normal again.
+    out = hvd.allreduce(mx.nd.ones((2,)), op=hvd.Average, name="join.after")
+    assert out.asnumpy().tolist() == [1.0, 1.0]
+
+
+def test_join_average_divides_by_size(world):
+    rank, size = world
+    out = None
+    if rank != 0:
+        out = hvd.allreduce(mx.nd.full((3,), size, dtype="float32"), name="join.avg")
+    hvd.join()
+    if out is not None:
+        assert out.asnumpy().tolist() == [size - 1] * 3
+
+
+def test_other_collectives_fail_while_a_rank_has_joined(world):
+    rank, size = world
+    if size == 1:
+        pytest.skip("needs a rank that joins and one that does not")
+    if rank == 0:
+        assert hvd.join() != 0
+    else:
+        out = hvd.broadcast(mx.nd.ones((2,)), root_rank=1, name="join.bcast")
+        with pytest.raises(mx.base.MXNetError, match="rank\\(s\\) 0 have called join"):
+            out.wait_to_read()
+        hvd.join()
+    assert hvd.allreduce(mx.nd.ones((1,)), op=hvd.Sum).asscalar() == size
+
+
+def test_join_repeatedly(world):
+    rank, size = world
+    for epoch in range(3):
+        for step in range((rank + epoch) % size + 1):
+            hvd.allreduce(mx.nd.ones((1,)), name=f"join.rep.{step}").wait_to_read()
+        assert 0 <= hvd.join() < size
+
+
+def test_barrier(world):
+    rank, size = world
+    for _ in range(5):
+        assert hvd.barrier() is None
+    pending = hvd.allreduce(mx.nd.ones((1,)), op=hvd.Sum)
+    hvd.barrier()
+    assert pending.asscalar() == size
+
+
+OBJECTS = [{"a": 1, "b": [1, 2, {"c": "d"}]}, np.arange(12).reshape(3, 4), [[1, [2, [3]]], ()],
+           "text", None]
+
+
+def test_broadcast_object_every_root(world):
+    rank, size = world
+    for root in range(size):
+        for i, obj in enumerate(OBJECTS):
+            mine = (obj, rank) if rank == root else ("not", rank)
+            got = hvd.broadcast_object(mine, root_rank=root, name=f"bo.{root}.{i}")
+            assert got[1] == root
+            if isinstance(obj, np.ndarray):
+                assert np.array_equal(got[0], obj)
+            else:
+                assert got[0] == obj
+
+
+def test_allgather_object(world):
+    rank, size = world
+    got = hvd.allgather_object({"rank": rank, "data": list(range(rank))})
+    assert got == [{"rank": r, "data": list(range(r))} for r in range(size)]
+    arrays = hvd.allgather_object(np.full((rank + 1,), rank))
+    assert all(np.array_equal(a, np.full((r + 1,), r)) for r, a in enumerate(arrays))
+
+
+def test_object_bad_input():
+    with pytest.raises(ValueError, match="'root_rank'=-1 is out of range"):
+        hvd.broadcast_object(1, root_rank=-1)
+    with pytest.raises(TypeError, match="'name' must be a str"):
+        hvd.allgather_object(1, name=3)
