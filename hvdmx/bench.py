@@ -4,13 +4,18 @@ Run under MPI, e.g.::
 
     mpiexec -n 2 python -m hvdmx.bench allreduce
     mpiexec -n 2 python -m hvdmx.bench allreduce --min-bytes 4 --max-bytes 4 --iters 2000
+    mpiexec -n 2 python -m hvdmx.bench allgather --min-bytes 1M --max-bytes 64M
     mpiexec -n 2 python -m hvdmx.bench idle --seconds 10
 
-``allreduce`` times hvdmx through the whole stack (Python call, MXNet engine,
-negotiation, collective, result read) and, in the same run, ``MPI_Allreduce``
-called through mpi4py on the same bytes, and prints both with their ratio.
-Sizes are bytes; GB = 1e9; busbw = algbw * 2(n-1)/n. Every size first gets a
-correctness pass (#wrong counts elements that differ from the exact sum).
+``allreduce``, ``allgather``, ``broadcast``, ``alltoall`` and ``reducescatter``
+time hvdmx through the whole stack (Python call, MXNet engine, negotiation,
+collective, result read) and, in the same run, the matching MPI call through
+mpi4py on the same bytes (MPI_Allreduce, MPI_Allgather, MPI_Bcast,
+MPI_Alltoall, MPI_Reduce_scatter_block), and print both with their ratio.
+Sizes are bytes of the largest buffer; GB = 1e9; busbw = algbw times
+2(n-1)/n for allreduce, (n-1)/n for allgather, alltoall and reducescatter,
+1 for broadcast (nccl-tests' factors). Every size first gets a correctness
+pass (#wrong counts elements that differ from the exact result).
 ``idle`` reports the CPU time an initialized process uses while it runs no
 collective.
 """
@@ -60,45 +65,103 @@ def _mpi():
     return MPI
 
 
-def run_allreduce(args) -> list:
-    import mxnet as mx
+# busbw = algbw * factor(n): what each link carries, as nccl-tests defines it.
+BUS_FACTOR = {
+    "allreduce": lambda n: 2 * (n - 1) / n,
+    "allgather": lambda n: (n - 1) / n,
+    "reducescatter": lambda n: (n - 1) / n,
+    "alltoall": lambda n: (n - 1) / n,
+    "broadcast": lambda n: 1.0,
+}
+REDOP = {"allreduce": "sum", "reducescatter": "sum"}
+
+
+class _Case:
+    """One collective at one size: hvdmx's step, MPI's step and both checks.
+
+    ``size`` is the bytes of the largest buffer (nccl-tests' convention):
+    the whole vector for allreduce, broadcast and reducescatter's input,
+    allgather's output, and what each rank sends in alltoall.
+    """
+
+    def __init__(self, kind, count, dtype, rank, n, comm):
+        import mxnet as mx
+        import hvdmx as hvd
+        MPI = _mpi()
+        part = count // n  # per-rank elements where the op splits the vector
+        inputs = [((np.arange(count) + r) % 7).astype(dtype) for r in range(n)]
+        mine = inputs[rank]
+        name = f"bench.{kind}"
+        if kind == "allreduce":
+            buf = mx.nd.array(mine, dtype=dtype)
+            self.want = sum(x.astype(np.int64) for x in inputs).astype(dtype)
+            self.hvdmx = lambda: hvd.allreduce(buf, op=hvd.Sum, name=name)
+            mpi_send, mpi_recv = mine.copy(), np.empty_like(mine)
+            self.mpi = lambda: comm.Allreduce(mpi_send, mpi_recv, op=MPI.SUM)
+        elif kind == "allgather":
+            own = mine[:part]
+            buf = mx.nd.array(own, dtype=dtype)
+            self.want = np.concatenate([x[:part] for x in inputs])
+            self.hvdmx = lambda: hvd.allgather(buf, name=name)
+            mpi_recv = np.empty(part * n, dtype=dtype)
+            self.mpi = lambda: comm.Allgather(own, mpi_recv)
+        elif kind == "broadcast":
+            buf = mx.nd.array(mine, dtype=dtype)
+            self.want = inputs[0]
+            self.hvdmx = lambda: hvd.broadcast(buf, root_rank=0, name=name)
+            mpi_recv = mine.copy()
+            self.mpi = lambda: comm.Bcast(mpi_recv, root=0)
+        elif kind == "alltoall":
+            buf = mx.nd.array(mine[:part * n], dtype=dtype)
+            self.want = np.concatenate([x[rank * part:(rank + 1) * part] for x in inputs])
+            self.hvdmx = lambda: hvd.alltoall(buf, name=name)
+            send, mpi_recv = mine[:part * n].copy(), np.empty(part * n, dtype=dtype)
+            self.mpi = lambda: comm.Alltoall(send, mpi_recv)
+        elif kind == "reducescatter":
+            buf = mx.nd.array(mine[:part * n], dtype=dtype)
+            total = sum(x[:part * n].astype(np.int64) for x in inputs).astype(dtype)
+            self.want = total[rank * part:(rank + 1) * part]
+            self.hvdmx = lambda: hvd.reducescatter(buf, op=hvd.Sum, name=name)
+            send, mpi_recv = mine[:part * n].copy(), np.empty(part, dtype=dtype)
+            self.mpi = lambda: comm.Reduce_scatter_block(send, mpi_recv, op=MPI.SUM)
+        self.mpi_out = mpi_recv if kind != "allreduce" else mpi_recv
+
+    def hvdmx_wrong(self) -> int:
+        return int(np.count_nonzero(self.hvdmx().asnumpy() != self.want))
+
+    def mpi_wrong(self) -> int:
+        self.mpi()
+        return int(np.count_nonzero(self.mpi_out != self.want))
+
+
+def run_collective(args) -> list:
     import hvdmx as hvd
-    MPI = _mpi()
-    comm = MPI.COMM_WORLD
+    comm = _mpi().COMM_WORLD
     hvd.init()
     rank, n = hvd.rank(), hvd.size()
     dtype = np.dtype(DTYPES[args.dtype])
+    kind = args.command
+    # MPI has no float16 reductions.
+    mpi_runs = args.vs_mpi and not (dtype == np.float16 and kind in REDOP)
     rows = []
     for nbytes in sizes(args.min_bytes, args.max_bytes, args.factor):
         count = max(1, nbytes // dtype.itemsize)
+        if kind in ("allgather", "alltoall", "reducescatter"):
+            count = max(n, count - count % n)
         nbytes = count * dtype.itemsize
-        data = ((np.arange(count) + rank) % 7).astype(dtype)
-        want = sum(((np.arange(count) + r) % 7) for r in range(n)).astype(dtype)
         iters = args.iters or max(5, min(1000, int(2e9 / max(nbytes, 1) / 100)))
         warmup = max(2, iters // 10)
-
-        x = mx.nd.array(data, dtype=dtype)
-        out = hvd.allreduce(x, op=hvd.Sum, name="bench.check")
-        wrong = int(np.count_nonzero(out.asnumpy() != want))
-        buf = mx.nd.array(data, dtype=dtype)
-
-        def hvdmx_step():
-            hvd.allreduce_(buf, op=hvd.Sum, name="bench.ar").wait_to_read()
-
-        t_hvd = _timed(hvdmx_step, warmup, iters, comm)
-
-        mpi_buf = data.copy()
-        check = data.copy()
-        comm.Allreduce(MPI.IN_PLACE, check, op=MPI.SUM)
-        mpi_wrong = int(np.count_nonzero(check != want))
-
-        def mpi_step():
-            comm.Allreduce(MPI.IN_PLACE, mpi_buf, op=MPI.SUM)
-
-        t_mpi = _timed(mpi_step, warmup, iters, comm) if dtype != np.float16 else float("nan")
-        factor = 2 * (n - 1) / n if n > 1 else 0.0
+        case = _Case(kind, count, dtype, rank, n, comm)
+        wrong = case.hvdmx_wrong()
+        t_hvd = _timed(lambda: case.hvdmx().wait_to_read(), warmup, iters, comm)
+        t_mpi, mpi_wrong = float("nan"), 0
+        if mpi_runs:
+            mpi_wrong = case.mpi_wrong()
+            t_mpi = _timed(case.mpi, warmup, iters, comm)
+        factor = BUS_FACTOR[kind](n) if n > 1 else 0.0
         rows.append({
-            "bytes": nbytes, "count": count, "type": args.dtype, "redop": "sum",
+            "op": kind, "bytes": nbytes, "count": count, "type": args.dtype,
+            "redop": REDOP.get(kind, "none"),
             "hvdmx_us": t_hvd * 1e6, "hvdmx_algbw": nbytes / t_hvd / 1e9,
             "hvdmx_busbw": nbytes / t_hvd / 1e9 * factor, "hvdmx_wrong": wrong,
             "mpi_us": t_mpi * 1e6, "mpi_algbw": nbytes / t_mpi / 1e9,
@@ -109,8 +172,13 @@ def run_allreduce(args) -> list:
     return rows
 
 
-def print_allreduce(rows: list, n: int) -> None:
-    print(f"# hvdmx allreduce vs MPI_Allreduce (mpi4py), {n} ranks; time = mean per call "
+MPI_CALL = {"allreduce": "MPI_Allreduce", "allgather": "MPI_Allgather",
+            "broadcast": "MPI_Bcast", "alltoall": "MPI_Alltoall",
+            "reducescatter": "MPI_Reduce_scatter_block"}
+
+
+def print_collective(rows: list, n: int, kind: str) -> None:
+    print(f"# hvdmx {kind} vs {MPI_CALL[kind]} (mpi4py), {n} ranks; time = mean per call "
           "incl. result read; GB/s = 1e9 B/s")
     head = (f"{'size(B)':>12} {'count':>11} {'type':>8} {'redop':>5} | "
             f"{'hvdmx us':>10} {'algbw':>7} {'busbw':>7} {'#wrong':>6} | "
@@ -144,13 +212,17 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="python -m hvdmx.bench", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="command", required=True)
-    ar = sub.add_parser("allreduce", help="hvdmx allreduce beside MPI_Allreduce")
-    ar.add_argument("--min-bytes", type=parse_size, default=4, help="smallest size (4, 1K, 1M)")
-    ar.add_argument("--max-bytes", type=parse_size, default=64 << 20, help="largest size")
-    ar.add_argument("--factor", type=int, default=4, help="size multiplier between rows")
-    ar.add_argument("--dtype", choices=sorted(DTYPES), default="float32")
-    ar.add_argument("--iters", type=int, default=0, help="timed iterations (0: by size)")
-    ar.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    for kind in BUS_FACTOR:
+        ar = sub.add_parser(kind, help=f"hvdmx {kind} beside {MPI_CALL[kind]}")
+        ar.add_argument("--min-bytes", type=parse_size, default=4,
+                        help="smallest size (4, 1K, 1M)")
+        ar.add_argument("--max-bytes", type=parse_size, default=64 << 20, help="largest size")
+        ar.add_argument("--factor", type=int, default=4, help="size multiplier between rows")
+        ar.add_argument("--dtype", choices=sorted(DTYPES), default="float32")
+        ar.add_argument("--iters", type=int, default=0, help="timed iterations (0: by size)")
+        ar.add_argument("--vs-mpi", action=argparse.BooleanOptionalAction, default=True,
+                        help=f"also time {MPI_CALL[kind]} in the same run (default: on)")
+        ar.add_argument("--json", action="store_true", help="print JSON instead of a table")
     idle = sub.add_parser("idle", help="CPU used by an initialized, idle process")
     idle.add_argument("--seconds", type=float, default=5.0)
     idle.add_argument("--json", action="store_true")
@@ -158,11 +230,14 @@ def main(argv=None) -> int:
 
     MPI = _mpi()
     rank, n = MPI.COMM_WORLD.Get_rank(), MPI.COMM_WORLD.Get_size()
-    if args.command == "allreduce":
-        rows = run_allreduce(args)
+    if args.command in BUS_FACTOR:
+        rows = run_collective(args)
         if rank == 0:
-            print(json.dumps(rows, indent=1)) if args.json else print_allreduce(rows, n)
-        return 1 if any(r["hvdmx_wrong"] for r in rows) else 0
+            if args.json:
+                print(json.dumps(rows, indent=1))
+            else:
+                print_collective(rows, n, args.command)
+        return 1 if any(r["hvdmx_wrong"] or r["mpi_wrong"] for r in rows) else 0
     rows = run_idle(args)
     if rank == 0:
         if args.json:

@@ -389,6 +389,8 @@ def alltoall(tensor, splits=None, name=None, priority=0, process_set=global_proc
         output = _new_like(tensor, (sum(recv),) + tuple(tensor.shape[1:]))
         _push(set_id, _core.ALLTOALL, name, [tensor], [output], [code], splits=matrix,
               priority=priority, ctx=ctx)
+        if splits is None:
+            return output
         received = mx.nd.array(recv, dtype="int32")
     return output if splits is None else (output, received)
 
