@@ -95,9 +95,11 @@ class _Case:
         if kind == "allreduce":
             buf = mx.nd.array(mine, dtype=dtype)
             self.want = sum(x.astype(np.int64) for x in inputs).astype(dtype)
-            self.hvdmx = lambda: hvd.allreduce(buf, op=hvd.Sum, name=name)
-            mpi_send, mpi_recv = mine.copy(), np.empty_like(mine)
-            self.mpi = lambda: comm.Allreduce(mpi_send, mpi_recv, op=MPI.SUM)
+            # In place, like the MPI call beside it: a new output per call would
+            # time MXNet's allocation (page faults), not the collective.
+            self.hvdmx = lambda: hvd.allreduce_(buf, op=hvd.Sum, name=name)
+            mpi_recv = mine.copy()
+            self.mpi = lambda: comm.Allreduce(MPI.IN_PLACE, mpi_recv, op=MPI.SUM)
         elif kind == "allgather":
             own = mine[:part]
             buf = mx.nd.array(own, dtype=dtype)
@@ -108,7 +110,7 @@ class _Case:
         elif kind == "broadcast":
             buf = mx.nd.array(mine, dtype=dtype)
             self.want = inputs[0]
-            self.hvdmx = lambda: hvd.broadcast(buf, root_rank=0, name=name)
+            self.hvdmx = lambda: hvd.broadcast_(buf, root_rank=0, name=name)
             mpi_recv = mine.copy()
             self.mpi = lambda: comm.Bcast(mpi_recv, root=0)
         elif kind == "alltoall":

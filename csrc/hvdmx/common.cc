@@ -1,5 +1,8 @@
 #include "common.h"
 
+#include <sys/mman.h>
+
+#include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <sstream>
@@ -70,6 +73,14 @@ std::string CollectiveTypeName(CollectiveType type) {
     case CollectiveType::kJoin: return "join";
   }
   return "collective(" + std::to_string(static_cast<int>(type)) + ")";
+}
+
+void AdviseHugePages(void* data, int64_t bytes) {
+  constexpr int64_t kHuge = int64_t{2} << 20;
+  if (data == nullptr || bytes < 2 * kHuge) return;
+  const uintptr_t begin = (reinterpret_cast<uintptr_t>(data) + kHuge - 1) & ~uintptr_t(kHuge - 1);
+  const uintptr_t end = (reinterpret_cast<uintptr_t>(data) + bytes) & ~uintptr_t(kHuge - 1);
+  if (end > begin) madvise(reinterpret_cast<void*>(begin), end - begin, MADV_HUGEPAGE);
 }
 
 std::string ShapeString(const std::vector<int64_t>& shape) {
