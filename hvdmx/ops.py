@@ -85,8 +85,9 @@ def _empty_like(tensor):
 
 def _check_common(fn: str, name, priority) -> None:
     if not _core.is_initialized():
-        raise ValueError("hvdmx has not been initialized, or has been shut down; call "
-                         "hvd.init() first")
+        reason = _core.stop_reason()
+        raise ValueError(reason if reason else "hvdmx has not been initialized, or has been "
+                         "shut down; call hvd.init() first")
     if name is not None and not isinstance(name, str):
         raise TypeError(f"hvdmx.{fn}: argument 'name' must be a str or None, got "
                         f"{type(name).__name__}")

@@ -11,6 +11,7 @@ def test_defaults():
     assert c["cache_capacity"] == 1024
     assert c["allreduce_algo"] == "auto"
     assert c["stall_check_seconds"] == 60
+    assert c["stall_shutdown_seconds"] == 0
 
 
 def test_hvdmx_names_and_horovod_twins():
@@ -26,6 +27,8 @@ def test_hvdmx_names_and_horovod_twins():
                                     "HVDMX_RING_SEGMENT_BYTES": "4096",
                                     "HVDMX_LOG_LEVEL": "DEBUG"})
     assert (c["allreduce_algo"], c["ring_segment_bytes"], c["log_level"]) == ("ring", 4096, 1)
+    c = _core._testing_load_config({"HOROVOD_STALL_SHUTDOWN_TIME_SECONDS": "2.5"})
+    assert c["stall_shutdown_seconds"] == 2.5
 
 
 @pytest.mark.parametrize("name,value,accepted", [
@@ -37,6 +40,7 @@ def test_hvdmx_names_and_horovod_twins():
     ("HVDMX_RING_SEGMENT_BYTES", "8", "a byte count >= 64"),
     ("HVDMX_LOG_LEVEL", "loud", "one of trace"),
     ("HVDMX_STALL_CHECK_TIME_SECONDS", "inf", "seconds"),
+    ("HOROVOD_STALL_SHUTDOWN_TIME_SECONDS", "-2", "seconds >= 0"),
 ])
 def test_bad_values_name_the_variable_the_value_and_the_fix(name, value, accepted):
     with pytest.raises(ValueError) as info:

@@ -69,3 +69,50 @@ def test_stall_warning_names_the_waiting_tensor():
     assert "hvdmx WARNING rank 0" in result.stderr
     assert "have not run, because other ranks have not submitted them: late.tensor" in (
         result.stderr)
+
+
+def test_stall_shutdown_fails_a_skipped_tensor_on_every_rank():
+    # Rank 1 skips 'A'. Both ranks then wait on different tensors; after the
+    # stall shutdown time both get the stall report as an error, and exit.
+    result = run_job(2, """
+        try:
+            if rank == 0:
+                hvd.allreduce(mx.nd.ones((2,)), name="A").wait_to_read()
+            hvd.allreduce(mx.nd.ones((2,)), name="B").wait_to_read()
+        except mx.base.MXNetError as e:
+            msg = str(e).splitlines()
+            line = [l for l in msg if "HVDMX_STALL_SHUTDOWN_TIME_SECONDS" in l]
+            sys.stderr.write(f"rank {rank} failed: {line[0] if line else msg}\\n")
+            sys.exit(3)
+    """, timeout=60, HVDMX_STALL_CHECK_TIME_SECONDS="1", HVDMX_STALL_SHUTDOWN_TIME_SECONDS="2")
+    assert result.returncode != 0
+    assert "rank 0 failed:" in result.stderr and "rank 1 failed:" in result.stderr
+    assert "allreduce of tensor 'A' was submitted by rank(s) 0 but not by rank(s) 1" in (
+        result.stderr)
+    assert "allreduce of tensor 'B' was submitted by rank(s) 1 but not by rank(s) 0" in (
+        result.stderr)
+    # the warning came first, naming the missing rank
+    assert "'A' (missing on ranks 1)" in result.stderr
+
+
+def test_stall_shutdown_stops_waiting_for_a_rank_outside_hvdmx():
+    # Rank 1 never comes back to hvdmx (stuck in a sleep): rank 0 gives up
+    # the round after the shutdown time, with a report, instead of hanging.
+    result = run_job(2, """
+        import time
+        if rank == 1:
+            time.sleep(20)
+            os._exit(0)
+        try:
+            hvd.allreduce(mx.nd.ones((2,)), name="lonely").wait_to_read()
+        except mx.base.MXNetError as e:
+            sys.stderr.write("rank 0 failed: " + str(e).splitlines()[0] + "\\n")
+            later = hvd.is_initialized()
+            sys.stderr.write(f"initialized after: {later}\\n")
+            os._exit(3)
+    """, timeout=60, HVDMX_STALL_SHUTDOWN_TIME_SECONDS="2")
+    assert result.returncode != 0
+    assert "rank 0 failed:" in result.stderr
+    assert "the other ranks have not taken part in negotiation for 2 s" in result.stderr
+    assert "lonely" in result.stderr
+    assert "initialized after: False" in result.stderr

@@ -382,6 +382,7 @@ py::dict TestingLoadConfig(const std::map<std::string, std::string>& env) {
   d["ring_segment_bytes"] = c.ring_segment_bytes;
   d["log_level"] = static_cast<int>(c.log_level);
   d["stall_check_seconds"] = c.stall_check_seconds;
+  d["stall_shutdown_seconds"] = c.stall_shutdown_seconds;
   return d;
 }
 
@@ -485,6 +486,10 @@ PYBIND11_MODULE(_core, m) {
   m.def("is_initialized", [] {
     std::lock_guard<std::mutex> lock(G().mu);
     return Running();
+  });
+  m.def("stop_reason", [] {
+    std::lock_guard<std::mutex> lock(G().mu);
+    return G().runtime ? G().runtime->stop_reason() : std::string();
   });
   m.def("topology", [] {
     RunningRuntime();

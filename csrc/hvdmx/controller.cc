@@ -1,13 +1,16 @@
 #include "controller.h"
 
+#include <sstream>
+
 namespace hvdmx {
 namespace {
 constexpr uint64_t kNothingForCoordinator = 1;
 constexpr uint64_t kNoShutdown = 2;
 }  // namespace
 
-Controller::Controller(Comm& comm, int64_t cache_capacity)
+Controller::Controller(Comm& comm, int64_t cache_capacity, double stall_shutdown_seconds)
     : comm_(comm),
+      stall_shutdown_seconds_(stall_shutdown_seconds),
       cache_(cache_capacity),
       bit_words_(1 + (cache_capacity + 63) / 64),
       joined_ranks_(comm.size(), false) {}
@@ -20,7 +23,8 @@ std::vector<std::string> Controller::PendingNames() const {
 }
 
 RoundResult Controller::RunRound(std::vector<Request> new_requests, bool want_shutdown,
-                                 const std::function<void(int64_t)>& idle) {
+                                 const std::set<std::string>& stalled,
+                                 const std::function<bool(int64_t)>& idle) {
   // Step 1: sort new requests into cache hits and misses.
   std::vector<Request> misses;
   for (Request& q : new_requests) {
@@ -36,14 +40,23 @@ RoundResult Controller::RunRound(std::vector<Request> new_requests, bool want_sh
   // Step 2: one bitwise AND over flags and cache bits.
   std::vector<uint64_t> bits(bit_words_, 0);
   bits[0] = ~uint64_t{0};
-  if (!misses.empty() || !at_coordinator_.empty()) bits[0] &= ~kNothingForCoordinator;
+  bool stalled_hit = false;
+  for (const auto& hit : cache_hits_) stalled_hit |= stalled.count(hit.second.name) > 0;
+  if (!misses.empty() || !at_coordinator_.empty() || stalled_hit) {
+    bits[0] &= ~kNothingForCoordinator;
+  }
   if (want_shutdown) bits[0] &= ~kNoShutdown;
   for (const auto& hit : cache_hits_) bits[1 + hit.first / 64] |= uint64_t{1} << (hit.first % 64);
   comm_.StartBitAnd(bits.data(), static_cast<int>(bits.size()));
-  for (int64_t i = 0; !comm_.TestBitAnd(); ++i) idle(i);
+  RoundResult result;
+  for (int64_t i = 0; !comm_.TestBitAnd(); ++i) {
+    if (!idle(i)) {
+      result.abandoned = true;
+      return result;
+    }
+  }
 
   // Step 3: slots ready everywhere, in ascending order.
-  RoundResult result;
   for (auto it = cache_hits_.begin(); it != cache_hits_.end();) {
     int64_t slot = it->first;
     if (bits[1 + slot / 64] & (uint64_t{1} << (slot % 64))) {
@@ -59,18 +72,28 @@ RoundResult Controller::RunRound(std::vector<Request> new_requests, bool want_sh
   if ((bits[0] & kNothingForCoordinator) == 0) {
     for (auto& hit : cache_hits_) misses.push_back(std::move(hit.second));
     cache_hits_.clear();
-    for (const Request& q : misses) at_coordinator_.emplace(q.name, q);
+    for (Request& q : misses) {
+      q.stalled = stalled.count(q.name) > 0;
+      at_coordinator_.emplace(q.name, q);
+    }
     std::vector<std::string> gathered = comm_.Gather(SerializeRequests(misses), 0);
     std::string wire;
     if (comm_.rank() == 0) {
       std::vector<Response> fresh;
       for (const std::string& part : gathered) Coordinate(ParseRequests(part), &fresh);
       CompleteForJoined(&fresh);
+      FailStalled(&fresh);
       wire = SerializeResponses(fresh);
     }
     comm_.BcastString(&wire, 0);
     for (Response& response : ParseResponses(wire)) {
       auto mine = at_coordinator_.find(response.name);
+      if (mine == at_coordinator_.end() && !response.error.empty()) {
+        // A unit failed by the stall shutdown that this rank never
+        // submitted (see Note [Stall shutdown]): nothing to do here, and
+        // failed units are not cached.
+        continue;
+      }
       if (mine == at_coordinator_.end()) {
         // A unit this rank joined through (see Note [Join]). Every rank must
         // put it into its cache, in the same order; ours gets a request no
@@ -136,6 +159,7 @@ void Controller::Coordinate(const std::vector<Request>& requests, std::vector<Re
     HVDMX_CHECK(!entry.received[q.rank], "rank sent the same name twice: " + q.name);
     entry.requests[q.rank] = q;
     entry.received[q.rank] = true;
+    entry.stalled |= q.stalled;
     if (++entry.count == n) {
       out->push_back(MakeResponse(entry.requests));
       table_.erase(q.name);
@@ -185,6 +209,36 @@ void Controller::CompleteForJoined(std::vector<Response>* out) {
     out->push_back(done);
     joined_ranks_.assign(n, false);
     joined_count_ = 0;
+  }
+}
+
+void Controller::FailStalled(std::vector<Response>* out) {
+  if (stall_shutdown_seconds_ <= 0) return;
+  const auto cutoff = std::chrono::steady_clock::now() -
+                      std::chrono::duration_cast<std::chrono::steady_clock::duration>(
+                          std::chrono::duration<double>(stall_shutdown_seconds_));
+  for (auto it = table_.begin(); it != table_.end();) {
+    const TableEntry& entry = it->second;
+    if (!entry.stalled && entry.first_seen > cutoff) {
+      ++it;
+      continue;
+    }
+    std::string have, missing;
+    const Request* first = nullptr;
+    for (size_t r = 0; r < entry.received.size(); ++r) {
+      std::string& list = entry.received[r] ? have : missing;
+      list += (list.empty() ? "" : ", ") + std::to_string(r);
+      if (entry.received[r] && first == nullptr) first = &entry.requests[r];
+    }
+    std::ostringstream msg;
+    msg << "hvdmx: " << CollectiveTypeName(first->type) << " of tensor '" << it->first
+        << "' was submitted by rank(s) " << have << " but not by rank(s) " << missing
+        << " within " << stall_shutdown_seconds_
+        << " s (HVDMX_STALL_SHUTDOWN_TIME_SECONDS), so it has failed on every rank instead "
+           "of waiting on. A rank may be stuck or dead, or be running different collectives "
+           "(names, order or count); see docs/errors.md.";
+    out->push_back(ErrorResponse(*first, msg.str()));
+    it = table_.erase(it);
   }
 }
 

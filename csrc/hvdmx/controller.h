@@ -45,6 +45,20 @@
 // the last rank joins, rank 0 answers the join of every rank with the rank
 // that joined last, and the job goes on with no rank joined.
 //
+// Note [Stall shutdown]
+// ~~~~~~~~~~~~~~~~~~~~~~
+// With HVDMX_STALL_SHUTDOWN_TIME_SECONDS = T > 0, a unit some ranks have
+// submitted and others have not fails on every rank after T seconds instead
+// of waiting forever. A rank whose entry has waited T seconds marks its
+// request `stalled` and clears word 0 bit 0, so the round takes the slow path
+// even if the unit was a cache hit; rank 0 answers a stalled or T-seconds-old
+// incomplete unit with an error response naming the ranks that did not
+// submit it. Ranks that never submitted it ignore that response. This needs
+// the other ranks to take part in rounds, which they do whenever they have
+// work pending; a rank that is dead or busy outside hvdmx takes part in none,
+// so the runtime also gives up a single round after waiting T seconds for it
+// (runtime.h).
+//
 // Threading: only the runtime's background thread calls a Controller.
 #ifndef HVDMX_CONTROLLER_H_
 #define HVDMX_CONTROLLER_H_
@@ -66,16 +80,22 @@ namespace hvdmx {
 struct RoundResult {
   std::vector<Response> responses;  // identical on every rank, in run order
   bool shutdown = false;            // some rank asked to shut down
+  bool abandoned = false;           // `idle` gave up waiting for the peers
 };
 
 class Controller {
  public:
-  Controller(Comm& comm, int64_t cache_capacity);
+  // `stall_shutdown_seconds`: see Note [Stall shutdown]; 0 disables it.
+  Controller(Comm& comm, int64_t cache_capacity, double stall_shutdown_seconds = 0.0);
 
-  // Runs one round (see Note [Negotiation round]). `idle` is called while
-  // waiting for peers, with the number of times it was called before.
+  // Runs one round (see Note [Negotiation round]). `stalled` names this
+  // rank's entries that have waited the stall shutdown time. `idle` is
+  // called while waiting for peers, with the number of times it was called
+  // before; when it returns false the round is abandoned (the controller is
+  // then unusable: the peers' half of the round is still outstanding).
   RoundResult RunRound(std::vector<Request> new_requests, bool want_shutdown,
-                       const std::function<void(int64_t)>& idle);
+                       const std::set<std::string>& stalled,
+                       const std::function<bool(int64_t)>& idle);
 
   // Requests this rank has submitted that have no response yet.
   bool HasPending() const { return !cache_hits_.empty() || !at_coordinator_.empty(); }
@@ -96,8 +116,12 @@ class Controller {
   // because ranks joined (see Note [Join]), and the join's own response once
   // every rank has joined.
   void CompleteForJoined(std::vector<Response>* out);
+  // Rank 0 only: error responses for incomplete units that a rank marked
+  // stalled or that are older than the stall shutdown time.
+  void FailStalled(std::vector<Response>* out);
 
   Comm& comm_;
+  double stall_shutdown_seconds_;
   ResponseCache cache_;
   int64_t bit_words_;
   std::map<int64_t, Request> cache_hits_;  // slot -> request, waiting for its bit
@@ -109,6 +133,7 @@ class Controller {
     std::vector<bool> received;
     int count = 0;
     std::chrono::steady_clock::time_point first_seen;
+    bool stalled = false;
   };
   std::unordered_map<std::string, TableEntry> table_;
   // Rank 0: ranks whose join is pending, and the join requests themselves.

@@ -97,6 +97,9 @@ Status LoadConfig(const EnvLookup& lookup, Config* out) {
   s = ReadDouble(lookup, "STALL_CHECK_TIME_SECONDS", "seconds >= 0 (0 disables)",
                  &config.stall_check_seconds);
   if (!s.ok()) return s;
+  s = ReadDouble(lookup, "STALL_SHUTDOWN_TIME_SECONDS", "seconds >= 0 (0: never)",
+                 &config.stall_shutdown_seconds);
+  if (!s.ok()) return s;
 
   std::string name;
   if (auto value = Find(lookup, "ALLREDUCE_ALGO", &name)) {
@@ -125,7 +128,8 @@ std::string Config::ToString() const {
       << " cache_capacity=" << cache_capacity
       << " allreduce_algo=" << AllreduceAlgoName(allreduce_algo)
       << " ring_min_bytes=" << ring_min_bytes << " ring_segment_bytes=" << ring_segment_bytes
-      << " stall_check_seconds=" << stall_check_seconds;
+      << " stall_check_seconds=" << stall_check_seconds
+      << " stall_shutdown_seconds=" << stall_shutdown_seconds;
   return out.str();
 }
 

@@ -39,6 +39,10 @@ struct Config {
   // HVDMX_STALL_CHECK_TIME_SECONDS: warn when this rank has waited this long
   // for its peers to submit the tensors it has submitted. 0 disables.
   double stall_check_seconds = 60.0;
+  // HVDMX_STALL_SHUTDOWN_TIME_SECONDS: after this long, the stalled
+  // collectives fail on every rank with the stall report instead of waiting
+  // on. 0: never.
+  double stall_shutdown_seconds = 0.0;
 
   std::string ToString() const;
 };

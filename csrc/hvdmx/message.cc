@@ -221,6 +221,7 @@ std::string SerializeRequests(const std::vector<Request>& requests) {
     w.Pod(q.sizes_only);
     w.Pod<int64_t>(static_cast<int64_t>(q.splits.size()));
     for (int64_t v : q.splits) w.Pod(v);
+    w.Pod(q.stalled);
   }
   return w.Take();
 }
@@ -247,6 +248,7 @@ std::vector<Request> ParseRequests(const std::string& bytes) {
     q.sizes_only = r.Pod<bool>();
     q.splits.resize(r.Pod<int64_t>());
     for (int64_t& v : q.splits) v = r.Pod<int64_t>();
+    q.stalled = r.Pod<bool>();
   }
   HVDMX_CHECK(r.done(), "trailing bytes in request list");
   return out;

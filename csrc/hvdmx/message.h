@@ -33,6 +33,9 @@ struct Request {
   // alltoall, sizes round: rows this rank sends to each rank. Data round of
   // allgather and alltoall: the sizes round's Response::splits.
   std::vector<int64_t> splits;
+  // Set when this rank has waited HVDMX_STALL_SHUTDOWN_TIME_SECONDS for the
+  // unit: rank 0 then fails it everywhere (see Note [Stall shutdown]).
+  bool stalled = false;
 
   // Same collective with the same parameters (ignores `rank`).
   bool SameParams(const Request& other) const;

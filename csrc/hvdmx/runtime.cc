@@ -1,6 +1,8 @@
 #include "runtime.h"
 
 #include <algorithm>
+#include <climits>
+#include <set>
 #include <sstream>
 
 #include <pthread.h>
@@ -33,7 +35,7 @@ Runtime::Runtime(std::unique_ptr<Comm> control, std::unique_ptr<Comm> data, cons
     : control_(std::move(control)),
       data_(std::move(data)),
       config_(config),
-      controller_(*control_, config.cache_capacity),
+      controller_(*control_, config.cache_capacity, config.stall_shutdown_seconds),
       executor_(*data_, config_) {}
 
 Runtime::~Runtime() {
@@ -49,14 +51,14 @@ void Runtime::Start() {
 
 Status Runtime::Enqueue(TensorEntry entry) {
   if (stopped_) {
-    entry.callback(ShutdownStatus());
+    entry.callback(StoppedStatus());
     return Status::Ok();
   }
   Status added = queue_.Add(std::move(entry));
   if (!added.ok()) return added;
   if (stopped_) {
     // The loop may have exited between the check above and the Add.
-    FailAll(ShutdownStatus());
+    FailAll(StoppedStatus());
     return Status::Ok();
   }
   {
@@ -79,11 +81,16 @@ void Runtime::Shutdown() {
   FailAll(ShutdownStatus());
 }
 
+Status Runtime::StoppedStatus() {
+  std::lock_guard<std::mutex> lock(stop_mu_);
+  return stop_reason_.empty() ? ShutdownStatus() : Status::Shutdown(stop_reason_);
+}
+
 void Runtime::FailAll(const Status& status) {
   for (TensorEntry& entry : queue_.TakeAll()) entry.callback(status);
 }
 
-void Runtime::Idle(int64_t iteration) {
+bool Runtime::Idle(int64_t iteration) {
   const auto now = std::chrono::steady_clock::now();
   if (iteration == 0) wait_started_ = now;
   // Poll without sleeping for a short while: peers usually arrive within
@@ -92,11 +99,13 @@ void Runtime::Idle(int64_t iteration) {
       std::chrono::duration_cast<std::chrono::microseconds>(now - wait_started_).count();
   if (waited_us < kSpinMicros) {
     std::this_thread::yield();
-    return;
+    return true;
   }
   std::this_thread::sleep_for(
       std::chrono::microseconds(std::min<int64_t>(1000, 20 + (waited_us - kSpinMicros) / 8)));
   MaybeWarnStall();
+  return config_.stall_shutdown_seconds <= 0 ||
+         waited_us < static_cast<int64_t>(config_.stall_shutdown_seconds * 1e6);
 }
 
 void Runtime::MaybeWarnStall() {
@@ -151,8 +160,38 @@ bool Runtime::LoopOnce() {
   if (config_.cycle_time_ms > 0 && !want_shutdown) {
     std::this_thread::sleep_for(std::chrono::duration<double, std::milli>(config_.cycle_time_ms));
   }
-  RoundResult round = controller_.RunRound(queue_.TakeNewRequests(), want_shutdown,
-                                           [this](int64_t i) { Idle(i); });
+  std::set<std::string> stalled;
+  if (config_.stall_shutdown_seconds > 0) {
+    const auto cutoff = std::chrono::steady_clock::now() -
+                        std::chrono::duration_cast<std::chrono::steady_clock::duration>(
+                            std::chrono::duration<double>(config_.stall_shutdown_seconds));
+    size_t total = 0;
+    for (std::string& name : queue_.EnqueuedBefore(cutoff, SIZE_MAX, &total)) {
+      stalled.insert(std::move(name));
+    }
+  }
+  RoundResult round = controller_.RunRound(queue_.TakeNewRequests(), want_shutdown, stalled,
+                                           [this](int64_t i) { return Idle(i); });
+  if (round.abandoned) {
+    size_t total = 0;
+    const std::vector<std::string> pending =
+        queue_.EnqueuedBefore(std::chrono::steady_clock::now(), 8, &total);
+    std::ostringstream why;
+    why << "hvdmx: the other ranks have not taken part in negotiation for "
+        << config_.stall_shutdown_seconds
+        << " s (HVDMX_STALL_SHUTDOWN_TIME_SECONDS) while this rank waited for "
+        << JoinNames(pending, 8)
+        << "; a rank may have died or be stuck outside hvdmx. hvdmx has stopped on this "
+           "rank: end the job and look at the other ranks' output (see docs/errors.md).";
+    HVDMX_LOG(kError) << why.str();
+    {
+      std::lock_guard<std::mutex> lock(stop_mu_);
+      stop_reason_ = why.str();
+    }
+    stopped_ = true;
+    FailAll(Status::Shutdown(why.str()));
+    return false;
+  }
   made_progress_ = !round.responses.empty();
   if (made_progress_) backoff_us_ = 0;
   executor_.Run(round.responses, &queue_);

@@ -15,6 +15,13 @@
 // short spin, then sleeps growing to 1 ms. (The collectives themselves poll
 // without sleeping: all ranks are in them together.)
 //
+// With HVDMX_STALL_SHUTDOWN_TIME_SECONDS = T > 0, stalled collectives fail
+// on every rank after T seconds (Note [Stall shutdown] in controller.h). If a
+// single round's bit-AND has waited T seconds, the peers are not taking part
+// in rounds at all (dead, or busy outside hvdmx): the runtime then fails
+// everything pending on this rank with that report and stops, since the
+// round it abandoned can never complete.
+//
 // Note [Shutdown]
 // ~~~~~~~~~~~~~~~
 // Shutdown() sets a flag that the next round carries to every rank (word 0
@@ -64,6 +71,11 @@ class Runtime {
   // See Note [Shutdown]. Idempotent. Any thread but the background thread.
   void Shutdown();
   bool stopped() const { return stopped_; }
+  // Why the runtime stopped on its own (a stall shutdown); empty otherwise.
+  std::string stop_reason() {
+    std::lock_guard<std::mutex> lock(stop_mu_);
+    return stop_reason_;
+  }
 
   // One pass of the background loop (see Note [Background loop]); returns
   // false once the runtime has stopped. Exposed for tests.
@@ -72,7 +84,11 @@ class Runtime {
  private:
   void Loop();
   void FailAll(const Status& status);
-  void Idle(int64_t iteration);
+  // The status for entries that arrive after the runtime has stopped.
+  Status StoppedStatus();
+  // Waits a little while a round waits for peers; false once it has waited
+  // the stall shutdown time (the round is then abandoned).
+  bool Idle(int64_t iteration);
   // Logs (at most once per HVDMX_STALL_CHECK_TIME_SECONDS) the collectives
   // pending on this rank for longer than that; rank 0 adds which ranks have
   // not submitted them.
@@ -89,6 +105,8 @@ class Runtime {
   std::condition_variable wake_;
   bool shutdown_requested_ = false;
   std::atomic<bool> stopped_{false};
+  std::mutex stop_mu_;
+  std::string stop_reason_;  // why the runtime stopped, when not by Shutdown()
   bool made_progress_ = true;
   int64_t backoff_us_ = 0;
   std::chrono::steady_clock::time_point wait_started_;

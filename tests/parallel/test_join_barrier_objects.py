@@ -3,6 +3,8 @@ import mxnet as mx
 import numpy as np
 import pytest
 
+from mpi4py import MPI
+
 import hvdmx as hvd
 
 
@@ -12,8 +14,11 @@ def test_join_with_uneven_batches(world):
     for step in range(rank + 1):  # rank r has r + 1 batches
         x = mx.nd.array(np.full((5,), step + 1, dtype=np.float32))
         outs.append(hvd.allreduce(x, op=hvd.Sum, name=f"join.{step}"))
+    if outs:
+        # Rank r's last allreduce can finish only once the ranks with fewer
+        # batches have joined, so waiting for it orders the joins by rank.
+        outs[-1].wait_to_read()
     last = hvd.join()
-    # Only the rank with the most batches can finish last.
     assert last == size - 1
     for step, out in enumerate(outs):
         ranks_with_data = sum(1 for r in range(size) if r + 1 > step)
@@ -52,7 +57,9 @@ def test_join_repeatedly(world):
     for epoch in range(3):
         for step in range((rank + epoch) % size + 1):
             hvd.allreduce(mx.nd.ones((1,)), name=f"join.rep.{step}").wait_to_read()
-        assert 0 <= hvd.join() < size
+        last = hvd.join()
+        assert 0 <= last < size
+        assert MPI.COMM_WORLD.allgather(last) == [last] * size  # every rank hears the same
 
 
 def test_barrier(world):
