@@ -26,8 +26,9 @@ import numpy as np
 from mxnet.gluon.parameter import DeferredInitializationError, Parameter, ParameterDict
 
 from hvdmx import _core
-from hvdmx.basics import rank, size
+from hvdmx.basics import size
 from hvdmx.compression import Compression
+from hvdmx.process_sets import _set_for_call, global_process_set
 from hvdmx.ops import Max, Sum, _check_root, allreduce, allreduce_, broadcast_, \
     grouped_allreduce_
 
@@ -57,7 +58,7 @@ def _check_num_groups(fn: str, value) -> int:
 
 
 def _reduce_by_dtype(tensors: List[mx.nd.NDArray], names: List[str], priority: int,
-                     prescale: float, postscale: float) -> None:
+                     prescale: float, postscale: float, process_set) -> None:
     """One grouped in-place Sum per dtype present in ``tensors`` (a group is
     one unit for the core, which wants a single dtype)."""
     by_dtype: Dict[np.dtype, List[int]] = {}
@@ -66,7 +67,8 @@ def _reduce_by_dtype(tensors: List[mx.nd.NDArray], names: List[str], priority: i
     for ks in by_dtype.values():
         grouped_allreduce_([tensors[k] for k in ks], op=Sum,
                            name=f"{names[ks[0]]}:{names[ks[-1]]}", priority=priority,
-                           prescale_factor=prescale, postscale_factor=postscale)
+                           prescale_factor=prescale, postscale_factor=postscale,
+                           process_set=process_set)
 
 
 class DistributedOptimizer(mx.optimizer.Optimizer):
@@ -80,7 +82,8 @@ class DistributedOptimizer(mx.optimizer.Optimizer):
     is left as the caller set it. (Horovod multiplies ``rescale_grad`` by
     f/size instead and leaves the sum in the gradient; the update is the same.)
     With ``num_groups`` > 0 the gradients of one update call are reduced in
-    that many grouped allreduces.
+    that many grouped allreduces. With ``process_set``, gradients are
+    averaged over that set's ranks only.
 
     Attributes and the Optimizer methods (``rescale_grad``, ``idx2name``,
     ``aggregate_num``, ``lr``, ``set_learning_rate``, ``set_lr_mult``,
@@ -88,10 +91,11 @@ class DistributedOptimizer(mx.optimizer.Optimizer):
     wrapped optimizer.
     """
 
-    _OWN = frozenset({"_optimizer", "_gradient_predivide_factor", "_num_groups"})
+    _OWN = frozenset({"_optimizer", "_gradient_predivide_factor", "_num_groups", "_process_set"})
     _NAME_PREFIX = "DistributedOptimizer."
 
-    def __init__(self, optimizer, gradient_predivide_factor=1.0, num_groups=0):
+    def __init__(self, optimizer, gradient_predivide_factor=1.0, num_groups=0,
+                 process_set=global_process_set):
         # Optimizer.__init__ is not called on purpose: this object keeps no
         # optimizer state of its own, everything lives in the wrapped one.
         if isinstance(optimizer, DistributedOptimizer):
@@ -108,6 +112,8 @@ class DistributedOptimizer(mx.optimizer.Optimizer):
             "DistributedOptimizer", gradient_predivide_factor))
         object.__setattr__(self, "_num_groups", _check_num_groups(
             "DistributedOptimizer", num_groups))
+        _set_for_call("DistributedOptimizer", process_set)
+        object.__setattr__(self, "_process_set", process_set)
 
     # Attribute forwarding. Reads of anything not defined here, and every
     # write except to the fields above, go to the wrapped optimizer, so
@@ -142,7 +148,7 @@ class DistributedOptimizer(mx.optimizer.Optimizer):
                 f"{self._gradient_predivide_factor}, num_groups={self._num_groups})")
 
     def _allreduce_grads(self, index, grad) -> None:
-        n = size()
+        n = self._process_set.size()
         if n == 1:
             return
         f = self._gradient_predivide_factor
@@ -157,12 +163,12 @@ class DistributedOptimizer(mx.optimizer.Optimizer):
             for g, group in enumerate(positions):
                 if group:
                     _reduce_by_dtype([grads[k] for k in group], [names[k] for k in group],
-                                     -g, pre, post)
+                                     -g, pre, post, self._process_set)
             return
         for k, (i, t, name) in enumerate(zip(indices, grads, names)):
             priority = -i if isinstance(i, numbers.Integral) else -k
             allreduce_(t, op=Sum, name=name, priority=int(priority), prescale_factor=pre,
-                       postscale_factor=post)
+                       postscale_factor=post, process_set=self._process_set)
 
     def update(self, index, weight, grad, state):
         self._allreduce_grads(index, grad)
@@ -230,24 +236,26 @@ def _describe(param: Parameter) -> str:
     return f"'{param.name}' shape {tuple(param.shape)} {np.dtype(param.dtype).name}{null}"
 
 
-def _min_max(values: np.ndarray, name: str):
-    """Elementwise (min, max) of an int64 vector over all ranks, in one allreduce."""
+def _min_max(values: np.ndarray, name: str, process_set):
+    """Elementwise (min, max) of an int64 vector over the set's ranks, in one allreduce."""
     both = mx.nd.array(np.concatenate([values, -values]), dtype="int64")
-    out = allreduce(both, op=Max, name=name).asnumpy()
+    out = allreduce(both, op=Max, name=name, process_set=process_set).asnumpy()
     n = len(values)
     return -out[n:], out[:n]
 
 
-def _gather_text(text: str, name: str) -> List[str]:
+def _gather_text(text: str, name: str, process_set) -> List[str]:
     """Every rank's ``text`` (cut to _DESC_BYTES bytes), via one uint8 Sum."""
-    rows = np.zeros((size(), _DESC_BYTES), dtype=np.uint8)
+    rows = np.zeros((process_set.size(), _DESC_BYTES), dtype=np.uint8)
     raw = text.encode()[:_DESC_BYTES]
-    rows[rank(), :len(raw)] = np.frombuffer(raw, dtype=np.uint8)
-    out = allreduce(mx.nd.array(rows, dtype="uint8"), op=Sum, name=name).asnumpy()
+    rows[process_set.rank(), :len(raw)] = np.frombuffer(raw, dtype=np.uint8)
+    out = allreduce(mx.nd.array(rows, dtype="uint8"), op=Sum, name=name,
+                    process_set=process_set).asnumpy()
     return [bytes(r).rstrip(b"\0").decode(errors="replace") for r in out]
 
 
-def _check_same_parameters(params: Sequence[Parameter], name: str, who: str) -> None:
+def _check_same_parameters(params: Sequence[Parameter], name: str, who: str,
+                           process_set) -> None:
     """Raises ValueError on every rank when the ranks' parameter lists differ
     in count, shape, dtype or grad_req='null' at some position (the position
     names the gradient, so a mismatch would pair unrelated gradients or hang);
@@ -258,18 +266,19 @@ def _check_same_parameters(params: Sequence[Parameter], name: str, who: str) -> 
     names = [_stable_hash(p.name) for p in params]
     summary = np.array([len(params), _stable_hash(repr(structure)), _stable_hash(repr(names))],
                        dtype=np.int64)
-    lo, hi = _min_max(summary, name)
+    lo, hi = _min_max(summary, name, process_set)
     if np.array_equal(lo, hi):
         return
     by_structure = lo[0] != hi[0] or lo[1] != hi[1]
     longest = int(hi[0])
     per_param = np.full(longest, -1, dtype=np.int64)  # -1: no parameter at this position
     per_param[:len(params)] = structure if by_structure else names
-    lo, hi = _min_max(per_param, f"{name}.position")
+    lo, hi = _min_max(per_param, f"{name}.position", process_set)
     first = int(np.flatnonzero(lo != hi)[0])
     mine = _describe(params[first]) if first < len(params) else "no parameter"
-    seen = _gather_text(f"{len(params)} parameters; #{first}: {mine}", f"{name}.describe")
-    ranks = "; ".join(f"rank {r}: {s}" for r, s in enumerate(seen))
+    seen = _gather_text(f"{len(params)} parameters; #{first}: {mine}", f"{name}.describe",
+                        process_set)
+    ranks = "; ".join(f"rank {r}: {s}" for r, s in zip(process_set.ranks, seen))
     message = (f"hvdmx.{who}: the parameters differ across ranks; the first "
                f"difference is at position {first} of the parameters sorted by name ({ranks})")
     if by_structure:
@@ -314,10 +323,13 @@ class DistributedTrainer(mx.gluon.Trainer):
     ``prefix + str(i)`` with priority ``-i``; ``num_groups`` > 0 reduces them
     in that many grouped allreduces. ``compression`` is Compression.none or
     Compression.fp16. ``kvstore`` must not be given (it is None underneath).
+    With ``process_set``, gradients are averaged over that set's ranks only
+    (and ``_scale`` divided by its size).
     """
 
     def __init__(self, params, optimizer, optimizer_params=None, compression=Compression.none,
-                 gradient_predivide_factor=1.0, prefix=None, num_groups=0, **kwargs):
+                 gradient_predivide_factor=1.0, prefix=None, num_groups=0,
+                 process_set=global_process_set, **kwargs):
         _reject_kvstore_arguments(kwargs)
         if isinstance(optimizer, DistributedOptimizer):
             warnings.warn("hvdmx.DistributedTrainer does not take a DistributedOptimizer as "
@@ -334,7 +346,9 @@ class DistributedTrainer(mx.gluon.Trainer):
             raise TypeError("hvdmx.DistributedTrainer: argument 'compression' must be "
                             "hvd.Compression.none, hvd.Compression.fp16 or another object "
                             f"with compress() and decompress(), got {compression!r}")
-        n = size()  # raises a clear error before init()
+        size()  # raises a clear error before init()
+        _set_for_call("DistributedTrainer", process_set)
+        n = process_set.size()
         if isinstance(params, (list, tuple)):
             # Sorted like the dict case (which gluon.Trainer sorts by key), so
             # that position i is the same parameter on every rank.
@@ -345,16 +359,17 @@ class DistributedTrainer(mx.gluon.Trainer):
         self._prefix = prefix if prefix else ""
         self._num_groups = num_groups
         self._compression = compression
+        self._process_set = process_set
         self._hvdmx_checked = False
 
     def _allreduce_grads(self):
         entries = [(i, p) for i, p in enumerate(self._params) if p.grad_req != "null"]
         grads = [self._sum_over_contexts(p) for _, p in entries]
         f = self._gradient_predivide_factor
-        if size() > 1:
+        if self._process_set.size() > 1:
             if not self._hvdmx_checked:
                 _check_same_parameters(self._params, f"{self._prefix}DistributedTrainer.check",
-                                       "DistributedTrainer")
+                                       "DistributedTrainer", self._process_set)
                 self._hvdmx_checked = True
             self._reduce(entries, grads, 1.0 / f)
         elif f != 1.0:
@@ -382,10 +397,11 @@ class DistributedTrainer(mx.gluon.Trainer):
             for g, group in enumerate(_split_list(range(len(entries)), self._num_groups)):
                 if group:
                     _reduce_by_dtype([tensors[k] for k in group], [names[k] for k in group],
-                                     -g, prescale, 1.0)
+                                     -g, prescale, 1.0, self._process_set)
         else:
             for (i, _), t, name in zip(entries, tensors, names):
-                allreduce_(t, op=Sum, name=name, priority=-i, prescale_factor=prescale)
+                allreduce_(t, op=Sum, name=name, priority=-i, prescale_factor=prescale,
+                           process_set=self._process_set)
         for g, (t, ctx) in zip(grads, compressed):
             if t is not g:
                 self._compression.decompress(t, ctx).copyto(g)
@@ -405,15 +421,16 @@ def _plain_layout(array: mx.nd.NDArray) -> mx.nd.NDArray:
     return array
 
 
-def _broadcast_arrays(arrays: List[mx.nd.NDArray], root_rank: int, name: str) -> None:
+def _broadcast_arrays(arrays: List[mx.nd.NDArray], root_rank: int, name: str,
+                      process_set) -> None:
     """Broadcasts the first array in place and copies it to the others (a
     parameter's copies on this rank's other contexts)."""
-    broadcast_(_plain_layout(arrays[0]), root_rank, name=name)
+    broadcast_(_plain_layout(arrays[0]), root_rank, name=name, process_set=process_set)
     for other in arrays[1:]:
         arrays[0].copyto(other)
 
 
-def _broadcast_after_init(param: Parameter, root_rank: int, name: str) -> None:
+def _broadcast_after_init(param: Parameter, root_rank: int, name: str, process_set) -> None:
     """Makes ``param`` broadcast itself right after its deferred
     initialization. The hook is on ``_init_impl`` (which both
     ``_finish_deferred_init`` and a load into a deferred parameter call, as in
@@ -421,7 +438,7 @@ def _broadcast_after_init(param: Parameter, root_rank: int, name: str) -> None:
     the initialization only updates the root and name."""
     pending = "_hvdmx_broadcast_after_init"
     had_pending = pending in param.__dict__
-    param.__dict__[pending] = (root_rank, name)
+    param.__dict__[pending] = (root_rank, name, process_set)
     if had_pending:
         return
     own = param.__dict__.get("_init_impl")  # an instance-level override to keep
@@ -429,12 +446,12 @@ def _broadcast_after_init(param: Parameter, root_rank: int, name: str) -> None:
 
     def init_then_broadcast(self, *args, **kwargs):
         original(*args, **kwargs)
-        root, tensor_name = self.__dict__.pop(pending)
+        root, tensor_name, tensor_set = self.__dict__.pop(pending)
         if own is None:
             del self.__dict__["_init_impl"]
         else:
             self.__dict__["_init_impl"] = own
-        _broadcast_arrays(self.list_data(), root, tensor_name)
+        _broadcast_arrays(self.list_data(), root, tensor_name, tensor_set)
 
     param.__dict__["_init_impl"] = types.MethodType(init_then_broadcast, param)
 
@@ -446,8 +463,10 @@ def _sorted_items(params: Dict) -> list:
         return sorted(params.items(), key=lambda kv: (type(kv[0]).__name__, str(kv[0])))
 
 
-def broadcast_parameters(params, root_rank: int = 0, prefix: Optional[str] = None) -> None:
-    """Sets every rank's parameters to ``root_rank``'s, in place.
+def broadcast_parameters(params, root_rank: int = 0, prefix: Optional[str] = None,
+                         process_set=global_process_set) -> None:
+    """Sets every rank's parameters to ``root_rank``'s, in place (every rank
+    of ``process_set``; ``root_rank`` is a rank of the whole job).
 
     ``params`` is a ParameterDict (``net.collect_params()``) or a dict whose
     values are Parameters or NDArrays (keys of any type, e.g. the arg_params
@@ -459,7 +478,9 @@ def broadcast_parameters(params, root_rank: int = 0, prefix: Optional[str] = Non
     if prefix is not None and not isinstance(prefix, str):
         raise ValueError("hvdmx.broadcast_parameters: argument 'prefix' must be a str or "
                          f"None, got {type(prefix).__name__}")
-    root = _check_root("broadcast_parameters", root_rank, list(range(size())))
+    _, set_ranks, _ = _set_for_call("broadcast_parameters", process_set)
+    _check_root("broadcast_parameters", root_rank, set_ranks)
+    root = int(root_rank)
     prefix = prefix if prefix else ""
     if isinstance(params, ParameterDict):
         items = sorted(params.items())
@@ -476,11 +497,11 @@ def broadcast_parameters(params, root_rank: int = 0, prefix: Optional[str] = Non
     for key, value in items:
         name = prefix + str(key)
         if isinstance(value, mx.nd.NDArray):
-            broadcast_(_plain_layout(value), root, name=name)
+            broadcast_(_plain_layout(value), root, name=name, process_set=process_set)
             continue
         try:
             arrays = value.list_data()
         except DeferredInitializationError:
-            _broadcast_after_init(value, root, name)
+            _broadcast_after_init(value, root, name, process_set)
             continue
-        _broadcast_arrays(arrays, root, name)
+        _broadcast_arrays(arrays, root, name, process_set)

@@ -1,0 +1,79 @@
+"""DistributedTrainer, DistributedOptimizer and broadcast_parameters on a
+process set: the even and the odd ranks train two models at once, each equal
+to one process training on its set's whole batch."""
+import mxnet as mx
+import numpy as np
+import pytest
+from mpi4py import MPI
+
+import hvdmx as hvd
+from test_training import (B, LR, MOMENTUM, assert_close, batches, copy_params, make_net,
+                           params_numpy, train_step)
+from mxnet import gluon
+
+
+@pytest.fixture
+def my_half(world):
+    """This rank's set (even or odd ranks), registered on every rank."""
+    rank, size = world
+    sets = [hvd.add_process_set(list(range(0, size, 2)))]
+    if size > 1:
+        sets.append(hvd.add_process_set(list(range(1, size, 2))))
+    yield sets[rank % 2]
+    for ps in sets:
+        hvd.remove_process_set(ps)
+
+
+def rows(a, members):
+    return np.concatenate([a[r * B:(r + 1) * B] for r in members])
+
+
+@pytest.mark.parametrize("split", [False, True])
+def test_trainer_on_a_process_set(world, my_half, split):
+    rank, size = world
+    members = my_half.ranks
+    half = MPI.COMM_WORLD.Split(rank % 2, rank)
+    net = make_net(f"psnet{int(split)}_")  # rank-dependent: the broadcast must fix it
+    hvd.broadcast_parameters(net.collect_params(), root_rank=members[-1],
+                             process_set=my_half)
+    ref = make_net(f"psref{int(split)}_")
+    copy_params(net, ref)
+    opt = {"learning_rate": LR, "momentum": MOMENTUM}
+    trainer = hvd.DistributedTrainer(net.collect_params(), "sgd", dict(opt),
+                                     process_set=my_half)
+    assert trainer._scale == pytest.approx(1.0 / len(members))
+    ref_trainer = gluon.Trainer(ref.collect_params(), "sgd", dict(opt), kvstore=None)
+    xs, ys = batches(10)
+    for step in range(10):
+        x, y = xs[step], ys[step]
+        train_step(net, trainer, x[rank * B:(rank + 1) * B], y[rank * B:(rank + 1) * B], B,
+                   split=split)
+        train_step(ref, ref_trainer, rows(x, members), rows(y, members), len(members) * B)
+        for key, value in params_numpy(net).items():
+            data = value.tobytes()
+            assert all(d == data for d in half.allgather(data)), key
+    assert_close(params_numpy(net), params_numpy(ref), rtol=1e-5)
+    half.Free()
+
+
+def test_distributed_optimizer_on_a_process_set(world, my_half):
+    rank, size = world
+    members = my_half.ranks
+    grad = mx.nd.full((3,), rank + 1.0)
+    weight = mx.nd.zeros((3,))
+    opt = hvd.DistributedOptimizer(mx.optimizer.SGD(learning_rate=1.0, rescale_grad=1.0),
+                                   process_set=my_half)
+    opt.update(0, weight, grad, None)
+    mean = np.mean([r + 1.0 for r in members])
+    assert weight.asnumpy().tolist() == pytest.approx([-mean] * 3)
+
+
+def test_process_set_argument_errors(world):
+    rank, size = world
+    net = make_net("psbad_")
+    with pytest.raises(TypeError, match="'process_set' must be a ProcessSet"):
+        hvd.DistributedTrainer(net.collect_params(), "sgd", process_set=[0])
+    with pytest.raises(ValueError, match="is not registered"):
+        hvd.DistributedOptimizer(mx.optimizer.SGD(), process_set=hvd.ProcessSet([0]))
+    with pytest.raises(ValueError, match="'root_rank'=.* is out of range"):
+        hvd.broadcast_parameters(net.collect_params(), root_rank=size)
