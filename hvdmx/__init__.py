@@ -19,6 +19,8 @@ from hvdmx.basics import (
     rank,
     shutdown,
     size,
+    start_timeline,
+    stop_timeline,
 )
 from hvdmx.compression import Compression
 from hvdmx.functions import allgather_object, broadcast_object

@@ -149,3 +149,19 @@ def gloo_built() -> bool:
 
 def ccl_built() -> bool:
     return False
+
+
+def start_timeline(file_path: str, mark_cycles: bool = False) -> None:
+    """Starts writing the timeline (a Chrome trace, see docs/timeline.md) to
+    ``file_path``; rank 0 writes it, other ranks ignore the call. Replaces a
+    timeline already being written."""
+    if not isinstance(file_path, str) or not file_path:
+        raise TypeError("hvdmx.start_timeline: argument 'file_path' must be a non-empty str, "
+                        f"got {file_path!r}")
+    _topology()
+    _core.start_timeline(file_path, bool(mark_cycles))
+
+
+def stop_timeline() -> None:
+    """Finishes the timeline file (it is valid JSON at every moment anyway)."""
+    _core.stop_timeline()

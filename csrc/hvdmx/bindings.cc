@@ -23,6 +23,7 @@
 #include "reduce_kernels.h"
 #include "ring.h"
 #include "runtime.h"
+#include "timeline.h"
 
 #ifndef HVDMX_MPI_VENDOR
 #define HVDMX_MPI_VENDOR "unknown"
@@ -127,6 +128,7 @@ void StopAllLocked() {
   if (G().runtime) G().runtime->Shutdown();
   G().runtime.reset();
   if (G().world != MPI_COMM_NULL) MPI_Comm_free(&G().world);
+  ProcessTimeline().Stop();
 }
 
 void Init(uintptr_t comm_address) {
@@ -150,6 +152,9 @@ void Init(uintptr_t comm_address) {
                     << ", " << config.ToString();
   MPI_Comm_dup(comm, &G().world);
   G().next_set_id = 1;
+  if (!config.timeline_path.empty() && G().topo.rank == 0) {
+    ThrowIfError(ProcessTimeline().Start(config.timeline_path, config.timeline_mark_cycles));
+  }
   G().runtime = StartRuntime(comm);
 }
 
@@ -383,6 +388,8 @@ py::dict TestingLoadConfig(const std::map<std::string, std::string>& env) {
   d["log_level"] = static_cast<int>(c.log_level);
   d["stall_check_seconds"] = c.stall_check_seconds;
   d["stall_shutdown_seconds"] = c.stall_shutdown_seconds;
+  d["timeline"] = c.timeline_path;
+  d["timeline_mark_cycles"] = c.timeline_mark_cycles;
   return d;
 }
 
@@ -499,6 +506,17 @@ PYBIND11_MODULE(_core, m) {
   m.def("mpi_threads_supported", [] {
     RunningRuntime();
     return G().thread_level >= MPI_THREAD_MULTIPLE;
+  });
+  // The timeline is rank 0's (as in Horovod): on other ranks these do nothing.
+  m.def("start_timeline", [](const std::string& path, bool mark_cycles) {
+    RunningRuntime();
+    if (G().topo.rank != 0) return;
+    py::gil_scoped_release release;
+    ThrowIfError(ProcessTimeline().Start(path, mark_cycles));
+  });
+  m.def("stop_timeline", [] {
+    py::gil_scoped_release release;
+    ProcessTimeline().Stop();
   });
   m.def("add_process_set", &AddProcessSet);
   m.def("remove_process_set", &RemoveProcessSet);

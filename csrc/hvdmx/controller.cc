@@ -2,6 +2,8 @@
 
 #include <sstream>
 
+#include "timeline.h"
+
 namespace hvdmx {
 namespace {
 constexpr uint64_t kNothingForCoordinator = 1;
@@ -159,6 +161,8 @@ void Controller::Coordinate(const std::vector<Request>& requests, std::vector<Re
     HVDMX_CHECK(!entry.received[q.rank], "rank sent the same name twice: " + q.name);
     entry.requests[q.rank] = q;
     entry.received[q.rank] = true;
+    ProcessTimeline().Mark(q.name, "rank " + std::to_string(q.rank) + " ready",
+                           std::chrono::steady_clock::now());
     entry.stalled |= q.stalled;
     if (++entry.count == n) {
       out->push_back(MakeResponse(entry.requests));

@@ -102,6 +102,16 @@ Status LoadConfig(const EnvLookup& lookup, Config* out) {
   if (!s.ok()) return s;
 
   std::string name;
+  if (auto value = Find(lookup, "TIMELINE", &name)) config.timeline_path = *value;
+  if (auto value = Find(lookup, "TIMELINE_MARK_CYCLES", &name)) {
+    if (*value == "1" || *value == "true") {
+      config.timeline_mark_cycles = true;
+    } else if (*value == "0" || *value == "false" || value->empty()) {
+      config.timeline_mark_cycles = false;
+    } else {
+      return Invalid(name, *value, "1 or 0");
+    }
+  }
   if (auto value = Find(lookup, "ALLREDUCE_ALGO", &name)) {
     if (*value == "auto") {
       config.allreduce_algo = AllreduceAlgo::kAuto;
@@ -129,7 +139,8 @@ std::string Config::ToString() const {
       << " allreduce_algo=" << AllreduceAlgoName(allreduce_algo)
       << " ring_min_bytes=" << ring_min_bytes << " ring_segment_bytes=" << ring_segment_bytes
       << " stall_check_seconds=" << stall_check_seconds
-      << " stall_shutdown_seconds=" << stall_shutdown_seconds;
+      << " stall_shutdown_seconds=" << stall_shutdown_seconds << " timeline='"
+      << timeline_path << "' timeline_mark_cycles=" << timeline_mark_cycles;
   return out.str();
 }
 

@@ -43,6 +43,10 @@ struct Config {
   // collectives fail on every rank with the stall report instead of waiting
   // on. 0: never.
   double stall_shutdown_seconds = 0.0;
+  // HVDMX_TIMELINE: path of the Chrome trace rank 0 writes; empty: none.
+  std::string timeline_path;
+  // HVDMX_TIMELINE_MARK_CYCLES: 1 marks every negotiation round in it.
+  bool timeline_mark_cycles = false;
 
   std::string ToString() const;
 };

@@ -4,18 +4,20 @@
 #include <cstring>
 
 #include "reduce_kernels.h"
+#include "timeline.h"
 
 namespace hvdmx {
 
-void Executor::Allreduce(void* buf, int64_t count, DataType dtype, ReduceOp op) {
-  if (comm_.size() == 1 || count == 0) return;
+const char* Executor::Allreduce(void* buf, int64_t count, DataType dtype, ReduceOp op) {
+  if (comm_.size() == 1 || count == 0) return "LOCAL_ALLREDUCE";
   const int64_t bytes = count * static_cast<int64_t>(DataTypeSize(dtype));
   const bool use_ring =
       config_.allreduce_algo == AllreduceAlgo::kRing ||
       (config_.allreduce_algo == AllreduceAlgo::kAuto && bytes >= config_.ring_min_bytes);
   // MPI has no float16/bfloat16 reductions; those always take the ring.
-  if (!use_ring && comm_.NativeAllreduce(buf, count, dtype, op)) return;
+  if (!use_ring && comm_.NativeAllreduce(buf, count, dtype, op)) return "MPI_ALLREDUCE";
   RingAllreduce(comm_, buf, count, dtype, op, config_.ring_segment_bytes, &ring_scratch_);
+  return "RING_ALLREDUCE";
 }
 
 namespace {
@@ -25,6 +27,31 @@ int64_t RowElems(const std::vector<int64_t>& shape) {
   int64_t n = 1;
   for (size_t i = 1; i < shape.size(); ++i) n *= shape[i];
   return n;
+}
+
+using Clock = Timeline::Clock;
+
+// "dtype" and "shape" of a unit's tensors, for the timeline.
+std::string TimelineArgs(const Request& request) {
+  std::string dtypes, shapes;
+  for (size_t t = 0; t < request.dtypes.size(); ++t) {
+    dtypes += (t ? ", " : "") + DataTypeName(request.dtypes[t]);
+    shapes += (t ? ", " : "") + ShapeString(request.shapes[t]);
+  }
+  return "\"dtype\": \"" + dtypes + "\", \"shape\": \"" + shapes + "\"";
+}
+
+const char* UnitPhaseName(CollectiveType type) {
+  switch (type) {
+    case CollectiveType::kBroadcast: return "MPI_BCAST";
+    case CollectiveType::kAllgather: return "RING_ALLGATHER";
+    case CollectiveType::kAlltoall: return "ALLTOALL";
+    case CollectiveType::kReducescatter: return "RING_REDUCESCATTER";
+    case CollectiveType::kBarrier: return "BARRIER";
+    case CollectiveType::kJoin: return "JOIN";
+    case CollectiveType::kAllreduce: return "RING_ALLREDUCE";
+  }
+  return "COLLECTIVE";
 }
 
 // Posts the transfer of `bytes` to or from `peer` in messages the transport
@@ -47,9 +74,17 @@ void Executor::Run(const std::vector<Response>& responses, TensorQueue* queue) {
   // Zeros this rank contributes to allreduces it has joined through (see
   // Note [Join] in controller.h): it has no entry for them.
   std::vector<std::vector<char>> phantom_memory;
+  Timeline& timeline = ProcessTimeline();
+  const auto ready = Clock::now();
+  std::vector<bool> started(responses.size(), false);
   for (size_t r = 0; r < responses.size(); ++r) {
     const Response& response = responses[r];
-    if (!queue->Take(response.name, &entries[r])) {
+    if (queue->Take(response.name, &entries[r])) {
+      if (timeline.enabled()) {
+        timeline.Phase(response.name, "NEGOTIATE", entries[r].enqueued, ready,
+                       TimelineArgs(entries[r].request));
+      }
+    } else {
       TensorEntry& phantom = entries[r];
       phantom.callback = [](const Status&) {};
       for (size_t t = 0; t < response.counts.size() && response.error.empty(); ++t) {
@@ -65,12 +100,24 @@ void Executor::Run(const std::vector<Response>& responses, TensorQueue* queue) {
     const int first = group.items[0].response;
     const Response& response = responses[first];
     TensorEntry& entry = entries[first];
+    if (timeline.enabled()) {
+      const auto now = Clock::now();
+      for (const FusionGroup::Item& item : group.items) {
+        if (!started[item.response]) timeline.Phase(responses[item.response].name, "QUEUE", ready, now);
+        started[item.response] = true;
+      }
+    }
     if (!response.error.empty()) {
       entry.callback(Status::Mismatch(response.error));
       continue;
     }
     if (response.type != CollectiveType::kAllreduce) {
+      const auto start = Clock::now();
       RunUnit(response, entry);
+      if (timeline.enabled() && !response.sizes_only) {
+        timeline.Phase(response.name, UnitPhaseName(response.type), start, Clock::now(),
+                       TimelineArgs(entry.request));
+      }
       if (entry.on_response) entry.on_response(response);
       entry.callback(Status::Ok());
       continue;
@@ -113,6 +160,20 @@ void Executor::RunAllreduceGroup(const FusionGroup& group, const std::vector<Res
   double postscale = head.postscale;
   if (head.op == ReduceOp::kAverage) postscale /= comm_.size();
 
+  Timeline& timeline = ProcessTimeline();
+  // Records `phase` from `start` to now on every unit of the group.
+  auto record = [&](const char* phase, Clock::time_point start) {
+    if (!timeline.enabled()) return;
+    const auto end = Clock::now();
+    int last = -1;
+    for (const FusionGroup::Item& item : group.items) {
+      if (item.response == last) continue;
+      last = item.response;
+      timeline.Phase(responses[item.response].name, phase, start, end);
+    }
+  };
+  auto t0 = Clock::now();
+
   if (group.items.size() == 1) {
     // One tensor: reduce straight in its output, no fusion copy.
     const FusionGroup::Item& item = group.items[0];
@@ -121,10 +182,13 @@ void Executor::RunAllreduceGroup(const FusionGroup& group, const std::vector<Res
     void* out = entry.outputs[item.tensor];
     if (out != entry.inputs[item.tensor] && count > 0) {
       std::memcpy(out, entry.inputs[item.tensor], count * elem);
+      record("MEMCPY_IN_OUTPUT", t0);
+      t0 = Clock::now();
     }
     ScaleBuffer(out, count, dtype, head.prescale);
-    Allreduce(out, count, dtype, head.op);
+    const char* algorithm = Allreduce(out, count, dtype, head.op);
     ScaleBuffer(out, count, dtype, postscale);
+    record(algorithm, t0);
     return;
   }
 
@@ -135,16 +199,21 @@ void Executor::RunAllreduceGroup(const FusionGroup& group, const std::vector<Res
     if (bytes) std::memcpy(buffer + offset, entries[item.response].inputs[item.tensor], bytes);
     offset += bytes;
   }
+  record("MEMCPY_IN_FUSION_BUFFER", t0);
+  t0 = Clock::now();
   const int64_t count = group.bytes / elem;
   ScaleBuffer(buffer, count, dtype, head.prescale);
-  Allreduce(buffer, count, dtype, head.op);
+  const char* algorithm = Allreduce(buffer, count, dtype, head.op);
   ScaleBuffer(buffer, count, dtype, postscale);
+  record(algorithm, t0);
+  t0 = Clock::now();
   offset = 0;
   for (const FusionGroup::Item& item : group.items) {
     const int64_t bytes = responses[item.response].counts[item.tensor] * elem;
     if (bytes) std::memcpy(entries[item.response].outputs[item.tensor], buffer + offset, bytes);
     offset += bytes;
   }
+  record("MEMCPY_OUT_FUSION_BUFFER", t0);
 }
 
 void Executor::RunBroadcast(const Response& response, TensorEntry& entry) {

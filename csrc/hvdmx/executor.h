@@ -26,9 +26,9 @@ class Executor {
 
   void Run(const std::vector<Response>& responses, TensorQueue* queue);
 
-  // In-place allreduce of one buffer with the configured algorithm. Public
-  // for the benchmark and tests.
-  void Allreduce(void* buf, int64_t count, DataType dtype, ReduceOp op);
+  // In-place allreduce of one buffer with the configured algorithm; returns
+  // the algorithm's name for the timeline.
+  const char* Allreduce(void* buf, int64_t count, DataType dtype, ReduceOp op);
 
  private:
   void RunAllreduceGroup(const FusionGroup& group, const std::vector<Response>& responses,

@@ -9,6 +9,7 @@
 #include <sys/prctl.h>
 
 #include "logging.h"
+#include "timeline.h"
 
 namespace hvdmx {
 namespace {
@@ -160,6 +161,7 @@ bool Runtime::LoopOnce() {
   if (config_.cycle_time_ms > 0 && !want_shutdown) {
     std::this_thread::sleep_for(std::chrono::duration<double, std::milli>(config_.cycle_time_ms));
   }
+  ProcessTimeline().Cycle(std::chrono::steady_clock::now());
   std::set<std::string> stalled;
   if (config_.stall_shutdown_seconds > 0) {
     const auto cutoff = std::chrono::steady_clock::now() -
