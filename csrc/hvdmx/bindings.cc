@@ -390,6 +390,10 @@ py::dict TestingLoadConfig(const std::map<std::string, std::string>& env) {
   d["stall_shutdown_seconds"] = c.stall_shutdown_seconds;
   d["timeline"] = c.timeline_path;
   d["timeline_mark_cycles"] = c.timeline_mark_cycles;
+  d["autotune"] = c.autotune;
+  d["autotune_log"] = c.autotune_log;
+  d["fusion_threshold_fixed"] = c.fusion_threshold_fixed;
+  d["cycle_time_fixed"] = c.cycle_time_fixed;
   return d;
 }
 

@@ -14,7 +14,7 @@ Controller::Controller(Comm& comm, int64_t cache_capacity, double stall_shutdown
     : comm_(comm),
       stall_shutdown_seconds_(stall_shutdown_seconds),
       cache_(cache_capacity),
-      bit_words_(1 + (cache_capacity + 63) / 64),
+      bit_words_(1 + (cache_capacity + 63) / 64 + 1),
       joined_ranks_(comm.size(), false) {}
 
 std::vector<std::string> Controller::PendingNames() const {
@@ -49,6 +49,7 @@ RoundResult Controller::RunRound(std::vector<Request> new_requests, bool want_sh
   }
   if (want_shutdown) bits[0] &= ~kNoShutdown;
   for (const auto& hit : cache_hits_) bits[1 + hit.first / 64] |= uint64_t{1} << (hit.first % 64);
+  bits.back() = tuning_word_;
   comm_.StartBitAnd(bits.data(), static_cast<int>(bits.size()));
   RoundResult result;
   for (int64_t i = 0; !comm_.TestBitAnd(); ++i) {
@@ -57,6 +58,8 @@ RoundResult Controller::RunRound(std::vector<Request> new_requests, bool want_sh
       return result;
     }
   }
+
+  result.tuning = bits.back();
 
   // Step 3: slots ready everywhere, in ascending order.
   for (auto it = cache_hits_.begin(); it != cache_hits_.end();) {

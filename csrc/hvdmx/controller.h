@@ -14,6 +14,8 @@
 //                     none of mine is still waiting there)
 //      word 0, bit 1  "I do not want to shut down"
 //      words 1..      bit s set: "my request in cache slot s is ready".
+//      last word      the tuning setting: rank 0's, all ones elsewhere
+//                     (Note [Autotune] in autotune.h).
 //    The AND tells everyone which slots are ready on all ranks, whether the
 //    slow path is needed and whether to shut down. This is the whole round in
 //    steady state: no gather, no broadcast, no coordinator.
@@ -81,6 +83,7 @@ struct RoundResult {
   std::vector<Response> responses;  // identical on every rank, in run order
   bool shutdown = false;            // some rank asked to shut down
   bool abandoned = false;           // `idle` gave up waiting for the peers
+  uint64_t tuning = ~uint64_t{0};   // rank 0's tuning word (see autotune.h)
 };
 
 class Controller {
@@ -100,6 +103,9 @@ class Controller {
   // Requests this rank has submitted that have no response yet.
   bool HasPending() const { return !cache_hits_.empty() || !at_coordinator_.empty(); }
   std::vector<std::string> PendingNames() const;
+  // What this rank contributes to the next rounds' tuning word (the last
+  // word of the AND): rank 0's setting, all ones elsewhere.
+  void set_tuning_word(uint64_t word) { tuning_word_ = word; }
 
   const ResponseCache& cache() const { return cache_; }
 
@@ -123,7 +129,8 @@ class Controller {
   Comm& comm_;
   double stall_shutdown_seconds_;
   ResponseCache cache_;
-  int64_t bit_words_;
+  int64_t bit_words_;  // flags, cache bits, tuning word
+  uint64_t tuning_word_ = ~uint64_t{0};
   std::map<int64_t, Request> cache_hits_;  // slot -> request, waiting for its bit
   std::map<std::string, Request> at_coordinator_;  // sent to rank 0, no response yet
   bool joined_ = false;  // this rank's join is at the coordinator

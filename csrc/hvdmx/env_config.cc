@@ -102,6 +102,16 @@ Status LoadConfig(const EnvLookup& lookup, Config* out) {
   if (!s.ok()) return s;
 
   std::string name;
+  config.fusion_threshold_fixed = Find(lookup, "FUSION_THRESHOLD", &name).has_value();
+  config.cycle_time_fixed = Find(lookup, "CYCLE_TIME", &name).has_value();
+  if (auto value = Find(lookup, "AUTOTUNE", &name)) {
+    if (*value == "1" || *value == "true") {
+      config.autotune = true;
+    } else if (*value != "0" && *value != "false") {
+      return Invalid(name, *value, "1 or 0");
+    }
+  }
+  if (auto value = Find(lookup, "AUTOTUNE_LOG", &name)) config.autotune_log = *value;
   if (auto value = Find(lookup, "TIMELINE", &name)) config.timeline_path = *value;
   if (auto value = Find(lookup, "TIMELINE_MARK_CYCLES", &name)) {
     if (*value == "1" || *value == "true") {
@@ -140,7 +150,8 @@ std::string Config::ToString() const {
       << " ring_min_bytes=" << ring_min_bytes << " ring_segment_bytes=" << ring_segment_bytes
       << " stall_check_seconds=" << stall_check_seconds
       << " stall_shutdown_seconds=" << stall_shutdown_seconds << " timeline='"
-      << timeline_path << "' timeline_mark_cycles=" << timeline_mark_cycles;
+      << timeline_path << "' timeline_mark_cycles=" << timeline_mark_cycles
+      << " autotune=" << autotune << " autotune_log='" << autotune_log << "'";
   return out.str();
 }
 

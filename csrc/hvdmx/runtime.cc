@@ -37,7 +37,11 @@ Runtime::Runtime(std::unique_ptr<Comm> control, std::unique_ptr<Comm> data, cons
       data_(std::move(data)),
       config_(config),
       controller_(*control_, config.cache_capacity, config.stall_shutdown_seconds),
-      executor_(*data_, config_) {}
+      executor_(*data_, config_) {
+  if (config_.autotune && control_->rank() == 0) {
+    tuner_ = std::make_unique<Autotuner>(config_, /*leader=*/true);
+  }
+}
 
 Runtime::~Runtime() {
   if (thread_.joinable()) Shutdown();
@@ -172,6 +176,7 @@ bool Runtime::LoopOnce() {
       stalled.insert(std::move(name));
     }
   }
+  if (tuner_) controller_.set_tuning_word(EncodeSetting(tuner_->current()));
   RoundResult round = controller_.RunRound(queue_.TakeNewRequests(), want_shutdown, stalled,
                                            [this](int64_t i) { return Idle(i); });
   if (round.abandoned) {
@@ -196,7 +201,22 @@ bool Runtime::LoopOnce() {
   }
   made_progress_ = !round.responses.empty();
   if (made_progress_) backoff_us_ = 0;
+  TunedSetting setting;
+  if (DecodeSetting(round.tuning, &setting)) {
+    // Rank 0's setting, applied by every rank to this same round.
+    config_.fusion_threshold = setting.fusion_threshold;
+    config_.cycle_time_ms = setting.cycle_time_ms;
+  }
   executor_.Run(round.responses, &queue_);
+  if (tuner_) {
+    int64_t bytes = 0;
+    for (const Response& r : round.responses) {
+      for (size_t t = 0; t < r.counts.size(); ++t) {
+        bytes += r.counts[t] * static_cast<int64_t>(DataTypeSize(r.dtypes[t]));
+      }
+    }
+    tuner_->RoundDone(bytes, std::chrono::steady_clock::now());
+  }
   MaybeWarnStall();
   if (round.shutdown) {
     stopped_ = true;

@@ -40,6 +40,7 @@
 #include <string>
 #include <thread>
 
+#include "autotune.h"
 #include "comm.h"
 #include "controller.h"
 #include "env_config.h"
@@ -100,6 +101,7 @@ class Runtime {
   TensorQueue queue_;
   Controller controller_;
   Executor executor_;
+  std::unique_ptr<Autotuner> tuner_;  // rank 0 with HVDMX_AUTOTUNE=1
 
   std::mutex mu_;  // guards the wake-up condition below
   std::condition_variable wake_;
