@@ -4,7 +4,8 @@ Run under MPI, e.g.::
 
     mpiexec -n 2 python -m hvdmx.bench allreduce
     mpiexec -n 2 python -m hvdmx.bench allreduce --min-bytes 4 --max-bytes 4 --iters 2000
-    mpiexec -n 2 python -m hvdmx.bench allgather --min-bytes 1M --max-bytes 64M
+    mpiexec -n 2 python -m hvdmx.bench allgather --min-bytes 1M --max-bytes 64M --plot ag.png
+    mpiexec -n 2 python -m hvdmx.bench model --model resnet50_v1
     mpiexec -n 2 python -m hvdmx.bench idle --seconds 10
 
 ``allreduce``, ``allgather``, ``broadcast``, ``alltoall`` and ``reducescatter``
@@ -16,6 +17,9 @@ Sizes are bytes of the largest buffer; GB = 1e9; busbw = algbw times
 2(n-1)/n for allreduce, (n-1)/n for allgather, alltoall and reducescatter,
 1 for broadcast (nccl-tests' factors). Every size first gets a correctness
 pass (#wrong counts elements that differ from the exact result).
+``model`` allreduces the gradient set of a model-zoo network the way
+DistributedTrainer does and prints ms per iteration beside MPI_Allreduce per
+tensor and on one fused buffer. ``--plot`` draws busbw against size.
 ``idle`` reports the CPU time an initialized process uses while it runs no
 collective.
 """
@@ -194,6 +198,77 @@ def print_collective(rows: list, n: int, kind: str) -> None:
               f"{r['mpi_us'] / r['hvdmx_us']:>9.2f}")
 
 
+def model_gradients(name: str) -> list:
+    """The gradient shapes and dtypes of a model-zoo network, in the order
+    DistributedTrainer reduces them (parameters sorted by name)."""
+    import mxnet as mx
+    net = mx.gluon.model_zoo.vision.get_model(name, pretrained=False)
+    net.initialize(mx.init.Xavier())
+    net(mx.nd.zeros((1, 3, 224, 224)))  # resolves deferred shapes
+    params = sorted(net.collect_params().items())
+    return [(tuple(p.shape), np.dtype(p.dtype)) for _, p in params if p.grad_req != "null"]
+
+
+def run_model(args) -> dict:
+    """ms per iteration to allreduce a model's gradient set: hvdmx the way
+    DistributedTrainer does (one allreduce_ per gradient, priority -i, then
+    wait), MPI_Allreduce once per tensor, and MPI_Allreduce once on one
+    buffer holding them all."""
+    import mxnet as mx
+    import hvdmx as hvd
+    MPI = _mpi()
+    comm = MPI.COMM_WORLD
+    hvd.init()
+    shapes = model_gradients(args.model)
+    grads = [mx.nd.ones(s, dtype=d) for s, d in shapes]
+    total = sum(int(np.prod(s)) * d.itemsize for s, d in shapes)
+
+    def hvdmx_step():
+        for i, g in enumerate(grads):
+            hvd.allreduce_(g, op=hvd.Average, name=f"model.{i}", priority=-i)
+        mx.nd.waitall()
+
+    mpi_bufs = [np.ones(s, dtype=d) for s, d in shapes]
+    fused = np.ones(sum(int(np.prod(s)) for s, _ in shapes), dtype=np.float32)
+
+    def mpi_per_tensor():
+        for b in mpi_bufs:
+            comm.Allreduce(MPI.IN_PLACE, b, op=MPI.SUM)
+
+    def mpi_fused():
+        comm.Allreduce(MPI.IN_PLACE, fused, op=MPI.SUM)
+
+    warmup = max(2, args.iters // 10)
+    row = {"model": args.model, "tensors": len(shapes), "bytes": total, "ranks": hvd.size(),
+           "iters": args.iters,
+           "hvdmx_ms": _timed(hvdmx_step, warmup, args.iters, comm) * 1e3}
+    if args.vs_mpi:
+        row["mpi_per_tensor_ms"] = _timed(mpi_per_tensor, warmup, args.iters, comm) * 1e3
+        row["mpi_fused_ms"] = _timed(mpi_fused, warmup, args.iters, comm) * 1e3
+    hvd.shutdown()
+    return row
+
+
+def plot_rows(rows: list, kind: str, n: int, path: str) -> None:
+    """busbw against size for hvdmx and MPI."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    fig, ax = plt.subplots(figsize=(7, 4))
+    sizes_ = [r["bytes"] for r in rows]
+    ax.plot(sizes_, [r["hvdmx_busbw"] for r in rows], "o-", label="hvdmx")
+    if any(r["mpi_us"] == r["mpi_us"] for r in rows):  # not all NaN
+        ax.plot(sizes_, [r["mpi_busbw"] for r in rows], "s--", label=MPI_CALL[kind])
+    ax.set_xscale("log", base=2)
+    ax.set_xlabel("size (bytes)")
+    ax.set_ylabel("busbw (GB/s)")
+    ax.set_title(f"{kind}, {n} ranks, {rows[0]['type']}")
+    ax.grid(True, alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+
+
 def run_idle(args) -> list:
     import hvdmx as hvd
     hvd.init()
@@ -225,6 +300,13 @@ def main(argv=None) -> int:
         ar.add_argument("--vs-mpi", action=argparse.BooleanOptionalAction, default=True,
                         help=f"also time {MPI_CALL[kind]} in the same run (default: on)")
         ar.add_argument("--json", action="store_true", help="print JSON instead of a table")
+        ar.add_argument("--plot", metavar="FILE", help="also draw busbw against size (matplotlib)")
+    model = sub.add_parser("model", help="allreduce a model-zoo network's gradients per iteration")
+    model.add_argument("--model", default="resnet50_v1", help="mx.gluon.model_zoo.vision name")
+    model.add_argument("--iters", type=int, default=20, help="timed iterations")
+    model.add_argument("--vs-mpi", action=argparse.BooleanOptionalAction, default=True,
+                       help="also time per-tensor and fused MPI_Allreduce (default: on)")
+    model.add_argument("--json", action="store_true")
     idle = sub.add_parser("idle", help="CPU used by an initialized, idle process")
     idle.add_argument("--seconds", type=float, default=5.0)
     idle.add_argument("--json", action="store_true")
@@ -239,7 +321,22 @@ def main(argv=None) -> int:
                 print(json.dumps(rows, indent=1))
             else:
                 print_collective(rows, n, args.command)
+            if args.plot:
+                plot_rows(rows, args.command, n, args.plot)
         return 1 if any(r["hvdmx_wrong"] or r["mpi_wrong"] for r in rows) else 0
+    if args.command == "model":
+        row = run_model(args)
+        if rank == 0:
+            if args.json:
+                print(json.dumps(row, indent=1))
+            else:
+                print(f"# {row['model']} gradients: {row['tensors']} tensors, "
+                      f"{row['bytes'] / 1e6:.1f} MB, {n} ranks; ms per iteration "
+                      f"(mean of {row['iters']})")
+                print(f"{'hvdmx':>10} {'MPI per tensor':>15} {'MPI fused':>10}")
+                print(f"{row['hvdmx_ms']:>10.1f} {row.get('mpi_per_tensor_ms', float('nan')):>15.1f}"
+                      f" {row.get('mpi_fused_ms', float('nan')):>10.1f}")
+        return 0
     rows = run_idle(args)
     if rank == 0:
         if args.json:

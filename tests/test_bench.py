@@ -1,0 +1,47 @@
+"""The benchmark tool runs every subcommand, checks its results (#wrong) and
+prints what it promises. Times are printed, never asserted."""
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+MPIEXEC = os.path.join(os.path.dirname(sys.executable), "mpiexec")
+ENV = dict(os.environ, OMP_NUM_THREADS="1", MXNET_CPU_WORKER_NTHREADS="1")
+
+
+def bench(*args, n=2):
+    result = subprocess.run([MPIEXEC, "-n", str(n), sys.executable, "-m", "hvdmx.bench", *args],
+                            env=ENV, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr
+    return result.stdout
+
+
+@pytest.mark.parametrize("kind", ["allreduce", "allgather", "broadcast", "alltoall",
+                                  "reducescatter"])
+def test_collectives_json(kind):
+    rows = json.loads(bench(kind, "--min-bytes", "4", "--max-bytes", "256K", "--factor", "256",
+                            "--iters", "3", "--json"))
+    assert [r["op"] for r in rows] == [kind] * 3
+    for r in rows:
+        assert r["hvdmx_wrong"] == 0 and r["mpi_wrong"] == 0
+        assert r["hvdmx_us"] > 0 and r["mpi_us"] > 0
+        assert r["bytes"] == r["count"] * 4
+
+
+def test_table_and_plot(tmp_path):
+    png = tmp_path / "ag.png"
+    out = bench("allgather", "--min-bytes", "1K", "--max-bytes", "64K", "--factor", "8",
+                "--iters", "3", "--plot", str(png))
+    assert "MPI_Allgather" in out and "busbw" in out
+    assert png.read_bytes()[:4] == b"\x89PNG"
+    out = bench("allreduce", "--min-bytes", "4", "--max-bytes", "4", "--iters", "3",
+                "--no-vs-mpi")
+    assert "nan" in out  # no MPI column figures
+
+
+def test_model():
+    row = json.loads(bench("model", "--model", "resnet18_v1", "--iters", "2", "--json"))
+    assert row["tensors"] == 62 and row["bytes"] > 40e6
+    assert row["hvdmx_ms"] > 0 and row["mpi_per_tensor_ms"] > 0 and row["mpi_fused_ms"] > 0
