@@ -526,11 +526,11 @@ def make_parser() -> argparse.ArgumentParser:
         prog=PROG, allow_abbrev=False,
         formatter_class=argparse.RawDescriptionHelpFormatter,
         usage=f"{PROG} [options] command [args ...]\n       {PROG} --check-build",
-        description="Starts `command` on N processes through the MPI launcher (mpiexec or "
-                    "mpirun of MPICH, Intel MPI or Open MPI), with hvdmx's tuning flags "
-                    "passed to every rank as HVDMX_* environment variables.\nOptions go "
-                    "before the command; everything from the command on is passed to it "
-                    "unchanged.",
+        description="Starts `command` on N processes through the MPI launcher (mpiexec or\n"
+                    "mpirun of MPICH, Intel MPI or Open MPI), with hvdmx's tuning flags\n"
+                    "passed to every rank as HVDMX_* environment variables. Options go\n"
+                    "before the command; from the command on, every argument is passed\n"
+                    "to it unchanged.",
         epilog="examples:\n"
                f"  {PROG} -np 4 python train.py --epochs 3\n"
                f"  {PROG} -np 8 -H node1:4,node2:4 --fusion-threshold-mb 32 python train.py\n"
@@ -590,7 +590,7 @@ def make_parser() -> argparse.ArgumentParser:
                         help="mark each background cycle in the timeline "
                              "(HVDMX_TIMELINE_MARK_CYCLES=1)")
     tuning.add_argument("--autotune", action="store_true",
-                        help="tune fusion threshold and cycle time while training "
+                        help="let hvdmx tune its settings while training "
                              "(HVDMX_AUTOTUNE=1)")
     tuning.add_argument("--autotune-log-file", type=_nonempty("a file name"), metavar="FILE",
                         help="with --autotune, log the settings tried to FILE "
