@@ -472,9 +472,12 @@ def test_sigterm_is_forwarded_to_the_ranks():
         sys.stdout.flush()
         time.sleep(100)
     """)
+    # A session of its own, so that if forwarding fails the whole job (launcher,
+    # mpiexec, ranks) can be killed.
     launcher = subprocess.Popen([sys.executable, "-m", "hvdmx.run", "-np", "2",
                                  sys.executable, "-c", body], cwd=REPO, env=ENV,
-                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                start_new_session=True)
     try:
         ready = 0
         while ready < 2:
@@ -483,8 +486,13 @@ def test_sigterm_is_forwarded_to_the_ranks():
             ready += line == "ready\n"
         launcher.send_signal(signal.SIGTERM)
         out, err = launcher.communicate(timeout=60)
-    finally:
-        launcher.kill()
+    except BaseException:
+        try:
+            os.killpg(launcher.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        launcher.wait()
+        raise
     assert launcher.returncode != 0
     assert "rank 0 got 15" in out and "rank 1 got 15" in out, err
 
