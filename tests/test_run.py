@@ -168,6 +168,21 @@ def test_tuning_values_are_what_the_core_accepts():
         {"HVDMX_LOG_LEVEL": "info"})["log_level"]
 
 
+@pytest.mark.parametrize("stall", [["--no-stall-check"],
+                                   ["--stall-check-warning-time-seconds", "2.5",
+                                    "--stall-check-shutdown-time-seconds", "30"]])
+def test_every_flag_together_passes_the_cores_validation(tmp_path, stall):
+    # Variables this build does not read yet are ignored; those it reads must accept
+    # exactly what the launcher writes.
+    env = run.tuning_env(parse(
+        "--fusion-threshold-mb", "0", "--cycle-time-ms", "1e-1", "--cache-capacity", "0",
+        "--hierarchical-allreduce", "--timeline-filename", str(tmp_path / "t.json"),
+        "--timeline-mark-cycles", "--autotune", "--autotune-log-file",
+        str(tmp_path / "tune.csv"), "--log-level", "TRACE", *stall, "prog"))
+    assert len(env) == 11
+    _core._testing_load_config(env)
+
+
 @pytest.mark.parametrize("argv,expected", [
     (["-np", "0"], "argument -np/--num-proc: invalid value '0': expected the number of "
                    "processes, an integer >= 1"),
