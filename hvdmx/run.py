@@ -1,0 +1,680 @@
+"""hvdmxrun: starts a training script on N processes through the MPI launcher.
+
+    hvdmxrun -np 4 -H a:2,b:2 --fusion-threshold-mb 32 python train.py --epochs 3
+    python -m hvdmx.run -np 4 python train.py        # the same, as a module
+
+The launcher builds one ``mpiexec``/``mpirun`` command for the MPI it finds
+(MPICH and Intel MPI, both Hydra-based, or Open MPI), passes the tuning flags to
+every rank as HVDMX_* environment variables, runs the command as an argument
+list (never through a shell) and exits with its exit code. ``--check-build``
+reports what this installation of hvdmx can do. docs/running.md has the details.
+
+Everything between parsing and running is a pure function of its arguments
+(``parse_hosts``, ``parse_hostfile``, ``tuning_env``, ``identify_launcher``,
+``build_command``) so that the commands for every MPI are testable on a
+machine that has only one of them.
+"""
+from __future__ import annotations
+
+import argparse
+import math
+import os
+import re
+import shlex
+import shutil
+import signal
+import subprocess
+import sys
+from dataclasses import dataclass
+from typing import Callable, Dict, List, Mapping, NamedTuple, Optional, Sequence, TextIO
+
+PROG = "hvdmxrun"
+
+# Launcher flavors. Intel MPI's mpiexec is Hydra like MPICH's and takes the same
+# process, host and environment flags; it differs in binding (see build_command).
+MPICH = "mpich"
+INTEL = "intel"
+OPENMPI = "openmpi"
+_FLAVOR_NAMES = {MPICH: "MPICH/Hydra", INTEL: "Intel MPI (Hydra)", OPENMPI: "Open MPI"}
+
+LOG_LEVELS = ("trace", "debug", "info", "warning", "warn", "error", "fatal")
+
+# Open MPI's mpirun hands its own environment only to the ranks on its own host;
+# the ranks elsewhere get what -x names. These are forwarded (when set) so that
+# every rank finds the same Python, libraries and hvdmx/MXNet/NCCL settings.
+# Hydra passes the launcher's whole environment to every rank by itself.
+FORWARDED_NAMES = ("PATH", "LD_LIBRARY_PATH", "PYTHONPATH", "VIRTUAL_ENV", "OMP_NUM_THREADS")
+FORWARDED_PREFIXES = ("HVDMX_", "HOROVOD_", "MXNET_", "NCCL_")
+
+# Flags that --mpi-args must not repeat: hvdmxrun sets them itself.
+_COUNT_FLAGS = ("-n", "-np", "--np", "-c", "--n")
+_HOST_FLAGS = ("-H", "--host", "-host", "-hosts", "--hosts", "-f", "-hostfile", "--hostfile",
+               "-machinefile", "--machinefile", "-machine")
+_BINDING_FLAGS = ("-bind-to", "--bind-to", "-binding")
+_MAPPING_FLAGS = ("-map-by", "--map-by")
+
+
+class UsageError(Exception):
+    """A bad flag, value or environment; the message names it and the fix."""
+
+
+class Host(NamedTuple):
+    name: str
+    slots: int
+
+
+@dataclass(frozen=True)
+class Launcher:
+    path: str
+    flavor: str  # MPICH, INTEL or OPENMPI
+    version: str
+
+    def describe(self) -> str:
+        return f"{self.path} ({_FLAVOR_NAMES[self.flavor]} {self.version})"
+
+
+# ---- hosts ----------------------------------------------------------------
+
+def _host_from(text: str, where: str) -> Host:
+    """'name' (1 slot) or 'name:slots'."""
+    name, sep, slots_text = text.partition(":")
+    if not name or any(c.isspace() for c in name) or "=" in name or ":" in slots_text:
+        raise UsageError(f"{where}: {text!r} is not a host; write 'host' or 'host:slots', "
+                         "e.g. 'node1:4'")
+    if not sep:
+        return Host(name, 1)
+    if not re.fullmatch(r"[0-9]+", slots_text) or int(slots_text) < 1:
+        raise UsageError(f"{where}: {text!r} has slots {slots_text!r}; the slots after ':' "
+                         "must be an integer >= 1, e.g. 'node1:4'")
+    return Host(name, int(slots_text))
+
+
+def _no_duplicates(hosts: List[Host], where: str) -> List[Host]:
+    seen = set()
+    for host in hosts:
+        if host.name in seen:
+            raise UsageError(f"{where}: host {host.name!r} is listed more than once; list "
+                             "each host once with its total slots")
+        seen.add(host.name)
+    return hosts
+
+
+def parse_hosts(spec: str) -> List[Host]:
+    """Parses -H's 'a:2,b:2' (a host without ':N' has one slot)."""
+    where = f"-H/--hosts {spec!r}"
+    items = spec.split(",")
+    if not spec.strip() or any(not item.strip() for item in items):
+        raise UsageError(f"{where} has an empty entry; write host:slots pairs separated by "
+                         "commas, e.g. -H node1:4,node2:4")
+    return _no_duplicates([_host_from(item.strip(), where) for item in items], where)
+
+
+def parse_hostfile(text: str, path: str) -> List[Host]:
+    """Parses a hostfile: one host a line, as 'host slots=N', 'host:N' or 'host'
+    (one slot); '#' starts a comment; blank lines are skipped."""
+    hosts = []
+    for number, line in enumerate(text.splitlines(), start=1):
+        words = line.split("#", 1)[0].split()
+        if not words:
+            continue
+        where = f"--hostfile {path!r}, line {number}"
+        host = _host_from(words[0], where)
+        for word in words[1:]:
+            key, _, value = word.partition("=")
+            if key != "slots" or ":" in words[0]:
+                raise UsageError(f"{where}: {line.strip()!r} is not understood; write "
+                                 "'host slots=N' or 'host:N'")
+            if not re.fullmatch(r"[0-9]+", value) or int(value) < 1:
+                raise UsageError(f"{where}: slots={value!r}; slots must be an integer >= 1")
+            host = Host(host.name, int(value))
+        hosts.append(host)
+    if not hosts:
+        raise UsageError(f"--hostfile {path!r} lists no hosts; add lines such as "
+                         "'node1 slots=4'")
+    return _no_duplicates(hosts, f"--hostfile {path!r}")
+
+
+def read_hostfile(path: str) -> List[Host]:
+    try:
+        with open(path, encoding="utf-8") as f:
+            text = f.read()
+    except (OSError, UnicodeDecodeError) as e:
+        reason = e.strerror if isinstance(e, OSError) and e.strerror else str(e)
+        raise UsageError(f"--hostfile {path!r} cannot be read ({reason}); pass a readable "
+                         "text file with one 'host slots=N' line per host") from None
+    return parse_hostfile(text, path)
+
+
+def format_hosts(hosts: Sequence[Host]) -> str:
+    return ",".join(f"{host.name}:{host.slots}" for host in hosts)
+
+
+def resolve_num_proc(num_proc: Optional[int], hosts: Optional[List[Host]],
+                     host_flag: str) -> int:
+    """-np, or the hosts' total slots when -np is not given. Asking for more
+    processes than slots is refused for every MPI (Open MPI refuses it too, MPICH
+    would stack the extra ranks on the listed hosts): list more slots instead."""
+    if hosts is None:
+        if num_proc is None:
+            raise UsageError("give the number of processes with -np N (or hosts with "
+                             "-H/--hostfile, whose slots then set it), before the command: "
+                             "hvdmxrun -np 4 python train.py")
+        return num_proc
+    slots = sum(host.slots for host in hosts)
+    if num_proc is None:
+        return slots
+    if num_proc > slots:
+        raise UsageError(f"-np {num_proc} is more than the {slots} slot(s) of {host_flag} "
+                         f"({format_hosts(hosts)}); lower -np to {slots} or give the hosts "
+                         "more slots (host:slots)")
+    return num_proc
+
+
+# ---- tuning flags -> environment -----------------------------------------
+
+def _number(what: str, integer: bool = False) -> Callable[[str], float]:
+    """An argparse type: a finite number >= 0 (an integer if `integer`)."""
+    def parse(text: str):
+        try:
+            value = int(text) if integer else float(text)
+        except ValueError:
+            value = None
+        if value is None or not math.isfinite(value) or value < 0:
+            kind = "an integer" if integer else "a number"
+            raise argparse.ArgumentTypeError(
+                f"invalid value {text!r}: expected {kind} >= 0 ({what})")
+        return value
+    return parse
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(
+            f"invalid value {text!r}: expected the number of processes, an integer >= 1")
+    return value
+
+
+def _log_level(text: str) -> str:
+    if text.lower() not in LOG_LEVELS:
+        raise argparse.ArgumentTypeError(
+            f"invalid value {text!r}: expected one of {', '.join(LOG_LEVELS)} (any case)")
+    return text.lower()
+
+
+def _nonempty(what: str) -> Callable[[str], str]:
+    def parse(text: str) -> str:
+        if not text:
+            raise argparse.ArgumentTypeError(f"invalid value '': expected {what}")
+        return text
+    return parse
+
+
+def _format_number(value: float) -> str:
+    """5.0 -> '5', 2.5 -> '2.5': what the core's parser reads back exactly."""
+    return str(int(value)) if float(value).is_integer() else repr(float(value))
+
+
+def tuning_env(args: argparse.Namespace) -> Dict[str, str]:
+    """The HVDMX_* variables the tuning flags ask for (only flags that were given)."""
+    env = {}
+    if args.fusion_threshold_mb is not None:
+        env["HVDMX_FUSION_THRESHOLD"] = str(round(args.fusion_threshold_mb * 1024 * 1024))
+    if args.cycle_time_ms is not None:
+        env["HVDMX_CYCLE_TIME"] = _format_number(args.cycle_time_ms)
+    if args.cache_capacity is not None:
+        env["HVDMX_CACHE_CAPACITY"] = str(args.cache_capacity)
+    if args.hierarchical_allreduce:
+        env["HVDMX_HIERARCHICAL_ALLREDUCE"] = "1"
+    if args.timeline_filename is not None:
+        env["HVDMX_TIMELINE"] = args.timeline_filename
+    if args.timeline_mark_cycles:
+        env["HVDMX_TIMELINE_MARK_CYCLES"] = "1"
+    if args.autotune:
+        env["HVDMX_AUTOTUNE"] = "1"
+    if args.autotune_log_file is not None:
+        env["HVDMX_AUTOTUNE_LOG"] = args.autotune_log_file
+    if args.no_stall_check:
+        # Both times at 0 ("off") do what Horovod's HOROVOD_STALL_CHECK_DISABLE
+        # does; the core has no separate switch.
+        env["HVDMX_STALL_CHECK_TIME_SECONDS"] = "0"
+        env["HVDMX_STALL_SHUTDOWN_TIME_SECONDS"] = "0"
+    if args.stall_check_warning_time_seconds is not None:
+        env["HVDMX_STALL_CHECK_TIME_SECONDS"] = _format_number(
+            args.stall_check_warning_time_seconds)
+    if args.stall_check_shutdown_time_seconds is not None:
+        env["HVDMX_STALL_SHUTDOWN_TIME_SECONDS"] = _format_number(
+            args.stall_check_shutdown_time_seconds)
+    if args.log_level is not None:
+        env["HVDMX_LOG_LEVEL"] = args.log_level
+    return env
+
+
+# ---- the MPI launcher -----------------------------------------------------
+
+def find_mpiexec(explicit: Optional[str], environ: Mapping[str, str],
+                 executable: str) -> str:
+    """--mpiexec, else $HVDMX_MPIEXEC, else mpiexec/mpirun beside the Python
+    interpreter (where the mpich wheel puts its own), else on PATH."""
+    for flag, value in (("--mpiexec", explicit),
+                        ("HVDMX_MPIEXEC", environ.get("HVDMX_MPIEXEC") or None)):
+        if value is None:
+            continue
+        found = shutil.which(value, path=environ.get("PATH", os.defpath))
+        if found is None:
+            raise UsageError(f"{flag} {value!r} is not an executable file (or not found on "
+                             "PATH); point it at your MPI's mpiexec or mpirun")
+        return found
+    beside = os.path.dirname(executable)
+    for name in ("mpiexec", "mpirun"):
+        candidate = os.path.join(beside, name)
+        if beside and os.path.isfile(candidate) and os.access(candidate, os.X_OK):
+            return candidate
+    for name in ("mpiexec", "mpirun"):
+        found = shutil.which(name, path=environ.get("PATH", os.defpath))
+        if found is not None:
+            return found
+    raise UsageError(f"no MPI launcher found: looked for mpiexec and mpirun in {beside or '.'} "
+                     "and on PATH; install one (pip install mpich) or pass --mpiexec "
+                     "/path/to/mpiexec")
+
+
+def identify_launcher(path: str, version_output: str) -> Launcher:
+    """Tells the MPI from the output of `<path> --version`."""
+    text = version_output
+    match = re.search(r"Intel\(R\) MPI Library.*?Version\s+([^\s,]+)", text)
+    if match or "Intel(R) MPI" in text:
+        return Launcher(path, INTEL, match.group(1) if match else "?")
+    match = re.search(r"\((?:Open MPI|OpenRTE)\)\s+(\S+)", text)
+    if match or "open-mpi.org" in text:
+        return Launcher(path, OPENMPI, match.group(1) if match else "?")
+    if "HYDRA" in text:
+        match = re.search(r"Version:\s+(\S+)", text)
+        return Launcher(path, MPICH, match.group(1) if match else "?")
+    first = text.strip().splitlines()[0] if text.strip() else "(no output)"
+    raise UsageError(f"cannot tell which MPI {path} belongs to: '{path} --version' says "
+                     f"{first!r}; hvdmxrun knows MPICH, Intel MPI and Open MPI. Pass "
+                     "--mpiexec with one of theirs, or run that launcher yourself")
+
+
+def detect_launcher(path: str) -> Launcher:
+    try:
+        result = subprocess.run([path, "--version"], capture_output=True, text=True,
+                                timeout=60, stdin=subprocess.DEVNULL)
+    except (OSError, subprocess.TimeoutExpired) as e:
+        raise UsageError(f"'{path} --version' failed ({e}); check the MPI installation or "
+                         "pass --mpiexec with a working launcher") from None
+    return identify_launcher(path, result.stdout + result.stderr)
+
+
+def _flags_in(args: Sequence[str], flags: Sequence[str]) -> List[str]:
+    return [a for a in args if a.split("=", 1)[0] in flags]
+
+
+def check_mpi_args(mpi_args: Sequence[str]) -> None:
+    """--mpi-args may add any launcher flag except the ones hvdmxrun sets from its
+    own flags (a second process count or host list confuses both launchers)."""
+    for flags, own in ((_COUNT_FLAGS, "-np"), (_HOST_FLAGS, "-H or --hostfile")):
+        clash = _flags_in(mpi_args, flags)
+        if clash:
+            raise UsageError(f"--mpi-args {shlex.join(mpi_args)!r} contains {clash[0]!r}; "
+                             f"give that with hvdmxrun's {own} instead")
+
+
+def build_command(launcher: Launcher, num_proc: int, hosts: Optional[Sequence[Host]],
+                  env: Mapping[str, str], mpi_args: Sequence[str], command: Sequence[str],
+                  environ: Mapping[str, str], as_root: bool = False) -> List[str]:
+    """The launcher's argument list.
+
+    MPICH and Intel MPI (Hydra): ``-n N``, ``-hosts a:2,b:2``, ``-genv NAME VALUE``
+    per tuning variable (Hydra hands its own environment to every rank already).
+    MPICH gets ``-bind-to none``; Intel MPI keeps its own pinning, which gives each
+    rank its share of the cores.
+
+    Open MPI: ``-np N``, ``-H a:2,b:2``, ``--bind-to none --map-by slot``,
+    ``-x NAME=VALUE`` per tuning variable and ``-x NAME`` for the variables of
+    FORWARDED_NAMES/FORWARDED_PREFIXES that are set, and ``--allow-run-as-root``
+    when running as root.
+
+    Processes are never bound to one core by default: each rank runs MXNet's
+    thread pools and hvdmx's background thread, which one core would serialize.
+    A binding or mapping flag in `mpi_args` replaces hvdmxrun's. Without hosts,
+    the MPI's default applies (this host, or the batch scheduler's allocation).
+    `mpi_args` come last before the command, as given.
+    """
+    cmd = [launcher.path]
+    user_binds = bool(_flags_in(mpi_args, _BINDING_FLAGS))
+    if launcher.flavor == OPENMPI:
+        if as_root:
+            cmd.append("--allow-run-as-root")
+        cmd += ["-np", str(num_proc)]
+        if hosts:
+            cmd += ["-H", format_hosts(hosts)]
+        if not user_binds:
+            cmd += ["--bind-to", "none"]
+        if not _flags_in(mpi_args, _MAPPING_FLAGS):
+            cmd += ["--map-by", "slot"]
+        for name, value in env.items():
+            cmd += ["-x", f"{name}={value}"]
+        for name in environ:
+            if name not in env and (name in FORWARDED_NAMES
+                                    or name.startswith(FORWARDED_PREFIXES)):
+                cmd += ["-x", name]
+    else:
+        cmd += ["-n", str(num_proc)]
+        if hosts:
+            cmd += ["-hosts", format_hosts(hosts)]
+        if launcher.flavor == MPICH and not user_binds:
+            cmd += ["-bind-to", "none"]
+        for name, value in env.items():
+            cmd += ["-genv", name, value]
+    return cmd + list(mpi_args) + list(command)
+
+
+def _mpi_family(name: str) -> Optional[str]:
+    """'Open MPI' or 'Hydra' (MPICH and its derivatives share the launcher protocol)."""
+    if name.startswith("Open MPI") or name == OPENMPI:
+        return "Open MPI"
+    if name.startswith(("MPICH", "Intel MPI", "MVAPICH")) or name in (MPICH, INTEL):
+        return "Hydra"
+    return None
+
+
+def launcher_mismatch(built_vendor: str, launcher: Launcher) -> Optional[str]:
+    """A warning when hvdmx's MPI and the launcher's cannot talk to each other:
+    every rank would then start alone, as a job of size 1."""
+    built, runs = _mpi_family(built_vendor), _mpi_family(launcher.flavor)
+    if built is None or built == runs:
+        return None
+    return (f"hvdmx was built with {built_vendor}, but the launcher {launcher.describe()} "
+            f"starts {runs} jobs, which that MPI cannot join: every rank would run alone "
+            f"(size() == 1). Pass --mpiexec with the launcher of {built_vendor}")
+
+
+def _built_vendor() -> Optional[str]:
+    try:
+        from hvdmx import _core
+        return _core.mpi_vendor()
+    except ImportError:
+        return None
+
+
+# ---- running --------------------------------------------------------------
+
+def _in_terminal_foreground() -> bool:
+    """True when this process group is the foreground job of its terminal."""
+    for fd in (0, 1, 2):
+        try:
+            if os.isatty(fd) and os.tcgetpgrp(fd) == os.getpgrp():
+                return True
+        except OSError:
+            pass
+    return False
+
+
+def run_command(cmd: Sequence[str], env: Mapping[str, str]) -> int:
+    """Runs `cmd` (no shell), forwarding SIGINT and SIGTERM to it; returns its
+    exit code, or 128 + N when signal N ended it (as a shell reports it).
+
+    The child stays in this process group, so Ctrl-C at the terminal reaches it
+    directly; that SIGINT is not forwarded again, because a second one makes
+    Hydra's mpiexec kill the ranks at once instead of letting them stop. (So a
+    SIGINT sent with kill to a hvdmxrun in the foreground of a terminal is not
+    forwarded either: send it to the process group, or send SIGTERM.)
+    """
+    child = None
+    pending = []
+
+    def forward(signum, _frame):
+        if signum == signal.SIGINT and _in_terminal_foreground():
+            return
+        if child is None:
+            pending.append(signum)
+        elif child.poll() is None:
+            child.send_signal(signum)
+
+    previous = {s: signal.signal(s, forward) for s in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        # env is given explicitly, from os.environ: importing hvdmx initialized MPI
+        # in this process, and what the MPI library put into the C environment
+        # must not reach the launcher, which would take itself for a rank.
+        child = subprocess.Popen(list(cmd), env=dict(env))
+        for signum in pending:
+            child.send_signal(signum)
+        code = child.wait()
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
+    return 128 - code if code < 0 else code
+
+
+# ---- --check-build --------------------------------------------------------
+
+def _nccl_version(code: int) -> str:
+    # NCCL_VERSION_CODE: major*10000 + minor*100 + patch since 2.9, major*1000 before.
+    if code >= 10000:
+        return f"{code // 10000}.{code // 100 % 100}.{code % 100}"
+    return f"{code // 1000}.{code // 100 % 10}.{code % 100}"
+
+
+_COLLECTIVES = ("allreduce", "grouped_allreduce", "broadcast", "allgather",
+                "grouped_allgather", "alltoall", "reducescatter", "grouped_reducescatter",
+                "barrier", "join", "broadcast_object", "allgather_object")
+
+
+def build_report(launcher_line: str) -> str:
+    """What this hvdmx can do, as a checklist: [x] available, [ ] not."""
+    import mpi4py
+    import mxnet as mx
+    from mpi4py import MPI
+
+    import hvdmx
+    from hvdmx import _core
+
+    def box(flag: bool) -> str:
+        return "[x]" if flag else "[ ]"
+
+    nccl = _core.nccl_built()
+    library = " ".join(MPI.Get_library_version().strip().splitlines()[0].split())
+    threads = MPI.Is_initialized() and MPI.Query_thread() == MPI.THREAD_MULTIPLE
+    lines = [
+        f"hvdmx {hvdmx.__version__} (Python {sys.version.split()[0]}, "
+        f"MXNet {mx.__version__}, mpi4py {mpi4py.__version__})",
+        "",
+        "MPI:",
+        f"    compiled against  {_core.mpi_vendor()}",
+        f"    library loaded    {library}",
+        f"    launcher          {launcher_line}",
+        f"    {box(threads)} MPI_THREAD_MULTIPLE",
+        "",
+        "Training with MXNet:",
+        f"    {box(hasattr(hvdmx, 'DistributedTrainer'))} Gluon: DistributedTrainer",
+        f"    {box(hasattr(hvdmx, 'DistributedOptimizer'))} Module: DistributedOptimizer",
+        f"    {box(hasattr(hvdmx, 'KVStore'))} kvstore plugin: KVStore",
+        "",
+        "Communication:",
+        f"    {box(_core.mpi_built())} MPI (CPU tensors)",
+        f"    {box(nccl > 0)} NCCL{f' {_nccl_version(nccl)}' if nccl else ''} (GPU tensors)",
+        f"    {box(_core.cuda_built())} CUDA",
+        f"    {box(hvdmx.gloo_built())} Gloo",
+        f"    {box(hvdmx.ccl_built())} oneCCL",
+        "",
+        "Collectives:",
+    ]
+    lines += [f"    {box(hasattr(hvdmx, name))} {name}" for name in _COLLECTIVES]
+    lines += ["", "Tools:", f"    {box(hasattr(hvdmx, 'start_timeline'))} timeline"]
+    return "\n".join(lines) + "\n"
+
+
+def check_build(args: argparse.Namespace, out: TextIO) -> int:
+    try:
+        launcher = detect_launcher(find_mpiexec(args.mpiexec, os.environ, sys.executable))
+        launcher_line = launcher.describe()
+    except UsageError as e:
+        launcher_line = f"none usable: {e}"
+    out.write(build_report(launcher_line))
+    return 0
+
+
+# ---- command line ---------------------------------------------------------
+
+def make_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog=PROG, allow_abbrev=False,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        usage=f"{PROG} [options] command [args ...]\n       {PROG} --check-build",
+        description="Starts `command` on N processes through the MPI launcher (mpiexec or\n"
+                    "mpirun of MPICH, Intel MPI or Open MPI), with hvdmx's tuning flags\n"
+                    "passed to every rank as HVDMX_* environment variables. Options go\n"
+                    "before the command; from the command on, every argument is passed\n"
+                    "to it unchanged.",
+        epilog="examples:\n"
+               f"  {PROG} -np 4 python train.py --epochs 3\n"
+               f"  {PROG} -np 8 -H node1:4,node2:4 --fusion-threshold-mb 32 python train.py\n"
+               f"  {PROG} --hostfile hosts.txt --verbose python train.py\n"
+               f"  {PROG} --check-build\n"
+               "see docs/running.md for the commands built for each MPI")
+    parser.add_argument("command", nargs=argparse.REMAINDER,
+                        help="the program to run on every rank, and its arguments")
+
+    job = parser.add_argument_group("processes and hosts")
+    job.add_argument("-np", "--num-proc", type=_positive_int, metavar="N",
+                     help="number of processes to start (default with -H/--hostfile: all "
+                          "their slots)")
+    hosts = job.add_mutually_exclusive_group()
+    hosts.add_argument("-H", "--hosts", metavar="HOST:SLOTS,...",
+                       help="hosts and their process slots, e.g. node1:4,node2:4 (a host "
+                            "without ':N' has 1 slot); default: the MPI's own (this host, "
+                            "or the batch scheduler's allocation)")
+    hosts.add_argument("--hostfile", metavar="FILE",
+                       help="file with one host a line: 'host slots=N' or 'host:N'; '#' "
+                            "starts a comment")
+
+    launch = parser.add_argument_group("MPI launcher")
+    launch.add_argument("--mpiexec", metavar="PATH",
+                        help="the mpiexec/mpirun to use (default: $HVDMX_MPIEXEC, else the "
+                             "one beside this Python, else the first on PATH)")
+    launch.add_argument("--mpi-args", metavar='"ARGS"', default="",
+                        help="extra launcher flags, split like a shell would and added "
+                             "before the command, e.g. --mpi-args \"-ppn 2\"")
+    launch.add_argument("--verbose", action="store_true",
+                        help="print the launcher command to stderr before running it")
+    launch.add_argument("--dry-run", action="store_true",
+                        help="print the launcher command and exit without running it")
+    launch.add_argument("--check-build", action="store_true",
+                        help="print what this hvdmx was built with and supports, and exit")
+
+    tuning = parser.add_argument_group(
+        "tuning (each sets an environment variable on every rank; see docs/env.md)")
+    tuning.add_argument("--fusion-threshold-mb", type=_number("MiB; 0 turns fusion off"),
+                        metavar="MB", help="largest fused group of tensors, in MiB "
+                        "(HVDMX_FUSION_THRESHOLD, in bytes; default 64)")
+    tuning.add_argument("--cycle-time-ms", type=_number("milliseconds; 0 starts each round "
+                                                        "at once"),
+                        metavar="MS", help="wait before each negotiation round, in ms "
+                        "(HVDMX_CYCLE_TIME; default 0)")
+    tuning.add_argument("--cache-capacity", type=_number("entries; 0 turns the cache off",
+                                                         integer=True),
+                        metavar="N", help="negotiated responses each rank remembers "
+                        "(HVDMX_CACHE_CAPACITY; default 1024)")
+    tuning.add_argument("--hierarchical-allreduce", action="store_true",
+                        help="allreduce within each host first, then across hosts "
+                             "(HVDMX_HIERARCHICAL_ALLREDUCE=1)")
+    tuning.add_argument("--timeline-filename", type=_nonempty("a file name"), metavar="FILE",
+                        help="write a Chrome-trace timeline of the collectives to FILE "
+                             "(HVDMX_TIMELINE)")
+    tuning.add_argument("--timeline-mark-cycles", action="store_true",
+                        help="mark each background cycle in the timeline "
+                             "(HVDMX_TIMELINE_MARK_CYCLES=1)")
+    tuning.add_argument("--autotune", action="store_true",
+                        help="let hvdmx tune its settings while training "
+                             "(HVDMX_AUTOTUNE=1)")
+    tuning.add_argument("--autotune-log-file", type=_nonempty("a file name"), metavar="FILE",
+                        help="with --autotune, log the settings tried to FILE "
+                             "(HVDMX_AUTOTUNE_LOG)")
+    stall = tuning.add_mutually_exclusive_group()
+    stall.add_argument("--no-stall-check", action="store_true",
+                       help="no stall warning and no stall shutdown (sets "
+                            "HVDMX_STALL_CHECK_TIME_SECONDS and "
+                            "HVDMX_STALL_SHUTDOWN_TIME_SECONDS to 0)")
+    stall.add_argument("--stall-check-warning-time-seconds",
+                       type=_number("seconds; 0 turns the warning off"), metavar="S",
+                       help="warn about a collective that waits this long for other ranks "
+                            "(HVDMX_STALL_CHECK_TIME_SECONDS; default 60)")
+    tuning.add_argument("--stall-check-shutdown-time-seconds",
+                        type=_number("seconds; 0 never shuts down"), metavar="S",
+                        help="shut hvdmx down when a collective waits this long "
+                             "(HVDMX_STALL_SHUTDOWN_TIME_SECONDS)")
+    tuning.add_argument("--log-level", type=_log_level, metavar="LEVEL",
+                        help=f"hvdmx's log level: {', '.join(LOG_LEVELS)} (HVDMX_LOG_LEVEL; "
+                             "default warning)")
+    return parser
+
+
+def _attach_mpi_args(parser: argparse.ArgumentParser, argv: List[str]) -> List[str]:
+    """Rewrites `--mpi-args VALUE` as `--mpi-args=VALUE` among hvdmxrun's own
+    options (not in the command), so that a value such as "-verbose" is not
+    taken for an option by argparse."""
+    argv = list(argv)
+    i = 0
+    while i < len(argv) and argv[i].startswith("-") and argv[i] != "--":
+        action = parser._option_string_actions.get(argv[i])
+        if argv[i] == "--mpi-args" and i + 1 < len(argv):
+            argv[i:i + 2] = ["--mpi-args=" + argv[i + 1]]
+        elif action is not None and action.nargs != 0:
+            i += 1  # skip the option's value
+        i += 1
+    return argv
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    parser = make_parser()
+    args = parser.parse_args(_attach_mpi_args(
+        parser, sys.argv[1:] if argv is None else list(argv)))
+    if args.check_build:
+        return check_build(args, sys.stdout)
+
+    command = args.command[1:] if args.command[:1] == ["--"] else args.command
+    try:
+        if not command:
+            raise UsageError("no command given; name the program to run after the options, "
+                             "e.g. hvdmxrun -np 4 python train.py")
+        if args.no_stall_check and args.stall_check_shutdown_time_seconds is not None:
+            raise UsageError("--no-stall-check and --stall-check-shutdown-time-seconds "
+                             f"{args.stall_check_shutdown_time_seconds:g} contradict each "
+                             "other; give one of them")
+        try:
+            mpi_args = shlex.split(args.mpi_args)
+        except ValueError as e:
+            raise UsageError(f"--mpi-args {args.mpi_args!r} cannot be split ({e}); balance "
+                             "its quotes") from None
+        check_mpi_args(mpi_args)
+        if args.hosts is not None:
+            hosts, host_flag = parse_hosts(args.hosts), "-H"
+        elif args.hostfile is not None:
+            hosts, host_flag = read_hostfile(args.hostfile), "--hostfile"
+        else:
+            hosts, host_flag = None, ""
+        num_proc = resolve_num_proc(args.num_proc, hosts, host_flag)
+        launcher = detect_launcher(find_mpiexec(args.mpiexec, os.environ, sys.executable))
+    except UsageError as e:
+        parser.error(str(e))  # exits with code 2
+
+    cmd = build_command(launcher, num_proc, hosts, tuning_env(args), mpi_args, command,
+                        os.environ, as_root=os.geteuid() == 0)
+    warning = launcher_mismatch(_built_vendor() or "", launcher)
+    if warning:
+        print(f"{PROG}: warning: {warning}", file=sys.stderr)
+    if args.dry_run:
+        print(shlex.join(cmd))
+        return 0
+    if args.verbose:
+        print(shlex.join(cmd), file=sys.stderr, flush=True)
+    return run_command(cmd, os.environ)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
