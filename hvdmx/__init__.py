@@ -1,56 +1,81 @@
 """hvdmx: fast, easy data-parallel training for Apache MXNet.
 
 A drop-in replacement for ``horovod.mxnet``: ``import hvdmx as hvd``.
+
+The public names load on first use (PEP 562), so that ``hvdmxrun`` and
+``python -m hvdmx.timeline`` start without loading MXNet or MPI; the first
+``hvd.init`` (or any other name) imports them.
 """
-from hvdmx.basics import (
-    ccl_built,
-    cross_rank,
-    cross_size,
-    cuda_built,
-    gloo_built,
-    init,
-    is_initialized,
-    local_rank,
-    local_size,
-    mpi_built,
-    mpi_enabled,
-    mpi_threads_supported,
-    nccl_built,
-    rank,
-    shutdown,
-    size,
-    start_timeline,
-    stop_timeline,
-)
-from hvdmx.compression import Compression
-from hvdmx.functions import allgather_object, broadcast_object
-from hvdmx.ops import (
-    Adasum,
-    Average,
-    Max,
-    Min,
-    Product,
-    Sum,
-    allgather,
-    allreduce,
-    allreduce_,
-    alltoall,
-    barrier,
-    broadcast,
-    broadcast_,
-    grouped_allgather,
-    grouped_allreduce,
-    grouped_allreduce_,
-    grouped_reducescatter,
-    join,
-    reducescatter,
-)
-from hvdmx.process_sets import (
-    ProcessSet,
-    add_process_set,
-    global_process_set,
-    remove_process_set,
-)
-from hvdmx.optimizer import DistributedOptimizer, DistributedTrainer, broadcast_parameters
+import importlib
 
 __version__ = "0.1.0"
+
+# Public name -> the submodule that defines it.
+_EXPORTS = {
+    'ccl_built': 'basics',
+    'cross_rank': 'basics',
+    'cross_size': 'basics',
+    'cuda_built': 'basics',
+    'gloo_built': 'basics',
+    'init': 'basics',
+    'is_initialized': 'basics',
+    'local_rank': 'basics',
+    'local_size': 'basics',
+    'mpi_built': 'basics',
+    'mpi_enabled': 'basics',
+    'mpi_threads_supported': 'basics',
+    'nccl_built': 'basics',
+    'rank': 'basics',
+    'shutdown': 'basics',
+    'size': 'basics',
+    'start_timeline': 'basics',
+    'stop_timeline': 'basics',
+    'Compression': 'compression',
+    'allgather_object': 'functions',
+    'broadcast_object': 'functions',
+    'Adasum': 'ops',
+    'Average': 'ops',
+    'Max': 'ops',
+    'Min': 'ops',
+    'Product': 'ops',
+    'Sum': 'ops',
+    'allgather': 'ops',
+    'allreduce': 'ops',
+    'allreduce_': 'ops',
+    'alltoall': 'ops',
+    'barrier': 'ops',
+    'broadcast': 'ops',
+    'broadcast_': 'ops',
+    'grouped_allgather': 'ops',
+    'grouped_allreduce': 'ops',
+    'grouped_allreduce_': 'ops',
+    'grouped_reducescatter': 'ops',
+    'join': 'ops',
+    'reducescatter': 'ops',
+    'DistributedOptimizer': 'optimizer',
+    'DistributedTrainer': 'optimizer',
+    'broadcast_parameters': 'optimizer',
+    'ProcessSet': 'process_sets',
+    'add_process_set': 'process_sets',
+    'global_process_set': 'process_sets',
+    'remove_process_set': 'process_sets',
+}
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name):
+    if name == "_core":
+        # The extension binds to the libmpi that mpi4py loads (by soname), so
+        # basics, which imports mpi4py first, must come before it.
+        importlib.import_module("hvdmx.basics")
+        return importlib.import_module("hvdmx._core")
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'hvdmx' has no attribute {name!r}")
+    value = getattr(importlib.import_module(f"hvdmx.{module}"), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__():
+    return sorted(set(globals()) | set(_EXPORTS))
