@@ -271,6 +271,17 @@ def _check_rows(fn: str, arg: str, tensor) -> None:
                          f"on the first dimension: pass {arg}.reshape((1,))")
 
 
+def _check_row_tensors(fn: str, tensors) -> list:
+    """Validates the tensors of a call that splits or joins along dim 0;
+    returns their (dtype code, context) pairs."""
+    label = "tensor" if len(tensors) == 1 and not fn.startswith("grouped") else "tensors[{}]"
+    checked = []
+    for i, t in enumerate(tensors):
+        checked.append(_check_tensor(fn, label.format(i), t))
+        _check_rows(fn, label.format(i), t)
+    return checked
+
+
 def _sizes_round(fn, set_id, ctype, name, tensors, codes, ctx, splits=()):
     """Exchanges sizes with the other ranks' same call (see the module doc).
     Returns (error message or None, the response's splits)."""
@@ -291,11 +302,7 @@ def _fail_outputs(tensors, error, ctx):
 def _allgather(fn, tensors, name, priority, process_set):
     _check_common(fn, name, priority)
     set_id, set_ranks, _ = _set_for_call(fn, process_set)
-    label = "tensor" if fn == "allgather" else "tensors[{}]"
-    checked = []
-    for i, t in enumerate(tensors):
-        checked.append(_check_tensor(fn, label.format(i), t))
-        _check_rows(fn, label.format(i), t)
+    checked = _check_row_tensors(fn, tensors)
     ctx = _one_context(fn, [c for _, c in checked])
     codes = [code for code, _ in checked]
     name = name if name is not None else _auto_name(fn, set_id)
@@ -369,8 +376,7 @@ def alltoall(tensor, splits=None, name=None, priority=0, process_set=global_proc
     fn = "alltoall"
     _check_common(fn, name, priority)
     set_id, set_ranks, me = _set_for_call(fn, process_set)
-    code, ctx = _check_tensor(fn, "tensor", tensor)
-    _check_rows(fn, "tensor", tensor)
+    (code, ctx), = _check_row_tensors(fn, [tensor])
     n = len(set_ranks)
     rows = tensor.shape[0]
     if splits is None:
@@ -400,11 +406,7 @@ def _reducescatter(fn, tensors, op, name, priority, process_set, prescale_factor
                    postscale_factor):
     _check_common(fn, name, priority)
     set_id, set_ranks, me = _set_for_call(fn, process_set)
-    label = "tensor" if fn == "reducescatter" else "tensors[{}]"
-    checked = []
-    for i, t in enumerate(tensors):
-        checked.append(_check_tensor(fn, label.format(i), t))
-        _check_rows(fn, label.format(i), t)
+    checked = _check_row_tensors(fn, tensors)
     if isinstance(op, bool) or op not in (Average, Sum):
         raise ValueError(f"hvdmx.{fn}: argument 'op'={op!r} is not supported; reducescatter "
                          "takes hvd.Average or hvd.Sum")
