@@ -176,3 +176,19 @@ def test_grouped_reducescatter_mixed_dtypes(world):
         start, end = my_rows(s[0], size, rank)
         want = expected(size, int(np.prod(s)), d, hvd.Sum).reshape(s)[start:end]
         assert np.array_equal(out.asnumpy(), want)
+
+
+def test_temporaries_are_kept_alive(world):
+    import gc
+    rank, size = world
+    base = mx.nd.array(block(rank, 1000, (3,), "float32"))
+    gathered = hvd.allgather(base * 2, priority=5)
+    swapped = hvd.alltoall(mx.nd.concat(*[base[:size] * 3] * 1, dim=0), priority=-5)
+    scattered = hvd.reducescatter(base * 4, op=hvd.Sum)
+    gc.collect()
+    want = np.concatenate([block(r, 1000, (3,), "float32") * 2 for r in range(size)])
+    assert np.array_equal(gathered.asnumpy(), want)
+    assert swapped.shape == (size, 3)
+    start, end = my_rows(1000, size, rank)
+    total = sum(block(r, 1000, (3,), "float32") for r in range(size)) * 4
+    assert np.array_equal(scattered.asnumpy(), total[start:end])
