@@ -22,6 +22,8 @@
 #include "reduce_kernels.h"
 #include "ring.h"
 #include "runtime.h"
+#include "shm_allreduce.h"
+#include "shm_segment.h"
 
 #ifndef HVDMX_MPI_VENDOR
 #define HVDMX_MPI_VENDOR "unknown"
@@ -107,8 +109,10 @@ void Init(uintptr_t comm_address) {
   SetLogRank(G().topo.rank);
   HVDMX_LOG(kDebug) << "init: size " << G().topo.size << ", local_size " << G().topo.local_size
                     << ", " << config.ToString();
+  std::unique_ptr<ShmAllreduce> shm = CreateNodeShmAllreduce(comm, config);
   auto runtime = std::make_shared<Runtime>(std::make_unique<MpiComm>(comm),
-                                           std::make_unique<MpiComm>(comm), config);
+                                           std::make_unique<MpiComm>(comm), config,
+                                           std::move(shm));
   runtime->Start();
   G().runtime = std::move(runtime);
 }
@@ -210,6 +214,50 @@ void TestingRingAllreduce(std::vector<py::array> arrays, int dtype, int op,
   for (auto& th : threads) th.join();
 }
 
+// ---- test support: the shared-memory allreduce ----------------------------
+
+// Runs ShmAllreduce in one process, one thread per rank over plain memory:
+// calls[c][r] is rank r's buffer in call c, reduced in place, calls in order.
+void TestingShmAllreduce(std::vector<std::vector<py::array>> calls, int dtype, int op,
+                         int64_t chunk_bytes) {
+  DataType t = CheckedType(dtype);
+  if (calls.empty()) return;
+  const int n = static_cast<int>(calls[0].size());
+  std::vector<std::vector<void*>> data(calls.size());
+  std::vector<std::vector<int64_t>> counts(calls.size());
+  for (size_t c = 0; c < calls.size(); ++c) {
+    if (static_cast<int>(calls[c].size()) != n) throw py::value_error("one array per rank");
+    for (auto& a : calls[c]) {
+      data[c].push_back(a.mutable_data());
+      counts[c].push_back(a.nbytes() / static_cast<int64_t>(DataTypeSize(t)));
+    }
+  }
+  py::gil_scoped_release release;
+  const int64_t region = ShmAllreduce::RegionBytes(chunk_bytes);
+  auto memory = std::make_shared<std::vector<char>>(region * n + 64, 0);
+  char* base = memory->data() + (64 - reinterpret_cast<uintptr_t>(memory->data()) % 64) % 64;
+  std::vector<char*> regions;
+  for (int r = 0; r < n; ++r) regions.push_back(base + r * region);
+  std::vector<std::thread> threads;
+  for (int r = 0; r < n; ++r) {
+    threads.emplace_back([&, r] {
+      ShmAllreduce shm(r, n, regions, chunk_bytes, memory);
+      for (size_t c = 0; c < calls.size(); ++c) {
+        shm.Allreduce(data[c][r], counts[c][r], t, static_cast<ReduceOp>(op));
+      }
+    });
+  }
+  for (auto& th : threads) th.join();
+}
+
+// Calls the running runtime's shared-memory allreduce has made; -1 when off.
+int64_t TestingShmCalls() {
+  const ShmAllreduce* shm = RunningRuntime()->shm();
+  return shm ? shm->calls() : -1;
+}
+
+// ---- end of the shared-memory test support --------------------------------
+
 // An EnvLookup over a map, for tests that pass their own environment.
 EnvLookup MapLookup(const std::map<std::string, std::string>& env) {
   return [env](const std::string& name) -> std::optional<std::string> {
@@ -229,6 +277,9 @@ py::dict TestingLoadConfig(const std::map<std::string, std::string>& env) {
   d["allreduce_algo"] = AllreduceAlgoName(c.allreduce_algo);
   d["ring_min_bytes"] = c.ring_min_bytes;
   d["ring_segment_bytes"] = c.ring_segment_bytes;
+  d["shm_min_bytes"] = c.shm_min_bytes;
+  d["shm_chunk_bytes"] = c.shm_chunk_bytes;
+  d["hierarchical_allreduce"] = c.hierarchical_allreduce;
   d["log_level"] = static_cast<int>(c.log_level);
   d["stall_check_seconds"] = c.stall_check_seconds;
   return d;
@@ -365,6 +416,9 @@ PYBIND11_MODULE(_core, m) {
   m.def("_testing_scale", &TestingScale);
   m.def("_testing_ring_allreduce", &TestingRingAllreduce);
   m.def("_testing_load_config", &TestingLoadConfig);
+  m.def("_testing_shm_allreduce", &TestingShmAllreduce);
+  m.def("_testing_shm_slice_start", &ShmSliceStart);
+  m.def("_testing_shm_calls", &TestingShmCalls);
   py::class_<LocalJob>(m, "_TestingLocalJob")
       .def(py::init<int, const std::map<std::string, std::string>&>())
       .def("submit", &LocalJob::Submit)

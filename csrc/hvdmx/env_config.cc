@@ -67,6 +67,7 @@ std::string AllreduceAlgoName(AllreduceAlgo algo) {
     case AllreduceAlgo::kAuto: return "auto";
     case AllreduceAlgo::kRing: return "ring";
     case AllreduceAlgo::kMpi: return "mpi";
+    case AllreduceAlgo::kShm: return "shm";
   }
   return "?";
 }
@@ -94,6 +95,16 @@ Status LoadConfig(const EnvLookup& lookup, Config* out) {
   s = ReadInt(lookup, "RING_SEGMENT_BYTES", 64, "a byte count >= 64",
               &config.ring_segment_bytes);
   if (!s.ok()) return s;
+  s = ReadInt(lookup, "SHM_MIN_BYTES", 0, "a byte count >= 0", &config.shm_min_bytes);
+  if (!s.ok()) return s;
+  s = ReadInt(lookup, "SHM_CHUNK_BYTES", 64, "a byte count >= 64 and <= 1073741824",
+              &config.shm_chunk_bytes);
+  if (!s.ok()) return s;
+  if (config.shm_chunk_bytes > (int64_t{1} << 30)) {
+    std::string used;
+    const std::string raw = Find(lookup, "SHM_CHUNK_BYTES", &used).value_or("");
+    return Invalid(used, raw, "a byte count >= 64 and <= 1073741824");
+  }
   s = ReadDouble(lookup, "STALL_CHECK_TIME_SECONDS", "seconds >= 0 (0 disables)",
                  &config.stall_check_seconds);
   if (!s.ok()) return s;
@@ -106,9 +117,15 @@ Status LoadConfig(const EnvLookup& lookup, Config* out) {
       config.allreduce_algo = AllreduceAlgo::kRing;
     } else if (*value == "mpi") {
       config.allreduce_algo = AllreduceAlgo::kMpi;
+    } else if (*value == "shm") {
+      config.allreduce_algo = AllreduceAlgo::kShm;
     } else {
-      return Invalid(name, *value, "one of auto, ring, mpi");
+      return Invalid(name, *value, "one of auto, ring, mpi, shm");
     }
+  }
+  if (auto value = Find(lookup, "HIERARCHICAL_ALLREDUCE", &name)) {
+    if (*value != "0" && *value != "1") return Invalid(name, *value, "0 or 1");
+    config.hierarchical_allreduce = *value == "1";
   }
   if (auto value = Find(lookup, "LOG_LEVEL", &name)) {
     if (!ParseLogLevel(*value, &config.log_level)) {
@@ -125,6 +142,8 @@ std::string Config::ToString() const {
       << " cache_capacity=" << cache_capacity
       << " allreduce_algo=" << AllreduceAlgoName(allreduce_algo)
       << " ring_min_bytes=" << ring_min_bytes << " ring_segment_bytes=" << ring_segment_bytes
+      << " shm_min_bytes=" << shm_min_bytes << " shm_chunk_bytes=" << shm_chunk_bytes
+      << " hierarchical_allreduce=" << hierarchical_allreduce
       << " stall_check_seconds=" << stall_check_seconds;
   return out.str();
 }

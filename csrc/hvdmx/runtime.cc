@@ -29,12 +29,14 @@ constexpr int64_t kSpinMicros = 100;
 
 }  // namespace
 
-Runtime::Runtime(std::unique_ptr<Comm> control, std::unique_ptr<Comm> data, const Config& config)
+Runtime::Runtime(std::unique_ptr<Comm> control, std::unique_ptr<Comm> data, const Config& config,
+                 std::unique_ptr<ShmAllreduce> shm)
     : control_(std::move(control)),
       data_(std::move(data)),
+      shm_(std::move(shm)),
       config_(config),
       controller_(*control_, config.cache_capacity),
-      executor_(*data_, config_) {}
+      executor_(*data_, config_, shm_.get()) {}
 
 Runtime::~Runtime() {
   if (thread_.joinable()) Shutdown();
