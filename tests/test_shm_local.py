@@ -43,8 +43,8 @@ def reference(arrays, code, op):
     return to_holder(fn(stacked, axis=0), code)
 
 
-def run(calls, code, op, chunk):
-    _core._testing_shm_allreduce(calls, code, op, chunk)
+def run(calls, code, op, chunk, hosts=1):
+    _core._testing_shm_allreduce(calls, code, op, chunk, hosts)
 
 
 @settings(max_examples=80, deadline=None)
@@ -88,6 +88,34 @@ def test_float_sums_in_rank_order_and_bitwise_identical(size):
         run([arrays], FLOAT32, SUM, chunk)
         for a in arrays:
             assert a.tobytes() == want.tobytes()
+
+
+@settings(max_examples=40, deadline=None)
+@given(hosts=st.integers(2, 3), local=st.integers(1, 3),
+       counts=st.lists(st.integers(0, 300), min_size=1, max_size=3),
+       chunk=st.sampled_from(CHUNKS), code=st.sampled_from(sorted(HOLDER)),
+       op=st.sampled_from([SUM, MIN, MAX, PRODUCT]))
+def test_hierarchical_matches_reference(hosts, local, counts, chunk, code, op):
+    size = hosts * local
+    calls = [inputs(size, count, code, op, seed=c) for c, count in enumerate(counts)]
+    wants = [reference(arrays, code, op) for arrays in calls]
+    run(calls, code, op, chunk, hosts)
+    for arrays, want in zip(calls, wants):
+        for a in arrays:
+            assert np.array_equal(a, want)
+
+
+@pytest.mark.parametrize("hosts,local", [(2, 2), (3, 2), (2, 3)])
+def test_hierarchical_float_sums_are_bitwise_identical(hosts, local):
+    rng = np.random.default_rng(hosts * 10 + local)
+    count = 30_001
+    arrays = [(rng.standard_normal(count) * 10 ** rng.uniform(-3, 3, count)).astype(np.float32)
+              for _ in range(hosts * local)]
+    exact = np.sum([a.astype(np.float64) for a in arrays], axis=0)
+    run([arrays], FLOAT32, SUM, 4096, hosts)
+    for a in arrays:
+        assert a.tobytes() == arrays[0].tobytes()
+    assert np.allclose(arrays[0], exact, rtol=1e-4, atol=1e-2)
 
 
 def test_unaligned_buffers():

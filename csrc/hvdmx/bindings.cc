@@ -218,11 +218,15 @@ void TestingRingAllreduce(std::vector<py::array> arrays, int dtype, int op,
 
 // Runs ShmAllreduce in one process, one thread per rank over plain memory:
 // calls[c][r] is rank r's buffer in call c, reduced in place, calls in order.
+// With hosts > 1, runs of size/hosts consecutive ranks are hosts, each with
+// its own memory, and the ring over LocalComm joins them (hierarchical).
 void TestingShmAllreduce(std::vector<std::vector<py::array>> calls, int dtype, int op,
-                         int64_t chunk_bytes) {
+                         int64_t chunk_bytes, int hosts) {
   DataType t = CheckedType(dtype);
   if (calls.empty()) return;
   const int n = static_cast<int>(calls[0].size());
+  if (hosts < 1 || n % hosts != 0) throw py::value_error("hosts must divide the rank count");
+  const int local = n / hosts;
   std::vector<std::vector<void*>> data(calls.size());
   std::vector<std::vector<int64_t>> counts(calls.size());
   for (size_t c = 0; c < calls.size(); ++c) {
@@ -234,14 +238,29 @@ void TestingShmAllreduce(std::vector<std::vector<py::array>> calls, int dtype, i
   }
   py::gil_scoped_release release;
   const int64_t region = ShmAllreduce::RegionBytes(chunk_bytes);
-  auto memory = std::make_shared<std::vector<char>>(region * n + 64, 0);
-  char* base = memory->data() + (64 - reinterpret_cast<uintptr_t>(memory->data()) % 64) % 64;
-  std::vector<char*> regions;
-  for (int r = 0; r < n; ++r) regions.push_back(base + r * region);
+  std::vector<std::shared_ptr<std::vector<char>>> memory;
+  std::vector<std::vector<char*>> regions(hosts);
+  for (int h = 0; h < hosts; ++h) {
+    memory.push_back(std::make_shared<std::vector<char>>(region * local + 64, 0));
+    char* p = memory.back()->data();
+    char* base = p + (64 - reinterpret_cast<uintptr_t>(p) % 64) % 64;
+    for (int l = 0; l < local; ++l) regions[h].push_back(base + l * region);
+  }
+  std::vector<std::shared_ptr<LocalWorld>> cross_worlds;
+  for (int l = 0; l < local; ++l) cross_worlds.push_back(std::make_shared<LocalWorld>(hosts));
   std::vector<std::thread> threads;
   for (int r = 0; r < n; ++r) {
     threads.emplace_back([&, r] {
-      ShmAllreduce shm(r, n, regions, chunk_bytes, memory);
+      const int h = r / local, l = r % local;
+      ShmAllreduce::CrossAllreduce cross;
+      if (hosts > 1) {
+        auto comm = std::make_shared<LocalComm>(cross_worlds[l], h);
+        auto scratch = std::make_shared<RingScratch>();
+        cross = [comm, scratch](void* buf, int64_t count, DataType dtype, ReduceOp op) {
+          RingAllreduce(*comm, buf, count, dtype, op, 4096, scratch.get());
+        };
+      }
+      ShmAllreduce shm(l, local, regions[h], chunk_bytes, memory[h], cross);
       for (size_t c = 0; c < calls.size(); ++c) {
         shm.Allreduce(data[c][r], counts[c][r], t, static_cast<ReduceOp>(op));
       }
@@ -250,10 +269,16 @@ void TestingShmAllreduce(std::vector<std::vector<py::array>> calls, int dtype, i
   for (auto& th : threads) th.join();
 }
 
-// Calls the running runtime's shared-memory allreduce has made; -1 when off.
-int64_t TestingShmCalls() {
+// The running runtime's shared-memory allreduce: None when off, else its
+// calls so far, ranks per host and whether it is hierarchical.
+py::object TestingShmInfo() {
   const ShmAllreduce* shm = RunningRuntime()->shm();
-  return shm ? shm->calls() : -1;
+  if (shm == nullptr) return py::none();
+  py::dict d;
+  d["calls"] = shm->calls();
+  d["local_size"] = shm->size();
+  d["hierarchical"] = shm->hierarchical();
+  return d;
 }
 
 // ---- end of the shared-memory test support --------------------------------
@@ -280,6 +305,7 @@ py::dict TestingLoadConfig(const std::map<std::string, std::string>& env) {
   d["shm_min_bytes"] = c.shm_min_bytes;
   d["shm_chunk_bytes"] = c.shm_chunk_bytes;
   d["hierarchical_allreduce"] = c.hierarchical_allreduce;
+  d["testing_ranks_per_host"] = c.testing_ranks_per_host;
   d["log_level"] = static_cast<int>(c.log_level);
   d["stall_check_seconds"] = c.stall_check_seconds;
   return d;
@@ -416,9 +442,10 @@ PYBIND11_MODULE(_core, m) {
   m.def("_testing_scale", &TestingScale);
   m.def("_testing_ring_allreduce", &TestingRingAllreduce);
   m.def("_testing_load_config", &TestingLoadConfig);
-  m.def("_testing_shm_allreduce", &TestingShmAllreduce);
+  m.def("_testing_shm_allreduce", &TestingShmAllreduce, py::arg("calls"), py::arg("dtype"),
+        py::arg("op"), py::arg("chunk_bytes"), py::arg("hosts") = 1);
   m.def("_testing_shm_slice_start", &ShmSliceStart);
-  m.def("_testing_shm_calls", &TestingShmCalls);
+  m.def("_testing_shm_info", &TestingShmInfo);
   py::class_<LocalJob>(m, "_TestingLocalJob")
       .def(py::init<int, const std::map<std::string, std::string>&>())
       .def("submit", &LocalJob::Submit)

@@ -105,6 +105,9 @@ Status LoadConfig(const EnvLookup& lookup, Config* out) {
     const std::string raw = Find(lookup, "SHM_CHUNK_BYTES", &used).value_or("");
     return Invalid(used, raw, "a byte count >= 64 and <= 1073741824");
   }
+  s = ReadInt(lookup, "TESTING_RANKS_PER_HOST", 0, "an integer >= 0 (0: the real hosts)",
+              &config.testing_ranks_per_host);
+  if (!s.ok()) return s;
   s = ReadDouble(lookup, "STALL_CHECK_TIME_SECONDS", "seconds >= 0 (0 disables)",
                  &config.stall_check_seconds);
   if (!s.ok()) return s;
@@ -144,6 +147,7 @@ std::string Config::ToString() const {
       << " ring_min_bytes=" << ring_min_bytes << " ring_segment_bytes=" << ring_segment_bytes
       << " shm_min_bytes=" << shm_min_bytes << " shm_chunk_bytes=" << shm_chunk_bytes
       << " hierarchical_allreduce=" << hierarchical_allreduce
+      << " testing_ranks_per_host=" << testing_ranks_per_host
       << " stall_check_seconds=" << stall_check_seconds;
   return out.str();
 }

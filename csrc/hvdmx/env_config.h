@@ -42,8 +42,12 @@ struct Config {
   // rank (rounded down to a multiple of 64).
   int64_t shm_chunk_bytes = 256 * 1024;
   // HVDMX_HIERARCHICAL_ALLREDUCE (HOROVOD_HIERARCHICAL_ALLREDUCE): 0 or 1.
-  // Read and reported; no hierarchical algorithm exists yet (docs/env.md).
+  // 1: on several hosts with equal rank counts, shared memory inside each
+  // host and our ring between hosts (shm_allreduce.h).
   bool hierarchical_allreduce = false;
+  // HVDMX_TESTING_RANKS_PER_HOST: for tests only. > 0 pretends that each
+  // run of this many consecutive ranks is one host; 0 asks MPI.
+  int64_t testing_ranks_per_host = 0;
   // HVDMX_LOG_LEVEL: trace, debug, info, warning, error, fatal.
   LogLevel log_level = LogLevel::kWarning;
   // HVDMX_STALL_CHECK_TIME_SECONDS: warn when this rank has waited this long

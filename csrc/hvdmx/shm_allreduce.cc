@@ -17,9 +17,10 @@ namespace {
 // A rank waits for a peer's counter in three stages: it polls with a CPU
 // pause for about kSpinMicros (peers normally arrive within microseconds:
 // every rank runs the same phases at once), then yields its core until
-// kYieldMicros have passed (the peer may be waiting for this very core when
-// ranks outnumber cores, as with mpiexec -n 4 on two cores), then sleeps
-// kSleepMicros at a time. No wait ends other than by the peer's counter: a
+// kYieldMicros have passed (another process may need it), then sleeps
+// kSleepMicros at a time. When the host's ranks outnumber the cores this
+// process may run on (mpiexec -n 4 on two cores), the peer may be waiting
+// for this very core: the spin is skipped. No wait ends other than by the peer's counter: a
 // peer that dies leaves this rank waiting, as in any MPI collective, and
 // mpiexec ends the job.
 constexpr int64_t kSpinMicros = 20;
@@ -52,7 +53,7 @@ int64_t MicrosSince(Clock::time_point start) {
 }
 
 // Returns once `counter` >= `target`. See Note [Waiting in shared memory].
-void WaitFor(const std::atomic<uint64_t>& counter, uint64_t target) {
+void WaitFor(const std::atomic<uint64_t>& counter, uint64_t target, int64_t spin_micros) {
   if (counter.load(std::memory_order_acquire) >= target) return;
   const Clock::time_point start = Clock::now();
   for (;;) {
@@ -61,13 +62,20 @@ void WaitFor(const std::atomic<uint64_t>& counter, uint64_t target) {
       if (counter.load(std::memory_order_acquire) >= target) return;
     }
     const int64_t waited = MicrosSince(start);
-    if (waited < kSpinMicros) continue;
+    if (waited < spin_micros) continue;
     if (waited < kYieldMicros) {
       sched_yield();
     } else {
       std::this_thread::sleep_for(std::chrono::microseconds(kSleepMicros));
     }
   }
+}
+
+// The cores this process may run on.
+int CoresAvailable() {
+  cpu_set_t set;
+  if (sched_getaffinity(0, sizeof(set), &set) == 0) return CPU_COUNT(&set);
+  return static_cast<int>(std::thread::hardware_concurrency());
 }
 
 struct alignas(128) PaddedCounter {
@@ -134,13 +142,15 @@ int64_t ShmAllreduce::RegionBytes(int64_t chunk_bytes) {
 }
 
 ShmAllreduce::ShmAllreduce(int rank, int size, std::vector<char*> regions, int64_t chunk_bytes,
-                           std::shared_ptr<void> owner)
+                           std::shared_ptr<void> owner, CrossAllreduce cross)
     : rank_(rank),
       size_(size),
       regions_(std::move(regions)),
       chunk_bytes_(RoundChunkBytes(chunk_bytes)),
       owner_(std::move(owner)),
-      operands_(size) {
+      cross_(std::move(cross)),
+      operands_(size),
+      spin_micros_(size <= CoresAvailable() ? kSpinMicros : 0) {
   static_assert(sizeof(Control) <= kControlBytes, "control block too large");
   HVDMX_CHECK(static_cast<int>(regions_.size()) == size_ && rank_ >= 0 && rank_ < size_,
               "one region per rank");
@@ -158,7 +168,7 @@ char* ShmAllreduce::Stage(int j, uint64_t seq) const {
 
 void ShmAllreduce::Allreduce(void* buf, int64_t count, DataType dtype, ReduceOp op) {
   calls_.fetch_add(1, std::memory_order_relaxed);
-  if (size_ == 1 || count == 0) return;
+  if ((size_ == 1 && !cross_) || count == 0) return;
   Call call;
   call.buf = static_cast<char*>(buf);
   call.count = count;
@@ -184,7 +194,7 @@ void ShmAllreduce::CopyIn(const Call& call, int64_t k) {
   if (seq >= kStages) {
     // The stage held chunk seq - kStages: wait until every rank is done with it.
     for (int j = 0; j < size_; ++j) {
-      if (j != rank_) WaitFor(control(j).done.value, seq - kStages + 1);
+      if (j != rank_) WaitFor(control(j).done.value, seq - kStages + 1, spin_micros_);
     }
   }
   // See Note [Where a chunk sits in its stage].
@@ -205,7 +215,7 @@ void ShmAllreduce::CopyIn(const Call& call, int64_t k) {
 void ShmAllreduce::Reduce(const Call& call, int64_t k) {
   const uint64_t seq = call.seq(k);
   for (int j = 0; j < size_; ++j) {
-    if (j != rank_) WaitFor(control(j).copied.value, seq + 1);
+    if (j != rank_) WaitFor(control(j).copied.value, seq + 1, spin_micros_);
   }
   const int64_t lo = call.slice_begin(k, size_, rank_);
   const int64_t hi = call.slice_begin(k, size_, rank_ + 1);
@@ -217,11 +227,21 @@ void ShmAllreduce::Reduce(const Call& call, int64_t k) {
     const int64_t n = std::min(block, hi - lo - b);
     const int64_t at = b * call.elem;
     // Rank order, the same on every rank: out = ((x0 OP x1) OP x2) ...
-    Reduce3(out + at, operands_[0] + at, operands_[1] + at, n, call.dtype, call.op);
+    if (size_ == 1) {
+      std::memcpy(out + at, operands_[0] + at, n * call.elem);
+    } else {
+      Reduce3(out + at, operands_[0] + at, operands_[1] + at, n, call.dtype, call.op);
+    }
     for (int j = 2; j < size_; ++j) {
       ReduceInto(out + at, operands_[j] + at, n, call.dtype, call.op);
     }
-    std::memcpy(mine + at, out + at, n * call.elem);
+    // Copied while the block is in cache, unless other hosts come first.
+    if (!cross_) std::memcpy(mine + at, out + at, n * call.elem);
+  }
+  if (cross_) {
+    // Called for empty slices too: the same calls on every host.
+    cross_(out, hi - lo, call.dtype, call.op);
+    if (hi > lo) std::memcpy(mine, out, (hi - lo) * call.elem);
   }
   control(rank_).reduced.value.store(seq + 1, std::memory_order_release);
 }
@@ -234,7 +254,7 @@ void ShmAllreduce::CopyOut(const Call& call, int64_t k) {
     const int j = (rank_ + i) % size_;
     const int64_t lo = call.slice_begin(k, size_, j);
     const int64_t hi = call.slice_begin(k, size_, j + 1);
-    WaitFor(control(j).reduced.value, seq + 1);
+    WaitFor(control(j).reduced.value, seq + 1, spin_micros_);
     if (hi > lo) {
       std::memcpy(dst + lo * call.elem, Stage(j, seq) + lo * call.elem, (hi - lo) * call.elem);
     }

@@ -32,6 +32,14 @@
 // one fixed order (rank 0 first), with the kernels of reduce_kernels.h, and
 // then copied; every rank ends with the same bits.
 //
+// Across hosts (hierarchical allreduce): given a `cross` allreduce that
+// joins this rank with the ranks of the same local rank on the other hosts
+// (every host with the same number of ranks), the reduce phase runs it on
+// the slice it has just reduced for its host, before publishing it. Each
+// rank of a host thus works on its own shard across hosts, and the copy-out
+// spreads the job-wide result inside the host. The results stay bitwise
+// identical if `cross` gives identical bits on all its ranks (the ring does).
+//
 // Waiting: see Note [Waiting in shared memory] in shm_allreduce.cc.
 //
 // Threading: an ShmAllreduce belongs to one rank and is used by one thread
@@ -42,6 +50,7 @@
 
 #include <atomic>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <vector>
 
@@ -57,6 +66,9 @@ int64_t ShmSliceStart(int64_t len, int n, int j, int64_t unit);
 class ShmAllreduce {
  public:
   static constexpr int kStages = 4;
+  // An in-place allreduce of `count` elements among the ranks of one local
+  // rank on every host (the same calls on all of them).
+  using CrossAllreduce = std::function<void(void* buf, int64_t count, DataType dtype, ReduceOp op)>;
 
   // Bytes of one rank's region for a chunk size (rounded as the constructor
   // rounds it).
@@ -64,17 +76,20 @@ class ShmAllreduce {
   // chunk_bytes rounded down to a multiple of 64, at least 64.
   static int64_t RoundChunkBytes(int64_t chunk_bytes);
 
-  // `regions[j]` is rank j's region as mapped in this process, RegionBytes
-  // long, 64-byte aligned and zero before any rank's first call. `owner`
-  // keeps the mapping alive as long as this object.
+  // `rank` and `size` are this rank's place among the ranks of its host.
+  // `regions[j]` is local rank j's region as mapped in this process,
+  // RegionBytes long, 64-byte aligned and zero before any rank's first call.
+  // `owner` keeps the mapping alive as long as this object. `cross`, empty
+  // on a single host, makes the allreduce hierarchical (see above).
   ShmAllreduce(int rank, int size, std::vector<char*> regions, int64_t chunk_bytes,
-               std::shared_ptr<void> owner);
+               std::shared_ptr<void> owner, CrossAllreduce cross = nullptr);
   ShmAllreduce(const ShmAllreduce&) = delete;
   ShmAllreduce& operator=(const ShmAllreduce&) = delete;
 
   int rank() const { return rank_; }
   int size() const { return size_; }
   int64_t chunk_bytes() const { return chunk_bytes_; }
+  bool hierarchical() const { return static_cast<bool>(cross_); }
   // Calls made so far; any thread may read it.
   int64_t calls() const { return calls_.load(std::memory_order_relaxed); }
 
@@ -97,8 +112,10 @@ class ShmAllreduce {
   const std::vector<char*> regions_;
   const int64_t chunk_bytes_;
   std::shared_ptr<void> owner_;
+  const CrossAllreduce cross_;
   uint64_t seq_ = 0;  // chunks this rank has finished, over all calls
   std::vector<const char*> operands_;  // Reduce's, one per rank
+  const int64_t spin_micros_;          // see Note [Waiting in shared memory]
   std::atomic<int64_t> calls_{0};
 };
 

@@ -53,10 +53,12 @@ class ShmSegment {
   int64_t total_;
 };
 
-// The shared-memory allreduce for `comm` when it has more than one rank and
-// all of them share this host; null otherwise, or when the memory cannot be
-// had (logged). Collective over `comm`; the result spans its ranks in their
-// order.
+// The shared-memory allreduce for `comm`: over all its ranks when they share
+// this host (and there are several); hierarchical (shared memory inside each
+// host, the ring between hosts) when config.hierarchical_allreduce is set and
+// every host has the same number of ranks, more than one. Null otherwise,
+// when config.allreduce_algo is ring or mpi, or when the memory cannot be
+// had (logged). Collective over `comm`.
 std::unique_ptr<ShmAllreduce> CreateNodeShmAllreduce(MPI_Comm comm, const Config& config);
 
 }  // namespace hvdmx

@@ -30,16 +30,19 @@ def shm(request, world):
 
 
 def shm_calls():
-    return _core._testing_shm_calls()
+    """Calls made by the shared-memory allreduce; -1 when it is off."""
+    info = _core._testing_shm_info()
+    return -1 if info is None else info["calls"]
 
 
 def test_shm_is_on_when_ranks_share_a_host(world, shm):
     rank, size = world
     if size == 1:
-        assert shm_calls() == -1  # nothing to share
+        assert _core._testing_shm_info() is None  # nothing to share
         return
+    info = _core._testing_shm_info()
+    assert info["local_size"] == size and not info["hierarchical"]
     before = shm_calls()
-    assert before >= 0
     check(hvd.allreduce(mx.nd.array(rank_input(rank, 10, "float32", hvd.Sum)), op=hvd.Sum),
           expected(size, 10, "float32", hvd.Sum))
     assert shm_calls() == before + 1
@@ -123,5 +126,32 @@ def test_other_algorithms_leave_shm_off(world, algo):
     restart({"HVDMX_ALLREDUCE_ALGO": algo})
     try:
         assert shm_calls() == -1
+    finally:
+        restart({})
+
+
+@pytest.mark.parametrize("per_host", [1, 2])
+def test_hierarchical_on_pretend_hosts(world, per_host):
+    # Runs of per_host consecutive ranks play hosts. Hierarchical needs equal
+    # hosts of more than one rank; otherwise the ring runs (one host: shm).
+    rank, size = world
+    restart({"HVDMX_ALLREDUCE_ALGO": "shm", "HVDMX_HIERARCHICAL_ALLREDUCE": "1",
+             "HVDMX_TESTING_RANKS_PER_HOST": str(per_host), "HVDMX_SHM_CHUNK_BYTES": "4160"})
+    try:
+        info = _core._testing_shm_info()
+        if size == 1 or per_host == 1 or (size > per_host and size % per_host):
+            assert info is None
+        elif size <= per_host:  # one host
+            assert info["local_size"] == size and not info["hierarchical"]
+        else:
+            assert info["local_size"] == per_host and info["hierarchical"]
+        for dtype in ["float32", "float16", "int64", "uint8"]:
+            for op in [hvd.Sum, hvd.Min, hvd.Product]:
+                for count in counts_for(size) + [17, 70_001]:
+                    x = mx.nd.array(rank_input(rank, count, dtype, op), dtype=dtype)
+                    check(hvd.allreduce(x, op=op), expected(size, count, dtype, op))
+        rng = np.random.default_rng(rank)
+        data = rng.standard_normal(100_001).astype(np.float32)
+        assert all_equal_across_ranks(hvd.allreduce(mx.nd.array(data), op=hvd.Sum).asnumpy())
     finally:
         restart({})
