@@ -49,3 +49,33 @@ def test_bad_values_name_the_variable_the_value_and_the_fix(name, value, accepte
     assert f"{name}='{value}'" in message
     assert accepted in message
     assert "Fix or unset it" in message
+
+
+def test_shared_memory_and_hierarchical_variables():
+    c = _core._testing_load_config({})
+    assert (c["shm_min_bytes"], c["shm_chunk_bytes"]) == (0, 256 * 1024)
+    assert c["hierarchical_allreduce"] is False and c["testing_ranks_per_host"] == 0
+    c = _core._testing_load_config({"HVDMX_ALLREDUCE_ALGO": "shm",
+                                    "HVDMX_SHM_MIN_BYTES": "4096",
+                                    "HOROVOD_SHM_CHUNK_BYTES": "65536",
+                                    "HOROVOD_HIERARCHICAL_ALLREDUCE": "1",
+                                    "HVDMX_TESTING_RANKS_PER_HOST": "2"})
+    assert c["allreduce_algo"] == "shm"
+    assert (c["shm_min_bytes"], c["shm_chunk_bytes"]) == (4096, 65536)
+    assert c["hierarchical_allreduce"] is True and c["testing_ranks_per_host"] == 2
+    c = _core._testing_load_config({"HOROVOD_HIERARCHICAL_ALLREDUCE": "1",
+                                    "HVDMX_HIERARCHICAL_ALLREDUCE": "0"})
+    assert c["hierarchical_allreduce"] is False
+
+
+@pytest.mark.parametrize("name,value,accepted", [
+    ("HVDMX_SHM_MIN_BYTES", "-1", "a byte count >= 0"),
+    ("HVDMX_SHM_CHUNK_BYTES", "32", "a byte count >= 64 and <= 1073741824"),
+    ("HOROVOD_SHM_CHUNK_BYTES", "2147483648", "a byte count >= 64 and <= 1073741824"),
+    ("HOROVOD_HIERARCHICAL_ALLREDUCE", "yes", "0 or 1"),
+    ("HVDMX_TESTING_RANKS_PER_HOST", "-2", "an integer >= 0"),
+])
+def test_bad_shared_memory_values(name, value, accepted):
+    with pytest.raises(ValueError) as info:
+        _core._testing_load_config({name: value})
+    assert f"{name}='{value}'" in str(info.value) and accepted in str(info.value)

@@ -24,6 +24,8 @@
 #include "ring.h"
 #include "runtime.h"
 #include "timeline.h"
+#include "shm_allreduce.h"
+#include "shm_segment.h"
 
 #ifndef HVDMX_MPI_VENDOR
 #define HVDMX_MPI_VENDOR "unknown"
@@ -111,9 +113,12 @@ Topology ComputeTopology(MPI_Comm comm) {
   return t;
 }
 
+// Collective over `comm`.
 std::shared_ptr<Runtime> StartRuntime(MPI_Comm comm) {
+  std::unique_ptr<ShmAllreduce> shm = CreateNodeShmAllreduce(comm, G().config);
   auto runtime = std::make_shared<Runtime>(std::make_unique<MpiComm>(comm),
-                                           std::make_unique<MpiComm>(comm), G().config);
+                                           std::make_unique<MpiComm>(comm), G().config,
+                                           std::move(shm));
   runtime->Start();
   return runtime;
 }
@@ -366,6 +371,75 @@ void TestingRingAllreduce(std::vector<py::array> arrays, int dtype, int op,
   for (auto& th : threads) th.join();
 }
 
+// ---- test support: the shared-memory allreduce ----------------------------
+
+// Runs ShmAllreduce in one process, one thread per rank over plain memory:
+// calls[c][r] is rank r's buffer in call c, reduced in place, calls in order.
+// With hosts > 1, runs of size/hosts consecutive ranks are hosts, each with
+// its own memory, and the ring over LocalComm joins them (hierarchical).
+void TestingShmAllreduce(std::vector<std::vector<py::array>> calls, int dtype, int op,
+                         int64_t chunk_bytes, int hosts) {
+  DataType t = CheckedType(dtype);
+  if (calls.empty()) return;
+  const int n = static_cast<int>(calls[0].size());
+  if (hosts < 1 || n % hosts != 0) throw py::value_error("hosts must divide the rank count");
+  const int local = n / hosts;
+  std::vector<std::vector<void*>> data(calls.size());
+  std::vector<std::vector<int64_t>> counts(calls.size());
+  for (size_t c = 0; c < calls.size(); ++c) {
+    if (static_cast<int>(calls[c].size()) != n) throw py::value_error("one array per rank");
+    for (auto& a : calls[c]) {
+      data[c].push_back(a.mutable_data());
+      counts[c].push_back(a.nbytes() / static_cast<int64_t>(DataTypeSize(t)));
+    }
+  }
+  py::gil_scoped_release release;
+  const int64_t region = ShmAllreduce::RegionBytes(chunk_bytes);
+  std::vector<std::shared_ptr<std::vector<char>>> memory;
+  std::vector<std::vector<char*>> regions(hosts);
+  for (int h = 0; h < hosts; ++h) {
+    memory.push_back(std::make_shared<std::vector<char>>(region * local + 64, 0));
+    char* p = memory.back()->data();
+    char* base = p + (64 - reinterpret_cast<uintptr_t>(p) % 64) % 64;
+    for (int l = 0; l < local; ++l) regions[h].push_back(base + l * region);
+  }
+  std::vector<std::shared_ptr<LocalWorld>> cross_worlds;
+  for (int l = 0; l < local; ++l) cross_worlds.push_back(std::make_shared<LocalWorld>(hosts));
+  std::vector<std::thread> threads;
+  for (int r = 0; r < n; ++r) {
+    threads.emplace_back([&, r] {
+      const int h = r / local, l = r % local;
+      ShmAllreduce::CrossAllreduce cross;
+      if (hosts > 1) {
+        auto comm = std::make_shared<LocalComm>(cross_worlds[l], h);
+        auto scratch = std::make_shared<RingScratch>();
+        cross = [comm, scratch](void* buf, int64_t count, DataType dtype, ReduceOp op) {
+          RingAllreduce(*comm, buf, count, dtype, op, 4096, scratch.get());
+        };
+      }
+      ShmAllreduce shm(l, local, regions[h], chunk_bytes, memory[h], cross);
+      for (size_t c = 0; c < calls.size(); ++c) {
+        shm.Allreduce(data[c][r], counts[c][r], t, static_cast<ReduceOp>(op));
+      }
+    });
+  }
+  for (auto& th : threads) th.join();
+}
+
+// The running runtime's shared-memory allreduce: None when off, else its
+// calls so far, ranks per host and whether it is hierarchical.
+py::object TestingShmInfo() {
+  const ShmAllreduce* shm = RunningRuntime()->shm();
+  if (shm == nullptr) return py::none();
+  py::dict d;
+  d["calls"] = shm->calls();
+  d["local_size"] = shm->size();
+  d["hierarchical"] = shm->hierarchical();
+  return d;
+}
+
+// ---- end of the shared-memory test support --------------------------------
+
 // An EnvLookup over a map, for tests that pass their own environment.
 EnvLookup MapLookup(const std::map<std::string, std::string>& env) {
   return [env](const std::string& name) -> std::optional<std::string> {
@@ -385,6 +459,10 @@ py::dict TestingLoadConfig(const std::map<std::string, std::string>& env) {
   d["allreduce_algo"] = AllreduceAlgoName(c.allreduce_algo);
   d["ring_min_bytes"] = c.ring_min_bytes;
   d["ring_segment_bytes"] = c.ring_segment_bytes;
+  d["shm_min_bytes"] = c.shm_min_bytes;
+  d["shm_chunk_bytes"] = c.shm_chunk_bytes;
+  d["hierarchical_allreduce"] = c.hierarchical_allreduce;
+  d["testing_ranks_per_host"] = c.testing_ranks_per_host;
   d["log_level"] = static_cast<int>(c.log_level);
   d["stall_check_seconds"] = c.stall_check_seconds;
   d["stall_shutdown_seconds"] = c.stall_shutdown_seconds;
@@ -551,6 +629,10 @@ PYBIND11_MODULE(_core, m) {
   m.def("_testing_scale", &TestingScale);
   m.def("_testing_ring_allreduce", &TestingRingAllreduce);
   m.def("_testing_load_config", &TestingLoadConfig);
+  m.def("_testing_shm_allreduce", &TestingShmAllreduce, py::arg("calls"), py::arg("dtype"),
+        py::arg("op"), py::arg("chunk_bytes"), py::arg("hosts") = 1);
+  m.def("_testing_shm_slice_start", &ShmSliceStart);
+  m.def("_testing_shm_info", &TestingShmInfo);
   py::class_<LocalJob>(m, "_TestingLocalJob")
       .def(py::init<int, const std::map<std::string, std::string>&>())
       .def("submit", &LocalJob::Submit)

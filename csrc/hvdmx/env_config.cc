@@ -67,6 +67,7 @@ std::string AllreduceAlgoName(AllreduceAlgo algo) {
     case AllreduceAlgo::kAuto: return "auto";
     case AllreduceAlgo::kRing: return "ring";
     case AllreduceAlgo::kMpi: return "mpi";
+    case AllreduceAlgo::kShm: return "shm";
   }
   return "?";
 }
@@ -93,6 +94,19 @@ Status LoadConfig(const EnvLookup& lookup, Config* out) {
   if (!s.ok()) return s;
   s = ReadInt(lookup, "RING_SEGMENT_BYTES", 64, "a byte count >= 64",
               &config.ring_segment_bytes);
+  if (!s.ok()) return s;
+  s = ReadInt(lookup, "SHM_MIN_BYTES", 0, "a byte count >= 0", &config.shm_min_bytes);
+  if (!s.ok()) return s;
+  s = ReadInt(lookup, "SHM_CHUNK_BYTES", 64, "a byte count >= 64 and <= 1073741824",
+              &config.shm_chunk_bytes);
+  if (!s.ok()) return s;
+  if (config.shm_chunk_bytes > (int64_t{1} << 30)) {
+    std::string used;
+    const std::string raw = Find(lookup, "SHM_CHUNK_BYTES", &used).value_or("");
+    return Invalid(used, raw, "a byte count >= 64 and <= 1073741824");
+  }
+  s = ReadInt(lookup, "TESTING_RANKS_PER_HOST", 0, "an integer >= 0 (0: the real hosts)",
+              &config.testing_ranks_per_host);
   if (!s.ok()) return s;
   s = ReadDouble(lookup, "STALL_CHECK_TIME_SECONDS", "seconds >= 0 (0 disables)",
                  &config.stall_check_seconds);
@@ -129,9 +143,15 @@ Status LoadConfig(const EnvLookup& lookup, Config* out) {
       config.allreduce_algo = AllreduceAlgo::kRing;
     } else if (*value == "mpi") {
       config.allreduce_algo = AllreduceAlgo::kMpi;
+    } else if (*value == "shm") {
+      config.allreduce_algo = AllreduceAlgo::kShm;
     } else {
-      return Invalid(name, *value, "one of auto, ring, mpi");
+      return Invalid(name, *value, "one of auto, ring, mpi, shm");
     }
+  }
+  if (auto value = Find(lookup, "HIERARCHICAL_ALLREDUCE", &name)) {
+    if (*value != "0" && *value != "1") return Invalid(name, *value, "0 or 1");
+    config.hierarchical_allreduce = *value == "1";
   }
   if (auto value = Find(lookup, "LOG_LEVEL", &name)) {
     if (!ParseLogLevel(*value, &config.log_level)) {
@@ -148,6 +168,9 @@ std::string Config::ToString() const {
       << " cache_capacity=" << cache_capacity
       << " allreduce_algo=" << AllreduceAlgoName(allreduce_algo)
       << " ring_min_bytes=" << ring_min_bytes << " ring_segment_bytes=" << ring_segment_bytes
+      << " shm_min_bytes=" << shm_min_bytes << " shm_chunk_bytes=" << shm_chunk_bytes
+      << " hierarchical_allreduce=" << hierarchical_allreduce
+      << " testing_ranks_per_host=" << testing_ranks_per_host
       << " stall_check_seconds=" << stall_check_seconds
       << " stall_shutdown_seconds=" << stall_shutdown_seconds << " timeline='"
       << timeline_path << "' timeline_mark_cycles=" << timeline_mark_cycles

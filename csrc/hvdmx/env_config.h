@@ -16,7 +16,7 @@
 
 namespace hvdmx {
 
-enum class AllreduceAlgo : int { kAuto = 0, kRing, kMpi };
+enum class AllreduceAlgo : int { kAuto = 0, kRing, kMpi, kShm };
 std::string AllreduceAlgoName(AllreduceAlgo algo);
 
 struct Config {
@@ -27,13 +27,27 @@ struct Config {
   double cycle_time_ms = 0.0;
   // HVDMX_CACHE_CAPACITY: responses remembered for the fast path; 0 disables.
   int64_t cache_capacity = 1024;
-  // HVDMX_ALLREDUCE_ALGO: auto | ring | mpi.
+  // HVDMX_ALLREDUCE_ALGO: auto | ring | mpi | shm.
   AllreduceAlgo allreduce_algo = AllreduceAlgo::kAuto;
   // HVDMX_RING_MIN_BYTES: with algo=auto, messages of at least this many
   // bytes use our ring, smaller ones MPI_Allreduce (see docs/benchmarks.md).
   int64_t ring_min_bytes = 512 * 1024;
   // HVDMX_RING_SEGMENT_BYTES: the ring's pipelining unit.
   int64_t ring_segment_bytes = 256 * 1024;
+  // HVDMX_SHM_MIN_BYTES: with algo=auto and every rank on one host, messages
+  // of at least this many bytes use the shared-memory allreduce, smaller ones
+  // MPI_Allreduce (see docs/benchmarks.md).
+  int64_t shm_min_bytes = 0;
+  // HVDMX_SHM_CHUNK_BYTES: the shared-memory allreduce's pipelining unit per
+  // rank (rounded down to a multiple of 64).
+  int64_t shm_chunk_bytes = 256 * 1024;
+  // HVDMX_HIERARCHICAL_ALLREDUCE (HOROVOD_HIERARCHICAL_ALLREDUCE): 0 or 1.
+  // 1: on several hosts with equal rank counts, shared memory inside each
+  // host and our ring between hosts (shm_allreduce.h).
+  bool hierarchical_allreduce = false;
+  // HVDMX_TESTING_RANKS_PER_HOST: for tests only. > 0 pretends that each
+  // run of this many consecutive ranks is one host; 0 asks MPI.
+  int64_t testing_ranks_per_host = 0;
   // HVDMX_LOG_LEVEL: trace, debug, info, warning, error, fatal.
   LogLevel log_level = LogLevel::kWarning;
   // HVDMX_STALL_CHECK_TIME_SECONDS: warn when this rank has waited this long

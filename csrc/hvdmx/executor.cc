@@ -8,14 +8,39 @@
 
 namespace hvdmx {
 
+namespace {
+
+// The implementation for a message of `bytes`, before the dtype is known to
+// MPI. See "The MPI path, and how auto chooses" in docs/algorithms.md.
+AllreduceAlgo ChooseAllreduce(const Config& config, int64_t bytes, bool shm_on) {
+  switch (config.allreduce_algo) {
+    case AllreduceAlgo::kAuto:
+      if (shm_on) return bytes >= config.shm_min_bytes ? AllreduceAlgo::kShm : AllreduceAlgo::kMpi;
+      return bytes >= config.ring_min_bytes ? AllreduceAlgo::kRing : AllreduceAlgo::kMpi;
+    case AllreduceAlgo::kShm:
+      return shm_on ? AllreduceAlgo::kShm : AllreduceAlgo::kRing;
+    default:
+      return config.allreduce_algo;
+  }
+}
+
+}  // namespace
+
 const char* Executor::Allreduce(void* buf, int64_t count, DataType dtype, ReduceOp op) {
   if (comm_.size() == 1 || count == 0) return "LOCAL_ALLREDUCE";
   const int64_t bytes = count * static_cast<int64_t>(DataTypeSize(dtype));
-  const bool use_ring =
-      config_.allreduce_algo == AllreduceAlgo::kRing ||
-      (config_.allreduce_algo == AllreduceAlgo::kAuto && bytes >= config_.ring_min_bytes);
-  // MPI has no float16/bfloat16 reductions; those always take the ring.
-  if (!use_ring && comm_.NativeAllreduce(buf, count, dtype, op)) return "MPI_ALLREDUCE";
+  AllreduceAlgo algo = ChooseAllreduce(config_, bytes, shm_ != nullptr);
+  if (algo == AllreduceAlgo::kMpi) {
+    if (comm_.NativeAllreduce(buf, count, dtype, op)) return "MPI_ALLREDUCE";
+    // MPI has no float16/bfloat16 reductions: those take shared memory
+    // where auto would use it, else the ring.
+    const bool shm_ok = shm_ != nullptr && config_.allreduce_algo == AllreduceAlgo::kAuto;
+    algo = shm_ok ? AllreduceAlgo::kShm : AllreduceAlgo::kRing;
+  }
+  if (algo == AllreduceAlgo::kShm) {
+    shm_->Allreduce(buf, count, dtype, op);
+    return "SHM_ALLREDUCE";
+  }
   RingAllreduce(comm_, buf, count, dtype, op, config_.ring_segment_bytes, &ring_scratch_);
   return "RING_ALLREDUCE";
 }

@@ -16,13 +16,17 @@
 #include "fusion_plan.h"
 #include "message.h"
 #include "ring.h"
+#include "shm_allreduce.h"
 #include "tensor_queue.h"
 
 namespace hvdmx {
 
 class Executor {
  public:
-  Executor(Comm& comm, const Config& config) : comm_(comm), config_(config) {}
+  // `shm`, when given, is the shared-memory allreduce over the same ranks as
+  // `comm` (all on one host); it must outlive the executor.
+  Executor(Comm& comm, const Config& config, ShmAllreduce* shm = nullptr)
+      : comm_(comm), config_(config), shm_(shm) {}
 
   void Run(const std::vector<Response>& responses, TensorQueue* queue);
 
@@ -46,6 +50,7 @@ class Executor {
   RingScratch ring_scratch_;
   std::vector<int64_t> starts_;             // chunk boundaries, reused
   std::vector<Comm::Request> requests_;     // outstanding point-to-point, reused
+  ShmAllreduce* shm_;  // null unless every rank is on this host
 };
 
 }  // namespace hvdmx

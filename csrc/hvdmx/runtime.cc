@@ -32,12 +32,14 @@ constexpr int64_t kSpinMicros = 100;
 
 }  // namespace
 
-Runtime::Runtime(std::unique_ptr<Comm> control, std::unique_ptr<Comm> data, const Config& config)
+Runtime::Runtime(std::unique_ptr<Comm> control, std::unique_ptr<Comm> data, const Config& config,
+                 std::unique_ptr<ShmAllreduce> shm)
     : control_(std::move(control)),
       data_(std::move(data)),
+      shm_(std::move(shm)),
       config_(config),
       controller_(*control_, config.cache_capacity, config.stall_shutdown_seconds),
-      executor_(*data_, config_) {
+      executor_(*data_, config_, shm_.get()) {
   if (config_.autotune && control_->rank() == 0) {
     tuner_ = std::make_unique<Autotuner>(config_, /*leader=*/true);
   }

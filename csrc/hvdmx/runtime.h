@@ -45,6 +45,7 @@
 #include "controller.h"
 #include "env_config.h"
 #include "executor.h"
+#include "shm_allreduce.h"
 #include "tensor_queue.h"
 
 namespace hvdmx {
@@ -52,8 +53,10 @@ namespace hvdmx {
 class Runtime {
  public:
   // `control` carries negotiation, `data` the collectives' bytes; both span
-  // the same ranks.
-  Runtime(std::unique_ptr<Comm> control, std::unique_ptr<Comm> data, const Config& config);
+  // the same ranks. `shm`, optional, is a shared-memory allreduce over those
+  // ranks when they share one host (shm_segment.h).
+  Runtime(std::unique_ptr<Comm> control, std::unique_ptr<Comm> data, const Config& config,
+          std::unique_ptr<ShmAllreduce> shm = nullptr);
   ~Runtime();
 
   // Starts the background thread.
@@ -62,6 +65,8 @@ class Runtime {
   int rank() const { return control_->rank(); }
   int size() const { return control_->size(); }
   const Config& config() const { return config_; }
+  // Null unless the shared-memory allreduce is on.
+  const ShmAllreduce* shm() const { return shm_.get(); }
 
   // Any thread (MXNet engine threads). Refuses, returning the error and
   // leaving the callback unfired, an entry whose name is already queued on
@@ -97,6 +102,7 @@ class Runtime {
 
   std::unique_ptr<Comm> control_;
   std::unique_ptr<Comm> data_;
+  std::unique_ptr<ShmAllreduce> shm_;  // before executor_, which uses it
   Config config_;
   TensorQueue queue_;
   Controller controller_;

@@ -1,0 +1,124 @@
+// An allreduce for ranks that share one host, through memory that all of
+// them have mapped (shm_segment.h maps it over MPI; tests use plain memory
+// and one thread per rank). No MPI call is made here.
+//
+// Vocabulary. Each rank owns a region of the shared memory: three counters
+// (copied, reduced, done), then kStages stages of `chunk_bytes` each. The
+// message of `count` elements is cut into chunks of at most chunk_bytes (the
+// same cut on every rank); chunk k of a call travels through stage
+// (seq % kStages), where seq numbers chunks over all calls since creation.
+// A chunk is cut into `size` slices (ShmSliceStart); rank j reduces slice j.
+//
+// One chunk, on rank r, in three phases:
+// - copy in: r copies every slice of its chunk except slice r into its own
+//   stage, then publishes copied = seq + 1;
+// - reduce: once every peer has copied, r reduces slice r over all ranks in
+//   rank order 0, 1, ..., size-1 (its own operand straight from its buffer)
+//   into slice r of its own stage, and copies the result into its buffer
+//   (block by block, while the block is in cache); publishes reduced;
+// - copy out: for each peer j, once j has reduced, r copies slice j of j's
+//   stage into its buffer; publishes done.
+// A stage is written again (chunk seq + kStages) only after every rank has
+// published done for seq. Ranks run reduce(k), copy in(k+1), copy out(k), so
+// each wait has a phase of slack: peers copy chunk k+1 in while r reduces k.
+//
+// Bytes. Per rank and message of S bytes: (n-1)/n S copied in, S/n reduced
+// from n operands, S/n copied to the buffer from cache, (n-1)/n S copied out.
+// The stages are small (n * kStages * chunk_bytes in all), so the shared
+// bytes stay in the caches and memory sees about one read and one write of
+// the buffer.
+//
+// Bitwise identical results: every element is reduced once, by one rank, in
+// one fixed order (rank 0 first), with the kernels of reduce_kernels.h, and
+// then copied; every rank ends with the same bits.
+//
+// Across hosts (hierarchical allreduce): given a `cross` allreduce that
+// joins this rank with the ranks of the same local rank on the other hosts
+// (every host with the same number of ranks), the reduce phase runs it on
+// the slice it has just reduced for its host, before publishing it. Each
+// rank of a host thus works on its own shard across hosts, and the copy-out
+// spreads the job-wide result inside the host. The results stay bitwise
+// identical if `cross` gives identical bits on all its ranks (the ring does).
+//
+// Waiting: see Note [Waiting in shared memory] in shm_allreduce.cc.
+//
+// Threading: an ShmAllreduce belongs to one rank and is used by one thread
+// at a time. All ranks must call Allreduce in the same order with the same
+// count, dtype and op.
+#ifndef HVDMX_SHM_ALLREDUCE_H_
+#define HVDMX_SHM_ALLREDUCE_H_
+
+#include <atomic>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <vector>
+
+#include "common.h"
+
+namespace hvdmx {
+
+// First element of slice j when a chunk of `len` elements is cut into n
+// slices of whole `unit`s (the last may be shorter); slices past the end are
+// empty. ShmSliceStart(len, n, 0, u) == 0 and ShmSliceStart(len, n, n, u) == len.
+int64_t ShmSliceStart(int64_t len, int n, int j, int64_t unit);
+
+class ShmAllreduce {
+ public:
+  static constexpr int kStages = 4;
+  // An in-place allreduce of `count` elements among the ranks of one local
+  // rank on every host (the same calls on all of them).
+  using CrossAllreduce = std::function<void(void* buf, int64_t count, DataType dtype, ReduceOp op)>;
+
+  // Bytes of one rank's region for a chunk size (rounded as the constructor
+  // rounds it).
+  static int64_t RegionBytes(int64_t chunk_bytes);
+  // chunk_bytes rounded down to a multiple of 64, at least 64.
+  static int64_t RoundChunkBytes(int64_t chunk_bytes);
+
+  // `rank` and `size` are this rank's place among the ranks of its host.
+  // `regions[j]` is local rank j's region as mapped in this process,
+  // RegionBytes long, 64-byte aligned and zero before any rank's first call.
+  // `owner` keeps the mapping alive as long as this object. `cross`, empty
+  // on a single host, makes the allreduce hierarchical (see above).
+  ShmAllreduce(int rank, int size, std::vector<char*> regions, int64_t chunk_bytes,
+               std::shared_ptr<void> owner, CrossAllreduce cross = nullptr);
+  ShmAllreduce(const ShmAllreduce&) = delete;
+  ShmAllreduce& operator=(const ShmAllreduce&) = delete;
+
+  int rank() const { return rank_; }
+  int size() const { return size_; }
+  int64_t chunk_bytes() const { return chunk_bytes_; }
+  bool hierarchical() const { return static_cast<bool>(cross_); }
+  // Calls made so far; any thread may read it.
+  int64_t calls() const { return calls_.load(std::memory_order_relaxed); }
+
+  // Allreduces `buf` (count elements of dtype) in place with `op` (kAverage
+  // reduces as kSum; scaling is the caller's).
+  void Allreduce(void* buf, int64_t count, DataType dtype, ReduceOp op);
+
+ private:
+  struct Call;
+  struct Control;
+
+  Control& control(int j) const;
+  char* Stage(int j, uint64_t seq) const;
+  void CopyIn(const Call& call, int64_t k);
+  void Reduce(const Call& call, int64_t k);
+  void CopyOut(const Call& call, int64_t k);
+
+  const int rank_;
+  const int size_;
+  const std::vector<char*> regions_;
+  const int64_t chunk_bytes_;
+  std::shared_ptr<void> owner_;
+  const CrossAllreduce cross_;
+  uint64_t seq_ = 0;  // chunks this rank has finished, over all calls
+  std::vector<const char*> operands_;  // Reduce's, one per rank
+  const int64_t spin_micros_;          // see Note [Waiting in shared memory]
+  std::atomic<int64_t> calls_{0};
+};
+
+}  // namespace hvdmx
+
+#endif  // HVDMX_SHM_ALLREDUCE_H_

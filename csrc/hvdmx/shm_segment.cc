@@ -1,0 +1,188 @@
+#include "shm_segment.h"
+
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cerrno>
+#include <cstring>
+#include <vector>
+
+#include "logging.h"
+#include "mpi_comm.h"
+#include "ring.h"
+
+namespace hvdmx {
+namespace {
+
+std::string ErrnoText(const std::string& what, int err) {
+  return what + ": " + std::strerror(err);
+}
+
+// Creates and sizes a new shared-memory object with a name no other object
+// has. Returns the fd, or -1 with *why set.
+int CreateObject(int64_t bytes, std::string* name, std::string* why) {
+  static std::atomic<int> counter{0};
+  for (int attempt = 0; attempt < 100; ++attempt) {
+    *name = "/hvdmx." + std::to_string(getpid()) + "." + std::to_string(counter++);
+    const int fd = shm_open(name->c_str(), O_CREAT | O_EXCL | O_RDWR, 0600);
+    if (fd < 0 && errno == EEXIST) continue;
+    if (fd < 0) {
+      *why = ErrnoText("shm_open(" + *name + ")", errno);
+      return -1;
+    }
+    // posix_fallocate reserves the pages now: a full /dev/shm fails here
+    // rather than with SIGBUS at the first touch.
+    int err = ftruncate(fd, bytes) == 0 ? posix_fallocate(fd, 0, bytes) : errno;
+    if (err != 0) {
+      *why = ErrnoText("reserving " + std::to_string(bytes) + " bytes in /dev/shm", err);
+      close(fd);
+      shm_unlink(name->c_str());
+      return -1;
+    }
+    return fd;
+  }
+  *why = "no free shared-memory object name";
+  return -1;
+}
+
+}  // namespace
+
+std::shared_ptr<ShmSegment> ShmSegment::Create(MPI_Comm comm, int64_t region_bytes,
+                                               std::string* why) {
+  int rank = 0, size = 1;
+  MPI_Comm_rank(comm, &rank);
+  MPI_Comm_size(comm, &size);
+  const int64_t total = region_bytes * size;
+
+  // Rank 0 creates the object and sends its name ("" when it failed).
+  std::string name;
+  int fd = -1;
+  if (rank == 0) {
+    fd = CreateObject(total, &name, why);
+    if (fd < 0) name.clear();
+  }
+  char name_buf[64] = {};
+  std::strncpy(name_buf, name.c_str(), sizeof(name_buf) - 1);
+  MPI_Bcast(name_buf, sizeof(name_buf), MPI_CHAR, 0, comm);
+  name = name_buf;
+
+  void* base = MAP_FAILED;
+  if (!name.empty()) {
+    if (rank != 0) fd = shm_open(name.c_str(), O_RDWR, 0);
+    if (fd < 0) {
+      *why = ErrnoText("shm_open(" + name + ") on rank " + std::to_string(rank), errno);
+    } else {
+      // MAP_POPULATE faults every page in now, so no collective page-faults.
+      base = mmap(nullptr, total, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, fd, 0);
+      if (base == MAP_FAILED) *why = ErrnoText("mmap on rank " + std::to_string(rank), errno);
+      close(fd);
+    }
+  } else if (rank != 0) {
+    *why = "rank 0 could not create the shared memory";
+  }
+  int mapped = base != MAP_FAILED ? 1 : 0;
+  int all_mapped = 0;
+  MPI_Allreduce(&mapped, &all_mapped, 1, MPI_INT, MPI_MIN, comm);
+  if (rank == 0 && !name.empty()) shm_unlink(name.c_str());  // every rank has opened it
+  if (!all_mapped) {
+    if (mapped) munmap(base, total);
+    if (why->empty()) *why = "another rank could not map the shared memory";
+    return nullptr;
+  }
+  return std::shared_ptr<ShmSegment>(
+      new ShmSegment(static_cast<char*>(base), region_bytes, total));
+}
+
+ShmSegment::~ShmSegment() { munmap(base_, total_); }
+
+namespace {
+
+// The ranks of `comm` on this rank's host (or pretend host, see
+// Config::testing_ranks_per_host), in comm's order.
+MPI_Comm SplitByHost(MPI_Comm comm, const Config& config) {
+  int rank = 0;
+  MPI_Comm_rank(comm, &rank);
+  MPI_Comm local;
+  if (config.testing_ranks_per_host > 0) {
+    MPI_Comm_split(comm, static_cast<int>(rank / config.testing_ranks_per_host), rank, &local);
+  } else {
+    MPI_Comm_split_type(comm, MPI_COMM_TYPE_SHARED, rank, MPI_INFO_NULL, &local);
+  }
+  return local;
+}
+
+// The ring between hosts for a hierarchical allreduce: over the ranks of
+// `comm` with this rank's local rank.
+ShmAllreduce::CrossAllreduce RingAcrossHosts(MPI_Comm comm, int local_rank,
+                                             const Config& config) {
+  int rank = 0;
+  MPI_Comm_rank(comm, &rank);
+  MPI_Comm cross;
+  MPI_Comm_split(comm, local_rank, rank, &cross);
+  auto ring = std::make_shared<MpiComm>(cross);  // its own duplicate
+  MPI_Comm_free(&cross);
+  auto scratch = std::make_shared<RingScratch>();
+  const int64_t segment_bytes = config.ring_segment_bytes;
+  return [ring, scratch, segment_bytes](void* buf, int64_t count, DataType dtype, ReduceOp op) {
+    RingAllreduce(*ring, buf, count, dtype, op, segment_bytes, scratch.get());
+  };
+}
+
+}  // namespace
+
+std::unique_ptr<ShmAllreduce> CreateNodeShmAllreduce(MPI_Comm comm, const Config& config) {
+  if (config.allreduce_algo != AllreduceAlgo::kAuto &&
+      config.allreduce_algo != AllreduceAlgo::kShm) {
+    return nullptr;
+  }
+  int size = 1;
+  MPI_Comm_size(comm, &size);
+  MPI_Comm local = SplitByHost(comm, config);
+  int local_rank = 0, local_size = 1;
+  MPI_Comm_rank(local, &local_rank);
+  MPI_Comm_size(local, &local_size);
+  // Hierarchical needs every host to have the same number of ranks.
+  int sizes[2] = {-local_size, local_size};  // -min, max
+  MPI_Allreduce(MPI_IN_PLACE, sizes, 2, MPI_INT, MPI_MAX, comm);
+  const bool one_host = local_size == size;
+  const bool hierarchical = !one_host && config.hierarchical_allreduce &&
+                            -sizes[0] == sizes[1] && local_size > 1;
+  if (size == 1 || (!one_host && !hierarchical)) {
+    if (config.hierarchical_allreduce && !one_host) {
+      HVDMX_LOG(kWarning) << "HVDMX_HIERARCHICAL_ALLREDUCE=1 ignored, the ring is used: it needs "
+                          << "the same number of ranks, more than one, on every host (here "
+                          << -sizes[0] << " to " << sizes[1] << ")";
+    }
+    HVDMX_LOG(kDebug) << "shared-memory allreduce off: " << size << " rank(s), " << local_size
+                      << " on this host";
+    MPI_Comm_free(&local);
+    return nullptr;
+  }
+  const int64_t region_bytes = ShmAllreduce::RegionBytes(config.shm_chunk_bytes);
+  std::string why;
+  std::shared_ptr<ShmSegment> segment = ShmSegment::Create(local, region_bytes, &why);
+  MPI_Comm_free(&local);
+  // Every rank must agree, across hosts too.
+  int ok = segment != nullptr ? 1 : 0;
+  MPI_Allreduce(MPI_IN_PLACE, &ok, 1, MPI_INT, MPI_MIN, comm);
+  if (!ok) {
+    HVDMX_LOG(kWarning) << "shared-memory allreduce off, the ring is used instead: "
+                        << (why.empty() ? "another host could not map its memory" : why);
+    return nullptr;
+  }
+  std::vector<char*> regions;
+  for (int j = 0; j < local_size; ++j) regions.push_back(segment->region(j));
+  ShmAllreduce::CrossAllreduce cross;
+  if (hierarchical) cross = RingAcrossHosts(comm, local_rank, config);
+  HVDMX_LOG(kDebug) << "shared-memory allreduce on: " << local_size << " ranks on this host"
+                    << (hierarchical ? ", the ring between hosts" : "") << ", " << region_bytes
+                    << " bytes per rank";
+  return std::make_unique<ShmAllreduce>(local_rank, local_size, std::move(regions),
+                                        config.shm_chunk_bytes, std::move(segment),
+                                        std::move(cross));
+}
+
+}  // namespace hvdmx

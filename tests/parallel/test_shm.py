@@ -1,0 +1,157 @@
+"""The shared-memory allreduce through the whole stack, forced with
+HVDMX_ALLREDUCE_ALGO=shm, and the choice that auto makes (all ranks of these
+runs share one host)."""
+import mxnet as mx
+import numpy as np
+import pytest
+from mpi4py import MPI
+
+import hvdmx as hvd
+from hvdmx import _core
+from conftest import all_equal_across_ranks, restart
+from helpers import DTYPES, OPS, counts_for, expected, rank_input
+
+
+def check(out, want):
+    got = out.asnumpy()
+    assert got.dtype == want.dtype and got.shape == want.shape
+    assert np.array_equal(got, want), f"got {got[:8]} want {want[:8]}"
+    assert all_equal_across_ranks(got)
+
+
+@pytest.fixture(params=[{}, {"HVDMX_SHM_CHUNK_BYTES": "4160"}], ids=["default", "chunk4160"])
+def shm(request, world):
+    """hvdmx restarted with the shared-memory allreduce forced on."""
+    restart({"HVDMX_ALLREDUCE_ALGO": "shm", **request.param})
+    try:
+        yield
+    finally:
+        restart({})
+
+
+def shm_calls():
+    """Calls made by the shared-memory allreduce; -1 when it is off."""
+    info = _core._testing_shm_info()
+    return -1 if info is None else info["calls"]
+
+
+def test_shm_is_on_when_ranks_share_a_host(world, shm):
+    rank, size = world
+    if size == 1:
+        assert _core._testing_shm_info() is None  # nothing to share
+        return
+    info = _core._testing_shm_info()
+    assert info["local_size"] == size and not info["hierarchical"]
+    before = shm_calls()
+    check(hvd.allreduce(mx.nd.array(rank_input(rank, 10, "float32", hvd.Sum)), op=hvd.Sum),
+          expected(size, 10, "float32", hvd.Sum))
+    assert shm_calls() == before + 1
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_every_dtype_op_and_count(world, shm, dtype):
+    rank, size = world
+    big = (3 << 20) // np.dtype(dtype).itemsize + 2 * size + 1  # a few MiB, odd
+    for op in OPS:
+        for count in counts_for(size) + [17, 257, big]:
+            x = mx.nd.array(rank_input(rank, count, dtype, op), dtype=dtype)
+            check(hvd.allreduce(x, op=op, name=f"shm.{dtype}.{op}.{count}"),
+                  expected(size, count, dtype, op))
+
+
+def test_fused_groups_and_scale_factors(world, shm):
+    rank, size = world
+    counts = [3, size + 1, 0, 1000, 70_001]
+    for dtype in ["float32", "float16", "int32"]:
+        xs = [mx.nd.array(rank_input(rank, c, dtype, hvd.Sum), dtype=dtype) for c in counts]
+        outs = hvd.grouped_allreduce(xs, op=hvd.Sum, name=f"shm.grouped.{dtype}")
+        for out, c in zip(outs, counts):
+            check(out, expected(size, c, dtype, hvd.Sum))
+        outs = hvd.grouped_allreduce(xs, op=hvd.Average, prescale_factor=2.0,
+                                     postscale_factor=0.5)
+        for out, c in zip(outs, counts):
+            check(out, expected(size, c, dtype, hvd.Average, prescale=2.0, postscale=0.5))
+
+
+def test_float_sums_are_bitwise_identical_across_ranks(world, shm):
+    rank, size = world
+    rng = np.random.default_rng(1000 + rank)
+    for count in [1, 4097, 300_001]:
+        data = (rng.standard_normal(count) * 10 ** rng.uniform(-4, 4, count)).astype(np.float32)
+        out = hvd.allreduce(mx.nd.array(data), op=hvd.Sum).asnumpy()
+        assert all_equal_across_ranks(out)
+        # every rank's result is ((x0 + x1) + x2) + ... in float32
+        inputs = MPI.COMM_WORLD.allgather(data)
+        want = inputs[0].copy()
+        for x in inputs[1:]:
+            want = want + x
+        assert out.tobytes() == want.tobytes()
+
+
+def test_many_calls_in_a_row(world, shm):
+    # Stage reuse over calls of changing sizes, in place and out of place.
+    rank, size = world
+    x = mx.nd.array(rank_input(rank, 5000, "float32", hvd.Max))
+    for i in range(50):
+        count = (i * 997) % 5000
+        part = x[:count] if count else mx.nd.array(np.zeros(0, dtype=np.float32))
+        out = hvd.allreduce(part, op=hvd.Max, name=f"row.{i}")
+        check(out, expected(size, count, "float32", hvd.Max))
+    hvd.allreduce_(x, op=hvd.Max)
+    check(x, expected(size, 5000, "float32", hvd.Max))
+
+
+def test_auto_picks_by_size_and_stays_correct(world):
+    rank, size = world
+    restart({"HVDMX_ALLREDUCE_ALGO": "auto", "HVDMX_SHM_MIN_BYTES": "4096"})
+    try:
+        cases = [("float32", 10), ("float32", 1024), ("float32", 100_003),
+                 ("float16", 10), ("int8", 4096), ("float64", 511)]
+        for dtype, count in cases:
+            before = shm_calls()
+            x = mx.nd.array(rank_input(rank, count, dtype, hvd.Sum), dtype=dtype)
+            check(hvd.allreduce(x, op=hvd.Sum), expected(size, count, dtype, hvd.Sum))
+            if size == 1:
+                assert shm_calls() == -1
+                continue
+            # MPI below the threshold, except for float16 which MPI cannot reduce
+            by_shm = count * np.dtype(dtype).itemsize >= 4096 or dtype == "float16"
+            assert shm_calls() == before + by_shm, (dtype, count)
+    finally:
+        restart({})
+
+
+@pytest.mark.parametrize("algo", ["ring", "mpi"])
+def test_other_algorithms_leave_shm_off(world, algo):
+    restart({"HVDMX_ALLREDUCE_ALGO": algo})
+    try:
+        assert shm_calls() == -1
+    finally:
+        restart({})
+
+
+@pytest.mark.parametrize("per_host", [1, 2])
+def test_hierarchical_on_pretend_hosts(world, per_host):
+    # Runs of per_host consecutive ranks play hosts. Hierarchical needs equal
+    # hosts of more than one rank; otherwise the ring runs (one host: shm).
+    rank, size = world
+    restart({"HVDMX_ALLREDUCE_ALGO": "shm", "HVDMX_HIERARCHICAL_ALLREDUCE": "1",
+             "HVDMX_TESTING_RANKS_PER_HOST": str(per_host), "HVDMX_SHM_CHUNK_BYTES": "4160"})
+    try:
+        info = _core._testing_shm_info()
+        if size == 1 or per_host == 1 or (size > per_host and size % per_host):
+            assert info is None
+        elif size <= per_host:  # one host
+            assert info["local_size"] == size and not info["hierarchical"]
+        else:
+            assert info["local_size"] == per_host and info["hierarchical"]
+        for dtype in ["float32", "float16", "int64", "uint8"]:
+            for op in [hvd.Sum, hvd.Min, hvd.Product]:
+                for count in counts_for(size) + [17, 70_001]:
+                    x = mx.nd.array(rank_input(rank, count, dtype, op), dtype=dtype)
+                    check(hvd.allreduce(x, op=op), expected(size, count, dtype, op))
+        rng = np.random.default_rng(rank)
+        data = rng.standard_normal(100_001).astype(np.float32)
+        assert all_equal_across_ranks(hvd.allreduce(mx.nd.array(data), op=hvd.Sum).asnumpy())
+    finally:
+        restart({})

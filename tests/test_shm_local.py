@@ -1,0 +1,146 @@
+"""The shared-memory allreduce in one process: one thread per rank over plain
+memory, any number of ranks, no MPI (csrc/hvdmx/shm_allreduce.h)."""
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from hvdmx import _core
+
+FLOAT32, FLOAT64, FLOAT16, UINT8, INT32, INT8, INT64, BFLOAT16 = 0, 1, 2, 3, 4, 5, 6, 12
+# The numpy type that holds each code; bfloat16 travels as its bits.
+HOLDER = {FLOAT32: np.float32, FLOAT64: np.float64, FLOAT16: np.float16, UINT8: np.uint8,
+          INT32: np.int32, INT8: np.int8, INT64: np.int64, BFLOAT16: np.uint16}
+SUM, MIN, MAX, PRODUCT = 1, 3, 4, 5
+# Chunk sizes: the 64-byte minimum (many chunks, most slices empty), odd
+# multiples of it, one page, and the default.
+CHUNKS = [64, 128, 192, 4096, 256 * 1024]
+
+
+def to_holder(values, code):
+    """Small integers (exact in every type) as the code's numpy holder."""
+    if code == BFLOAT16:
+        return (values.astype(np.float32).view(np.uint32) >> 16).astype(np.uint16)
+    return values.astype(HOLDER[code])
+
+
+def from_holder(array, code):
+    if code == BFLOAT16:
+        return (array.astype(np.uint32) << 16).view(np.float32).astype(np.float64)
+    return array.astype(np.float64)
+
+
+def inputs(size, count, code, op, seed=0):
+    i = np.arange(count)
+    if op == PRODUCT:
+        return [to_holder(1 + (i + r + seed) % 2, code) for r in range(size)]
+    return [to_holder((i * 7 + r * 3 + seed) % 11, code) for r in range(size)]
+
+
+def reference(arrays, code, op):
+    stacked = np.stack([from_holder(a, code) for a in arrays])
+    fn = {SUM: np.sum, MIN: np.min, MAX: np.max, PRODUCT: np.prod}[op]
+    return to_holder(fn(stacked, axis=0), code)
+
+
+def run(calls, code, op, chunk, hosts=1):
+    _core._testing_shm_allreduce(calls, code, op, chunk, hosts)
+
+
+@settings(max_examples=80, deadline=None)
+@given(size=st.integers(1, 7), counts=st.lists(st.integers(0, 300), min_size=1, max_size=4),
+       chunk=st.sampled_from(CHUNKS), code=st.sampled_from(sorted(HOLDER)),
+       op=st.sampled_from([SUM, MIN, MAX, PRODUCT]))
+def test_matches_reference_over_several_calls(size, counts, chunk, code, op):
+    # Several calls in a row: chunk numbering and stage reuse carry over.
+    calls = [inputs(size, count, code, op, seed=c) for c, count in enumerate(counts)]
+    wants = [reference(arrays, code, op) for arrays in calls]
+    run(calls, code, op, chunk)
+    for arrays, want in zip(calls, wants):
+        for a in arrays:
+            assert np.array_equal(a, want)
+
+
+@pytest.mark.parametrize("size", [2, 3, 4])
+@pytest.mark.parametrize("code", sorted(HOLDER))
+def test_large_counts_not_divisible_by_anything(size, code):
+    count = 3 * 65536 + 7
+    for op in [SUM, MAX]:
+        calls = [inputs(size, count, code, op)]
+        want = reference(calls[0], code, op)
+        run(calls, code, op, 4096 + 64)
+        for a in calls[0]:
+            assert np.array_equal(a, want)
+
+
+@pytest.mark.parametrize("size", [2, 3, 5])
+def test_float_sums_in_rank_order_and_bitwise_identical(size):
+    # Sums whose value depends on the order of additions: every rank must get
+    # the bits of ((x0 + x1) + x2) + ..., whatever the chunking.
+    rng = np.random.default_rng(size)
+    count = 50_001
+    for chunk in [64, 4096, 1 << 20]:
+        arrays = [(rng.standard_normal(count) * 10 ** rng.uniform(-3, 3, count)).astype(np.float32)
+                  for _ in range(size)]
+        want = arrays[0].copy()
+        for a in arrays[1:]:
+            want = want + a  # float32 adds, in rank order
+        run([arrays], FLOAT32, SUM, chunk)
+        for a in arrays:
+            assert a.tobytes() == want.tobytes()
+
+
+@settings(max_examples=40, deadline=None)
+@given(hosts=st.integers(2, 3), local=st.integers(1, 3),
+       counts=st.lists(st.integers(0, 300), min_size=1, max_size=3),
+       chunk=st.sampled_from(CHUNKS), code=st.sampled_from(sorted(HOLDER)),
+       op=st.sampled_from([SUM, MIN, MAX, PRODUCT]))
+def test_hierarchical_matches_reference(hosts, local, counts, chunk, code, op):
+    size = hosts * local
+    calls = [inputs(size, count, code, op, seed=c) for c, count in enumerate(counts)]
+    wants = [reference(arrays, code, op) for arrays in calls]
+    run(calls, code, op, chunk, hosts)
+    for arrays, want in zip(calls, wants):
+        for a in arrays:
+            assert np.array_equal(a, want)
+
+
+@pytest.mark.parametrize("hosts,local", [(2, 2), (3, 2), (2, 3)])
+def test_hierarchical_float_sums_are_bitwise_identical(hosts, local):
+    rng = np.random.default_rng(hosts * 10 + local)
+    count = 30_001
+    arrays = [(rng.standard_normal(count) * 10 ** rng.uniform(-3, 3, count)).astype(np.float32)
+              for _ in range(hosts * local)]
+    exact = np.sum([a.astype(np.float64) for a in arrays], axis=0)
+    run([arrays], FLOAT32, SUM, 4096, hosts)
+    for a in arrays:
+        assert a.tobytes() == arrays[0].tobytes()
+    assert np.allclose(arrays[0], exact, rtol=1e-4, atol=1e-2)
+
+
+def test_unaligned_buffers():
+    # Buffers at odd addresses (views one element into a larger array) and at
+    # different page offsets on different ranks.
+    count = 20_000
+    bases = [np.zeros(count + 8, dtype=np.float32) for _ in range(3)]
+    arrays = [b[r + 1:r + 1 + count] for r, b in enumerate(bases)]
+    for r, a in enumerate(arrays):
+        a[:] = (np.arange(count) * 7 + r * 3) % 11
+    want = reference(arrays, FLOAT32, SUM)
+    run([arrays], FLOAT32, SUM, 4096)
+    for a in arrays:
+        assert np.array_equal(a, want)
+
+
+@settings(max_examples=200, deadline=None)
+@given(length=st.integers(0, 10_000), n=st.integers(1, 9), unit=st.sampled_from([1, 8, 16, 64]))
+def test_slices_cover_the_chunk_in_order(length, n, unit):
+    starts = [_core._testing_shm_slice_start(length, n, j, unit) for j in range(n + 1)]
+    assert starts[0] == 0 and starts[-1] == length
+    assert starts == sorted(starts)
+    units = -(-length // unit)
+    for j in range(n):
+        # slices start at whole units, or at the end (empty slices)
+        assert starts[j] % unit == 0 or starts[j] == length
+        # balanced: no slice longer than its share, rounded up to whole units
+        assert starts[j + 1] - starts[j] <= -(-units // n) * unit
