@@ -21,6 +21,7 @@ from hvdmx.basics import (
     size,
 )
 from hvdmx.compression import Compression
+from hvdmx.kvstore import KVStore
 from hvdmx.ops import (
     Adasum,
     Average,
