@@ -20,6 +20,7 @@ from hvdmx.basics import (
     shutdown,
     size,
 )
+from hvdmx.checkpoint import load_checkpoint, save_checkpoint
 from hvdmx.compression import Compression
 from hvdmx.kvstore import KVStore
 from hvdmx.ops import (
