@@ -165,3 +165,9 @@ def start_timeline(file_path: str, mark_cycles: bool = False) -> None:
 def stop_timeline() -> None:
     """Finishes the timeline file (it is valid JSON at every moment anyway)."""
     _core.stop_timeline()
+
+
+# Registers the kvstore plugin with MXNet (mx.kv.create("dist_sync_hvdmx"),
+# kvstore="dist_sync_hvdmx") as soon as any of hvdmx is used; last, because it
+# imports the modules that import this one.
+from hvdmx import kvstore as _kvstore  # noqa: E402,F401

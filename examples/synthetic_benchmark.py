@@ -1,0 +1,137 @@
+"""Training throughput of a Gluon model-zoo network on synthetic data with hvdmx.
+
+    mpiexec -n 2 python examples/synthetic_benchmark.py                       # resnet50_v1, 224x224
+    mpiexec -n 2 python examples/synthetic_benchmark.py --model resnet18_v1 --image-size 64
+
+Every rank trains the model on one random batch, the same batch at every step,
+with DistributedTrainer (SGD); parameters start from rank 0's values
+(broadcast_parameters). After --num-warmup-batches batches, it times
+--num-iters iterations of --num-batches-per-iter batches each. Rank 0 prints
+the images per second of each iteration (the mean over the ranks, and the
+job's total) and at the end the mean and a 95% interval (1.96 standard
+deviations over the iterations), per rank and in total.
+
+Gradients are allreduced while the backward pass is still running: each
+allreduce starts as soon as its gradient is written. --no-overlap waits for
+the whole backward pass first, to show what that overlap is worth.
+"""
+import argparse
+import time
+
+import mxnet as mx
+import numpy as np
+from mxnet import autograd, gluon
+from mxnet.gluon.model_zoo import vision
+
+import hvdmx as hvd
+
+
+def parse_args(argv=None):
+    parser = argparse.ArgumentParser(
+        description="Measure the training throughput (images/sec) of a Gluon model-zoo "
+                    "network on synthetic data with hvdmx (data parallel; run it under "
+                    "mpiexec).",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    parser.add_argument("--model", default="resnet50_v1",
+                        help="a name that mx.gluon.model_zoo.vision.get_model knows, e.g. "
+                             "resnet18_v1, resnet50_v1, mobilenet1.0, vgg16")
+    parser.add_argument("--image-size", type=int, default=224,
+                        help="height and width of the synthetic images (3 channels)")
+    parser.add_argument("--batch-size", type=int, default=32, help="images per rank and batch")
+    parser.add_argument("--num-classes", type=int, default=1000,
+                        help="classes of the model's output layer")
+    parser.add_argument("--num-warmup-batches", type=int, default=10,
+                        help="batches before the timing starts")
+    parser.add_argument("--num-batches-per-iter", type=int, default=10,
+                        help="batches per timed iteration")
+    parser.add_argument("--num-iters", type=int, default=10, help="timed iterations")
+    parser.add_argument("--fp16-allreduce", action="store_true",
+                        help="send gradients as float16 (hvd.Compression.fp16)")
+    parser.add_argument("--no-overlap", action="store_true",
+                        help="wait for the whole backward pass before the first allreduce "
+                             "starts (no overlap of communication with backward)")
+    args = parser.parse_args(argv)
+    for name in ("image_size", "batch_size", "num_classes", "num_batches_per_iter",
+                 "num_iters"):
+        if getattr(args, name) < 1:
+            parser.error(f"--{name.replace('_', '-')} must be >= 1")
+    if args.num_warmup_batches < 0:
+        parser.error("--num-warmup-batches must be >= 0")
+    return args
+
+
+def main(argv=None):
+    """Runs the benchmark; returns (mean, half width of the 95% interval) of
+    the job's total images per second."""
+    args = parse_args(argv)
+    hvd.init()
+    rank, size = hvd.rank(), hvd.size()
+    ctx = mx.gpu(hvd.local_rank()) if hvd.cuda_built() and mx.context.num_gpus() \
+        else mx.cpu(hvd.local_rank())
+
+    def log(message):
+        if rank == 0:
+            print(message, flush=True)
+
+    try:
+        net = vision.get_model(args.model, classes=args.num_classes)
+    except ValueError as error:  # an unknown name; the message lists the known ones
+        raise SystemExit(f"--model {args.model!r}: {error}") from None
+    mx.random.seed(rank)  # different initial values: broadcast_parameters makes them rank 0's
+    net.initialize(mx.init.Xavier(rnd_type="gaussian", magnitude=2), ctx=ctx)
+    net.hybridize(static_alloc=True, static_shape=True)
+    hvd.broadcast_parameters(net.collect_params(), root_rank=0)
+    compression = hvd.Compression.fp16 if args.fp16_allreduce else hvd.Compression.none
+    trainer = hvd.DistributedTrainer(net.collect_params(), "sgd",
+                                     {"learning_rate": 0.01 * size, "momentum": 0.9},
+                                     compression=compression)
+    loss_fn = gluon.loss.SoftmaxCrossEntropyLoss()
+    data = mx.nd.random.uniform(-1, 1, shape=(args.batch_size, 3, args.image_size,
+                                              args.image_size), ctx=ctx)
+    label = mx.nd.array(np.random.RandomState(rank).randint(0, args.num_classes,
+                                                            args.batch_size), ctx=ctx)
+
+    def train_batches(count):
+        for _ in range(count):
+            with autograd.record():
+                loss = loss_fn(net(data), label)
+            loss.backward()
+            if args.no_overlap:
+                mx.nd.waitall()
+            trainer.step(args.batch_size)
+        mx.nd.waitall()
+
+    log(f"Model: {args.model}, image size {args.image_size}, batch size {args.batch_size} per "
+        f"rank, {size} rank(s) on {ctx.device_type}, fp16 allreduce: "
+        f"{'yes' if args.fp16_allreduce else 'no'}, overlap with backward: "
+        f"{'no' if args.no_overlap else 'yes'}")
+    log(f"Running {args.num_warmup_batches} warm-up batches...")
+    train_batches(args.num_warmup_batches)
+
+    log("Running benchmark...")
+    totals = []
+    for i in range(args.num_iters):
+        start = time.perf_counter()
+        train_batches(args.num_batches_per_iter)
+        seconds = time.perf_counter() - start
+        mine = args.batch_size * args.num_batches_per_iter / seconds
+        # Outside the timed part: the job's total, from every rank's own rate.
+        total = float(hvd.allreduce(mx.nd.array([mine], dtype="float64"), op=hvd.Sum,
+                                    name="benchmark.img_sec").asnumpy()[0])
+        totals.append(total)
+        log(f"Iter #{i}: {total / size:.1f} img/sec per rank, {total:.1f} in total "
+            f"({1000 * seconds / args.num_batches_per_iter:.1f} ms per batch on rank 0)")
+
+    num_params = sum(int(np.prod(p.shape)) for p in net.collect_params().values()
+                     if p.grad_req != "null")
+    log(f"{num_params / 1e6:.2f} M trained parameters: {num_params * 4 / 1e6:.1f} MB of "
+        "float32 gradients allreduced per batch")
+    totals = np.array(totals)
+    mean, conf = totals.mean(), 1.96 * totals.std()
+    log(f"Img/sec per rank: {mean / size:.1f} +-{conf / size:.1f}")
+    log(f"Total img/sec on {size} rank(s): {mean:.1f} +-{conf:.1f}")
+    return float(mean), float(conf)
+
+
+if __name__ == "__main__":
+    main()

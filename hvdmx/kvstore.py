@@ -1,0 +1,277 @@
+"""The kvstore plugin: a key-value store for MXNet's own training loops
+(``gluon.Trainer``, ``mx.mod.Module``) that combines values across ranks with
+hvdmx collectives.
+
+    trainer = gluon.Trainer(net.collect_params(), "sgd", {...}, kvstore=hvd.KVStore())
+    ...
+    trainer.step(batch_size * hvd.size())   # the batch of the whole job
+
+There is no store: ``pushpull`` is an in-place Sum allreduce and
+``broadcast`` a broadcast from rank 0, both pushed into MXNet's engine and
+returned from at once. The optimizer runs in the Trainer (or Module) on every
+rank after the allreduce (``is_capable('optimizer')`` is False).
+
+What a kvstore means to MXNet, and so what this one does:
+
+- ``pushpull`` sums over the values given (one per device of this rank) and
+  over all ranks, like MXNet's ``dist_sync`` store. Trainer then divides by
+  the batch size given to ``step``, so ``step`` must be given the batch size
+  of the whole job (local batch x ``hvd.size()``) to apply the average
+  gradient; that is exactly one process training on the whole batch.
+  Module multiplies its batch size by ``num_workers`` by itself for a store
+  whose type has ``dist`` and ``_sync`` in it, which this one's has.
+- ``broadcast`` gives every rank rank 0's value. Trainer calls it for every
+  parameter at its first step, after that step's backward pass; call
+  ``hvd.broadcast_parameters`` before training for the first step's gradients
+  to come from the same parameters too.
+- ``init`` has no store to fill (Module calls it) and does nothing.
+
+Tensor names: ``prefix + "kvstore.pushpull." + str(key)`` and
+``prefix + "kvstore.broadcast." + str(key)``. Trainer's keys are parameter
+indices, so two trainers whose steps overlap need stores with different
+prefixes.
+"""
+from __future__ import annotations
+
+import numbers
+from typing import List, Optional, Tuple
+
+import mxnet as mx
+from mxnet.kvstore import KVStoreBase
+
+from hvdmx.basics import rank, size
+from hvdmx.compression import Compression
+from hvdmx.ops import Sum, allreduce, allreduce_, broadcast_
+from hvdmx.optimizer import _plain_layout
+
+__all__ = ["KVStore"]
+
+_TYPE = "dist_sync_hvdmx"
+
+
+def _check_key(fn: str, arg: str, key):
+    if isinstance(key, bool) or not isinstance(key, (numbers.Integral, str)):
+        raise TypeError(f"hvdmx.KVStore.{fn}: argument '{arg}' must be an int or a str (or a "
+                        f"list of them), got {key!r} of type {type(key).__name__}")
+    return key
+
+
+def _check_arrays(fn: str, arg: str, value, want_shape=None) -> List[mx.nd.NDArray]:
+    """``value`` as a non-empty list of dense NDArrays of one shape."""
+    arrays = list(value) if isinstance(value, (list, tuple)) else [value]
+    if not arrays:
+        raise ValueError(f"hvdmx.KVStore.{fn}: argument '{arg}' is an empty list; pass an "
+                         "NDArray or a list with one NDArray per device")
+    for i, a in enumerate(arrays):
+        where = arg if len(arrays) == 1 and not isinstance(value, (list, tuple)) \
+            else f"{arg}[{i}]"
+        if not isinstance(a, mx.nd.NDArray):
+            raise TypeError(f"hvdmx.KVStore.{fn}: argument '{where}' must be an "
+                            f"mxnet.nd.NDArray, got {type(a).__name__}")
+        if isinstance(a, mx.nd.sparse.BaseSparseNDArray):
+            raise ValueError(f"hvdmx.KVStore.{fn}: argument '{where}' is a sparse NDArray "
+                             f"(stype='{a.stype}'); hvdmx.KVStore handles dense arrays only: "
+                             "use dense parameters and gradients (stype='default')")
+        shape = want_shape if want_shape is not None else arrays[0].shape
+        if a.shape != shape:
+            raise ValueError(f"hvdmx.KVStore.{fn}: argument '{where}' has shape {a.shape}, but "
+                             f"the value has shape {shape}; every array of one key must have "
+                             "the same shape")
+    return arrays
+
+
+def _check_priority(fn: str, priority) -> int:
+    if isinstance(priority, bool) or not isinstance(priority, numbers.Integral):
+        raise TypeError(f"hvdmx.KVStore.{fn}: argument 'priority' must be an int, got "
+                        f"{priority!r}")
+    return int(priority)
+
+
+def _no_push_pull(fn: str):
+    raise NotImplementedError(
+        f"hvdmx.KVStore.{fn}: there is no push, pull or row_sparse_pull (MXNet calls them "
+        "for sparse gradients or weights): use dense parameters (stype='default', "
+        "grad_stype='default'), whose gradients go through pushpull")
+
+
+def _entries(fn: str, key, value, out) -> List[Tuple[object, list, Optional[list]]]:
+    """(key, values, outs) per key, for a single key or a list of keys."""
+    if isinstance(key, (list, tuple)):
+        if not isinstance(value, (list, tuple)) or len(value) != len(key):
+            raise ValueError(f"hvdmx.KVStore.{fn}: with a list of {len(key)} keys, argument "
+                             "'value' must be a list of as many values (an NDArray or a list "
+                             "of NDArrays each)")
+        if out is not None and (not isinstance(out, (list, tuple)) or len(out) != len(key)):
+            raise ValueError(f"hvdmx.KVStore.{fn}: with a list of {len(key)} keys, argument "
+                             "'out' must be None or a list of as many outputs")
+        outs = out if out is not None else [None] * len(key)
+        return [e for k, v, o in zip(key, value, outs) for e in _entries(fn, k, v, o)]
+    _check_key(fn, "key", key)
+    values = _check_arrays(fn, "value", value)
+    outs = None if out is None else _check_arrays(fn, "out", out, values[0].shape)
+    return [(key, values, outs)]
+
+
+class KVStore(KVStoreBase):
+    """A kvstore that sums values over all ranks with hvdmx (see the module
+    docstring for how gluon.Trainer and Module use it).
+
+    ``compression`` is hvd.Compression.none or hvd.Compression.fp16 (values
+    travel as float16). ``prefix`` starts every tensor name, so that stores
+    used at the same time do not mix up their keys. Needs ``hvd.init()``
+    first. ``mx.kv.create('dist_sync_hvdmx')`` makes one with the defaults.
+    """
+
+    def __init__(self, compression=Compression.none, prefix: Optional[str] = None):
+        if not (callable(getattr(compression, "compress", None))
+                and callable(getattr(compression, "decompress", None))):
+            raise TypeError("hvdmx.KVStore: argument 'compression' must be "
+                            "hvd.Compression.none, hvd.Compression.fp16 or another object "
+                            f"with compress() and decompress(), got {compression!r}")
+        if prefix is not None and not isinstance(prefix, str):
+            raise TypeError("hvdmx.KVStore: argument 'prefix' must be a str or None, got "
+                            f"{type(prefix).__name__}")
+        size()  # raises a clear error before init()
+        self._compression = compression
+        self._prefix = prefix if prefix else ""
+
+    def __repr__(self):
+        compression = getattr(self._compression, "__name__", repr(self._compression))
+        return f"hvdmx.KVStore(compression={compression}, prefix={self._prefix!r})"
+
+    # --- what the job looks like ----------------------------------------
+
+    @property
+    def type(self) -> str:
+        """'dist_sync_hvdmx': synchronous and distributed, so that Module
+        scales its gradients by the whole job's batch."""
+        return _TYPE
+
+    @property
+    def rank(self) -> int:
+        return rank()
+
+    @property
+    def num_workers(self) -> int:
+        return size()
+
+    @staticmethod
+    def is_capable(capability: str) -> bool:
+        """False for 'optimizer': the optimizer runs in the Trainer or Module."""
+        if isinstance(capability, str) and capability.lower() == KVStoreBase.OPTIMIZER:
+            return False
+        raise ValueError(f"hvdmx.KVStore.is_capable: unknown capability {capability!r}; the "
+                         f"one MXNet asks about is '{KVStoreBase.OPTIMIZER}'")
+
+    # --- the collectives ------------------------------------------------
+
+    def broadcast(self, key, value, out, priority=0):
+        """Writes rank 0's ``value`` to ``out`` (an NDArray or a list, one per
+        device) on every rank. Returns at once; reads of ``out`` wait."""
+        priority = _check_priority("broadcast", priority)
+        if isinstance(key, (list, tuple)):
+            raise TypeError("hvdmx.KVStore.broadcast: argument 'key' must be one int or str, "
+                            f"got a {type(key).__name__}")
+        if out is None:
+            raise TypeError("hvdmx.KVStore.broadcast: argument 'out' must be an NDArray or a "
+                            "list of NDArrays (pass [value] to broadcast into 'value' itself)")
+        ((key, values, outs),) = _entries("broadcast", key, value, out)
+        if len(values) != 1:
+            raise ValueError("hvdmx.KVStore.broadcast: argument 'value' must be one NDArray, "
+                             f"got a list of {len(values)}")
+        source = values[0]
+        name = f"{self._prefix}kvstore.broadcast.{key}"
+        handles = {o.handle.value for o in outs}
+        if source.handle.value in handles:
+            broadcast_(_plain_layout(source), 0, name=name, priority=priority)
+        else:
+            # Root's value travels in a copy: 'value' itself is only read.
+            copy = _plain_layout(source.copy())
+            broadcast_(copy, 0, name=name, priority=priority)
+            source = copy
+        for o in outs:
+            if o.handle.value != source.handle.value:
+                source.copyto(o)
+
+    def pushpull(self, key, value, out=None, priority=0):
+        """Sums ``value`` (an NDArray or a list of them, one per device) over
+        the list and over all ranks, and writes the sum to ``out``, or back
+        to every array of ``value`` when ``out`` is None. ``key`` may be a
+        list of keys, with a list of values (and outs) to match. Returns at
+        once; reads of the results wait."""
+        priority = _check_priority("pushpull", priority)
+        for k, values, outs in _entries("pushpull", key, value, out):
+            self._pushpull_one(f"{self._prefix}kvstore.pushpull.{k}", values, outs, priority)
+
+    def _pushpull_one(self, name: str, values: List[mx.nd.NDArray],
+                      outs: Optional[List[mx.nd.NDArray]], priority: int) -> None:
+        in_place = outs is None
+        total = values[0] if in_place or len(values) == 1 else values[0].copy()
+        for other in values[1:]:
+            total += other.as_in_context(total.context)
+        sent, ctx = self._compression.compress(total)
+        if in_place:
+            allreduce_(sent, op=Sum, name=name, priority=priority)
+            if sent is not total:
+                self._compression.decompress(sent, ctx).copyto(total)
+            targets = values[1:]
+        else:
+            # 'value' is only read: the sum goes to a new array, then to 'out'.
+            total = self._compression.decompress(
+                allreduce(sent, op=Sum, name=name, priority=priority), ctx)
+            targets = outs
+        for t in targets:
+            if t.handle.value != total.handle.value:
+                total.copyto(t)
+
+    def init(self, key, value):
+        """Does nothing: there is no store to fill. (Module calls it with its
+        initial parameters; give every rank the same ones with
+        hvd.broadcast_parameters.)"""
+        _entries("init", key, value, None)
+
+    # --- what an allreduce store does not do ------------------------------
+
+    def push(self, key, value, priority=0):
+        _no_push_pull("push")
+
+    def pull(self, key, out=None, priority=0, ignore_sparse=True):
+        _no_push_pull("pull")
+
+    def row_sparse_pull(self, key, out=None, priority=0, row_ids=None):
+        _no_push_pull("row_sparse_pull")
+
+    def set_optimizer(self, optimizer):
+        raise NotImplementedError(
+            "hvdmx.KVStore keeps no optimizer (is_capable('optimizer') is False): the "
+            "optimizer runs on every rank in the Trainer or Module; create the Trainer with "
+            "update_on_kvstore=None or False")
+
+    def set_gradient_compression(self, compression_params):
+        raise ValueError(
+            "hvdmx.KVStore: MXNet's gradient compression (compression_params="
+            f"{compression_params!r}) is not supported; create the store with "
+            "hvd.KVStore(compression=hvd.Compression.fp16) instead")
+
+    def save_optimizer_states(self, fname, dump_optimizer=False):
+        raise NotImplementedError(
+            "hvdmx.KVStore keeps no optimizer states: they live in the Trainer (or Module) on "
+            "every rank; save them with hvd.save_checkpoint(path, net, trainer) or "
+            "trainer.save_states(fname)")
+
+    def load_optimizer_states(self, fname):
+        raise NotImplementedError(
+            "hvdmx.KVStore keeps no optimizer states: they live in the Trainer (or Module) on "
+            "every rank; load them with hvd.load_checkpoint(path, net, trainer) or "
+            "trainer.load_states(fname)")
+
+
+# mx.kv.create(name) looks the name up in KVStoreBase's registry, whose key is the
+# registered class's lowercased __name__; this subclass exists to carry the name.
+# The name has 'dist' in it because gluon.Trainer (MXNet 1.9.1's _create_kvstore)
+# silently drops a store given by a name without 'dist' when the trainer has one
+# device, which would leave every rank training on its own.
+KVStoreBase.register(type(_TYPE, (KVStore,), {
+    "__module__": __name__,
+    "__doc__": "hvdmx.KVStore with its defaults, as mx.kv.create('dist_sync_hvdmx') makes it.",
+}))

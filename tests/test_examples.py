@@ -1,0 +1,42 @@
+"""The examples as users run them: whole jobs under mpiexec -n 2, kept tiny."""
+import os
+import re
+import subprocess
+import sys
+
+ROOT = os.path.join(os.path.dirname(__file__), "..")
+MPIEXEC = os.path.join(os.path.dirname(sys.executable), "mpiexec")
+# The worktree's hvdmx first, as for a script started from the repository.
+ENV = dict(os.environ, OMP_NUM_THREADS="1", MXNET_CPU_WORKER_NTHREADS="1",
+           PYTHONPATH=os.pathsep.join([os.path.abspath(ROOT)]
+                                      + os.environ.get("PYTHONPATH", "").split(os.pathsep)))
+
+
+def run_example(name, *args, timeout=120):
+    script = os.path.join(ROOT, "examples", name)
+    return subprocess.run([MPIEXEC, "-n", "2", sys.executable, script, *args], env=ENV,
+                          capture_output=True, text=True, timeout=timeout)
+
+
+def test_module_mnist():
+    result = run_example("module_mnist.py", "--epochs", "3")
+    assert result.returncode == 0, result.stderr
+    accuracy = re.search(r"test accuracy ([\d.]+) \(\d+/359\) after 3 epochs on 2 ranks",
+                         result.stderr)
+    assert accuracy, result.stderr
+    assert float(accuracy.group(1)) > 0.5  # chance is 0.1; 10 epochs reach 0.98
+    assert "parameters bitwise identical on all 2 ranks" in result.stderr
+
+
+def test_synthetic_benchmark():
+    result = run_example("synthetic_benchmark.py", "--model", "resnet18_v1", "--image-size",
+                         "32", "--batch-size", "2", "--num-classes", "10",
+                         "--num-warmup-batches", "1", "--num-batches-per-iter", "1",
+                         "--num-iters", "2", "--fp16-allreduce", "--no-overlap")
+    assert result.returncode == 0, result.stderr
+    out = result.stdout
+    assert "Model: resnet18_v1, image size 32, batch size 2 per rank, 2 rank(s)" in out
+    assert "fp16 allreduce: yes, overlap with backward: no" in out
+    assert len(re.findall(r"Iter #\d: [\d.]+ img/sec per rank, [\d.]+ in total", out)) == 2
+    assert re.search(r"Img/sec per rank: [\d.]+ \+-[\d.]+", out), out
+    assert re.search(r"Total img/sec on 2 rank\(s\): [\d.]+ \+-[\d.]+", out), out
