@@ -284,7 +284,7 @@ def load_checkpoint(path: str, params: Params, trainer: Optional[mx.gluon.Traine
         raise TypeError("hvdmx.load_checkpoint: argument 'path' must be a str or a path, got "
                         f"{type(path).__name__}")
     path = os.fspath(path)
-    root = _check_root("load_checkpoint", root_rank)
+    root = _check_root("load_checkpoint", root_rank, list(range(size())))
     named = _named("load_checkpoint", params)
     if trainer is not None:
         _check_trainer("load_checkpoint", trainer)

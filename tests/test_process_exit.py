@@ -84,7 +84,7 @@ def test_stall_shutdown_fails_a_skipped_tensor_on_every_rank():
             line = [l for l in msg if "HVDMX_STALL_SHUTDOWN_TIME_SECONDS" in l]
             sys.stderr.write(f"rank {rank} failed: {line[0] if line else msg}\\n")
             sys.exit(3)
-    """, timeout=60, HVDMX_STALL_CHECK_TIME_SECONDS="1", HVDMX_STALL_SHUTDOWN_TIME_SECONDS="2")
+    """, timeout=60, HVDMX_STALL_CHECK_TIME_SECONDS="1", HVDMX_STALL_SHUTDOWN_TIME_SECONDS="4")
     assert result.returncode != 0
     assert "rank 0 failed:" in result.stderr and "rank 1 failed:" in result.stderr
     assert "allreduce of tensor 'A' was submitted by rank(s) 0 but not by rank(s) 1" in (

@@ -36,7 +36,7 @@ def test_timeline_from_the_environment(tmp_path):
     assert result.returncode == 0, result.stderr
     phases, events = phases_by_tensor(path)
     assert {"NEGOTIATE", "QUEUE"} <= phases["single"]
-    assert {"MPI_ALLREDUCE", "RING_ALLREDUCE"} & phases["single"]
+    assert {"MPI_ALLREDUCE", "RING_ALLREDUCE", "SHM_ALLREDUCE"} & phases["single"]
     # three small allreduces of one round are fused
     assert {"MEMCPY_IN_FUSION_BUFFER", "MEMCPY_OUT_FUSION_BUFFER"} <= phases["fused.1"]
     assert "MPI_BCAST" in phases["bcast"]
