@@ -10,8 +10,9 @@ namespace hvdmx {
 
 namespace {
 
-// The implementation for a message of `bytes`, before the dtype is known to
-// MPI. See "The MPI path, and how auto chooses" in docs/algorithms.md.
+// The implementation for a message of `bytes`; a dtype that MPI cannot
+// reduce is moved off MPI afterwards. See "How the algorithm is chosen, and
+// the MPI path" in docs/algorithms.md.
 AllreduceAlgo ChooseAllreduce(const Config& config, int64_t bytes, bool shm_on) {
   switch (config.allreduce_algo) {
     case AllreduceAlgo::kAuto:
