@@ -20,9 +20,9 @@ namespace {
 // kYieldMicros have passed (another process may need it), then sleeps
 // kSleepMicros at a time. When the host's ranks outnumber the cores this
 // process may run on (mpiexec -n 4 on two cores), the peer may be waiting
-// for this very core: the spin is skipped. No wait ends other than by the peer's counter: a
-// peer that dies leaves this rank waiting, as in any MPI collective, and
-// mpiexec ends the job.
+// for this very core: the spin is skipped. No wait ends other than by the
+// peer's counter: a peer that dies leaves this rank waiting, as in any MPI
+// collective, and the launcher ends the job.
 constexpr int64_t kSpinMicros = 20;
 constexpr int64_t kYieldMicros = 2000;
 constexpr int64_t kSleepMicros = 50;

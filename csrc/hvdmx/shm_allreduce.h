@@ -3,7 +3,8 @@
 // and one thread per rank). No MPI call is made here.
 //
 // Vocabulary. Each rank owns a region of the shared memory: three counters
-// (copied, reduced, done), then kStages stages of `chunk_bytes` each. The
+// (copied, reduced, done), then kStages stages of `chunk_bytes` each (plus a
+// page: see Note [Where a chunk sits in its stage] in the .cc). The
 // message of `count` elements is cut into chunks of at most chunk_bytes (the
 // same cut on every rank); chunk k of a call travels through stage
 // (seq % kStages), where seq numbers chunks over all calls since creation.
