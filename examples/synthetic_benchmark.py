@@ -13,7 +13,8 @@ deviations over the iterations), per rank and in total.
 
 Gradients are allreduced while the backward pass is still running: each
 allreduce starts as soon as its gradient is written. --no-overlap waits for
-the whole backward pass first, to show what that overlap is worth.
+the whole backward pass first, to show what that overlap is worth, and times
+the two phases of a batch (forward+backward; allreduce+update) separately.
 """
 import argparse
 import time
@@ -49,7 +50,8 @@ def parse_args(argv=None):
                         help="send gradients as float16 (hvd.Compression.fp16)")
     parser.add_argument("--no-overlap", action="store_true",
                         help="wait for the whole backward pass before the first allreduce "
-                             "starts (no overlap of communication with backward)")
+                             "starts (no overlap of communication with backward), and "
+                             "print the time of each phase")
     args = parser.parse_args(argv)
     for name in ("image_size", "batch_size", "num_classes", "num_batches_per_iter",
                  "num_iters"):
@@ -91,14 +93,22 @@ def main(argv=None):
     label = mx.nd.array(np.random.RandomState(rank).randint(0, args.num_classes,
                                                             args.batch_size), ctx=ctx)
 
+    phases = np.zeros(2)  # --no-overlap: seconds in forward+backward, in step()
+
     def train_batches(count):
         for _ in range(count):
+            start = time.perf_counter()
             with autograd.record():
                 loss = loss_fn(net(data), label)
             loss.backward()
             if args.no_overlap:
                 mx.nd.waitall()
-            trainer.step(args.batch_size)
+                backward_done = time.perf_counter()
+                trainer.step(args.batch_size)
+                mx.nd.waitall()
+                phases[:] += (backward_done - start, time.perf_counter() - backward_done)
+            else:
+                trainer.step(args.batch_size)
         mx.nd.waitall()
 
     log(f"Model: {args.model}, image size {args.image_size}, batch size {args.batch_size} per "
@@ -109,6 +119,7 @@ def main(argv=None):
     train_batches(args.num_warmup_batches)
 
     log("Running benchmark...")
+    phases[:] = 0
     totals = []
     for i in range(args.num_iters):
         start = time.perf_counter()
@@ -126,6 +137,10 @@ def main(argv=None):
                      if p.grad_req != "null")
     log(f"{num_params / 1e6:.2f} M trained parameters: {num_params * 4 / 1e6:.1f} MB of "
         "float32 gradients allreduced per batch")
+    if args.no_overlap:
+        batches = args.num_iters * args.num_batches_per_iter
+        log(f"Per batch on rank 0: forward+backward {1000 * phases[0] / batches:.1f} ms, then "
+            f"allreduce+update {1000 * phases[1] / batches:.1f} ms")
     totals = np.array(totals)
     mean, conf = totals.mean(), 1.96 * totals.std()
     log(f"Img/sec per rank: {mean / size:.1f} +-{conf / size:.1f}")
