@@ -466,6 +466,8 @@ def join() -> int:
     Until then this rank takes part in the other ranks' allreduces with
     zeros (an Average still divides by ``size()``), so ranks with fewer
     batches can stop early. Other collectives fail while a rank has joined.
+    Collectives called before ``join`` still count this rank's data: ``join``
+    first waits until each has been submitted (left MXNet's engine queue).
     """
     _check_common("join", None, 0)
     error, _, last = _core.negotiate(0, _core.JOIN, "hvdmx.join", [], [], [], False, 1, 0)

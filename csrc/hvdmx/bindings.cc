@@ -282,6 +282,17 @@ py::tuple Negotiate(int set_id, int type, const std::string& name, const std::ve
                     const std::vector<int64_t>& splits, bool sizes_only, int dev_type,
                     int dev_id) {
   std::shared_ptr<Runtime> runtime = RunningRuntime(set_id);
+  if (static_cast<CollectiveType>(type) == CollectiveType::kJoin) {
+    // Every collective called before join() must reach the coordinator first
+    // (Runtime::AddInEngine).
+    while (true) {
+      {
+        py::gil_scoped_release release;
+        if (runtime->WaitNoneInEngine(std::chrono::milliseconds(100))) break;
+      }
+      if (PyErr_CheckSignals() != 0) throw py::error_already_set();
+    }
+  }
   struct Outcome {
     std::mutex mu;
     std::condition_variable cv;

@@ -46,6 +46,9 @@
 // gets an error response, since a joined rank has no data to give it. When
 // the last rank joins, rank 0 answers the join of every rank with the rank
 // that joined last, and the job goes on with no rank joined.
+// A rank's join request must follow every collective that rank called
+// before join(); those still inside MXNet's engine are waited for first
+// (Runtime::AddInEngine), or they would complete without the rank's data.
 //
 // Note [Stall shutdown]
 // ~~~~~~~~~~~~~~~~~~~~~~

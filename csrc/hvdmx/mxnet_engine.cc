@@ -114,6 +114,14 @@ void Complete(const CallbackOnComplete& on_complete, const Status& status) {
 void RunOp(void* /*run_context*/, void* on_complete_ptr, void* p) {
   OpParam* param = static_cast<OpParam*>(p);
   CallbackOnComplete on_complete = *static_cast<CallbackOnComplete*>(on_complete_ptr);
+  // However this returns, the op has left the engine (Runtime::AddInEngine),
+  // after its entry is in the queue if it got there.
+  struct LeaveEngine {
+    Runtime* runtime;
+    ~LeaveEngine() {
+      if (runtime != nullptr) runtime->AddInEngine(-1);
+    }
+  } leave{param->runtime.get()};
   if (!param->failure.empty()) {
     Complete(on_complete, Status::Mismatch(param->failure));
     return;
@@ -263,8 +271,11 @@ Status PushCollective(const std::shared_ptr<Runtime>& runtime, PushArgs args) {
     param->outputs.push_back(out_copy);
   }
   const std::string op_name = "hvdmx_" + CollectiveTypeName(param->request.type);
-  return Push(std::move(param), const_handles, mutable_handles, args.dev_type, args.dev_id,
-              args.priority, op_name);
+  runtime->AddInEngine(1);  // before the push: the engine may run the op at once
+  Status pushed = Push(std::move(param), const_handles, mutable_handles, args.dev_type,
+                       args.dev_id, args.priority, op_name);
+  if (!pushed.ok()) runtime->AddInEngine(-1);
+  return pushed;
 }
 
 Status PushFailure(const std::vector<void*>& outputs, const std::string& message, int dev_type,

@@ -56,6 +56,18 @@ void Runtime::Start() {
   pthread_setname_np(thread_.native_handle(), "hvdmx-runtime");
 }
 
+void Runtime::AddInEngine(int delta) {
+  std::lock_guard<std::mutex> lock(in_engine_mu_);
+  in_engine_ += delta;
+  HVDMX_CHECK(in_engine_ >= 0, "more collectives left the engine than entered it");
+  if (in_engine_ == 0) in_engine_cv_.notify_all();
+}
+
+bool Runtime::WaitNoneInEngine(std::chrono::milliseconds timeout) {
+  std::unique_lock<std::mutex> lock(in_engine_mu_);
+  return in_engine_cv_.wait_for(lock, timeout, [this] { return in_engine_ == 0; });
+}
+
 Status Runtime::Enqueue(TensorEntry entry) {
   if (stopped_) {
     entry.callback(StoppedStatus());

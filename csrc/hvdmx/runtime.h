@@ -74,6 +74,17 @@ class Runtime {
   // background thread (or at once if the runtime has stopped).
   Status Enqueue(TensorEntry entry);
 
+  // Collectives pushed onto MXNet's engine for this runtime whose entries
+  // the engine has not yet handed to Enqueue (it runs an op only once its
+  // inputs are ready). join() waits for none to be left, so that its request
+  // reaches the coordinator after every collective called before it: a unit
+  // still inside the engine would otherwise complete without this rank's
+  // data (Note [Join] in controller.h). Any thread.
+  void AddInEngine(int delta);
+  // Waits up to `timeout` for no collective to be inside the engine; true
+  // when none is.
+  bool WaitNoneInEngine(std::chrono::milliseconds timeout);
+
   // See Note [Shutdown]. Idempotent. Any thread but the background thread.
   void Shutdown();
   bool stopped() const { return stopped_; }
@@ -113,6 +124,9 @@ class Runtime {
   std::condition_variable wake_;
   bool shutdown_requested_ = false;
   std::atomic<bool> stopped_{false};
+  std::mutex in_engine_mu_;  // guards in_engine_
+  std::condition_variable in_engine_cv_;
+  int64_t in_engine_ = 0;
   std::mutex stop_mu_;
   std::string stop_reason_;  // why the runtime stopped, when not by Shutdown()
   bool made_progress_ = true;

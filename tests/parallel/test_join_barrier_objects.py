@@ -38,6 +38,21 @@ def test_join_average_divides_by_size(world):
         assert out.asnumpy().tolist() == [size - 1] * 3
 
 
+def test_join_waits_for_collectives_still_in_the_engine(world):
+    # The last rank's allreduce waits inside MXNet's engine for a slow input
+    # while that rank calls join(); the allreduce must still count its data.
+    rank, size = world
+    x = mx.nd.full((3,), rank + 1, dtype="float32")
+    if rank == size - 1:
+        big = mx.nd.ones((1200, 1200))
+        for _ in range(3):
+            big = mx.nd.dot(big, big) / 1200
+        x = x + (big.sum() * 0).reshape((1,))  # same value, ready only after the dots
+    out = hvd.allreduce(x, op=hvd.Sum, name="join.slow_input")
+    assert hvd.join() >= 0
+    assert out.asnumpy().tolist() == [size * (size + 1) / 2] * 3
+
+
 def test_other_collectives_fail_while_a_rank_has_joined(world):
     rank, size = world
     if size == 1:
