@@ -15,6 +15,7 @@
 #include <mutex>
 #include <thread>
 
+#include "autotune.h"
 #include "env_config.h"
 #include "local_comm.h"
 #include "logging.h"
@@ -486,6 +487,41 @@ py::dict TestingLoadConfig(const std::map<std::string, std::string>& env) {
   return d;
 }
 
+// Drives rank 0's Autotuner on a simulated clock: under the configuration
+// `env` (as HVDMX_* variables), each round lasts 10 ms and moves
+// throughput(fusion_threshold, cycle_time_ms) * 10 ms bytes under the
+// setting the tuner wants at that moment. Returns the settings tried in
+// order (the warm-up first), the setting chosen, and the simulated seconds
+// until the choice; chosen is None if none was made within an hour.
+py::dict TestingAutotune(const std::map<std::string, std::string>& env, py::function throughput) {
+  Config config;
+  ThrowIfError(LoadConfig(MapLookup(env), &config));
+  Autotuner tuner(config, /*leader=*/true);
+  constexpr double kRoundSeconds = 0.01;
+  auto now = Autotuner::Clock::time_point{};
+  py::list tried;
+  double seconds = 0;
+  TunedSetting last{-1, -1};
+  for (; !tuner.done() && seconds < 3600; seconds += kRoundSeconds) {
+    const TunedSetting s = tuner.current();
+    if (s.fusion_threshold != last.fusion_threshold || s.cycle_time_ms != last.cycle_time_ms) {
+      tried.append(py::make_tuple(s.fusion_threshold, s.cycle_time_ms));
+      last = s;
+    }
+    const double rate = throughput(s.fusion_threshold, s.cycle_time_ms).cast<double>();
+    now += std::chrono::duration_cast<Autotuner::Clock::duration>(
+        std::chrono::duration<double>(kRoundSeconds));
+    tuner.RoundDone(std::max<int64_t>(1, static_cast<int64_t>(rate * kRoundSeconds)), now);
+  }
+  py::dict d;
+  d["tried"] = tried;
+  d["seconds"] = seconds;
+  d["chosen"] = tuner.done() ? py::object(py::make_tuple(tuner.current().fusion_threshold,
+                                                         tuner.current().cycle_time_ms))
+                             : py::object(py::none());
+  return d;
+}
+
 // A whole job in one process: `size` runtimes over LocalComm, for testing
 // negotiation, the cache and fusion without MPI. Arrays passed to submit
 // must stay alive until wait() has returned for that ticket.
@@ -640,6 +676,7 @@ PYBIND11_MODULE(_core, m) {
   m.def("_testing_scale", &TestingScale);
   m.def("_testing_ring_allreduce", &TestingRingAllreduce);
   m.def("_testing_load_config", &TestingLoadConfig);
+  m.def("_testing_autotune", &TestingAutotune);
   m.def("_testing_shm_allreduce", &TestingShmAllreduce, py::arg("calls"), py::arg("dtype"),
         py::arg("op"), py::arg("chunk_bytes"), py::arg("hosts") = 1);
   m.def("_testing_shm_slice_start", &ShmSliceStart);
