@@ -42,3 +42,27 @@ def test_synthetic_benchmark():
                      r"allreduce\+update [\d.]+ ms", out), out
     assert re.search(r"Img/sec per rank: [\d.]+ \+-[\d.]+", out), out
     assert re.search(r"Total img/sec on 2 rank\(s\): [\d.]+ \+-[\d.]+", out), out
+
+
+def test_scaling_benchmark():
+    script = os.path.join(ROOT, "examples", "scaling_benchmark.py")
+    result = subprocess.run(
+        [sys.executable, script, "--rounds", "1", "--", "--model", "resnet18_v1",
+         "--image-size", "16", "--batch-size", "2", "--num-classes", "10",
+         "--num-warmup-batches", "1", "--num-batches-per-iter", "1", "--num-iters", "2"],
+        env=ENV, capture_output=True, text=True, timeout=240)
+    assert result.returncode == 0, result.stderr
+    rows = re.findall(r"^ *(1 process|2 independent|2 ranks, hvdmx) +([\d.]+) +([\d.]+) "
+                      r"+([\d.]+) +([\d.]+)$", result.stdout, re.M)
+    assert [r[0] for r in rows] == ["1 process", "2 independent", "2 ranks, hvdmx"], result.stdout
+    one = float(rows[0][1])
+    assert float(rows[0][3]) == 1.0 and float(rows[1][4]) == 1.0
+    hvdmx_total = float(rows[2][1])
+    assert abs(float(rows[2][3]) - hvdmx_total / (2 * one)) < 0.01
+
+
+def test_scaling_benchmark_rejects_one_rank():
+    script = os.path.join(ROOT, "examples", "scaling_benchmark.py")
+    result = subprocess.run([sys.executable, script, "--np", "1"], env=ENV,
+                            capture_output=True, text=True, timeout=60)
+    assert result.returncode == 2 and "--np must be >= 2 (got 1)" in result.stderr

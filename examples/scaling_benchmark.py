@@ -1,0 +1,103 @@
+"""Scaling efficiency of data-parallel training with hvdmx on this machine.
+
+    python examples/scaling_benchmark.py                  # resnet18_v1, 64x64, batch 32, np 2
+    python examples/scaling_benchmark.py --np 4 --rounds 5 -- --model resnet50_v1
+
+Runs examples/synthetic_benchmark.py (arguments after `--` go to it) in
+interleaved rounds, each round in the same order:
+
+- "1 process":     one rank alone (mpiexec -n 1);
+- "N independent": N single-rank jobs started together, which share the
+  machine but exchange nothing: the most N ranks can do here without any
+  communication (cores, caches and memory bandwidth are shared);
+- "N ranks, hvdmx": one job of N ranks training data-parallel.
+
+and prints a table of the median total images/sec of each over the rounds,
+with the scaling efficiency (total / (N x one process)) and the ratio of hvdmx
+to the independent processes, which is what hvdmx itself costs. Every job
+gets OMP_NUM_THREADS=1 and MXNET_CPU_WORKER_NTHREADS=1 unless set.
+"""
+import argparse
+import os
+import re
+import statistics
+import subprocess
+import sys
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+TOTAL = re.compile(r"Total img/sec on (\d+) rank\(s\): ([\d.]+) \+-([\d.]+)")
+
+
+def parse_args(argv=None):
+    parser = argparse.ArgumentParser(
+        description="Scaling efficiency of hvdmx: the synthetic benchmark at 1 rank, N "
+                    "independent single-rank jobs side by side, and N ranks with hvdmx, "
+                    "in interleaved rounds. Arguments after '--' go to "
+                    "synthetic_benchmark.py.",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    parser.add_argument("--np", type=int, default=2, help="ranks of the data-parallel job")
+    parser.add_argument("--rounds", type=int, default=3, help="rounds of the three runs")
+    parser.add_argument("--mpiexec", default=os.path.join(os.path.dirname(sys.executable),
+                                                          "mpiexec"),
+                        help="the launcher (default: the one beside this Python)")
+    parser.add_argument("benchmark_args", nargs="*",
+                        default=["--model", "resnet18_v1", "--image-size", "64",
+                                 "--batch-size", "32"],
+                        help="arguments for synthetic_benchmark.py, after '--'")
+    args = parser.parse_args(argv)
+    if args.np < 2:
+        parser.error(f"--np must be >= 2 (got {args.np}): scaling compares N ranks with one")
+    if args.rounds < 1:
+        parser.error(f"--rounds must be >= 1 (got {args.rounds})")
+    return args
+
+
+def launch(args, nranks):
+    """Starts synthetic_benchmark.py under mpiexec -n nranks."""
+    env = dict(os.environ)
+    env.setdefault("OMP_NUM_THREADS", "1")
+    env.setdefault("MXNET_CPU_WORKER_NTHREADS", "1")
+    command = [args.mpiexec, "-n", str(nranks), sys.executable,
+               os.path.join(HERE, "synthetic_benchmark.py"), *args.benchmark_args]
+    return subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True)
+
+
+def total_img_sec(process):
+    """Waits for a benchmark job; returns its total images per second."""
+    out, err = process.communicate()
+    match = TOTAL.search(out)
+    if process.returncode != 0 or match is None:
+        raise SystemExit(f"synthetic_benchmark.py failed (exit {process.returncode}):\n"
+                         f"{out}\n{err}")
+    return float(match.group(2))
+
+
+def main(argv=None):
+    """Runs the rounds and prints the table; returns the medians by row."""
+    args = parse_args(argv)
+    n = args.np
+    rows = {"1 process": [], f"{n} independent": [], f"{n} ranks, hvdmx": []}
+    for r in range(args.rounds):
+        alone = total_img_sec(launch(args, 1))
+        side_by_side = sum(total_img_sec(p) for p in [launch(args, 1) for _ in range(n)])
+        hvdmx = total_img_sec(launch(args, n))
+        for row, value in zip(rows, (alone, side_by_side, hvdmx)):
+            rows[row].append(value)
+        print(f"round {r + 1}/{args.rounds}: {alone:.1f}, {side_by_side:.1f}, {hvdmx:.1f} "
+              "img/sec", flush=True)
+    medians = {row: statistics.median(values) for row, values in rows.items()}
+    one = medians["1 process"]
+    independent = medians[f"{n} independent"]
+    print(f"\nsynthetic_benchmark.py {' '.join(args.benchmark_args)}; medians of "
+          f"{args.rounds} round(s)")
+    print(f"{'run':>18} {'img/sec':>9} {'per rank':>9} {'scaling':>8} {'vs indep.':>9}")
+    for row, total in medians.items():
+        ranks = 1 if row == "1 process" else n
+        print(f"{row:>18} {total:9.1f} {total / ranks:9.1f} {total / (ranks * one):8.2f} "
+              f"{total / independent:9.2f}")
+    return medians
+
+
+if __name__ == "__main__":
+    main()
