@@ -17,6 +17,7 @@
 
 #include "autotune.h"
 #include "env_config.h"
+#include "fusion_plan.h"
 #include "local_comm.h"
 #include "logging.h"
 #include "mpi_comm.h"
@@ -466,6 +467,7 @@ py::dict TestingLoadConfig(const std::map<std::string, std::string>& env) {
   ThrowIfError(LoadConfig(MapLookup(env), &c));
   py::dict d;
   d["fusion_threshold"] = c.fusion_threshold;
+  d["fusion_max_tensor_bytes"] = c.fusion_max_tensor_bytes;
   d["cycle_time_ms"] = c.cycle_time_ms;
   d["cache_capacity"] = c.cache_capacity;
   d["allreduce_algo"] = AllreduceAlgoName(c.allreduce_algo);
@@ -485,6 +487,30 @@ py::dict TestingLoadConfig(const std::map<std::string, std::string>& env) {
   d["fusion_threshold_fixed"] = c.fusion_threshold_fixed;
   d["cycle_time_fixed"] = c.cycle_time_fixed;
   return d;
+}
+
+// The fusion groups of a round of allreduce responses, each given as
+// (dtype code, element counts of its tensors): lists of (response, tensor).
+std::vector<std::vector<std::pair<int, int>>> TestingPlanFusion(
+    const std::vector<std::pair<int, std::vector<int64_t>>>& responses, int64_t threshold,
+    int64_t max_tensor_bytes) {
+  std::vector<Response> round;
+  for (const auto& spec : responses) {
+    Response r;
+    r.type = CollectiveType::kAllreduce;
+    r.name = "t" + std::to_string(round.size());
+    r.counts = spec.second;
+    r.dtypes.assign(spec.second.size(), CheckedType(spec.first));
+    round.push_back(std::move(r));
+  }
+  std::vector<std::vector<std::pair<int, int>>> out;
+  for (const FusionGroup& group : PlanFusion(round, threshold, max_tensor_bytes)) {
+    out.emplace_back();
+    for (const FusionGroup::Item& item : group.items) {
+      out.back().emplace_back(item.response, item.tensor);
+    }
+  }
+  return out;
 }
 
 // Drives rank 0's Autotuner on a simulated clock: under the configuration
@@ -677,6 +703,7 @@ PYBIND11_MODULE(_core, m) {
   m.def("_testing_ring_allreduce", &TestingRingAllreduce);
   m.def("_testing_load_config", &TestingLoadConfig);
   m.def("_testing_autotune", &TestingAutotune);
+  m.def("_testing_plan_fusion", &TestingPlanFusion);
   m.def("_testing_shm_allreduce", &TestingShmAllreduce, py::arg("calls"), py::arg("dtype"),
         py::arg("op"), py::arg("chunk_bytes"), py::arg("hosts") = 1);
   m.def("_testing_shm_slice_start", &ShmSliceStart);

@@ -22,6 +22,11 @@ std::string AllreduceAlgoName(AllreduceAlgo algo);
 struct Config {
   // HVDMX_FUSION_THRESHOLD: bytes of one fusion buffer; 0 disables fusion.
   int64_t fusion_threshold = 64 * 1024 * 1024;
+  // HVDMX_FUSION_MAX_TENSOR_BYTES: a tensor larger than this is never fused:
+  // it is reduced in place, alone, sparing the two copies through the fusion
+  // buffer, which cost more than the call they save for large tensors (see
+  // docs/benchmarks.md).
+  int64_t fusion_max_tensor_bytes = 256 * 1024;
   // HVDMX_CYCLE_TIME: milliseconds the background thread waits after it is
   // woken, to batch more tensors into one round. 0: run at once.
   double cycle_time_ms = 0.0;

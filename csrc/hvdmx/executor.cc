@@ -122,7 +122,8 @@ void Executor::Run(const std::vector<Response>& responses, TensorQueue* queue) {
     }
     remaining.push_back(static_cast<int>(response.counts.size()));
   }
-  for (const FusionGroup& group : PlanFusion(responses, config_.fusion_threshold)) {
+  for (const FusionGroup& group :
+       PlanFusion(responses, config_.fusion_threshold, config_.fusion_max_tensor_bytes)) {
     const int first = group.items[0].response;
     const Response& response = responses[first];
     TensorEntry& entry = entries[first];

@@ -3,7 +3,8 @@
 //
 // Allreduce tensors that are next to each other in the round's order and
 // share dtype, op and scale factors are packed into one fused group of at
-// most `threshold` bytes; a tensor larger than the threshold runs alone.
+// most `threshold` bytes. A tensor larger than the threshold, or than
+// `max_tensor_bytes`, runs alone: in place, with no copy through the buffer.
 // Broadcasts and error responses are groups of their own. Every rank plans
 // from the same response list, so every rank runs the same groups.
 #ifndef HVDMX_FUSION_PLAN_H_
@@ -25,7 +26,8 @@ struct FusionGroup {
   int64_t bytes = 0;
 };
 
-std::vector<FusionGroup> PlanFusion(const std::vector<Response>& responses, int64_t threshold);
+std::vector<FusionGroup> PlanFusion(const std::vector<Response>& responses, int64_t threshold,
+                                    int64_t max_tensor_bytes);
 
 }  // namespace hvdmx
 
