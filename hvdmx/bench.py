@@ -13,6 +13,10 @@ time hvdmx through the whole stack (Python call, MXNet engine, negotiation,
 collective, result read) and, in the same run, the matching MPI call through
 mpi4py on the same bytes (MPI_Allreduce, MPI_Allgather, MPI_Bcast,
 MPI_Alltoall, MPI_Reduce_scatter_block), and print both with their ratio.
+allreduce and broadcast are timed twice, as nccl-tests does: out of place
+(``allreduce(x)``: a new output per call) and in place (``allreduce_(x)``);
+the other collectives have no in-place form. The ratio compares MPI with
+the in-place figure where there is one (MPI runs in place there too).
 Sizes are bytes of the largest buffer; GB = 1e9; busbw = algbw times
 2(n-1)/n for allreduce, (n-1)/n for allgather, alltoall and reducescatter,
 1 for broadcast (nccl-tests' factors). Every size first gets a correctness
@@ -96,12 +100,14 @@ class _Case:
         inputs = [((np.arange(count) + r) % 7).astype(dtype) for r in range(n)]
         mine = inputs[rank]
         name = f"bench.{kind}"
+        self.hvdmx_in_place = None  # set where the op has an in-place form
         if kind == "allreduce":
             buf = mx.nd.array(mine, dtype=dtype)
             self.want = sum(x.astype(np.int64) for x in inputs).astype(dtype)
-            # In place, like the MPI call beside it: a new output per call would
-            # time MXNet's allocation (page faults), not the collective.
-            self.hvdmx = lambda: hvd.allreduce_(buf, op=hvd.Sum, name=name)
+            # In place, like the MPI call beside it. Out of place, each call
+            # allocates its output through MXNet (page faults included).
+            self.hvdmx = lambda: hvd.allreduce(buf, op=hvd.Sum, name=name)
+            self.hvdmx_in_place = lambda: hvd.allreduce_(buf, op=hvd.Sum, name=name)
             mpi_recv = mine.copy()
             self.mpi = lambda: comm.Allreduce(MPI.IN_PLACE, mpi_recv, op=MPI.SUM)
         elif kind == "allgather":
@@ -114,7 +120,8 @@ class _Case:
         elif kind == "broadcast":
             buf = mx.nd.array(mine, dtype=dtype)
             self.want = inputs[0]
-            self.hvdmx = lambda: hvd.broadcast_(buf, root_rank=0, name=name)
+            self.hvdmx = lambda: hvd.broadcast(buf, root_rank=0, name=name)
+            self.hvdmx_in_place = lambda: hvd.broadcast_(buf, root_rank=0, name=name)
             mpi_recv = mine.copy()
             self.mpi = lambda: comm.Bcast(mpi_recv, root=0)
         elif kind == "alltoall":
@@ -132,8 +139,8 @@ class _Case:
             self.mpi = lambda: comm.Reduce_scatter_block(send, mpi_recv, op=MPI.SUM)
         self.mpi_out = mpi_recv if kind != "allreduce" else mpi_recv
 
-    def hvdmx_wrong(self) -> int:
-        return int(np.count_nonzero(self.hvdmx().asnumpy() != self.want))
+    def hvdmx_wrong(self, step) -> int:
+        return int(np.count_nonzero(step().asnumpy() != self.want))
 
     def mpi_wrong(self) -> int:
         self.mpi()
@@ -158,22 +165,29 @@ def run_collective(args) -> list:
         iters = args.iters or max(5, min(1000, int(2e9 / max(nbytes, 1) / 100)))
         warmup = max(2, iters // 10)
         case = _Case(kind, count, dtype, rank, n, comm)
-        wrong = case.hvdmx_wrong()
-        t_hvd = _timed(lambda: case.hvdmx().wait_to_read(), warmup, iters, comm)
-        t_mpi, mpi_wrong = float("nan"), 0
-        if mpi_runs:
-            mpi_wrong = case.mpi_wrong()
-            t_mpi = _timed(case.mpi, warmup, iters, comm)
         factor = BUS_FACTOR[kind](n) if n > 1 else 0.0
-        rows.append({
-            "op": kind, "bytes": nbytes, "count": count, "type": args.dtype,
-            "redop": REDOP.get(kind, "none"),
-            "hvdmx_us": t_hvd * 1e6, "hvdmx_algbw": nbytes / t_hvd / 1e9,
-            "hvdmx_busbw": nbytes / t_hvd / 1e9 * factor, "hvdmx_wrong": wrong,
-            "mpi_us": t_mpi * 1e6, "mpi_algbw": nbytes / t_mpi / 1e9,
-            "mpi_busbw": nbytes / t_mpi / 1e9 * factor, "mpi_wrong": mpi_wrong,
-            "iters": iters,
-        })
+        row = {"op": kind, "bytes": nbytes, "count": count, "type": args.dtype,
+               "redop": REDOP.get(kind, "none"), "iters": iters}
+
+        def measure(prefix, step, timed):
+            wrong = 0
+            t = float("nan")
+            if timed:
+                wrong = case.hvdmx_wrong(step) if prefix != "mpi" else case.mpi_wrong()
+                t = _timed(step if prefix == "mpi" else lambda: step().wait_to_read(),
+                           warmup, iters, comm)
+            row.update({f"{prefix}_us": t * 1e6, f"{prefix}_algbw": nbytes / t / 1e9,
+                        f"{prefix}_busbw": nbytes / t / 1e9 * factor, f"{prefix}_wrong": wrong})
+
+        measure("oop", case.hvdmx, True)
+        measure("ip", case.hvdmx_in_place, case.hvdmx_in_place is not None)
+        # The figure set beside MPI's (in place where the op has that form).
+        best = "ip" if case.hvdmx_in_place is not None else "oop"
+        for field in ("us", "algbw", "busbw", "wrong"):
+            row[f"hvdmx_{field}"] = row[f"{best}_{field}"]
+        row["hvdmx_wrong"] = row["oop_wrong"] + row["ip_wrong"]
+        measure("mpi", case.mpi, mpi_runs)
+        rows.append(row)
     hvd.shutdown()
     return rows
 
@@ -185,16 +199,23 @@ MPI_CALL = {"allreduce": "MPI_Allreduce", "allgather": "MPI_Allgather",
 
 def print_collective(rows: list, n: int, kind: str) -> None:
     print(f"# hvdmx {kind} vs {MPI_CALL[kind]} (mpi4py), {n} ranks; time = mean per call "
-          "incl. result read; GB/s = 1e9 B/s")
-    head = (f"{'size(B)':>12} {'count':>11} {'type':>8} {'redop':>5} | "
-            f"{'hvdmx us':>10} {'algbw':>7} {'busbw':>7} {'#wrong':>6} | "
-            f"{'MPI us':>10} {'algbw':>7} {'busbw':>7} {'#wrong':>6} | {'MPI/hvdmx':>9}")
-    print(head)
+          "incl. result read; GB/s = 1e9 B/s; MPI/hvdmx compares in place where hvdmx has it")
+    group = f"{'':>10} {'':>7} {'':>7} {'':>6}"
+    print(f"{'':>12} {'':>11} {'':>8} {'':>5} | {'hvdmx out-of-place':<{len(group)}} | "
+          f"{'hvdmx in-place':<{len(group)}} | {MPI_CALL[kind]:<{len(group)}} |")
+    cols = f"{'time(us)':>10} {'algbw':>7} {'busbw':>7} {'#wrong':>6}"
+    print(f"{'size(B)':>12} {'count':>11} {'type':>8} {'redop':>5} | {cols} | {cols} | {cols} | "
+          f"{'MPI/hvdmx':>9}")
+
+    def figures(r, prefix):
+        if r[f"{prefix}_us"] != r[f"{prefix}_us"]:  # NaN: not run
+            return f"{'n/a':>10} {'':>7} {'':>7} {'':>6}"
+        return (f"{r[prefix + '_us']:>10.1f} {r[prefix + '_algbw']:>7.2f} "
+                f"{r[prefix + '_busbw']:>7.2f} {r[prefix + '_wrong']:>6}")
+
     for r in rows:
         print(f"{r['bytes']:>12} {r['count']:>11} {r['type']:>8} {r['redop']:>5} | "
-              f"{r['hvdmx_us']:>10.1f} {r['hvdmx_algbw']:>7.2f} {r['hvdmx_busbw']:>7.2f} "
-              f"{r['hvdmx_wrong']:>6} | {r['mpi_us']:>10.1f} {r['mpi_algbw']:>7.2f} "
-              f"{r['mpi_busbw']:>7.2f} {r['mpi_wrong']:>6} | "
+              f"{figures(r, 'oop')} | {figures(r, 'ip')} | {figures(r, 'mpi')} | "
               f"{r['mpi_us'] / r['hvdmx_us']:>9.2f}")
 
 
@@ -256,7 +277,9 @@ def plot_rows(rows: list, kind: str, n: int, path: str) -> None:
     import matplotlib.pyplot as plt
     fig, ax = plt.subplots(figsize=(7, 4))
     sizes_ = [r["bytes"] for r in rows]
-    ax.plot(sizes_, [r["hvdmx_busbw"] for r in rows], "o-", label="hvdmx")
+    ax.plot(sizes_, [r["oop_busbw"] for r in rows], "o-", label="hvdmx out of place")
+    if any(r["ip_us"] == r["ip_us"] for r in rows):
+        ax.plot(sizes_, [r["ip_busbw"] for r in rows], "^-", label="hvdmx in place")
     if any(r["mpi_us"] == r["mpi_us"] for r in rows):  # not all NaN
         ax.plot(sizes_, [r["mpi_busbw"] for r in rows], "s--", label=MPI_CALL[kind])
     ax.set_xscale("log", base=2)

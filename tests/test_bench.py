@@ -1,6 +1,7 @@
 """The benchmark tool runs every subcommand, checks its results (#wrong) and
 prints what it promises. Times are printed, never asserted."""
 import json
+import math
 import os
 import subprocess
 import sys
@@ -26,8 +27,13 @@ def test_collectives_json(kind):
     assert [r["op"] for r in rows] == [kind] * 3
     for r in rows:
         assert r["hvdmx_wrong"] == 0 and r["mpi_wrong"] == 0
-        assert r["hvdmx_us"] > 0 and r["mpi_us"] > 0
+        assert r["oop_wrong"] == 0 and r["ip_wrong"] == 0
+        assert r["hvdmx_us"] > 0 and r["mpi_us"] > 0 and r["oop_us"] > 0
         assert r["bytes"] == r["count"] * 4
+        if kind in ("allreduce", "broadcast"):  # in place exists and is what MPI is beside
+            assert r["ip_us"] > 0 and r["hvdmx_us"] == r["ip_us"]
+        else:
+            assert math.isnan(r["ip_us"]) and r["hvdmx_us"] == r["oop_us"]
 
 
 def test_table_and_plot(tmp_path):
@@ -38,7 +44,9 @@ def test_table_and_plot(tmp_path):
     assert png.read_bytes()[:4] == b"\x89PNG"
     out = bench("allreduce", "--min-bytes", "4", "--max-bytes", "4", "--iters", "3",
                 "--no-vs-mpi")
-    assert "nan" in out  # no MPI column figures
+    head, row = out.splitlines()[2], out.splitlines()[3]
+    assert head.count("time(us)") == 3 and "hvdmx out-of-place" in out and "in-place" in out
+    assert row.split("|")[3].split() == ["n/a"]  # no MPI figures
 
 
 def test_model():
