@@ -223,6 +223,8 @@ def tuning_env(args: argparse.Namespace) -> Dict[str, str]:
     env = {}
     if args.fusion_threshold_mb is not None:
         env["HVDMX_FUSION_THRESHOLD"] = str(round(args.fusion_threshold_mb * 1024 * 1024))
+    if args.fusion_max_tensor_kb is not None:
+        env["HVDMX_FUSION_MAX_TENSOR_BYTES"] = str(round(args.fusion_max_tensor_kb * 1024))
     if args.cycle_time_ms is not None:
         env["HVDMX_CYCLE_TIME"] = _format_number(args.cycle_time_ms)
     if args.cache_capacity is not None:
@@ -572,6 +574,9 @@ def make_parser() -> argparse.ArgumentParser:
     tuning.add_argument("--fusion-threshold-mb", type=_number("MiB; 0 turns fusion off"),
                         metavar="MB", help="largest fused group of tensors, in MiB "
                         "(HVDMX_FUSION_THRESHOLD, in bytes; default 64)")
+    tuning.add_argument("--fusion-max-tensor-kb", type=_number("KiB; 0 fuses nothing"),
+                        metavar="KB", help="tensors larger than this run alone, unfused, in KiB "
+                        "(HVDMX_FUSION_MAX_TENSOR_BYTES, in bytes; default 256)")
     tuning.add_argument("--cycle-time-ms", type=_number("milliseconds; 0 starts each round "
                                                         "at once"),
                         metavar="MS", help="wait before each negotiation round, in ms "

@@ -9,6 +9,7 @@ trial logged, the choice applied on every rank in step with results right
 all along, and the best-scoring trial chosen."""
 import csv
 import random
+import re
 
 import pytest
 from hypothesis import given, settings, strategies as st
@@ -18,69 +19,87 @@ from test_process_exit import run_job
 
 FUSIONS = [0, 128 << 10, 1 << 20, 4 << 20, 16 << 20, 64 << 20, 128 << 20]
 CYCLES = [0.0, 0.5, 1.0, 2.5, 5.0]
+ALGOS = ["auto", "shm", "ring", "mpi"]
+# Rounds of one trial on the simulated clock: the one that starts it, then
+# 0.4 s of 10 ms rounds.
+TRIAL_ROUNDS = 1 + 40
 
 
 def test_search_finds_the_clearly_best_setting_within_a_few_hundred_rounds():
-    def throughput(fusion, cycle):
-        return 1e8 * (2.0 if fusion == 4 << 20 else 1.0) * (1.3 if cycle == 1.0 else 1.0)
+    def throughput(fusion, cycle, algo):
+        return (1e8 * (2.0 if fusion == 4 << 20 else 1.0) * (1.3 if cycle == 1.0 else 1.0)
+                * (1.1 if algo == "ring" else 1.0))
 
     result = _core._testing_autotune({"HVDMX_AUTOTUNE": "1"}, throughput)
-    assert result["chosen"] == (4 << 20, 1.0)
-    # The warm-up, every threshold at cycle 0, then the other cycle times at
-    # the best threshold: 12 trials of 0.4 s, 10 ms rounds.
-    assert len(result["tried"]) == 1 + len(FUSIONS) + len(CYCLES) - 1
-    assert result["seconds"] / 0.01 <= 600
+    assert result["chosen"] == (4 << 20, 1.0, "ring")
+    # The warm-up, every threshold at cycle 0 with auto, then the other cycle
+    # times at the best threshold, then the other algorithms: 15 trials.
+    trials = 1 + len(FUSIONS) + len(CYCLES) - 1 + len(ALGOS) - 1
+    assert len(result["tried"]) == trials
+    assert result["seconds"] / 0.01 <= trials * TRIAL_ROUNDS  # 615 rounds
 
 
 @settings(max_examples=60, deadline=None)
 @given(st.lists(st.floats(1.0, 100.0), min_size=len(FUSIONS), max_size=len(FUSIONS),
                 unique=True),
        st.lists(st.floats(1.0, 100.0), min_size=len(CYCLES), max_size=len(CYCLES),
+                unique=True),
+       st.lists(st.floats(1.0, 100.0), min_size=len(ALGOS), max_size=len(ALGOS),
                 unique=True))
-def test_search_finds_the_grid_best_on_separable_loads(by_fusion, by_cycle):
-    # Throughput = a factor per threshold times a factor per cycle time: the
-    # best grid point is the best of each, which the two sweeps find.
-    def throughput(fusion, cycle):
-        return 1e6 * by_fusion[FUSIONS.index(fusion)] * by_cycle[CYCLES.index(cycle)]
+def test_search_finds_the_grid_best_on_separable_loads(by_fusion, by_cycle, by_algo):
+    # Throughput = a factor per threshold times one per cycle time times one
+    # per algorithm: the best grid point is the best of each, which the
+    # three sweeps find.
+    def throughput(fusion, cycle, algo):
+        return (1e6 * by_fusion[FUSIONS.index(fusion)] * by_cycle[CYCLES.index(cycle)]
+                * by_algo[ALGOS.index(algo)])
 
     result = _core._testing_autotune({"HVDMX_AUTOTUNE": "1"}, throughput)
-    best = max(((f, c) for f in FUSIONS for c in CYCLES), key=lambda s: throughput(*s))
-    assert result["chosen"] == best
+    grid = [(f, c, a) for f in FUSIONS for c in CYCLES for a in ALGOS]
+    assert result["chosen"] == max(grid, key=lambda s: throughput(*s))
 
 
 def test_search_sees_through_noise():
     rng = random.Random(0)
 
-    def throughput(fusion, cycle):  # +-10% per round around these levels
+    def throughput(fusion, cycle, algo):  # +-10% per round around these levels
         level = 1.0
-        if fusion == 16 << 20:  # best at every cycle time, most at 0.5 ms
+        if fusion == 16 << 20:  # best at every cycle time, most at 0.5 ms with mpi
             level = 1.5 if cycle == 0.5 else 1.4
+            level *= 1.2 if algo == "mpi" else 1.0
         return 1e8 * level * rng.uniform(0.9, 1.1)
 
     result = _core._testing_autotune({"HVDMX_AUTOTUNE": "1"}, throughput)
-    assert result["chosen"] == (16 << 20, 0.5)
+    assert result["chosen"] == (16 << 20, 0.5, "mpi")
 
 
-@pytest.mark.parametrize("env, tried", [
-    ({"HVDMX_FUSION_THRESHOLD": "1048576"}, [(1 << 20, c) for c in CYCLES]),
-    ({"HOROVOD_CYCLE_TIME": "2.5"}, [(f, 2.5) for f in FUSIONS]),
+@pytest.mark.parametrize("env, fusions, cycles, algos", [
+    ({"HVDMX_FUSION_THRESHOLD": "1048576"}, [1 << 20], CYCLES, ALGOS),
+    ({"HOROVOD_CYCLE_TIME": "2.5"}, FUSIONS, [2.5], ALGOS),
+    ({"HVDMX_ALLREDUCE_ALGO": "ring"}, FUSIONS, CYCLES, ["ring"]),
+    ({"HOROVOD_HIERARCHICAL_ALLREDUCE": "1"}, FUSIONS, CYCLES, ["auto"]),
 ])
-def test_search_leaves_fixed_values_alone(env, tried):
-    result = _core._testing_autotune({"HVDMX_AUTOTUNE": "1", **env}, lambda f, c: 1e8)
-    assert sorted(set(result["tried"])) == sorted(tried)
-    assert result["chosen"] in tried
+def test_search_leaves_fixed_values_alone(env, fusions, cycles, algos):
+    result = _core._testing_autotune({"HVDMX_AUTOTUNE": "1", **env}, lambda f, c, a: 1e8)
+    tried = result["tried"]
+    assert sorted({f for f, _, _ in tried}) == sorted(fusions)
+    assert sorted({c for _, c, _ in tried}) == sorted(cycles)
+    assert sorted({a for _, _, a in tried}) == sorted(algos)
+    # Ties keep the first value of each dimension.
+    assert result["chosen"] == (fusions[0], cycles[0], algos[0])
 
 
-def test_nothing_to_tune_when_both_are_fixed():
+def test_nothing_to_tune_when_all_are_fixed():
     result = _core._testing_autotune({"HVDMX_AUTOTUNE": "1", "HVDMX_FUSION_THRESHOLD": "0",
-                                      "HVDMX_CYCLE_TIME": "1"}, lambda f, c: 1e8)
-    assert result["chosen"] == (0, 1.0) and result["seconds"] == 0
+                                      "HVDMX_CYCLE_TIME": "1", "HVDMX_ALLREDUCE_ALGO": "mpi"},
+                                     lambda f, c, a: 1e8)
+    assert result["chosen"] == (0, 1.0, "mpi") and result["seconds"] == 0
 
 
 LOAD = """
 import time
 grads = [mx.nd.ones((1024,)) * (i + 1) for i in range(64)]   # 64 x 4 KiB a step
-deadline = time.time() + 9
+deadline = time.time() + 12
 step = 0
 while True:
     outs = [hvd.allreduce(g, op=hvd.Sum, name=f"g{i}") for i, g in enumerate(grads)]
@@ -104,14 +123,17 @@ def test_autotune_job_tries_every_setting_and_applies_the_best_in_step(tmp_path)
     rows = list(csv.DictReader(log.open()))
     assert rows[0]["note"] == "warm-up"
     trials = [r for r in rows if r["note"] == "trial"]
-    assert len(trials) == 7 + 4  # every threshold at cycle 0, then the other cycle times
+    # every threshold at cycle 0, then the other cycle times, then the other algorithms
+    assert len(trials) == 7 + 4 + 3
     assert sorted({int(r["fusion_threshold_bytes"]) for r in trials}) == FUSIONS
+    assert sorted({r["allreduce_algo"] for r in trials}) == sorted(ALGOS)
     chosen = [r for r in rows if r["note"] == "chosen"]
     assert len(chosen) == 1, rows
     best = chosen[0]
     assert float(best["bytes_per_second"]) == max(float(r["bytes_per_second"]) for r in trials)
     assert (f"autotune chose fusion_threshold={best['fusion_threshold_bytes']} "
-            f"cycle_time_ms={float(best['cycle_time_ms']):g}") in result.stderr
+            f"cycle_time_ms={float(best['cycle_time_ms']):g} "
+            f"allreduce_algo={best['allreduce_algo']}") in result.stderr
 
 
 LATENCY_LOAD = """
@@ -131,10 +153,49 @@ while True:   # one small allreduce a step, read at once
 def test_latency_bound_load_gets_no_cycle_time_and_fixed_values_stay(tmp_path):
     log = tmp_path / "autotune.csv"
     result = run_job(2, LATENCY_LOAD, timeout=120, HVDMX_AUTOTUNE="1",
-                     HVDMX_AUTOTUNE_LOG=str(log), HVDMX_FUSION_THRESHOLD="1048576")
+                     HVDMX_AUTOTUNE_LOG=str(log), HVDMX_FUSION_THRESHOLD="1048576",
+                     HVDMX_ALLREDUCE_ALGO="auto")
     assert result.returncode == 0, result.stderr
     rows = list(csv.DictReader(log.open()))
     assert {r["fusion_threshold_bytes"] for r in rows} == {"1048576"}  # fixed: not tuned
+    assert {r["allreduce_algo"] for r in rows} == {"auto"}
     assert len([r for r in rows if r["note"] == "trial"]) == 5  # the cycle times only
     chosen = [r for r in rows if r["note"] == "chosen"]
     assert len(chosen) == 1 and float(chosen[0]["cycle_time_ms"]) <= 0.5, rows
+
+
+ALGO_LOAD = """
+import time
+from hvdmx import _core
+x = mx.nd.ones((64 * 1024,)) * (rank + 1)   # 256 KiB
+deadline = time.time() + 5
+calls = 0
+while True:
+    out = hvd.allreduce(x, op=hvd.Sum, name="big")
+    calls += 1
+    assert out.asnumpy()[7] == size * (size + 1) / 2   # right under every algorithm
+    if calls % 20 == 0:
+        calls += 1
+        if hvd.allreduce(mx.nd.array([time.time() > deadline]), op=hvd.Max,
+                         name="stop").asscalar():
+            break
+shm = _core._testing_shm_info()["calls"]
+sys.stdout.write(f"rank {rank} calls {calls} shm {shm}\\n")  # one write: ranks share stdout
+"""
+
+
+def test_the_tuned_algorithm_is_the_one_that_runs(tmp_path):
+    # Only the algorithm is tuned. auto sends every allreduce here through
+    # shared memory (all ranks share the host), so the ring and mpi trials
+    # show as allreduces that shared memory never saw.
+    log = tmp_path / "autotune.csv"
+    result = run_job(2, ALGO_LOAD, timeout=120, HVDMX_AUTOTUNE="1",
+                     HVDMX_AUTOTUNE_LOG=str(log), HVDMX_FUSION_THRESHOLD="0",
+                     HVDMX_CYCLE_TIME="0")
+    assert result.returncode == 0, result.stderr
+    rows = list(csv.DictReader(log.open()))
+    assert [r["allreduce_algo"] for r in rows if r["note"] == "trial"] == ALGOS
+    counts = re.findall(r"rank (\d) calls (\d+) shm (\d+)", result.stdout)
+    assert len(counts) == 2, result.stdout
+    for _, calls, shm in counts:
+        assert 0 < int(shm) < int(calls), counts

@@ -133,6 +133,8 @@ def test_process_count_from_np_or_slots():
     (["--fusion-threshold-mb", "32"], {"HVDMX_FUSION_THRESHOLD": str(32 * 1024 * 1024)}),
     (["--fusion-threshold-mb", "0.5"], {"HVDMX_FUSION_THRESHOLD": "524288"}),
     (["--fusion-threshold-mb", "0"], {"HVDMX_FUSION_THRESHOLD": "0"}),
+    (["--fusion-max-tensor-kb", "1024"], {"HVDMX_FUSION_MAX_TENSOR_BYTES": "1048576"}),
+    (["--fusion-max-tensor-kb", "0.5"], {"HVDMX_FUSION_MAX_TENSOR_BYTES": "512"}),
     (["--cycle-time-ms", "5"], {"HVDMX_CYCLE_TIME": "5"}),
     (["--cycle-time-ms", "2.5"], {"HVDMX_CYCLE_TIME": "2.5"}),
     (["--cache-capacity", "0"], {"HVDMX_CACHE_CAPACITY": "0"}),

@@ -10,61 +10,58 @@ namespace {
 const int64_t kFusionCandidates[] = {0, 128 << 10, 1 << 20, 4 << 20, 16 << 20, 64 << 20,
                                      128 << 20};
 const double kCycleCandidates[] = {0.0, 0.5, 1.0, 2.5, 5.0};
+// auto first: it is the default, and wins ties.
+const AllreduceAlgo kAlgoCandidates[] = {AllreduceAlgo::kAuto, AllreduceAlgo::kShm,
+                                         AllreduceAlgo::kRing, AllreduceAlgo::kMpi};
+constexpr uint64_t kFusionMask = (uint64_t{1} << 44) - 1;
 
 }  // namespace
 
 uint64_t EncodeSetting(const TunedSetting& s) {
-  const uint64_t fusion = static_cast<uint64_t>(s.fusion_threshold) & ((uint64_t{1} << 48) - 1);
+  const uint64_t fusion = static_cast<uint64_t>(s.fusion_threshold) & kFusionMask;
+  const uint64_t algo = static_cast<uint64_t>(s.algo) & 0xf;
   const uint64_t cycle = static_cast<uint64_t>(s.cycle_time_ms * 100.0 + 0.5) & 0x7fff;
-  return fusion | (cycle << 48);
+  return fusion | (algo << 44) | (cycle << 48);
 }
 
 bool DecodeSetting(uint64_t word, TunedSetting* out) {
   if (word >> 63) return false;
-  out->fusion_threshold = static_cast<int64_t>(word & ((uint64_t{1} << 48) - 1));
+  out->fusion_threshold = static_cast<int64_t>(word & kFusionMask);
+  out->algo = static_cast<AllreduceAlgo>((word >> 44) & 0xf);
   out->cycle_time_ms = static_cast<double>((word >> 48) & 0x7fff) / 100.0;
   return true;
 }
 
-Autotuner::Autotuner(const Config& config, bool leader)
-    : leader_(leader),
-      tune_fusion_(!config.fusion_threshold_fixed),
-      tune_cycle_(!config.cycle_time_fixed) {
-  // candidates_[f * C + c]: fusion f, cycle c; a fixed value is the only one.
-  std::vector<int64_t> fusions;
-  std::vector<double> cycles;
-  if (tune_fusion_) {
-    fusions.assign(std::begin(kFusionCandidates), std::end(kFusionCandidates));
+Autotuner::Autotuner(const Config& config, bool leader) : leader_(leader) {
+  // A fixed value is its dimension's only one.
+  if (config.fusion_threshold_fixed) {
+    fusions_.push_back(config.fusion_threshold);
   } else {
-    fusions.push_back(config.fusion_threshold);
+    fusions_.assign(std::begin(kFusionCandidates), std::end(kFusionCandidates));
   }
-  if (tune_cycle_) {
-    cycles.assign(std::begin(kCycleCandidates), std::end(kCycleCandidates));
+  if (config.cycle_time_fixed) {
+    cycles_.push_back(config.cycle_time_ms);
   } else {
-    cycles.push_back(config.cycle_time_ms);
+    cycles_.assign(std::begin(kCycleCandidates), std::end(kCycleCandidates));
   }
-  for (int64_t f : fusions) {
-    for (double c : cycles) candidates_.push_back({f, c});
+  if (config.allreduce_algo_fixed) {
+    algos_.push_back(config.allreduce_algo);
+  } else {
+    algos_.assign(std::begin(kAlgoCandidates), std::end(kAlgoCandidates));
   }
-  const int n_cycles = static_cast<int>(cycles.size());
-  // The fusion sweep runs at the first cycle time (0 unless the user fixed it).
-  for (size_t f = 0; f < fusions.size(); ++f) fusion_sweep_.push_back(static_cast<int>(f) * n_cycles);
-  if (!tune_fusion_ && !tune_cycle_) done_ = true;
-  // Start (and warm up) at the configured threshold when it is a candidate.
-  current_ = 0;
-  for (size_t i = 0; i < candidates_.size(); ++i) {
-    if (candidates_[i].fusion_threshold == config.fusion_threshold &&
-        candidates_[i].cycle_time_ms == cycles[0]) {
-      current_ = i;
-    }
+  // Warm up at the configured threshold when it is a candidate.
+  for (size_t f = 0; f < fusions_.size(); ++f) {
+    if (fusions_[f] == config.fusion_threshold) current_[0] = static_cast<int>(f);
   }
+  if (fusions_.size() == 1 && cycles_.size() == 1 && algos_.size() == 1) done_ = true;
   if (leader_ && !config.autotune_log.empty()) {
     log_ = std::fopen(config.autotune_log.c_str(), "w");
     if (log_ == nullptr) {
       HVDMX_LOG(kWarning) << "cannot write the autotune log to '" << config.autotune_log
                           << "'; tuning goes on without it";
     } else {
-      std::fprintf(log_, "fusion_threshold_bytes,cycle_time_ms,bytes_per_second,note\n");
+      std::fprintf(log_, "fusion_threshold_bytes,cycle_time_ms,allreduce_algo,bytes_per_second,"
+                         "note\n");
       std::fflush(log_);
     }
   }
@@ -74,10 +71,14 @@ Autotuner::~Autotuner() {
   if (log_ != nullptr) std::fclose(log_);
 }
 
+TunedSetting Autotuner::Setting(const Point& p) const {
+  return {fusions_[p[0]], cycles_[p[1]], algos_[p[2]]};
+}
+
 void Autotuner::Log(const TunedSetting& s, double score, const char* note) {
   if (log_ == nullptr) return;
-  std::fprintf(log_, "%lld,%g,%.6g,%s\n", static_cast<long long>(s.fusion_threshold),
-               s.cycle_time_ms, score, note);
+  std::fprintf(log_, "%lld,%g,%s,%.6g,%s\n", static_cast<long long>(s.fusion_threshold),
+               s.cycle_time_ms, AllreduceAlgoName(s.algo).c_str(), score, note);
   std::fflush(log_);
 }
 
@@ -97,44 +98,52 @@ void Autotuner::RoundDone(int64_t bytes, Clock::time_point now) {
   NextTrial(static_cast<double>(bytes_) / elapsed);
 }
 
-void Autotuner::NextTrial(double score) {
-  const TunedSetting& tried = candidates_[current_];
-  if (phase_ == 0) {
-    Log(tried, score, "warm-up");
-    phase_ = tune_fusion_ ? 1 : 2;
-    if (phase_ == 2) {
-      for (size_t i = 0; i < candidates_.size(); ++i) cycle_sweep_.push_back(static_cast<int>(i));
-    }
-    position_ = 0;
-  } else {
-    Log(tried, score, "trial");
-    if (score > best_score_) {
-      best_score_ = score;
-      best_ = static_cast<int>(current_);
-    }
-    ++position_;
-    const std::vector<int>& sweep = phase_ == 1 ? fusion_sweep_ : cycle_sweep_;
-    if (position_ >= sweep.size()) {
-      if (phase_ == 1 && tune_cycle_) {
-        // Cycle sweep at the best threshold; its cycle-0 trial is done.
-        const int n_cycles = static_cast<int>(std::size(kCycleCandidates));
-        const int row = best_ / n_cycles * n_cycles;
-        for (int c = 1; c < n_cycles; ++c) cycle_sweep_.push_back(row + c);
-        phase_ = 2;
-        position_ = 0;
-      } else {
-        phase_ = 3;
-        done_ = true;
-        current_ = best_;
-        Log(candidates_[best_], best_score_, "chosen");
-        HVDMX_LOG(kInfo) << "autotune chose fusion_threshold=" << candidates_[best_].fusion_threshold
-                         << " cycle_time_ms=" << candidates_[best_].cycle_time_ms;
-        return;
-      }
+void Autotuner::NextSweep() {
+  const size_t sizes[kDims] = {fusions_.size(), cycles_.size(), algos_.size()};
+  sweep_.clear();
+  position_ = 0;
+  while (sweep_.empty() && ++dim_ < kDims) {
+    if (sizes[dim_] < 2) continue;
+    // Every value of this dimension at the best point so far; the best
+    // point itself was scored already, unless nothing was.
+    for (int v = 0; v < static_cast<int>(sizes[dim_]); ++v) {
+      Point p = best_;
+      p[dim_] = v;
+      if (best_score_ < 0 || v != best_[dim_]) sweep_.push_back(p);
     }
   }
-  const std::vector<int>& sweep = phase_ == 1 ? fusion_sweep_ : cycle_sweep_;
-  current_ = sweep[position_];
+  if (sweep_.empty()) {
+    done_ = true;
+    current_ = best_;
+    const TunedSetting chosen = Setting(best_);
+    Log(chosen, best_score_, "chosen");
+    HVDMX_LOG(kInfo) << "autotune chose fusion_threshold=" << chosen.fusion_threshold
+                     << " cycle_time_ms=" << chosen.cycle_time_ms
+                     << " allreduce_algo=" << AllreduceAlgoName(chosen.algo);
+    return;
+  }
+  current_ = sweep_[0];
+}
+
+void Autotuner::NextTrial(double score) {
+  if (dim_ < 0) {
+    Log(Setting(current_), score, "warm-up");
+    // The sweeps start from the first value of every dimension.
+    best_ = Point{};
+  } else {
+    Log(Setting(current_), score, "trial");
+    // Sweeps run in increasing value order, so a tie keeps the smaller.
+    if (score > best_score_) {
+      best_score_ = score;
+      best_ = current_;
+    }
+    ++position_;
+  }
+  if (dim_ < 0 || position_ >= sweep_.size()) {
+    NextSweep();
+  } else {
+    current_ = sweep_[position_];
+  }
   started_set_ = false;
 }
 

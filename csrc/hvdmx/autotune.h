@@ -1,16 +1,20 @@
-// Online tuning of the fusion threshold and the cycle time (HVDMX_AUTOTUNE).
+// Online tuning of the fusion threshold, the cycle time and the allreduce
+// algorithm (HVDMX_AUTOTUNE).
 //
 // Note [Autotune]
 // ~~~~~~~~~~~~~~~
 // Rank 0 runs a sequence of trials, one setting each, and scores a trial by
 // the bytes the collectives moved per second of wall time since the trial
 // began: for a training loop that is proportional to steps per second, so
-// it counts compute, negotiation and transfer alike. It first sweeps the
-// fusion thresholds at the starting cycle time, then the cycle times at the
-// best threshold, and keeps the best setting found (ties go to the earlier,
-// i.e. smaller, value). A dimension the user fixed through its environment
-// variable is not swept. The first trial only warms up (caches, allocations)
-// and is not scored.
+// it counts compute, negotiation and transfer alike. It sweeps one
+// dimension at a time, the others held at the best values so far: the
+// fusion thresholds (at cycle time 0 and the auto algorithm), then the
+// cycle times, then the algorithms (auto, shm, ring, mpi), and keeps the
+// best setting found (ties go to the earlier value: smaller, or auto). A
+// dimension the user fixed through its environment variable
+// (HVDMX_ALLREDUCE_ALGO or HVDMX_HIERARCHICAL_ALLREDUCE for the algorithm)
+// is not swept. The first trial only warms up (caches, allocations) and is
+// not scored.
 //
 // Every rank applies rank 0's setting in step: the setting travels in one
 // word of each round's bitwise AND (rank 0 contributes it, the others all
@@ -21,6 +25,7 @@
 #ifndef HVDMX_AUTOTUNE_H_
 #define HVDMX_AUTOTUNE_H_
 
+#include <array>
 #include <chrono>
 #include <cstdint>
 #include <cstdio>
@@ -34,11 +39,12 @@ namespace hvdmx {
 struct TunedSetting {
   int64_t fusion_threshold;
   double cycle_time_ms;
+  AllreduceAlgo algo;
 };
 
-// One 64-bit word: bit 63 clear, the threshold in bits 0-47, the cycle time
-// in 10 us units in bits 48-62. All ones (any rank's contribution when rank
-// 0 is not tuning) decodes to nothing.
+// One 64-bit word: bit 63 clear, the threshold in bits 0-43, the algorithm
+// in bits 44-47, the cycle time in 10 us units in bits 48-62. All ones (any
+// rank's contribution when rank 0 is not tuning) decodes to nothing.
 uint64_t EncodeSetting(const TunedSetting& setting);
 bool DecodeSetting(uint64_t word, TunedSetting* out);
 
@@ -46,14 +52,13 @@ class Autotuner {
  public:
   using Clock = std::chrono::steady_clock;
 
-  // The candidate settings are derived from `config` and are the same on
-  // every rank; only rank 0 (`leader`) scores trials and writes the log.
+  // The candidate values are derived from `config`; only rank 0 (`leader`)
+  // scores trials and writes the log.
   Autotuner(const Config& config, bool leader);
   ~Autotuner();
 
-  const std::vector<TunedSetting>& candidates() const { return candidates_; }
   // The setting rank 0 wants used now.
-  const TunedSetting& current() const { return candidates_[current_]; }
+  TunedSetting current() const { return Setting(current_); }
   bool done() const { return done_; }
   // Rank 0: after a round that moved `bytes`; may move to the next trial.
   void RoundDone(int64_t bytes, Clock::time_point now);
@@ -63,21 +68,28 @@ class Autotuner {
   static constexpr int kTrialRounds = 10;
 
  private:
+  static constexpr int kDims = 3;  // fusion threshold, cycle time, algorithm
+  // A point of the grid: an index into each dimension's values.
+  using Point = std::array<int, kDims>;
+
+  TunedSetting Setting(const Point& p) const;
+  // Starts the sweep of the next dimension with more than one value, or
+  // ends the search.
+  void NextSweep();
   void NextTrial(double score);
   void Log(const TunedSetting& s, double score, const char* note);
 
-  std::vector<TunedSetting> candidates_;
-  std::vector<int> fusion_sweep_;  // indices of the first sweep
-  std::vector<int> cycle_sweep_;   // filled once the first sweep is done
-  int phase_ = 0;                  // 0: warm-up, 1: fusion sweep, 2: cycle sweep, 3: done
-  size_t position_ = 0;            // within the current sweep
-  uint64_t current_ = 0;
+  std::vector<int64_t> fusions_;
+  std::vector<double> cycles_;
+  std::vector<AllreduceAlgo> algos_;
+  int dim_ = -1;                 // the dimension being swept; -1: warm-up
+  std::vector<Point> sweep_;     // its trials
+  size_t position_ = 0;          // within sweep_
+  Point current_{};
   bool done_ = false;
   bool leader_;
-  bool tune_fusion_;
-  bool tune_cycle_;
-  double best_score_ = -1;
-  int best_ = 0;
+  double best_score_ = -1;       // < 0: nothing scored yet
+  Point best_{};
   int64_t bytes_ = 0;
   int rounds_ = 0;
   Clock::time_point started_;

@@ -486,6 +486,7 @@ py::dict TestingLoadConfig(const std::map<std::string, std::string>& env) {
   d["autotune_log"] = c.autotune_log;
   d["fusion_threshold_fixed"] = c.fusion_threshold_fixed;
   d["cycle_time_fixed"] = c.cycle_time_fixed;
+  d["allreduce_algo_fixed"] = c.allreduce_algo_fixed;
   return d;
 }
 
@@ -515,10 +516,11 @@ std::vector<std::vector<std::pair<int, int>>> TestingPlanFusion(
 
 // Drives rank 0's Autotuner on a simulated clock: under the configuration
 // `env` (as HVDMX_* variables), each round lasts 10 ms and moves
-// throughput(fusion_threshold, cycle_time_ms) * 10 ms bytes under the
-// setting the tuner wants at that moment. Returns the settings tried in
-// order (the warm-up first), the setting chosen, and the simulated seconds
-// until the choice; chosen is None if none was made within an hour.
+// throughput(fusion_threshold, cycle_time_ms, algorithm name) * 10 ms bytes
+// under the setting the tuner wants at that moment. Returns the settings
+// tried in order (the warm-up first) as (threshold, cycle, algorithm)
+// tuples, the setting chosen, and the simulated seconds until the choice;
+// chosen is None if none was made within an hour.
 py::dict TestingAutotune(const std::map<std::string, std::string>& env, py::function throughput) {
   Config config;
   ThrowIfError(LoadConfig(MapLookup(env), &config));
@@ -527,14 +529,19 @@ py::dict TestingAutotune(const std::map<std::string, std::string>& env, py::func
   auto now = Autotuner::Clock::time_point{};
   py::list tried;
   double seconds = 0;
-  TunedSetting last{-1, -1};
+  auto as_tuple = [](const TunedSetting& s) {
+    return py::make_tuple(s.fusion_threshold, s.cycle_time_ms, AllreduceAlgoName(s.algo));
+  };
+  py::object last = py::none();
   for (; !tuner.done() && seconds < 3600; seconds += kRoundSeconds) {
     const TunedSetting s = tuner.current();
-    if (s.fusion_threshold != last.fusion_threshold || s.cycle_time_ms != last.cycle_time_ms) {
-      tried.append(py::make_tuple(s.fusion_threshold, s.cycle_time_ms));
-      last = s;
+    py::tuple now_tuple = as_tuple(s);
+    if (!now_tuple.equal(last)) {
+      tried.append(now_tuple);
+      last = now_tuple;
     }
-    const double rate = throughput(s.fusion_threshold, s.cycle_time_ms).cast<double>();
+    const double rate =
+        throughput(s.fusion_threshold, s.cycle_time_ms, AllreduceAlgoName(s.algo)).cast<double>();
     now += std::chrono::duration_cast<Autotuner::Clock::duration>(
         std::chrono::duration<double>(kRoundSeconds));
     tuner.RoundDone(std::max<int64_t>(1, static_cast<int64_t>(rate * kRoundSeconds)), now);
@@ -542,9 +549,7 @@ py::dict TestingAutotune(const std::map<std::string, std::string>& env, py::func
   py::dict d;
   d["tried"] = tried;
   d["seconds"] = seconds;
-  d["chosen"] = tuner.done() ? py::object(py::make_tuple(tuner.current().fusion_threshold,
-                                                         tuner.current().cycle_time_ms))
-                             : py::object(py::none());
+  d["chosen"] = tuner.done() ? py::object(as_tuple(tuner.current())) : py::object(py::none());
   return d;
 }
 

@@ -140,6 +140,7 @@ Status LoadConfig(const EnvLookup& lookup, Config* out) {
     }
   }
   if (auto value = Find(lookup, "ALLREDUCE_ALGO", &name)) {
+    config.allreduce_algo_fixed = true;
     if (*value == "auto") {
       config.allreduce_algo = AllreduceAlgo::kAuto;
     } else if (*value == "ring") {
@@ -155,6 +156,7 @@ Status LoadConfig(const EnvLookup& lookup, Config* out) {
   if (auto value = Find(lookup, "HIERARCHICAL_ALLREDUCE", &name)) {
     if (*value != "0" && *value != "1") return Invalid(name, *value, "0 or 1");
     config.hierarchical_allreduce = *value == "1";
+    config.allreduce_algo_fixed = config.allreduce_algo_fixed || config.hierarchical_allreduce;
   }
   if (auto value = Find(lookup, "LOG_LEVEL", &name)) {
     if (!ParseLogLevel(*value, &config.log_level)) {

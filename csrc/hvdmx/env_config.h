@@ -66,14 +66,16 @@ struct Config {
   std::string timeline_path;
   // HVDMX_TIMELINE_MARK_CYCLES: 1 marks every negotiation round in it.
   bool timeline_mark_cycles = false;
-  // HVDMX_AUTOTUNE: 1 tunes the fusion threshold and cycle time online
+  // HVDMX_AUTOTUNE: 1 tunes the fusion threshold, cycle time and algorithm online
   // (autotune.h); HVDMX_AUTOTUNE_LOG: CSV of its trials (rank 0).
   bool autotune = false;
   std::string autotune_log;
-  // Whether the user set HVDMX_FUSION_THRESHOLD / HVDMX_CYCLE_TIME (or a
-  // twin): autotune leaves such a value alone.
+  // Whether the user set HVDMX_FUSION_THRESHOLD / HVDMX_CYCLE_TIME /
+  // HVDMX_ALLREDUCE_ALGO or HVDMX_HIERARCHICAL_ALLREDUCE=1 (or a twin):
+  // autotune leaves such a value alone.
   bool fusion_threshold_fixed = false;
   bool cycle_time_fixed = false;
+  bool allreduce_algo_fixed = false;
 
   std::string ToString() const;
 };

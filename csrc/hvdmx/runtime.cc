@@ -220,6 +220,7 @@ bool Runtime::LoopOnce() {
     // Rank 0's setting, applied by every rank to this same round.
     config_.fusion_threshold = setting.fusion_threshold;
     config_.cycle_time_ms = setting.cycle_time_ms;
+    config_.allreduce_algo = setting.algo;
   }
   executor_.Run(round.responses, &queue_);
   if (tuner_) {
