@@ -259,9 +259,9 @@ def run_model(args) -> dict:
     def mpi_fused():
         comm.Allreduce(MPI.IN_PLACE, fused, op=MPI.SUM)
 
-    warmup = max(2, args.iters // 10)
+    warmup = args.warmup if args.warmup is not None else max(2, args.iters // 10)
     row = {"model": args.model, "tensors": len(shapes), "bytes": total, "ranks": hvd.size(),
-           "iters": args.iters,
+           "iters": args.iters, "warmup": warmup,
            "hvdmx_ms": _timed(hvdmx_step, warmup, args.iters, comm) * 1e3}
     if args.vs_mpi:
         row["mpi_per_tensor_ms"] = _timed(mpi_per_tensor, warmup, args.iters, comm) * 1e3
@@ -327,6 +327,9 @@ def main(argv=None) -> int:
     model = sub.add_parser("model", help="allreduce a model-zoo network's gradients per iteration")
     model.add_argument("--model", default="resnet50_v1", help="mx.gluon.model_zoo.vision name")
     model.add_argument("--iters", type=int, default=20, help="timed iterations")
+    model.add_argument("--warmup", type=int, default=None,
+                       help="untimed iterations first (default: iters/10, at least 2); "
+                            "with HVDMX_AUTOTUNE=1, give it time to tune")
     model.add_argument("--vs-mpi", action=argparse.BooleanOptionalAction, default=True,
                        help="also time per-tensor and fused MPI_Allreduce (default: on)")
     model.add_argument("--json", action="store_true")

@@ -50,6 +50,7 @@ def test_table_and_plot(tmp_path):
 
 
 def test_model():
-    row = json.loads(bench("model", "--model", "resnet18_v1", "--iters", "2", "--json"))
-    assert row["tensors"] == 62 and row["bytes"] > 40e6
+    row = json.loads(bench("model", "--model", "resnet18_v1", "--iters", "2", "--warmup", "1",
+                           "--json"))
+    assert row["tensors"] == 62 and row["bytes"] > 40e6 and row["warmup"] == 1
     assert row["hvdmx_ms"] > 0 and row["mpi_per_tensor_ms"] > 0 and row["mpi_fused_ms"] > 0
