@@ -115,12 +115,17 @@ print(f"rank {rank} steps {step}")
 """
 
 
-def test_autotune_job_tries_every_setting_and_applies_the_best_in_step(tmp_path):
+def autotune_job(tmp_path, load, **env):
+    """Runs `load` at -n 2 with autotune on; returns the job and the log's rows."""
     log = tmp_path / "autotune.csv"
-    result = run_job(2, LOAD, timeout=120, HVDMX_AUTOTUNE="1", HVDMX_AUTOTUNE_LOG=str(log),
-                     HVDMX_LOG_LEVEL="info")
+    result = run_job(2, load, timeout=120, HVDMX_AUTOTUNE="1", HVDMX_AUTOTUNE_LOG=str(log),
+                     **env)
     assert result.returncode == 0, result.stderr
-    rows = list(csv.DictReader(log.open()))
+    return result, list(csv.DictReader(log.open()))
+
+
+def test_autotune_job_tries_every_setting_and_applies_the_best_in_step(tmp_path):
+    result, rows = autotune_job(tmp_path, LOAD, HVDMX_LOG_LEVEL="info")
     assert rows[0]["note"] == "warm-up"
     trials = [r for r in rows if r["note"] == "trial"]
     # every threshold at cycle 0, then the other cycle times, then the other algorithms
@@ -151,12 +156,8 @@ while True:   # one small allreduce a step, read at once
 
 
 def test_latency_bound_load_gets_no_cycle_time_and_fixed_values_stay(tmp_path):
-    log = tmp_path / "autotune.csv"
-    result = run_job(2, LATENCY_LOAD, timeout=120, HVDMX_AUTOTUNE="1",
-                     HVDMX_AUTOTUNE_LOG=str(log), HVDMX_FUSION_THRESHOLD="1048576",
-                     HVDMX_ALLREDUCE_ALGO="auto")
-    assert result.returncode == 0, result.stderr
-    rows = list(csv.DictReader(log.open()))
+    _, rows = autotune_job(tmp_path, LATENCY_LOAD, HVDMX_FUSION_THRESHOLD="1048576",
+                           HVDMX_ALLREDUCE_ALGO="auto")
     assert {r["fusion_threshold_bytes"] for r in rows} == {"1048576"}  # fixed: not tuned
     assert {r["allreduce_algo"] for r in rows} == {"auto"}
     assert len([r for r in rows if r["note"] == "trial"]) == 5  # the cycle times only
@@ -188,12 +189,8 @@ def test_the_tuned_algorithm_is_the_one_that_runs(tmp_path):
     # Only the algorithm is tuned. auto sends every allreduce here through
     # shared memory (all ranks share the host), so the ring and mpi trials
     # show as allreduces that shared memory never saw.
-    log = tmp_path / "autotune.csv"
-    result = run_job(2, ALGO_LOAD, timeout=120, HVDMX_AUTOTUNE="1",
-                     HVDMX_AUTOTUNE_LOG=str(log), HVDMX_FUSION_THRESHOLD="0",
-                     HVDMX_CYCLE_TIME="0")
-    assert result.returncode == 0, result.stderr
-    rows = list(csv.DictReader(log.open()))
+    result, rows = autotune_job(tmp_path, ALGO_LOAD, HVDMX_FUSION_THRESHOLD="0",
+                                HVDMX_CYCLE_TIME="0")
     assert [r["allreduce_algo"] for r in rows if r["note"] == "trial"] == ALGOS
     counts = re.findall(r"rank (\d) calls (\d+) shm (\d+)", result.stdout)
     assert len(counts) == 2, result.stdout
