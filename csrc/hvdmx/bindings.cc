@@ -138,6 +138,52 @@ void StopAllLocked() {
   ProcessTimeline().Stop();
 }
 
+// Every rank must plan the same collectives, so the settings that decide
+// fusion groups, the algorithm and its layout, and the response cache must
+// agree: compared at init (one allgather) and refused on every rank alike,
+// instead of a hang or wrong sums later. Cycle time, timeline, logging and
+// stall times may differ; autotune is rank 0's alone.
+void CheckSettingsAgree(MPI_Comm comm, const Config& c, int size) {
+  struct Setting {
+    const char* var;
+    int64_t value;
+  };
+  const Setting mine[] = {
+      {"FUSION_THRESHOLD", c.fusion_threshold},
+      {"FUSION_MAX_TENSOR_BYTES", c.fusion_max_tensor_bytes},
+      {"CACHE_CAPACITY", c.cache_capacity},
+      {"ALLREDUCE_ALGO", static_cast<int64_t>(c.allreduce_algo)},
+      {"RING_MIN_BYTES", c.ring_min_bytes},
+      {"RING_SEGMENT_BYTES", c.ring_segment_bytes},
+      {"SHM_MIN_BYTES", c.shm_min_bytes},
+      {"SHM_CHUNK_BYTES", c.shm_chunk_bytes},
+      {"HIERARCHICAL_ALLREDUCE", c.hierarchical_allreduce ? 1 : 0},
+      {"TESTING_RANKS_PER_HOST", c.testing_ranks_per_host},
+  };
+  constexpr int n = static_cast<int>(sizeof(mine) / sizeof(mine[0]));
+  int64_t values[n];
+  for (int i = 0; i < n; ++i) values[i] = mine[i].value;
+  std::vector<int64_t> all(static_cast<size_t>(size) * n);
+  MPI_Allgather(values, n, MPI_INT64_T, all.data(), n, MPI_INT64_T, comm);
+  auto show = [&](int i, int64_t v) {
+    return std::string(mine[i].var) == "ALLREDUCE_ALGO"
+               ? AllreduceAlgoName(static_cast<AllreduceAlgo>(v))
+               : std::to_string(v);
+  };
+  for (int i = 0; i < n; ++i) {
+    for (int r = 1; r < size; ++r) {
+      const int64_t theirs = all[static_cast<size_t>(r) * n + i];
+      if (theirs == all[i]) continue;
+      throw py::value_error(std::string("hvdmx.init: HVDMX_") + mine[i].var +
+                            " differs between ranks (rank 0: " + show(i, all[i]) + ", rank " +
+                            std::to_string(r) + ": " + show(i, theirs) +
+                            "); every rank must run with the same value. Set it (or its "
+                            "HOROVOD_ twin) the same way for all ranks, e.g. with mpiexec "
+                            "-genv or an hvdmxrun flag, or not at all");
+    }
+  }
+}
+
 void Init(uintptr_t comm_address) {
   std::lock_guard<std::mutex> lock(G().mu);
   if (Running()) return;  // a second init is a no-op
@@ -155,6 +201,7 @@ void Init(uintptr_t comm_address) {
   MPI_Comm comm = comm_address ? *reinterpret_cast<MPI_Comm*>(comm_address) : MPI_COMM_WORLD;
   G().topo = ComputeTopology(comm);
   SetLogRank(G().topo.rank);
+  CheckSettingsAgree(comm, config, G().topo.size);
   HVDMX_LOG(kDebug) << "init: size " << G().topo.size << ", local_size " << G().topo.local_size
                     << ", " << config.ToString();
   MPI_Comm_dup(comm, &G().world);

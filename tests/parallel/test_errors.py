@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 
 import hvdmx as hvd
+from conftest import restart
 
 
 def still_works():
@@ -184,3 +185,37 @@ def test_mismatch_after_cached_success(world):
     shape = (3,) if rank != size - 1 else (4,)
     mismatch(lambda: hvd.allreduce(mx.nd.ones(shape), name="mm.cached"), "different shape")
     hvd.allreduce(mx.nd.ones((3,)), name="mm.cached").wait_to_read()
+
+
+@pytest.mark.parametrize("var, value_of_rank", [
+    ("HVDMX_FUSION_MAX_TENSOR_BYTES", lambda r: str(1024 * (r + 1))),
+    ("HOROVOD_FUSION_THRESHOLD", lambda r: "0" if r else "1048576"),
+    ("HVDMX_ALLREDUCE_ALGO", lambda r: "ring" if r else "mpi"),
+    ("HVDMX_CACHE_CAPACITY", lambda r: str(r)),
+])
+def test_settings_that_differ_between_ranks_are_refused_at_init(world, var, value_of_rank):
+    rank, size = world
+    if size == 1:
+        pytest.skip("one rank cannot disagree with itself")
+    twin = "HVDMX_" + var.split("_", 1)[1]
+    with pytest.raises(ValueError) as info:
+        restart({var: value_of_rank(rank)})
+    # Every rank refuses, naming the variable and the values of rank 0 and
+    # the first rank that differs (rank 1 here).
+    assert str(info.value) == (
+        f"hvdmx.init: {twin} differs between ranks (rank 0: {value_of_rank(0)}, rank 1: "
+        f"{value_of_rank(1)}); "
+        "every rank must run with the same value. Set it (or its HOROVOD_ twin) the same way "
+        "for all ranks, e.g. with mpiexec -genv or an hvdmxrun flag, or not at all")
+    assert not hvd.is_initialized()
+    restart({})
+    still_works()
+
+
+def test_settings_that_may_differ_between_ranks(world):
+    rank, size = world
+    restart({"HVDMX_CYCLE_TIME": str(rank), "HVDMX_STALL_CHECK_TIME_SECONDS": str(30 + rank)})
+    try:
+        still_works()
+    finally:
+        restart({})
