@@ -116,6 +116,8 @@ def _resolve_op(fn: str, average, op) -> int:
 
 
 def _check_scale(fn: str, arg: str, value) -> float:
+    if value.__class__ is float and value == 1.0:  # the default, on every call
+        return value
     if isinstance(value, bool) or not isinstance(value, numbers.Real):
         raise TypeError(f"hvdmx.{fn}: argument '{arg}' must be a real number, got {value!r}")
     value = float(value)
@@ -201,7 +203,8 @@ def allreduce(tensor, average=None, name=None, priority=0, prescale_factor=1.0,
 def allreduce_(tensor, average=None, name=None, priority=0, prescale_factor=1.0,
                postscale_factor=1.0, op=None, process_set=global_process_set):
     """In-place ``allreduce``: the result replaces ``tensor``, which is returned."""
-    _check_tensor("allreduce_", "tensor", tensor)
+    if not isinstance(tensor, mx.nd.NDArray):  # before the checks that assume one
+        _check_tensor("allreduce_", "tensor", tensor)
     return _allreduce("allreduce_", [tensor], [tensor], average, name, priority,
                       prescale_factor, postscale_factor, op, "allreduce", process_set)[0]
 
@@ -252,7 +255,8 @@ def broadcast(tensor, root_rank, name=None, priority=0, process_set=global_proce
 
 def broadcast_(tensor, root_rank, name=None, priority=0, process_set=global_process_set):
     """In-place ``broadcast``: ``tensor`` takes ``root_rank``'s value; returned."""
-    _check_tensor("broadcast_", "tensor", tensor)
+    if not isinstance(tensor, mx.nd.NDArray):  # before the checks that assume one
+        _check_tensor("broadcast_", "tensor", tensor)
     return _broadcast("broadcast_", tensor, tensor, root_rank, name, priority, process_set)
 
 
