@@ -144,3 +144,106 @@ def test_slices_cover_the_chunk_in_order(length, n, unit):
         assert starts[j] % unit == 0 or starts[j] == length
         # balanced: no slice longer than its share, rounded up to whole units
         assert starts[j + 1] - starts[j] <= -(-units // n) * unit
+
+
+# ---- broadcast, allgather and alltoall through the stages --------------------
+# Calls for _core._testing_shm_sequence: (kind, inputs, outputs, ints), one
+# array per rank; built with what each rank should end up holding.
+
+def bytes_of(rank, call, n):
+    """Distinct bytes for (rank, call): a mistake shows which rank's went where."""
+    return ((np.arange(n) * 7 + rank * 31 + call * 13) % 251).astype(np.uint8)
+
+
+def broadcast_call(size, call, n, root):
+    arrays = [bytes_of(r, call, n) for r in range(size)]
+    return ("broadcast", arrays, [], [root]), [arrays[root].copy()] * size, arrays
+
+
+def allgather_call(size, call, blocks):
+    ins = [bytes_of(r, call, blocks[r]) for r in range(size)]
+    starts = np.concatenate([[0], np.cumsum(blocks)]).astype(int).tolist()
+    outs = [np.zeros(starts[-1], np.uint8) for _ in range(size)]
+    want = np.concatenate(ins)
+    return ("allgather", ins, outs, starts), [want] * size, outs
+
+
+def alltoall_call(size, call, matrix):
+    """matrix[i][j]: bytes rank i sends to rank j."""
+    ins = [bytes_of(i, call, sum(matrix[i])) for i in range(size)]
+    def piece(i, j):
+        start = sum(matrix[i][:j])
+        return ins[i][start:start + matrix[i][j]]
+    wants = [np.concatenate([piece(i, j) for i in range(size)]) for j in range(size)]
+    outs = [np.zeros(len(w), np.uint8) for w in wants]
+    flat = [matrix[i][j] for i in range(size) for j in range(size)]
+    return ("alltoall", ins, outs, flat), wants, outs
+
+
+def allreduce_call(size, call, count):
+    arrays = inputs(size, count, FLOAT32, SUM, seed=call)
+    want = reference(arrays, FLOAT32, SUM)
+    return ("allreduce", arrays, [], [FLOAT32, SUM]), [want] * size, arrays
+
+
+@st.composite
+def mixed_sequences(draw):
+    size = draw(st.integers(1, 5))
+    lengths = st.integers(0, 700)
+    calls = []
+    for c in range(draw(st.integers(1, 6))):
+        kind = draw(st.sampled_from(["allreduce", "broadcast", "allgather", "alltoall"]))
+        if kind == "allreduce":
+            calls.append(allreduce_call(size, c, draw(lengths)))
+        elif kind == "broadcast":
+            calls.append(broadcast_call(size, c, draw(lengths), draw(st.integers(0, size - 1))))
+        elif kind == "allgather":
+            calls.append(allgather_call(size, c, draw(st.lists(lengths, min_size=size,
+                                                                max_size=size))))
+        else:
+            matrix = [draw(st.lists(st.integers(0, 300), min_size=size, max_size=size))
+                      for _ in range(size)]
+            calls.append(alltoall_call(size, c, matrix))
+    return calls
+
+
+@settings(max_examples=120, deadline=None)
+@given(calls=mixed_sequences(), chunk=st.sampled_from([64, 128, 192, 4096]))
+def test_mixed_calls_move_every_byte(calls, chunk):
+    # Interleaved with allreduces, in any order and with empty streams on
+    # some ranks: the chunk numbering must stay in step on every rank.
+    _core._testing_shm_sequence([spec for spec, _, _ in calls], chunk)
+    for spec, wants, results in calls:
+        for rank, (got, want) in enumerate(zip(results, wants)):
+            assert np.array_equal(got, want), f"{spec[0]} on rank {rank}"
+
+
+@pytest.mark.parametrize("size", [2, 3, 4])
+def test_large_byte_moves_over_many_chunks(size):
+    n = 3 * 65536 + 5
+    calls = [broadcast_call(size, 0, n, size - 1),
+             allgather_call(size, 1, [n + r * 4099 for r in range(size)]),
+             alltoall_call(size, 2, [[(i + 1) * 5001 + j * 77 for j in range(size)]
+                                     for i in range(size)]),
+             allreduce_call(size, 3, n)]
+    _core._testing_shm_sequence([spec for spec, _, _ in calls], 4096 + 64)
+    for spec, wants, results in calls:
+        for got, want in zip(results, wants):
+            assert np.array_equal(got, want), spec[0]
+
+
+def test_allgather_in_place_block_is_left_alone():
+    # The fused allgather passes its own block already at its place in the
+    # output: it must not be copied onto itself (or lost).
+    size, blocks = 3, [100, 0, 257]
+    starts = np.concatenate([[0], np.cumsum(blocks)]).astype(int).tolist()
+    want = np.concatenate([bytes_of(r, 0, blocks[r]) for r in range(size)])
+    outs = []
+    for r in range(size):
+        out = np.zeros(starts[-1], np.uint8)
+        out[starts[r]:starts[r + 1]] = want[starts[r]:starts[r + 1]]
+        outs.append(out)
+    ins = [out[starts[r]:starts[r + 1]] for r, out in enumerate(outs)]
+    _core._testing_shm_sequence([("allgather", ins, outs, starts)], 64)
+    for out in outs:
+        assert np.array_equal(out, want)

@@ -39,7 +39,8 @@ def test_timeline_from_the_environment(tmp_path):
     assert {"MPI_ALLREDUCE", "RING_ALLREDUCE", "SHM_ALLREDUCE"} & phases["single"]
     # three small allreduces of one round are fused
     assert {"MEMCPY_IN_FUSION_BUFFER", "MEMCPY_OUT_FUSION_BUFFER"} <= phases["fused.1"]
-    assert "MPI_BCAST" in phases["bcast"]
+    # both ranks share this host: auto broadcasts through shared memory
+    assert "SHM_BCAST" in phases["bcast"]
     assert "RING_ALLGATHER" in phases["gather"]
     assert "NEGOTIATE" in phases["gather#sizes"]
     assert "CYCLE_START" in phases["negotiation rounds"]

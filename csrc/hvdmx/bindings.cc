@@ -486,8 +486,68 @@ void TestingShmAllreduce(std::vector<std::vector<py::array>> calls, int dtype, i
   for (auto& th : threads) th.join();
 }
 
+// One call of a mixed sequence for TestingShmSequence.
+struct ShmTestCall {
+  std::string kind;           // allreduce, broadcast, allgather, alltoall
+  std::vector<py::array> in;  // one per rank (allreduce, broadcast: in place)
+  std::vector<py::array> out; // allgather, alltoall: one per rank
+  std::vector<int64_t> ints;  // allreduce: dtype, op; broadcast: root;
+                              // allgather: byte offsets; alltoall: byte matrix
+};
+
+// Runs a sequence of mixed ShmAllreduce calls in one process, one thread per
+// rank over plain memory (one host), every rank making the same calls in
+// the same order: interleaving must keep the chunk numbering in step.
+void TestingShmSequence(const std::vector<py::tuple>& raw, int64_t chunk_bytes) {
+  std::vector<ShmTestCall> calls;
+  for (const py::tuple& t : raw) {
+    calls.push_back({t[0].cast<std::string>(), t[1].cast<std::vector<py::array>>(),
+                     t[2].cast<std::vector<py::array>>(), t[3].cast<std::vector<int64_t>>()});
+  }
+  if (calls.empty()) return;
+  const int n = static_cast<int>(calls[0].in.size());
+  std::vector<std::vector<char*>> in(calls.size()), out(calls.size());
+  for (size_t c = 0; c < calls.size(); ++c) {
+    if (static_cast<int>(calls[c].in.size()) != n) throw py::value_error("one input per rank");
+    for (auto& a : calls[c].in) in[c].push_back(static_cast<char*>(a.mutable_data()));
+    for (auto& a : calls[c].out) out[c].push_back(static_cast<char*>(a.mutable_data()));
+    const std::string& k = calls[c].kind;
+    if (k != "allreduce" && k != "broadcast" && k != "allgather" && k != "alltoall") {
+      throw py::value_error("unknown kind " + k);
+    }
+  }
+  py::gil_scoped_release release;
+  const int64_t region = ShmAllreduce::RegionBytes(chunk_bytes);
+  auto memory = std::make_shared<std::vector<char>>(region * n + 64, 0);
+  char* base = memory->data() + (64 - reinterpret_cast<uintptr_t>(memory->data()) % 64) % 64;
+  std::vector<char*> regions;
+  for (int r = 0; r < n; ++r) regions.push_back(base + r * region);
+  std::vector<std::thread> threads;
+  for (int r = 0; r < n; ++r) {
+    threads.emplace_back([&, r] {
+      ShmAllreduce shm(r, n, regions, chunk_bytes, memory);
+      for (size_t c = 0; c < calls.size(); ++c) {
+        const ShmTestCall& call = calls[c];
+        if (call.kind == "allreduce") {
+          const DataType t = static_cast<DataType>(call.ints[0]);
+          shm.Allreduce(in[c][r], call.in[r].nbytes() / static_cast<int64_t>(DataTypeSize(t)), t,
+                        static_cast<ReduceOp>(call.ints[1]));
+        } else if (call.kind == "broadcast") {
+          shm.Broadcast(in[c][r], call.in[r].nbytes(), static_cast<int>(call.ints[0]));
+        } else if (call.kind == "allgather") {
+          shm.Allgather(in[c][r], out[c][r], call.ints);
+        } else {
+          shm.Alltoall(in[c][r], out[c][r], call.ints);
+        }
+      }
+    });
+  }
+  for (auto& th : threads) th.join();
+}
+
 // The running runtime's shared-memory allreduce: None when off, else its
-// calls so far, ranks per host and whether it is hierarchical.
+// allreduce calls and byte-moving calls so far, ranks per host and whether
+// it is hierarchical.
 py::object TestingShmInfo() {
   const ShmAllreduce* shm = RunningRuntime()->shm();
   if (shm == nullptr) return py::none();
@@ -495,6 +555,7 @@ py::object TestingShmInfo() {
   d["calls"] = shm->calls();
   d["local_size"] = shm->size();
   d["hierarchical"] = shm->hierarchical();
+  d["exchanges"] = shm->exchanges();
   return d;
 }
 
@@ -758,6 +819,7 @@ PYBIND11_MODULE(_core, m) {
   m.def("_testing_plan_fusion", &TestingPlanFusion);
   m.def("_testing_shm_allreduce", &TestingShmAllreduce, py::arg("calls"), py::arg("dtype"),
         py::arg("op"), py::arg("chunk_bytes"), py::arg("hosts") = 1);
+  m.def("_testing_shm_sequence", &TestingShmSequence, py::arg("calls"), py::arg("chunk_bytes"));
   m.def("_testing_shm_slice_start", &ShmSliceStart);
   m.def("_testing_shm_info", &TestingShmInfo);
   py::class_<LocalJob>(m, "_TestingLocalJob")

@@ -67,19 +67,6 @@ std::string TimelineArgs(const Request& request) {
   return "\"dtype\": \"" + dtypes + "\", \"shape\": \"" + shapes + "\"";
 }
 
-const char* UnitPhaseName(CollectiveType type) {
-  switch (type) {
-    case CollectiveType::kBroadcast: return "MPI_BCAST";
-    case CollectiveType::kAllgather: return "RING_ALLGATHER";
-    case CollectiveType::kAlltoall: return "ALLTOALL";
-    case CollectiveType::kReducescatter: return "RING_REDUCESCATTER";
-    case CollectiveType::kBarrier: return "BARRIER";
-    case CollectiveType::kJoin: return "JOIN";
-    case CollectiveType::kAllreduce: return "RING_ALLREDUCE";
-  }
-  return "COLLECTIVE";
-}
-
 // Posts the transfer of `bytes` to or from `peer` in messages the transport
 // takes, appending the requests.
 void PostPieces(Comm& comm, bool send, char* buf, int64_t bytes, int peer,
@@ -140,10 +127,9 @@ void Executor::Run(const std::vector<Response>& responses, TensorQueue* queue) {
     }
     if (response.type != CollectiveType::kAllreduce) {
       const auto start = Clock::now();
-      RunUnit(response, entry);
+      const char* algorithm = RunUnit(response, entry);
       if (timeline.enabled() && !response.sizes_only) {
-        timeline.Phase(response.name, UnitPhaseName(response.type), start, Clock::now(),
-                       TimelineArgs(entry.request));
+        timeline.Phase(response.name, algorithm, start, Clock::now(), TimelineArgs(entry.request));
       }
       if (entry.on_response) entry.on_response(response);
       entry.callback(Status::Ok());
@@ -164,19 +150,30 @@ void Executor::Run(const std::vector<Response>& responses, TensorQueue* queue) {
   }
 }
 
-void Executor::RunUnit(const Response& response, TensorEntry& entry) {
+const char* Executor::RunUnit(const Response& response, TensorEntry& entry) {
   // A sizes round has delivered its result in the response itself; barrier
   // and join are complete once negotiated.
-  if (response.sizes_only) return;
+  if (response.sizes_only) return "SIZES";
   switch (response.type) {
-    case CollectiveType::kBroadcast: RunBroadcast(response, entry); return;
-    case CollectiveType::kAllgather: RunAllgather(response, entry); return;
-    case CollectiveType::kAlltoall: RunAlltoall(response, entry); return;
-    case CollectiveType::kReducescatter: RunReducescatter(response, entry); return;
-    case CollectiveType::kBarrier:
-    case CollectiveType::kJoin:
-    case CollectiveType::kAllreduce: return;
+    case CollectiveType::kBroadcast: return RunBroadcast(response, entry);
+    case CollectiveType::kAllgather: return RunAllgather(response, entry);
+    case CollectiveType::kAlltoall: return RunAlltoall(response, entry);
+    case CollectiveType::kReducescatter:
+      RunReducescatter(response, entry);
+      return "RING_REDUCESCATTER";
+    case CollectiveType::kBarrier: return "BARRIER";
+    case CollectiveType::kJoin: return "JOIN";
+    case CollectiveType::kAllreduce: break;
   }
+  return "COLLECTIVE";
+}
+
+bool Executor::ShmMoves(CollectiveType type, int64_t bytes) const {
+  if (shm_ == nullptr || shm_->hierarchical() || shm_->size() != comm_.size()) return false;
+  // See "Broadcast, allgather and alltoall on one host" in docs/algorithms.md.
+  if (config_.allreduce_algo == AllreduceAlgo::kShm) return true;
+  return config_.allreduce_algo == AllreduceAlgo::kAuto && type == CollectiveType::kBroadcast &&
+         bytes >= config_.shm_min_bytes;
 }
 
 void Executor::RunAllreduceGroup(const FusionGroup& group, const std::vector<Response>& responses,
@@ -243,22 +240,32 @@ void Executor::RunAllreduceGroup(const FusionGroup& group, const std::vector<Res
   record("MEMCPY_OUT_FUSION_BUFFER", t0);
 }
 
-void Executor::RunBroadcast(const Response& response, TensorEntry& entry) {
+const char* Executor::RunBroadcast(const Response& response, TensorEntry& entry) {
+  int64_t total = 0;
+  for (size_t t = 0; t < response.counts.size(); ++t) {
+    total += response.counts[t] * static_cast<int64_t>(DataTypeSize(response.dtypes[t]));
+  }
+  const bool shm = ShmMoves(CollectiveType::kBroadcast, total);
   for (size_t t = 0; t < response.counts.size(); ++t) {
     const int64_t bytes = response.counts[t] * static_cast<int64_t>(DataTypeSize(response.dtypes[t]));
     if (bytes == 0) continue;
     if (comm_.rank() == response.root && entry.outputs[t] != entry.inputs[t]) {
       std::memcpy(entry.outputs[t], entry.inputs[t], bytes);
     }
-    comm_.Bcast(entry.outputs[t], bytes, response.root);
+    if (shm) {
+      shm_->Broadcast(entry.outputs[t], bytes, response.root);
+    } else {
+      comm_.Bcast(entry.outputs[t], bytes, response.root);
+    }
   }
+  return shm ? "SHM_BCAST" : "MPI_BCAST";
 }
 
 
 // Each rank's rows travel as one block of bytes; with several tensors the
 // blocks are packed by rank ([rank 0: t0, t1, ...][rank 1: ...]) so one
 // ring allgather moves them all.
-void Executor::RunAllgather(const Response& response, TensorEntry& entry) {
+const char* Executor::RunAllgather(const Response& response, TensorEntry& entry) {
   const int n = comm_.size();
   const int me = comm_.rank();
   const size_t tensors = response.dtypes.size();
@@ -272,11 +279,17 @@ void Executor::RunAllgather(const Response& response, TensorEntry& entry) {
     starts_[r + 1] = starts_[r];
     for (size_t t = 0; t < tensors; ++t) starts_[r + 1] += block(t, r);
   }
+  const bool shm = ShmMoves(CollectiveType::kAllgather, starts_[n]);
+  const char* algorithm = shm ? "SHM_ALLGATHER" : "RING_ALLGATHER";
   if (tensors == 1) {
     char* out = static_cast<char*>(entry.outputs[0]);
+    if (shm) {
+      shm_->Allgather(entry.inputs[0], out, starts_);
+      return algorithm;
+    }
     if (block(0, me)) std::memcpy(out + starts_[me], entry.inputs[0], block(0, me));
     RingAllgather(comm_, out, starts_, DataType::kUInt8, &ring_scratch_);
-    return;
+    return algorithm;
   }
   char* buffer = fusion_.Get(starts_[n]);
   int64_t offset = starts_[me];
@@ -284,7 +297,11 @@ void Executor::RunAllgather(const Response& response, TensorEntry& entry) {
     if (block(t, me)) std::memcpy(buffer + offset, entry.inputs[t], block(t, me));
     offset += block(t, me);
   }
-  RingAllgather(comm_, buffer, starts_, DataType::kUInt8, &ring_scratch_);
+  if (shm) {
+    shm_->Allgather(buffer + starts_[me], buffer, starts_);
+  } else {
+    RingAllgather(comm_, buffer, starts_, DataType::kUInt8, &ring_scratch_);
+  }
   std::vector<int64_t> out_offset(tensors, 0);
   offset = 0;
   for (int r = 0; r < n; ++r) {
@@ -295,11 +312,14 @@ void Executor::RunAllgather(const Response& response, TensorEntry& entry) {
       offset += bytes;
     }
   }
+  return algorithm;
 }
 
 // Every pair exchanges its rows directly: all receives, then all sends, are
 // posted at once and waited for together; the rows a rank keeps are copied.
-void Executor::RunAlltoall(const Response& response, TensorEntry& entry) {
+// In shared memory, each rank publishes its input without the rows it
+// keeps and reads its rows from every peer's.
+const char* Executor::RunAlltoall(const Response& response, TensorEntry& entry) {
   const int n = comm_.size();
   const int me = comm_.rank();
   const int64_t row_bytes = RowElems(entry.request.shapes[0]) *
@@ -307,6 +327,14 @@ void Executor::RunAlltoall(const Response& response, TensorEntry& entry) {
   const std::vector<int64_t>& m = response.splits;  // rows i sends to j at [i * n + j]
   char* in = static_cast<char*>(const_cast<void*>(entry.inputs[0]));
   char* out = static_cast<char*>(entry.outputs[0]);
+  int64_t total = 0;
+  for (int64_t rows : m) total += rows * row_bytes;
+  if (ShmMoves(CollectiveType::kAlltoall, total)) {
+    pair_bytes_.resize(m.size());
+    for (size_t i = 0; i < m.size(); ++i) pair_bytes_[i] = m[i] * row_bytes;
+    shm_->Alltoall(in, out, pair_bytes_);
+    return "SHM_ALLTOALL";
+  }
   requests_.clear();
   int64_t recv_offset = 0;
   int64_t self_recv = 0;
@@ -330,6 +358,7 @@ void Executor::RunAlltoall(const Response& response, TensorEntry& entry) {
     send_offset += bytes;
   }
   for (Comm::Request request : requests_) comm_.Wait(request);
+  return "ALLTOALL";
 }
 
 // Rank r keeps rows [RingChunkStart(dim0, n, r), RingChunkStart(dim0, n, r+1))

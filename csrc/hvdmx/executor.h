@@ -37,20 +37,28 @@ class Executor {
  private:
   void RunAllreduceGroup(const FusionGroup& group, const std::vector<Response>& responses,
                          std::vector<TensorEntry>& entries);
-  // Runs a unit that is not an allreduce (its own fusion group).
-  void RunUnit(const Response& response, TensorEntry& entry);
-  void RunBroadcast(const Response& response, TensorEntry& entry);
-  void RunAllgather(const Response& response, TensorEntry& entry);
-  void RunAlltoall(const Response& response, TensorEntry& entry);
+  // Runs a unit that is not an allreduce (its own fusion group); returns
+  // the algorithm's name for the timeline. Broadcast, allgather and
+  // alltoall move their bytes through shared memory when ShmMoves says so.
+  const char* RunUnit(const Response& response, TensorEntry& entry);
+  const char* RunBroadcast(const Response& response, TensorEntry& entry);
+  const char* RunAllgather(const Response& response, TensorEntry& entry);
+  const char* RunAlltoall(const Response& response, TensorEntry& entry);
   void RunReducescatter(const Response& response, TensorEntry& entry);
+  // Whether a unit of `type` moving `bytes` in all takes shared memory:
+  // every rank is on this host and HVDMX_ALLREDUCE_ALGO is shm, or auto for
+  // a broadcast of at least HVDMX_SHM_MIN_BYTES (measured: see
+  // docs/algorithms.md). The same answer on every rank.
+  bool ShmMoves(CollectiveType type, int64_t bytes) const;
 
   Comm& comm_;
   const Config& config_;
   FusionBuffer fusion_;
   RingScratch ring_scratch_;
   std::vector<int64_t> starts_;             // chunk boundaries, reused
+  std::vector<int64_t> pair_bytes_;         // alltoall: bytes i sends to j, reused
   std::vector<Comm::Request> requests_;     // outstanding point-to-point, reused
-  ShmAllreduce* shm_;  // null unless every rank is on this host
+  ShmAllreduce* shm_;  // null unless ranks share hosts (see shm_segment.h)
 };
 
 }  // namespace hvdmx

@@ -189,8 +189,7 @@ void ShmAllreduce::Allreduce(void* buf, int64_t count, DataType dtype, ReduceOp 
   seq_ += static_cast<uint64_t>(chunks);
 }
 
-void ShmAllreduce::CopyIn(const Call& call, int64_t k) {
-  const uint64_t seq = call.seq(k);
+char* ShmAllreduce::ClaimStage(uint64_t seq, const char* src) {
   if (seq >= kStages) {
     // The stage held chunk seq - kStages: wait until every rank is done with it.
     for (int j = 0; j < size_; ++j) {
@@ -198,11 +197,16 @@ void ShmAllreduce::CopyIn(const Call& call, int64_t k) {
     }
   }
   // See Note [Where a chunk sits in its stage].
-  const char* src = call.buf + call.chunk_begin(k) * call.elem;
   const int64_t shift = static_cast<int64_t>((reinterpret_cast<uintptr_t>(src) + kPageBytes / 2) %
                                              kPageBytes);
   control(rank_).shift[seq % kStages].store(shift, std::memory_order_relaxed);
-  char* stage = Stage(rank_, seq);
+  return Stage(rank_, seq);
+}
+
+void ShmAllreduce::CopyIn(const Call& call, int64_t k) {
+  const uint64_t seq = call.seq(k);
+  const char* src = call.buf + call.chunk_begin(k) * call.elem;
+  char* stage = ClaimStage(seq, src);
   for (int j = 0; j < size_; ++j) {
     if (j == rank_) continue;
     const int64_t lo = call.slice_begin(k, size_, j);
@@ -258,6 +262,108 @@ void ShmAllreduce::CopyOut(const Call& call, int64_t k) {
     if (hi > lo) {
       std::memcpy(dst + lo * call.elem, Stage(j, seq) + lo * call.elem, (hi - lo) * call.elem);
     }
+  }
+  control(rank_).done.value.store(seq + 1, std::memory_order_release);
+}
+
+void ShmAllreduce::Broadcast(void* buf, int64_t bytes, int root) {
+  HVDMX_CHECK(!cross_ && root >= 0 && root < size_, "shared-memory broadcast: one host, root in it");
+  reads_.assign(size_, Read());
+  if (rank_ != root) reads_[root] = {0, bytes, static_cast<char*>(buf)};
+  lengths_.assign(size_, 0);
+  lengths_[root] = bytes;
+  Exchange({static_cast<const char*>(buf), 0, 0}, lengths_);
+}
+
+void ShmAllreduce::Allgather(const void* in, void* out, const std::vector<int64_t>& starts) {
+  HVDMX_CHECK(!cross_ && static_cast<int>(starts.size()) == size_ + 1,
+              "shared-memory allgather: one host, size + 1 offsets");
+  reads_.assign(size_, Read());
+  lengths_.assign(size_, 0);
+  char* dst = static_cast<char*>(out);
+  for (int j = 0; j < size_; ++j) {
+    lengths_[j] = starts[j + 1] - starts[j];
+    // A block that is already in place is not copied onto itself.
+    if (j != rank_ || in != dst + starts[j]) reads_[j] = {0, lengths_[j], dst + starts[j]};
+  }
+  Exchange({static_cast<const char*>(in), 0, 0}, lengths_);
+}
+
+void ShmAllreduce::Alltoall(const void* in, void* out, const std::vector<int64_t>& bytes) {
+  HVDMX_CHECK(!cross_ && static_cast<int64_t>(bytes.size()) == int64_t{size_} * size_,
+              "shared-memory alltoall: one host, size * size byte counts");
+  reads_.assign(size_, Read());
+  lengths_.assign(size_, 0);
+  char* dst = static_cast<char*>(out);
+  Stream mine{static_cast<const char*>(in), 0, bytes[rank_ * size_ + rank_]};
+  for (int j = 0; j < size_; ++j) {
+    // Rank j's stream: what it sends to ranks 0, 1, ... but not to itself.
+    int64_t before_me = 0;
+    for (int l = 0; l < size_; ++l) {
+      if (l < rank_ && l != j) before_me += bytes[j * size_ + l];
+      if (l != j) lengths_[j] += bytes[j * size_ + l];
+    }
+    if (j == rank_) mine.hole_at = before_me;
+    reads_[j] = {before_me, bytes[j * size_ + rank_], dst};
+    dst += bytes[j * size_ + rank_];
+  }
+  Exchange(mine, lengths_);
+}
+
+// Chunk k of every stream travels in chunk seq first_seq + k; every rank
+// runs the same number of chunks (the longest stream's), publishing empty
+// ones too, so that seq stays the same everywhere. This rank's own read
+// comes from its stream's bytes, hole included, a chunk's worth per chunk
+// and the rest at the end.
+void ShmAllreduce::Exchange(const Stream& stream, const std::vector<int64_t>& lengths) {
+  exchanges_.fetch_add(1, std::memory_order_relaxed);
+  const int64_t longest = *std::max_element(lengths.begin(), lengths.end());
+  const int64_t chunks = size_ == 1 ? 0 : (longest + chunk_bytes_ - 1) / chunk_bytes_;
+  const uint64_t first_seq = seq_;
+  if (chunks > 0) Publish(stream, lengths[rank_], first_seq, 0);
+  for (int64_t k = 0; k < chunks; ++k) {
+    if (k + 1 < chunks) Publish(stream, lengths[rank_], first_seq + k + 1, k + 1);
+    Collect(stream, first_seq + k, k);
+  }
+  seq_ += static_cast<uint64_t>(chunks);
+  const Read& self = reads_[rank_];
+  const int64_t done = std::min(self.bytes, chunks * chunk_bytes_);
+  if (self.bytes > done) {
+    std::memmove(self.dst + done, stream.data + self.offset + done, self.bytes - done);
+  }
+}
+
+void ShmAllreduce::Publish(const Stream& stream, int64_t length, uint64_t seq, int64_t k) {
+  const int64_t lo = k * chunk_bytes_;
+  const int64_t n = std::max<int64_t>(0, std::min(chunk_bytes_, length - lo));
+  // [lo, lo + n) of the stream: before the hole, then after it.
+  const int64_t before = std::max<int64_t>(0, std::min(n, stream.hole_at - lo));
+  const char* first = stream.data + lo + (before > 0 ? 0 : stream.hole_bytes);
+  char* stage = ClaimStage(seq, n > 0 ? first : stream.data);
+  if (before > 0) std::memcpy(stage, stream.data + lo, before);
+  if (n > before) {
+    std::memcpy(stage + before, stream.data + lo + before + stream.hole_bytes, n - before);
+  }
+  control(rank_).copied.value.store(seq + 1, std::memory_order_release);
+}
+
+void ShmAllreduce::Collect(const Stream& stream, uint64_t seq, int64_t k) {
+  const int64_t lo = k * chunk_bytes_;
+  const int64_t hi = lo + chunk_bytes_;
+  // This rank's own read first (a chunk's worth), then the peers from the
+  // next rank on, as CopyOut does.
+  const Read& self = reads_[rank_];
+  if (lo < self.bytes) {
+    std::memmove(self.dst + lo, stream.data + self.offset + lo, std::min(hi, self.bytes) - lo);
+  }
+  for (int i = 1; i < size_; ++i) {
+    const int j = (rank_ + i) % size_;
+    const Read& read = reads_[j];
+    const int64_t a = std::max(lo, read.offset);
+    const int64_t b = std::min(hi, read.offset + read.bytes);
+    if (b <= a) continue;
+    WaitFor(control(j).copied.value, seq + 1, spin_micros_);
+    std::memcpy(read.dst + (a - read.offset), Stage(j, seq) + (a - lo), b - a);
   }
   control(rank_).done.value.store(seq + 1, std::memory_order_release);
 }

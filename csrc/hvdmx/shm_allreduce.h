@@ -41,6 +41,15 @@
 // spreads the job-wide result inside the host. The results stay bitwise
 // identical if `cross` gives identical bits on all its ranks (the ring does).
 //
+// Moving bytes (broadcast, allgather, alltoall), one host only: each rank
+// publishes a stream of bytes (its block) through its stages, chunk k of
+// every stream in chunk seq, and reads the ranges it needs from its peers'
+// stages straight into its output. The counters keep their meaning (copied:
+// this rank's chunk is in its stage; done: it has read what it needs of
+// chunk seq), so these calls and Allreduce interleave in any order, the same
+// on every rank. Per rank and call: its block copied in once, what it
+// receives copied out once; nothing is allocated.
+//
 // Waiting: see Note [Waiting in shared memory] in shm_allreduce.cc.
 //
 // Threading: an ShmAllreduce belongs to one rank and is used by one thread
@@ -98,15 +107,50 @@ class ShmAllreduce {
   // reduces as kSum; scaling is the caller's).
   void Allreduce(void* buf, int64_t count, DataType dtype, ReduceOp op);
 
+  // The byte-moving calls below need a single host (not hierarchical()).
+  // `root`'s `bytes` of `buf` land in `buf` on every rank.
+  void Broadcast(void* buf, int64_t bytes, int root);
+  // Rank j's block, `in` on rank j, lands at out[starts[j], starts[j+1]) on
+  // every rank (starts: size + 1 byte offsets, the same on every rank).
+  // `in` may be out + starts[rank] itself.
+  void Allgather(const void* in, void* out, const std::vector<int64_t>& starts);
+  // Rank i sends bytes[i * size + j] bytes to rank j: `in` holds them in
+  // rank order of j, and `out` receives them in rank order of i.
+  void Alltoall(const void* in, void* out, const std::vector<int64_t>& bytes);
+  // Byte-moving calls made so far; any thread may read it.
+  int64_t exchanges() const { return exchanges_.load(std::memory_order_relaxed); }
+
  private:
   struct Call;
   struct Control;
 
   Control& control(int j) const;
   char* Stage(int j, uint64_t seq) const;
+  // This rank's stage for chunk seq, once every peer is done with the chunk
+  // it held before, placed for a copy from `src`.
+  char* ClaimStage(uint64_t seq, const char* src);
   void CopyIn(const Call& call, int64_t k);
   void Reduce(const Call& call, int64_t k);
   void CopyOut(const Call& call, int64_t k);
+  // What a rank reads of one rank's stream: bytes [offset, offset + bytes)
+  // of it, to dst. Its own read is of the stream's bytes, hole included.
+  struct Read {
+    int64_t offset = 0;
+    int64_t bytes = 0;
+    char* dst = nullptr;
+  };
+  // What this rank publishes: `data` without [hole_at, hole_at + hole_bytes)
+  // (alltoall's rows for itself, which only it reads).
+  struct Stream {
+    const char* data = nullptr;
+    int64_t hole_at = 0;
+    int64_t hole_bytes = 0;
+  };
+  // Rank j publishes lengths[j] bytes (this rank: `stream`, hole removed);
+  // this rank reads reads_[j] of rank j's. Same lengths on every rank.
+  void Exchange(const Stream& stream, const std::vector<int64_t>& lengths);
+  void Publish(const Stream& stream, int64_t length, uint64_t seq, int64_t k);
+  void Collect(const Stream& stream, uint64_t seq, int64_t k);
 
   const int rank_;
   const int size_;
@@ -118,6 +162,9 @@ class ShmAllreduce {
   std::vector<const char*> operands_;  // Reduce's, one per rank
   const int64_t spin_micros_;          // see Note [Waiting in shared memory]
   std::atomic<int64_t> calls_{0};
+  std::atomic<int64_t> exchanges_{0};
+  std::vector<Read> reads_;        // Exchange's, one per rank
+  std::vector<int64_t> lengths_;   // the streams' lengths, one per rank
 };
 
 }  // namespace hvdmx

@@ -10,6 +10,7 @@ import pytest
 from mpi4py import MPI
 
 import hvdmx as hvd
+from hvdmx import _core
 
 
 def pytest_configure(config):
@@ -53,3 +54,25 @@ def all_equal_across_ranks(array) -> bool:
     """True when every rank holds the same bytes."""
     data = array.tobytes()
     return all(d == data for d in MPI.COMM_WORLD.allgather(data))
+
+
+def shm_exchanges() -> int:
+    """Broadcasts, allgathers and alltoalls that shared memory has carried."""
+    info = _core._testing_shm_info()
+    return 0 if info is None else info["exchanges"]
+
+
+@pytest.fixture(scope="module", params=["shm", "mpi"])
+def transport(request):
+    """Runs a module's tests once per way their bytes travel on one host:
+    shared memory (HVDMX_ALLREDUCE_ALGO=shm: broadcast, allgather and
+    alltoall too) and MPI (HVDMX_ALLREDUCE_ALGO=mpi). Checks that shared
+    memory really carried the first run."""
+    restart({"HVDMX_ALLREDUCE_ALGO": request.param})
+    if request.param == "mpi":
+        assert _core._testing_shm_info() is None
+    before = shm_exchanges()
+    yield request.param
+    if request.param == "shm" and hvd.size() > 1:
+        assert shm_exchanges() > before, "shared memory carried none of the calls"
+    restart({})

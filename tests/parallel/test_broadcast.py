@@ -6,6 +6,9 @@ import hvdmx as hvd
 from conftest import all_equal_across_ranks
 from helpers import DTYPES, counts_for, rank_input
 
+# Each test runs over shared memory and over MPI (conftest.transport).
+pytestmark = pytest.mark.usefixtures("transport")
+
 
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_broadcast_every_root_dtype_and_count(world, dtype):

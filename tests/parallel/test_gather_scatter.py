@@ -9,6 +9,9 @@ import hvdmx as hvd
 from conftest import all_equal_across_ranks
 from helpers import DTYPES, expected, rank_input
 
+# Each test runs over shared memory and over MPI (conftest.transport).
+pytestmark = pytest.mark.usefixtures("transport")
+
 TRAILING = [(), (3,), (2, 2)]
 
 

@@ -8,7 +8,7 @@ from mpi4py import MPI
 
 import hvdmx as hvd
 from hvdmx import _core
-from conftest import all_equal_across_ranks, restart
+from conftest import all_equal_across_ranks, restart, shm_exchanges
 from helpers import DTYPES, OPS, counts_for, expected, rank_input
 
 
@@ -101,6 +101,47 @@ def test_many_calls_in_a_row(world, shm):
     check(x, expected(size, 5000, "float32", hvd.Max))
 
 
+def rows(rank, n, salt=0):
+    """n rows of 3 exact values that say which rank and row they came from."""
+    i = np.arange(n * 3, dtype=np.float32).reshape(n, 3)
+    return i + 1000 * rank + 7 * salt
+
+
+def test_broadcast_allgather_alltoall_through_shm(world, shm):
+    # Interleaved with allreduces; ragged rows, 0 rows on rank 1, a grouped
+    # allgather (packed in the fusion buffer), every root.
+    rank, size = world
+    before = shm_exchanges()
+    moves = 0
+    for step in range(3):
+        n = (rank * 40_001 + step * 7) % 90_001 if rank != 1 else 0
+        got = hvd.allgather(mx.nd.array(rows(rank, n, step))).asnumpy()
+        want = np.concatenate([rows(r, (r * 40_001 + step * 7) % 90_001 if r != 1 else 0, step)
+                               for r in range(size)])
+        assert np.array_equal(got, want)
+        a, b = hvd.grouped_allgather([mx.nd.array(rows(rank, rank + 1, step)),
+                                      mx.nd.array(rows(rank, 2, step + 1)[:, :2])])
+        assert np.array_equal(a.asnumpy(), np.concatenate([rows(r, r + 1, step)
+                                                           for r in range(size)]))
+        assert np.array_equal(b.asnumpy(), np.concatenate([rows(r, 2, step + 1)[:, :2]
+                                                           for r in range(size)]))
+        root = step % size
+        x = mx.nd.array(rows(rank, 50_000, step))
+        hvd.broadcast_(x, root_rank=root)
+        assert np.array_equal(x.asnumpy(), rows(root, 50_000, step))
+        splits = [(rank + d + step) * 1000 for d in range(size)]
+        send = np.concatenate([rows(rank * size + d, splits[d], step) for d in range(size)])
+        out, received = hvd.alltoall(mx.nd.array(send), splits=splits)
+        want = np.concatenate([rows(s * size + rank, (s + rank + step) * 1000, step)
+                               for s in range(size)])
+        assert np.array_equal(out.asnumpy(), want)
+        assert received.asnumpy().tolist() == [(s + rank + step) * 1000 for s in range(size)]
+        check(hvd.allreduce(mx.nd.array(rank_input(rank, 3001, "float32", hvd.Sum)), op=hvd.Sum),
+              expected(size, 3001, "float32", hvd.Sum))
+        moves += 4
+    assert shm_exchanges() == (before + moves if size > 1 else 0)
+
+
 def test_auto_picks_by_size_and_stays_correct(world):
     rank, size = world
     restart({"HVDMX_ALLREDUCE_ALGO": "auto", "HVDMX_SHM_MIN_BYTES": "4096"})
@@ -117,6 +158,19 @@ def test_auto_picks_by_size_and_stays_correct(world):
             # MPI below the threshold, except for float16 which MPI cannot reduce
             by_shm = count * np.dtype(dtype).itemsize >= 4096 or dtype == "float16"
             assert shm_calls() == before + by_shm, (dtype, count)
+        # Broadcast by the same threshold; allgather and alltoall stay on MPI
+        for count in [10, 1024]:
+            before = shm_exchanges()
+            x = mx.nd.array(rank_input(rank, count, "float32", hvd.Sum))
+            got = hvd.broadcast(x, root_rank=size - 1).asnumpy()
+            assert np.array_equal(got, rank_input(size - 1, count, "float32", hvd.Sum))
+            assert shm_exchanges() == before + (size > 1 and count * 4 >= 4096)
+        before = shm_exchanges()
+        got = hvd.allgather(mx.nd.array(rows(rank, 2000))).asnumpy()
+        assert np.array_equal(got, np.concatenate([rows(r, 2000) for r in range(size)]))
+        out = hvd.alltoall(mx.nd.array(rows(rank, 2000 * size)))
+        assert out.shape == (2000 * size, 3)
+        assert shm_exchanges() == before
     finally:
         restart({})
 
@@ -153,5 +207,13 @@ def test_hierarchical_on_pretend_hosts(world, per_host):
         rng = np.random.default_rng(rank)
         data = rng.standard_normal(100_001).astype(np.float32)
         assert all_equal_across_ranks(hvd.allreduce(mx.nd.array(data), op=hvd.Sum).asnumpy())
+        # Byte moves take shared memory only on a single host
+        before = shm_exchanges()
+        got = hvd.allgather(mx.nd.array(rows(rank, 30_001 + rank))).asnumpy()
+        assert np.array_equal(got, np.concatenate([rows(r, 30_001 + r) for r in range(size)]))
+        got = hvd.broadcast(mx.nd.array(rows(rank, 30_001)), root_rank=size - 1).asnumpy()
+        assert np.array_equal(got, rows(size - 1, 30_001))
+        one_host = info is not None and not info["hierarchical"]
+        assert shm_exchanges() == before + (2 if one_host else 0)
     finally:
         restart({})
