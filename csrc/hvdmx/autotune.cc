@@ -1,5 +1,6 @@
 #include "autotune.h"
 
+#include <algorithm>
 #include <iterator>
 
 #include "logging.h"
@@ -49,10 +50,18 @@ Autotuner::Autotuner(const Config& config, bool leader) : leader_(leader) {
   } else {
     algos_.assign(std::begin(kAlgoCandidates), std::end(kAlgoCandidates));
   }
-  // Warm up at the configured threshold when it is a candidate.
+  // Warm up, and start the search, at the configured values where they are
+  // candidates.
   for (size_t f = 0; f < fusions_.size(); ++f) {
     if (fusions_[f] == config.fusion_threshold) current_[0] = static_cast<int>(f);
   }
+  for (size_t c = 0; c < cycles_.size(); ++c) {
+    if (cycles_[c] == config.cycle_time_ms) current_[1] = static_cast<int>(c);
+  }
+  for (size_t a = 0; a < algos_.size(); ++a) {
+    if (algos_[a] == config.allreduce_algo) current_[2] = static_cast<int>(a);
+  }
+  best_ = current_;
   if (fusions_.size() == 1 && cycles_.size() == 1 && algos_.size() == 1) done_ = true;
   if (leader_ && !config.autotune_log.empty()) {
     log_ = std::fopen(config.autotune_log.c_str(), "w");
@@ -98,20 +107,31 @@ void Autotuner::RoundDone(int64_t bytes, Clock::time_point now) {
   NextTrial(static_cast<double>(bytes_) / elapsed);
 }
 
+namespace {
+
+double Median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  const size_t n = v.size();
+  return n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
+}
+
+}  // namespace
+
 void Autotuner::NextSweep() {
   const size_t sizes[kDims] = {fusions_.size(), cycles_.size(), algos_.size()};
   sweep_.clear();
   position_ = 0;
   while (sweep_.empty() && ++dim_ < kDims) {
     if (sizes[dim_] < 2) continue;
-    // Every value of this dimension at the best point so far; the best
-    // point itself was scored already, unless nothing was.
+    // Every value of this dimension at the best point so far, that point's
+    // own value included: it is measured again beside the others.
     for (int v = 0; v < static_cast<int>(sizes[dim_]); ++v) {
       Point p = best_;
       p[dim_] = v;
-      if (best_score_ < 0 || v != best_[dim_]) sweep_.push_back(p);
+      sweep_.push_back(p);
     }
   }
+  sweep_scores_.assign(sweep_.size(), {});
   if (sweep_.empty()) {
     done_ = true;
     current_ = best_;
@@ -125,24 +145,38 @@ void Autotuner::NextSweep() {
   current_ = sweep_[0];
 }
 
+void Autotuner::EndSweep() {
+  std::vector<double> medians;
+  size_t incumbent = 0;
+  for (size_t i = 0; i < sweep_.size(); ++i) {
+    medians.push_back(Median(sweep_scores_[i]));
+    if (sweep_[i] == best_) incumbent = i;
+  }
+  size_t winner = incumbent;
+  for (size_t i = 0; i < sweep_.size(); ++i) {
+    if (medians[i] > medians[incumbent] * (1 + kMargin) &&
+        (winner == incumbent || medians[i] > medians[winner])) {
+      winner = i;
+    }
+  }
+  best_ = sweep_[winner];
+  best_score_ = medians[winner];
+  Log(Setting(best_), best_score_, "sweep best");
+}
+
 void Autotuner::NextTrial(double score) {
   if (dim_ < 0) {
     Log(Setting(current_), score, "warm-up");
-    // The sweeps start from the first value of every dimension.
-    best_ = Point{};
-  } else {
-    Log(Setting(current_), score, "trial");
-    // Sweeps run in increasing value order, so a tie keeps the smaller.
-    if (score > best_score_) {
-      best_score_ = score;
-      best_ = current_;
-    }
-    ++position_;
-  }
-  if (dim_ < 0 || position_ >= sweep_.size()) {
     NextSweep();
   } else {
-    current_ = sweep_[position_];
+    Log(Setting(current_), score, "trial");
+    sweep_scores_[position_ % sweep_.size()].push_back(score);
+    if (++position_ == sweep_.size() * kPasses) {
+      EndSweep();
+      NextSweep();
+    } else {
+      current_ = sweep_[position_ % sweep_.size()];
+    }
   }
   started_set_ = false;
 }

@@ -8,13 +8,21 @@
 // began: for a training loop that is proportional to steps per second, so
 // it counts compute, negotiation and transfer alike. It sweeps one
 // dimension at a time, the others held at the best values so far: the
-// fusion thresholds (at cycle time 0 and the auto algorithm), then the
-// cycle times, then the algorithms (auto, shm, ring, mpi), and keeps the
-// best setting found (ties go to the earlier value: smaller, or auto). A
-// dimension the user fixed through its environment variable
-// (HVDMX_ALLREDUCE_ALGO or HVDMX_HIERARCHICAL_ALLREDUCE for the algorithm)
-// is not swept. The first trial only warms up (caches, allocations) and is
-// not scored.
+// fusion thresholds, then the cycle times, then the algorithms (auto, shm,
+// ring, mpi). The search starts from the configured values (the defaults
+// unless the user set them). A dimension the user fixed through its
+// environment variable (HVDMX_ALLREDUCE_ALGO or HVDMX_HIERARCHICAL_ALLREDUCE
+// for the algorithm) is not swept. The first trial only warms up (caches,
+// allocations) and is not scored.
+//
+// A machine's load drifts and bursts over seconds, by more than the
+// differences being measured (docs/benchmarks.md). So a sweep runs its
+// values kPasses times, interleaved (a, b, c, a, b, c, ...), the current
+// best value among them, and scores each value by the median of its
+// passes: a burst spoils one pass, and drift hits every value alike. The
+// best value so far is kept unless another's median beats it by more than
+// kMargin; among those that do, the highest median wins (ties: the
+// earlier value).
 //
 // Every rank applies rank 0's setting in step: the setting travels in one
 // word of each round's bitwise AND (rank 0 contributes it, the others all
@@ -64,8 +72,11 @@ class Autotuner {
   void RoundDone(int64_t bytes, Clock::time_point now);
 
   // A trial lasts at least this long and this many rounds with work.
-  static constexpr double kTrialSeconds = 0.4;
-  static constexpr int kTrialRounds = 10;
+  static constexpr double kTrialSeconds = 0.25;
+  static constexpr int kTrialRounds = 8;
+  // See Note [Autotune].
+  static constexpr int kPasses = 3;
+  static constexpr double kMargin = 0.02;
 
  private:
   static constexpr int kDims = 3;  // fusion threshold, cycle time, algorithm
@@ -76,6 +87,8 @@ class Autotuner {
   // Starts the sweep of the next dimension with more than one value, or
   // ends the search.
   void NextSweep();
+  // Ends a sweep: moves best_ to the value its scores favour.
+  void EndSweep();
   void NextTrial(double score);
   void Log(const TunedSetting& s, double score, const char* note);
 
@@ -83,8 +96,9 @@ class Autotuner {
   std::vector<double> cycles_;
   std::vector<AllreduceAlgo> algos_;
   int dim_ = -1;                 // the dimension being swept; -1: warm-up
-  std::vector<Point> sweep_;     // its trials
-  size_t position_ = 0;          // within sweep_
+  std::vector<Point> sweep_;     // its values, once each
+  std::vector<std::vector<double>> sweep_scores_;  // per value, one per pass
+  size_t position_ = 0;          // trials of the sweep so far (all passes)
   Point current_{};
   bool done_ = false;
   bool leader_;
