@@ -69,13 +69,18 @@ __all__ = sorted(_EXPORTS)
 def __getattr__(name):
     if name == "_core":
         # The extension binds to the libmpi that mpi4py loads (by soname), so
-        # basics, which imports mpi4py first, must come before it.
-        importlib.import_module("hvdmx.basics")
+        # mpi4py must come first. Only that: submodules import _core at their
+        # top, and any more here would import them back half-initialized.
+        importlib.import_module("mpi4py.MPI")
         return importlib.import_module("hvdmx._core")
     module = _EXPORTS.get(name)
     if module is None:
         raise AttributeError(f"module 'hvdmx' has no attribute {name!r}")
     value = getattr(importlib.import_module(f"hvdmx.{module}"), name)
+    # Registers the kvstore plugin with MXNet (mx.kv.create("dist_sync_hvdmx"),
+    # kvstore="dist_sync_hvdmx") as soon as any of hvdmx is used; init()
+    # registers it too, for code that imports a submodule directly.
+    importlib.import_module("hvdmx.kvstore")
     globals()[name] = value
     return value
 

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import atexit
+import importlib
 from typing import Any, Optional, Sequence, Union
 
 # mpi4py loads libmpi first; the extension then binds to that same library
@@ -65,6 +66,10 @@ def init(comm: Optional[Union[Any, Sequence[int]]] = None,
                         f"or a list of ranks, got {type(comm).__name__}")
     _process_sets._forget_all()
     _core.init(address)
+    # Registers the kvstore plugin with MXNet (also done on first use of any
+    # public name, see hvdmx/__init__.py); imported here, not at the top,
+    # because it imports the modules that import this one.
+    importlib.import_module("hvdmx.kvstore")
     if not _atexit_registered:
         atexit.register(shutdown)
         _atexit_registered = True
@@ -166,8 +171,3 @@ def stop_timeline() -> None:
     """Finishes the timeline file (it is valid JSON at every moment anyway)."""
     _core.stop_timeline()
 
-
-# Registers the kvstore plugin with MXNet (mx.kv.create("dist_sync_hvdmx"),
-# kvstore="dist_sync_hvdmx") as soon as any of hvdmx is used; last, because it
-# imports the modules that import this one.
-from hvdmx import kvstore as _kvstore  # noqa: E402,F401

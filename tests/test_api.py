@@ -1,5 +1,9 @@
 """The public surface, before init: names exist, build flags answer, and
-every collective refuses to run with a clear message."""
+every collective refuses to run with a clear message; each submodule
+imports on its own."""
+import subprocess
+import sys
+
 import mxnet as mx
 import pytest
 
@@ -44,3 +48,17 @@ def test_built_flags_work_before_init():
 def test_calls_before_init_raise(call):
     with pytest.raises(ValueError, match="not been initialized, or has been shut down; call hvd.init\\(\\) first"):
         call()
+
+
+@pytest.mark.parametrize("module", ["ops", "optimizer", "functions", "process_sets", "basics",
+                                    "kvstore", "checkpoint", "compression"])
+def test_each_submodule_imports_first_on_its_own(module):
+    # A fresh interpreter whose first hvdmx import is this submodule: the
+    # modules import each other, and none may find another half-initialized.
+    code = (f"import hvdmx.{module}\n"
+            "import hvdmx as hvd, mxnet as mx\n"
+            "hvd.init()\n"
+            "assert mx.kv.create('dist_sync_hvdmx').type == 'dist_sync_hvdmx'\n")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                            timeout=120)
+    assert result.returncode == 0, result.stderr
