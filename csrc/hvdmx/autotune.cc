@@ -152,12 +152,12 @@ void Autotuner::EndSweep() {
     medians.push_back(Median(sweep_scores_[i]));
     if (sweep_[i] == best_) incumbent = i;
   }
+  const std::vector<double>& kept = sweep_scores_[incumbent];
+  const double bar = *std::max_element(kept.begin(), kept.end()) * (1 + kMargin);
   size_t winner = incumbent;
   for (size_t i = 0; i < sweep_.size(); ++i) {
-    if (medians[i] > medians[incumbent] * (1 + kMargin) &&
-        (winner == incumbent || medians[i] > medians[winner])) {
-      winner = i;
-    }
+    const double worst = *std::min_element(sweep_scores_[i].begin(), sweep_scores_[i].end());
+    if (worst > bar && (winner == incumbent || medians[i] > medians[winner])) winner = i;
   }
   best_ = sweep_[winner];
   best_score_ = medians[winner];

@@ -20,9 +20,10 @@
 // values kPasses times, interleaved (a, b, c, a, b, c, ...), the current
 // best value among them, and scores each value by the median of its
 // passes: a burst spoils one pass, and drift hits every value alike. The
-// best value so far is kept unless another's median beats it by more than
-// kMargin; among those that do, the highest median wins (ties: the
-// earlier value).
+// best value so far is kept unless another value's worst pass beats its
+// best pass by more than kMargin (settings that differ less than the noise
+// are not worth moving for; measured: docs/benchmarks.md); among those
+// that do, the highest median wins (ties: the earlier value).
 //
 // Every rank applies rank 0's setting in step: the setting travels in one
 // word of each round's bitwise AND (rank 0 contributes it, the others all
