@@ -1,0 +1,33 @@
+// The test suite's entry points into the core (testing_bindings.cc), and
+// what both binding files share: the Status-to-exception mapping and the
+// request builder.
+#ifndef HVDMX_TESTING_BINDINGS_H_
+#define HVDMX_TESTING_BINDINGS_H_
+
+#include <pybind11/pybind11.h>
+
+#include <string>
+#include <vector>
+
+#include "common.h"
+#include "message.h"
+
+namespace hvdmx {
+
+// Raises a failed Status in Python: ValueError for invalid arguments,
+// RuntimeError otherwise.
+void ThrowIfError(const Status& status);
+
+// A request as the Python layer describes one (dtype codes, reduce op code,
+// device type 2 = GPU), from rank `rank`.
+Request MakeRequest(CollectiveType type, const std::string& name,
+                    const std::vector<int>& dtypes,
+                    const std::vector<std::vector<int64_t>>& shapes, int op, int root,
+                    double prescale, double postscale, int dev_type, int dev_id, int rank);
+
+// Adds the _testing_* functions and _TestingLocalJob to the module.
+void DefineTestingBindings(pybind11::module_& m);
+
+}  // namespace hvdmx
+
+#endif  // HVDMX_TESTING_BINDINGS_H_
