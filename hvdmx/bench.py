@@ -137,7 +137,7 @@ class _Case:
             self.hvdmx = lambda: hvd.reducescatter(buf, op=hvd.Sum, name=name)
             send, mpi_recv = mine[:part * n].copy(), np.empty(part, dtype=dtype)
             self.mpi = lambda: comm.Reduce_scatter_block(send, mpi_recv, op=MPI.SUM)
-        self.mpi_out = mpi_recv if kind != "allreduce" else mpi_recv
+        self.mpi_out = mpi_recv
 
     def hvdmx_wrong(self, step) -> int:
         return int(np.count_nonzero(step().asnumpy() != self.want))
@@ -183,7 +183,7 @@ def run_collective(args) -> list:
         measure("ip", case.hvdmx_in_place, case.hvdmx_in_place is not None)
         # The figure set beside MPI's (in place where the op has that form).
         best = "ip" if case.hvdmx_in_place is not None else "oop"
-        for field in ("us", "algbw", "busbw", "wrong"):
+        for field in ("us", "algbw", "busbw"):
             row[f"hvdmx_{field}"] = row[f"{best}_{field}"]
         row["hvdmx_wrong"] = row["oop_wrong"] + row["ip_wrong"]
         measure("mpi", case.mpi, mpi_runs)

@@ -103,7 +103,7 @@ class Autotuner {
   Point current_{};
   bool done_ = false;
   bool leader_;
-  double best_score_ = -1;       // < 0: nothing scored yet
+  double best_score_ = -1;       // best_'s median, for the log
   Point best_{};
   int64_t bytes_ = 0;
   int rounds_ = 0;

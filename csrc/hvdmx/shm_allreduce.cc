@@ -272,7 +272,7 @@ void ShmAllreduce::Broadcast(void* buf, int64_t bytes, int root) {
   if (rank_ != root) reads_[root] = {0, bytes, static_cast<char*>(buf)};
   lengths_.assign(size_, 0);
   lengths_[root] = bytes;
-  Exchange({static_cast<const char*>(buf), 0, 0}, lengths_);
+  Exchange({static_cast<const char*>(buf), 0, 0});
 }
 
 void ShmAllreduce::Allgather(const void* in, void* out, const std::vector<int64_t>& starts) {
@@ -286,7 +286,7 @@ void ShmAllreduce::Allgather(const void* in, void* out, const std::vector<int64_
     // A block that is already in place is not copied onto itself.
     if (j != rank_ || in != dst + starts[j]) reads_[j] = {0, lengths_[j], dst + starts[j]};
   }
-  Exchange({static_cast<const char*>(in), 0, 0}, lengths_);
+  Exchange({static_cast<const char*>(in), 0, 0});
 }
 
 void ShmAllreduce::Alltoall(const void* in, void* out, const std::vector<int64_t>& bytes) {
@@ -307,7 +307,7 @@ void ShmAllreduce::Alltoall(const void* in, void* out, const std::vector<int64_t
     reads_[j] = {before_me, bytes[j * size_ + rank_], dst};
     dst += bytes[j * size_ + rank_];
   }
-  Exchange(mine, lengths_);
+  Exchange(mine);
 }
 
 // Chunk k of every stream travels in chunk seq first_seq + k; every rank
@@ -315,14 +315,14 @@ void ShmAllreduce::Alltoall(const void* in, void* out, const std::vector<int64_t
 // ones too, so that seq stays the same everywhere. This rank's own read
 // comes from its stream's bytes, hole included, a chunk's worth per chunk
 // and the rest at the end.
-void ShmAllreduce::Exchange(const Stream& stream, const std::vector<int64_t>& lengths) {
+void ShmAllreduce::Exchange(const Stream& stream) {
   exchanges_.fetch_add(1, std::memory_order_relaxed);
-  const int64_t longest = *std::max_element(lengths.begin(), lengths.end());
+  const int64_t longest = *std::max_element(lengths_.begin(), lengths_.end());
   const int64_t chunks = size_ == 1 ? 0 : (longest + chunk_bytes_ - 1) / chunk_bytes_;
   const uint64_t first_seq = seq_;
-  if (chunks > 0) Publish(stream, lengths[rank_], first_seq, 0);
+  if (chunks > 0) Publish(stream, lengths_[rank_], first_seq, 0);
   for (int64_t k = 0; k < chunks; ++k) {
-    if (k + 1 < chunks) Publish(stream, lengths[rank_], first_seq + k + 1, k + 1);
+    if (k + 1 < chunks) Publish(stream, lengths_[rank_], first_seq + k + 1, k + 1);
     Collect(stream, first_seq + k, k);
   }
   seq_ += static_cast<uint64_t>(chunks);

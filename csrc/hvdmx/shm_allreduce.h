@@ -146,9 +146,10 @@ class ShmAllreduce {
     int64_t hole_at = 0;
     int64_t hole_bytes = 0;
   };
-  // Rank j publishes lengths[j] bytes (this rank: `stream`, hole removed);
-  // this rank reads reads_[j] of rank j's. Same lengths on every rank.
-  void Exchange(const Stream& stream, const std::vector<int64_t>& lengths);
+  // Rank j publishes lengths_[j] bytes (this rank: `stream`, hole removed);
+  // this rank reads reads_[j] of rank j's. The caller fills both; lengths_
+  // is the same on every rank.
+  void Exchange(const Stream& stream);
   void Publish(const Stream& stream, int64_t length, uint64_t seq, int64_t k);
   void Collect(const Stream& stream, uint64_t seq, int64_t k);
 
@@ -163,8 +164,8 @@ class ShmAllreduce {
   const int64_t spin_micros_;          // see Note [Waiting in shared memory]
   std::atomic<int64_t> calls_{0};
   std::atomic<int64_t> exchanges_{0};
-  std::vector<Read> reads_;        // Exchange's, one per rank
-  std::vector<int64_t> lengths_;   // the streams' lengths, one per rank
+  std::vector<Read> reads_;        // Exchange's input, one per rank
+  std::vector<int64_t> lengths_;   // Exchange's input: the streams' lengths
 };
 
 }  // namespace hvdmx
