@@ -44,7 +44,9 @@ def reference(arrays, code, op):
 
 
 def run(calls, code, op, chunk, hosts=1):
-    _core._testing_shm_allreduce(calls, code, op, chunk, hosts)
+    """Reduces calls[c][r] (rank r's array in call c) in place, call by call."""
+    _core._testing_shm_allreduce([[[a] for a in arrays] for arrays in calls], code, op, chunk,
+                                 hosts)
 
 
 @settings(max_examples=80, deadline=None)
@@ -130,6 +132,69 @@ def test_unaligned_buffers():
     run([arrays], FLOAT32, SUM, 4096)
     for a in arrays:
         assert np.array_equal(a, want)
+
+
+def scatter(array, counts, shift):
+    """``array`` cut into pieces of ``counts`` (then the rest), each copied into
+    an array of its own, at its own offset from a fresh allocation."""
+    pieces, at = [], 0
+    for i, count in enumerate(list(counts) + [len(array) - sum(counts)]):
+        offset = (i + shift) % 16
+        piece = np.zeros(count + 16, dtype=array.dtype)[offset:offset + count]
+        piece[:] = array[at:at + count]
+        pieces.append(piece)
+        at += count
+    return pieces
+
+
+def run_fused(calls, counts, code, op, chunk, hosts=1, postscale=1.0):
+    """Like run(), but each rank's array travels as separate pieces in one
+    fused call (ShmAllreduce::Span); returns the results joined again."""
+    scattered = [[scatter(a, counts, shift=r) for r, a in enumerate(arrays)] for arrays in calls]
+    _core._testing_shm_allreduce(scattered, code, op, chunk, hosts, postscale)
+    return [[np.concatenate(pieces) for pieces in ranks] for ranks in scattered]
+
+
+def scaled(array, code, factor):
+    """ScaleBuffer's result: what the scale inside the allreduce must give."""
+    out = array.copy()
+    _core._testing_scale(out, code, factor)
+    return out
+
+
+@settings(max_examples=80, deadline=None)
+@given(local=st.integers(1, 4), hosts=st.integers(1, 2),
+       counts=st.lists(st.integers(0, 200), min_size=1, max_size=6), rest=st.integers(0, 200),
+       chunk=st.sampled_from(CHUNKS), code=st.sampled_from(sorted(HOLDER)),
+       op=st.sampled_from([SUM, MIN, MAX, PRODUCT]))
+def test_fused_pieces_match_reference(local, hosts, counts, rest, chunk, code, op):
+    # Chunks and slices cut across pieces, empty pieces, pieces at unrelated
+    # addresses; two calls in a row keep the chunk numbering in step; the
+    # result scaled block by block (Average's 1/size) has ScaleBuffer's bits.
+    size = local * hosts
+    calls = [inputs(size, sum(counts) + rest, code, op, seed=c) for c in range(2)]
+    factor = 1.0 / size if op == SUM else 1.0
+    wants = [scaled(reference(arrays, code, op), code, factor) for arrays in calls]
+    for results, want in zip(run_fused(calls, counts, code, op, chunk, hosts, factor), wants):
+        for got in results:
+            assert got.tobytes() == want.tobytes()
+
+
+@pytest.mark.parametrize("size", [2, 3])
+@pytest.mark.parametrize("chunk", [64, 4096, 1 << 20])
+def test_fused_pieces_give_the_bits_of_one_buffer(size, chunk):
+    # Sums whose value depends on who adds what: the fused call must give
+    # the bits of one call on the whole buffer.
+    rng = np.random.default_rng(size * chunk)
+    count = 40_003
+    arrays = [(rng.standard_normal(count) * 10 ** rng.uniform(-3, 3, count)).astype(np.float32)
+              for _ in range(size)]
+    counts = [1, 0, 999, 5000, 17, 0, 12_345]
+    fused = run_fused([arrays], counts, FLOAT32, SUM, chunk, postscale=1 / 3)[0]
+    run([arrays], FLOAT32, SUM, chunk)
+    want = scaled(arrays[0], FLOAT32, 1 / 3)
+    for got in fused:
+        assert got.tobytes() == want.tobytes()
 
 
 @settings(max_examples=200, deadline=None)

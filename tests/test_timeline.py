@@ -37,8 +37,10 @@ def test_timeline_from_the_environment(tmp_path):
     phases, events = phases_by_tensor(path)
     assert {"NEGOTIATE", "QUEUE"} <= phases["single"]
     assert {"MPI_ALLREDUCE", "RING_ALLREDUCE", "SHM_ALLREDUCE"} & phases["single"]
-    # three small allreduces of one round are fused
-    assert {"MEMCPY_IN_FUSION_BUFFER", "MEMCPY_OUT_FUSION_BUFFER"} <= phases["fused.1"]
+    # both ranks share this host: auto reduces through shared memory, which
+    # reads and writes a fused group's tensors where they are (no fusion buffer)
+    assert "SHM_ALLREDUCE" in phases["fused.1"]
+    assert not {"MEMCPY_IN_FUSION_BUFFER", "MEMCPY_OUT_FUSION_BUFFER"} & phases["fused.1"]
     # both ranks share this host: auto broadcasts through shared memory
     assert "SHM_BCAST" in phases["bcast"]
     assert "RING_ALLGATHER" in phases["gather"]
@@ -50,6 +52,16 @@ def test_timeline_from_the_environment(tmp_path):
     assert all(e["dur"] >= 0 and e["ts"] >= 0 for e in negotiate)
     assert any(e.get("args", {}).get("shape") == "(1000,)" for e in negotiate)
     assert any(e.get("args", {}).get("dtype") == "float32" for e in negotiate)
+
+
+def test_mpi_fuses_through_the_fusion_buffer(tmp_path):
+    path = tmp_path / "t.json"
+    result = run_job(2, JOB, HVDMX_TIMELINE=str(path), HVDMX_ALLREDUCE_ALGO="mpi")
+    assert result.returncode == 0, result.stderr
+    phases, _ = phases_by_tensor(path)
+    # three small allreduces of one round are fused
+    assert {"MEMCPY_IN_FUSION_BUFFER", "MPI_ALLREDUCE",
+            "MEMCPY_OUT_FUSION_BUFFER"} <= phases["fused.1"]
 
 
 def test_start_and_stop_while_running(tmp_path):

@@ -168,6 +168,11 @@ const char* Executor::RunUnit(const Response& response, TensorEntry& entry) {
   return "COLLECTIVE";
 }
 
+bool Executor::ShmReduces(int64_t bytes) const {
+  return comm_.size() > 1 &&
+         ChooseAllreduce(config_, bytes, shm_ != nullptr) == AllreduceAlgo::kShm;
+}
+
 bool Executor::ShmMoves(CollectiveType type, int64_t bytes) const {
   if (shm_ == nullptr || shm_->hierarchical() || shm_->size() != comm_.size()) return false;
   // See "Broadcast, allgather and alltoall on one host" in docs/algorithms.md.
@@ -198,20 +203,36 @@ void Executor::RunAllreduceGroup(const FusionGroup& group, const std::vector<Res
   };
   auto t0 = Clock::now();
 
-  if (group.items.size() == 1) {
-    // One tensor: reduce straight in its output, no fusion copy.
-    const FusionGroup::Item& item = group.items[0];
-    TensorEntry& entry = entries[item.response];
-    const int64_t count = head.counts[item.tensor];
-    void* out = entry.outputs[item.tensor];
-    if (out != entry.inputs[item.tensor] && count > 0) {
-      std::memcpy(out, entry.inputs[item.tensor], count * elem);
+  if (group.items.size() == 1 || ShmReduces(group.bytes)) {
+    // Each tensor is reduced where it lies, in its output: one tensor needs
+    // no fusion buffer, and shared memory reads and writes a fused group's
+    // tensors in place (see ShmAllreduce::Span).
+    spans_.clear();
+    bool copied = false;
+    for (const FusionGroup::Item& item : group.items) {
+      TensorEntry& entry = entries[item.response];
+      const int64_t count = responses[item.response].counts[item.tensor];
+      void* out = entry.outputs[item.tensor];
+      if (out != entry.inputs[item.tensor] && count > 0) {
+        std::memcpy(out, entry.inputs[item.tensor], count * elem);
+        copied = true;
+      }
+      spans_.push_back({out, count});
+    }
+    if (copied) {
       record("MEMCPY_IN_OUTPUT", t0);
       t0 = Clock::now();
     }
-    ScaleBuffer(out, count, dtype, head.prescale);
-    const char* algorithm = Allreduce(out, count, dtype, head.op);
-    ScaleBuffer(out, count, dtype, postscale);
+    for (const ShmAllreduce::Span& span : spans_) {
+      ScaleBuffer(span.data, span.count, dtype, head.prescale);
+    }
+    const char* algorithm = "SHM_ALLREDUCE";
+    if (ShmReduces(group.bytes)) {
+      shm_->Allreduce(spans_, dtype, head.op, postscale);
+    } else {
+      algorithm = Allreduce(spans_[0].data, spans_[0].count, dtype, head.op);
+      ScaleBuffer(spans_[0].data, spans_[0].count, dtype, postscale);
+    }
     record(algorithm, t0);
     return;
   }

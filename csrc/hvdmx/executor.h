@@ -1,8 +1,9 @@
 // Runs one round's responses on this rank: for each fusion group, pack the
-// inputs into the fusion buffer, run the collective, unpack and scale, and
-// fire each entry's callback as soon as all of its tensors are done. The
-// other collectives run one unit at a time, several tensors of a grouped
-// call packed into one exchange.
+// inputs into the fusion buffer (unless the group is one tensor, or goes
+// through shared memory, which reads the tensors where they are), run the
+// collective, unpack and scale, and fire each entry's callback as soon as
+// all of its tensors are done. The other collectives run one unit at a
+// time, several tensors of a grouped call packed into one exchange.
 //
 // Threading: the runtime's background thread only.
 #ifndef HVDMX_EXECUTOR_H_
@@ -50,6 +51,9 @@ class Executor {
   // a broadcast of at least HVDMX_SHM_MIN_BYTES (measured: see
   // docs/algorithms.md). The same answer on every rank.
   bool ShmMoves(CollectiveType type, int64_t bytes) const;
+  // Whether an allreduce of `bytes` in all takes shared memory (then a
+  // fused group needs no fusion buffer).
+  bool ShmReduces(int64_t bytes) const;
 
   Comm& comm_;
   const Config& config_;
@@ -58,6 +62,7 @@ class Executor {
   std::vector<int64_t> starts_;             // chunk boundaries, reused
   std::vector<int64_t> pair_bytes_;         // alltoall: bytes i sends to j, reused
   std::vector<Comm::Request> requests_;     // outstanding point-to-point, reused
+  std::vector<ShmAllreduce::Span> spans_;   // a group's tensors reduced in place, reused
   ShmAllreduce* shm_;  // null unless ranks share hosts (see shm_segment.h)
 };
 

@@ -110,10 +110,13 @@ struct ShmAllreduce::Control {
 
 // One Allreduce call's geometry.
 struct ShmAllreduce::Call {
-  char* buf;
+  const Span* spans;
+  size_t nspans;
+  const int64_t* starts;  // spans' first elements in the concatenation, then count
   int64_t count;
   DataType dtype;
   ReduceOp op;
+  double postscale;     // applied to each reduced block
   int64_t elem;         // bytes per element
   int64_t chunk_elems;  // elements per chunk (the last may be shorter)
   int64_t unit;         // slice granularity, elements
@@ -150,6 +153,7 @@ ShmAllreduce::ShmAllreduce(int rank, int size, std::vector<char*> regions, int64
       owner_(std::move(owner)),
       cross_(std::move(cross)),
       operands_(size),
+      slices_(size),
       spin_micros_(size <= CoresAvailable() ? kSpinMicros : 0) {
   static_assert(sizeof(Control) <= kControlBytes, "control block too large");
   HVDMX_CHECK(static_cast<int>(regions_.size()) == size_ && rank_ >= 0 && rank_ < size_,
@@ -166,11 +170,28 @@ char* ShmAllreduce::Stage(int j, uint64_t seq) const {
          control(j).shift[stage].load(std::memory_order_relaxed);
 }
 
-void ShmAllreduce::Allreduce(void* buf, int64_t count, DataType dtype, ReduceOp op) {
+void ShmAllreduce::Allreduce(void* buf, int64_t count, DataType dtype, ReduceOp op,
+                             double postscale) {
+  one_span_.assign(1, Span{buf, count});
+  Allreduce(one_span_, dtype, op, postscale);
+}
+
+void ShmAllreduce::Allreduce(const std::vector<Span>& spans, DataType dtype, ReduceOp op,
+                             double postscale) {
   calls_.fetch_add(1, std::memory_order_relaxed);
-  if ((size_ == 1 && !cross_) || count == 0) return;
+  span_starts_.resize(spans.size() + 1);
+  span_starts_[0] = 0;
+  for (size_t i = 0; i < spans.size(); ++i) span_starts_[i + 1] = span_starts_[i] + spans[i].count;
+  const int64_t count = span_starts_.back();
+  if ((size_ == 1 && !cross_) || count == 0) {
+    for (const Span& span : spans) ScaleBuffer(span.data, span.count, dtype, postscale);
+    return;
+  }
   Call call;
-  call.buf = static_cast<char*>(buf);
+  call.postscale = postscale;
+  call.spans = spans.data();
+  call.nspans = spans.size();
+  call.starts = span_starts_.data();
   call.count = count;
   call.dtype = dtype;
   call.op = op;
@@ -189,6 +210,23 @@ void ShmAllreduce::Allreduce(void* buf, int64_t count, DataType dtype, ReduceOp 
   seq_ += static_cast<uint64_t>(chunks);
 }
 
+template <typename F>
+void ShmAllreduce::ForPieces(const Call& call, int64_t lo, int64_t hi, F&& f) const {
+  if (lo >= hi) return;
+  // The span holding element lo: the last one starting at or before it
+  // (empty spans start where the next one does, so they are passed over).
+  const int64_t* first = std::upper_bound(call.starts, call.starts + call.nspans, lo) - 1;
+  const int64_t from = lo;
+  for (size_t i = static_cast<size_t>(first - call.starts); lo < hi; ++i) {
+    const int64_t end = std::min(hi, call.starts[i + 1]);
+    if (end > lo) {
+      f(static_cast<char*>(call.spans[i].data) + (lo - call.starts[i]) * call.elem,
+        (lo - from) * call.elem, (end - lo) * call.elem);
+      lo = end;
+    }
+  }
+}
+
 char* ShmAllreduce::ClaimStage(uint64_t seq, const char* src) {
   if (seq >= kStages) {
     // The stage held chunk seq - kStages: wait until every rank is done with it.
@@ -205,13 +243,18 @@ char* ShmAllreduce::ClaimStage(uint64_t seq, const char* src) {
 
 void ShmAllreduce::CopyIn(const Call& call, int64_t k) {
   const uint64_t seq = call.seq(k);
-  const char* src = call.buf + call.chunk_begin(k) * call.elem;
+  const int64_t begin = call.chunk_begin(k);
+  const char* src = nullptr;
+  ForPieces(call, begin, begin + 1, [&](char* data, int64_t, int64_t) { src = data; });
   char* stage = ClaimStage(seq, src);
   for (int j = 0; j < size_; ++j) {
     if (j == rank_) continue;
     const int64_t lo = call.slice_begin(k, size_, j);
     const int64_t hi = call.slice_begin(k, size_, j + 1);
-    if (hi > lo) std::memcpy(stage + lo * call.elem, src + lo * call.elem, (hi - lo) * call.elem);
+    char* to = stage + lo * call.elem;
+    ForPieces(call, begin + lo, begin + hi, [&](char* data, int64_t at, int64_t bytes) {
+      std::memcpy(to + at, data, bytes);
+    });
   }
   control(rank_).copied.value.store(seq + 1, std::memory_order_release);
 }
@@ -221,47 +264,57 @@ void ShmAllreduce::Reduce(const Call& call, int64_t k) {
   for (int j = 0; j < size_; ++j) {
     if (j != rank_) WaitFor(control(j).copied.value, seq + 1, spin_micros_);
   }
+  const int64_t begin = call.chunk_begin(k);
   const int64_t lo = call.slice_begin(k, size_, rank_);
   const int64_t hi = call.slice_begin(k, size_, rank_ + 1);
-  char* mine = call.buf + (call.chunk_begin(k) + lo) * call.elem;
-  for (int j = 0; j < size_; ++j) operands_[j] = j == rank_ ? mine : Stage(j, seq) + lo * call.elem;
-  char* out = Stage(rank_, seq) + lo * call.elem;
-  const int64_t block = std::max<int64_t>(1, kBlockBytes / call.elem);
-  for (int64_t b = 0; b < hi - lo; b += block) {
-    const int64_t n = std::min(block, hi - lo - b);
-    const int64_t at = b * call.elem;
-    // Rank order, the same on every rank: out = ((x0 OP x1) OP x2) ...
-    if (size_ == 1) {
-      std::memcpy(out + at, operands_[0] + at, n * call.elem);
-    } else {
-      Reduce3(out + at, operands_[0] + at, operands_[1] + at, n, call.dtype, call.op);
+  // Slice `rank_` of every rank's stage (this rank's: where the result goes).
+  for (int j = 0; j < size_; ++j) slices_[j] = Stage(j, seq) + lo * call.elem;
+  char* out = slices_[rank_];
+  ForPieces(call, begin + lo, begin + hi, [&](char* mine, int64_t at0, int64_t bytes) {
+    for (int64_t b = 0; b < bytes; b += kBlockBytes) {
+      const int64_t block = std::min(kBlockBytes, bytes - b);  // a multiple of elem
+      const int64_t n = block / call.elem;
+      const int64_t at = at0 + b;
+      for (int j = 0; j < size_; ++j) operands_[j] = j == rank_ ? mine + b : slices_[j] + at;
+      // Rank order, the same on every rank: out = ((x0 OP x1) OP x2) ...
+      if (size_ == 1) {
+        std::memcpy(out + at, operands_[0], block);
+      } else {
+        Reduce3(out + at, operands_[0], operands_[1], n, call.dtype, call.op);
+      }
+      for (int j = 2; j < size_; ++j) ReduceInto(out + at, operands_[j], n, call.dtype, call.op);
+      // Scaled and copied while the block is in cache, unless other hosts
+      // come first.
+      if (!cross_) {
+        ScaleBuffer(out + at, n, call.dtype, call.postscale);
+        std::memcpy(mine + b, out + at, block);
+      }
     }
-    for (int j = 2; j < size_; ++j) {
-      ReduceInto(out + at, operands_[j] + at, n, call.dtype, call.op);
-    }
-    // Copied while the block is in cache, unless other hosts come first.
-    if (!cross_) std::memcpy(mine + at, out + at, n * call.elem);
-  }
+  });
   if (cross_) {
     // Called for empty slices too: the same calls on every host.
     cross_(out, hi - lo, call.dtype, call.op);
-    if (hi > lo) std::memcpy(mine, out, (hi - lo) * call.elem);
+    ScaleBuffer(out, hi - lo, call.dtype, call.postscale);
+    ForPieces(call, begin + lo, begin + hi, [&](char* mine, int64_t at, int64_t bytes) {
+      std::memcpy(mine, out + at, bytes);
+    });
   }
   control(rank_).reduced.value.store(seq + 1, std::memory_order_release);
 }
 
 void ShmAllreduce::CopyOut(const Call& call, int64_t k) {
   const uint64_t seq = call.seq(k);
-  char* dst = call.buf + call.chunk_begin(k) * call.elem;
+  const int64_t begin = call.chunk_begin(k);
   // Start with the next rank: peers then read different regions at once.
   for (int i = 1; i < size_; ++i) {
     const int j = (rank_ + i) % size_;
     const int64_t lo = call.slice_begin(k, size_, j);
     const int64_t hi = call.slice_begin(k, size_, j + 1);
     WaitFor(control(j).reduced.value, seq + 1, spin_micros_);
-    if (hi > lo) {
-      std::memcpy(dst + lo * call.elem, Stage(j, seq) + lo * call.elem, (hi - lo) * call.elem);
-    }
+    const char* from = Stage(j, seq) + lo * call.elem;
+    ForPieces(call, begin + lo, begin + hi, [&](char* dst, int64_t at, int64_t bytes) {
+      std::memcpy(dst, from + at, bytes);
+    });
   }
   control(rank_).done.value.store(seq + 1, std::memory_order_release);
 }

@@ -5,8 +5,9 @@
 // Vocabulary. Each rank owns a region of the shared memory: three counters
 // (copied, reduced, done), then kStages stages of `chunk_bytes` each (plus a
 // page: see Note [Where a chunk sits in its stage] in the .cc). The
-// message of `count` elements is cut into chunks of at most chunk_bytes (the
-// same cut on every rank); chunk k of a call travels through stage
+// message of `count` elements (one buffer, or the concatenation of a fused
+// call's Spans: "the buffer" below) is cut into chunks of at most
+// chunk_bytes (the same cut on every rank); chunk k of a call travels through stage
 // (seq % kStages), where seq numbers chunks over all calls since creation.
 // A chunk is cut into `size` slices (ShmSliceStart); rank j reduces slice j.
 //
@@ -15,8 +16,9 @@
 //   stage, then publishes copied = seq + 1;
 // - reduce: once every peer has copied, r reduces slice r over all ranks in
 //   rank order 0, 1, ..., size-1 (its own operand straight from its buffer)
-//   into slice r of its own stage, and copies the result into its buffer
-//   (block by block, while the block is in cache); publishes reduced;
+//   into slice r of its own stage, scales it by the call's postscale and
+//   copies it into its buffer (block by block, while the block is in
+//   cache); publishes reduced;
 // - copy out: for each peer j, once j has reduced, r copies slice j of j's
 //   stage into its buffer; publishes done.
 // A stage is written again (chunk seq + kStages) only after every rank has
@@ -104,8 +106,22 @@ class ShmAllreduce {
   int64_t calls() const { return calls_.load(std::memory_order_relaxed); }
 
   // Allreduces `buf` (count elements of dtype) in place with `op` (kAverage
-  // reduces as kSum; scaling is the caller's).
-  void Allreduce(void* buf, int64_t count, DataType dtype, ReduceOp op);
+  // reduces as kSum), then multiplies the result by `postscale`: each block
+  // as soon as it is reduced, while it is in cache, with the bits that
+  // ScaleBuffer on the result would give.
+  void Allreduce(void* buf, int64_t count, DataType dtype, ReduceOp op, double postscale = 1.0);
+  // `count` elements at `data`: one tensor of a fused allreduce.
+  struct Span {
+    void* data;
+    int64_t count;
+  };
+  // Allreduces the concatenation of `spans` in place, as if they were one
+  // buffer: a fused allreduce with no fusion buffer. The chunks and slices
+  // are cut from the concatenation, so a chunk may take pieces of several
+  // tensors, and the bits are those of one Allreduce on the concatenated
+  // buffer. Every rank passes spans of the same counts.
+  void Allreduce(const std::vector<Span>& spans, DataType dtype, ReduceOp op,
+                 double postscale = 1.0);
 
   // The byte-moving calls below need a single host (not hierarchical()).
   // `root`'s `bytes` of `buf` land in `buf` on every rank.
@@ -129,6 +145,11 @@ class ShmAllreduce {
   // This rank's stage for chunk seq, once every peer is done with the chunk
   // it held before, placed for a copy from `src`.
   char* ClaimStage(uint64_t seq, const char* src);
+  // Calls f(data, at, bytes) for each piece of elements [lo, hi) of the
+  // call's concatenated spans, in order: `data` is where the piece lives,
+  // `at` its distance in bytes from element lo.
+  template <typename F>
+  void ForPieces(const Call& call, int64_t lo, int64_t hi, F&& f) const;
   void CopyIn(const Call& call, int64_t k);
   void Reduce(const Call& call, int64_t k);
   void CopyOut(const Call& call, int64_t k);
@@ -161,6 +182,9 @@ class ShmAllreduce {
   const CrossAllreduce cross_;
   uint64_t seq_ = 0;  // chunks this rank has finished, over all calls
   std::vector<const char*> operands_;  // Reduce's, one per rank
+  std::vector<char*> slices_;          // Reduce's, one per rank
+  std::vector<Span> one_span_;         // the one-buffer Allreduce's spans
+  std::vector<int64_t> span_starts_;   // first element of each span, then the total
   const int64_t spin_micros_;          // see Note [Waiting in shared memory]
   std::atomic<int64_t> calls_{0};
   std::atomic<int64_t> exchanges_{0};

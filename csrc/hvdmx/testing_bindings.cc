@@ -82,23 +82,27 @@ void TestingRingAllreduce(std::vector<py::array> arrays, int dtype, int op,
 // ---- test support: the shared-memory allreduce ----------------------------
 
 // Runs ShmAllreduce in one process, one thread per rank over plain memory:
-// calls[c][r] is rank r's buffer in call c, reduced in place, calls in order.
+// calls[c][r] is rank r's list of arrays in call c, reduced in place as one
+// fused allreduce of their concatenation (ShmAllreduce::Span), calls in order,
+// each result multiplied by `postscale` inside the allreduce.
 // With hosts > 1, runs of size/hosts consecutive ranks are hosts, each with
 // its own memory, and the ring over LocalComm joins them (hierarchical).
-void TestingShmAllreduce(std::vector<std::vector<py::array>> calls, int dtype, int op,
-                         int64_t chunk_bytes, int hosts) {
+void TestingShmAllreduce(std::vector<std::vector<std::vector<py::array>>> calls, int dtype,
+                         int op, int64_t chunk_bytes, int hosts, double postscale) {
   DataType t = CheckedType(dtype);
   if (calls.empty()) return;
   const int n = static_cast<int>(calls[0].size());
   if (hosts < 1 || n % hosts != 0) throw py::value_error("hosts must divide the rank count");
   const int local = n / hosts;
-  std::vector<std::vector<void*>> data(calls.size());
-  std::vector<std::vector<int64_t>> counts(calls.size());
+  std::vector<std::vector<std::vector<ShmAllreduce::Span>>> spans(calls.size());
   for (size_t c = 0; c < calls.size(); ++c) {
-    if (static_cast<int>(calls[c].size()) != n) throw py::value_error("one array per rank");
-    for (auto& a : calls[c]) {
-      data[c].push_back(a.mutable_data());
-      counts[c].push_back(a.nbytes() / static_cast<int64_t>(DataTypeSize(t)));
+    if (static_cast<int>(calls[c].size()) != n) throw py::value_error("one list per rank");
+    for (auto& pieces : calls[c]) {
+      spans[c].emplace_back();
+      for (auto& a : pieces) {
+        spans[c].back().push_back(
+            {a.mutable_data(), a.nbytes() / static_cast<int64_t>(DataTypeSize(t))});
+      }
     }
   }
   py::gil_scoped_release release;
@@ -127,7 +131,7 @@ void TestingShmAllreduce(std::vector<std::vector<py::array>> calls, int dtype, i
       }
       ShmAllreduce shm(l, local, regions[h], chunk_bytes, memory[h], cross);
       for (size_t c = 0; c < calls.size(); ++c) {
-        shm.Allreduce(data[c][r], counts[c][r], t, static_cast<ReduceOp>(op));
+        shm.Allreduce(spans[c][r], t, static_cast<ReduceOp>(op), postscale);
       }
     });
   }
@@ -384,7 +388,8 @@ void DefineTestingBindings(py::module_& m) {
   m.def("_testing_autotune", &TestingAutotune);
   m.def("_testing_plan_fusion", &TestingPlanFusion);
   m.def("_testing_shm_allreduce", &TestingShmAllreduce, py::arg("calls"), py::arg("dtype"),
-        py::arg("op"), py::arg("chunk_bytes"), py::arg("hosts") = 1);
+        py::arg("op"), py::arg("chunk_bytes"), py::arg("hosts") = 1,
+        py::arg("postscale") = 1.0);
   m.def("_testing_shm_sequence", &TestingShmSequence, py::arg("calls"), py::arg("chunk_bytes"));
   m.def("_testing_shm_slice_start", &ShmSliceStart);
   py::class_<LocalJob>(m, "_TestingLocalJob")

@@ -79,12 +79,14 @@ def test_large_in_place_allreduce_faults_no_pages(world, algo):
         restart({})
 
 
-def test_fused_small_allreduces_fault_no_pages(world):
+@pytest.mark.parametrize("algo", ["auto", "ring"])
+def test_fused_small_allreduces_fault_no_pages(world, algo):
     rank, size = world
-    # The fusion buffer grows (once) to the largest group it has seen, and
-    # which tensors share a round depends on timing. A 20 ms cycle puts the
+    # auto: shared memory, reading the tensors where they are; ring: through
+    # the fusion buffer, which grows (once) to the largest group it has seen.
+    # Which tensors share a round depends on timing: a 20 ms cycle puts the
     # whole round's 64 tensors in one group from the warm-up on.
-    restart({"HVDMX_CYCLE_TIME": "20"})
+    restart({"HVDMX_CYCLE_TIME": "20", "HVDMX_ALLREDUCE_ALGO": algo})
     try:
         check_fused(rank, size)
     finally:

@@ -64,9 +64,20 @@ def test_fused_groups_and_scale_factors(world, shm):
     counts = [3, size + 1, 0, 1000, 70_001]
     for dtype in ["float32", "float16", "int32"]:
         xs = [mx.nd.array(rank_input(rank, c, dtype, hvd.Sum), dtype=dtype) for c in counts]
+        before = shm_calls()
         outs = hvd.grouped_allreduce(xs, op=hvd.Sum, name=f"shm.grouped.{dtype}")
         for out, c in zip(outs, counts):
             check(out, expected(size, c, dtype, hvd.Sum))
+        if size > 1:
+            # The small tensors fused into one call on the tensors themselves
+            # (no fusion buffer); the big one alone where it is above
+            # HVDMX_FUSION_MAX_TENSOR_BYTES (256 KiB).
+            big_alone = np.dtype(dtype).itemsize * counts[-1] > 256 * 1024
+            assert shm_calls() - before == 1 + big_alone
+        hvd.grouped_allreduce_(xs, op=hvd.Sum, name=f"shm.grouped_.{dtype}")
+        for x, c in zip(xs, counts):
+            check(x, expected(size, c, dtype, hvd.Sum))
+        xs = [mx.nd.array(rank_input(rank, c, dtype, hvd.Sum), dtype=dtype) for c in counts]
         outs = hvd.grouped_allreduce(xs, op=hvd.Average, prescale_factor=2.0,
                                      postscale_factor=0.5)
         for out, c in zip(outs, counts):
