@@ -15,6 +15,7 @@ SUM, MIN, MAX, PRODUCT = 1, 3, 4, 5
 # Chunk sizes: the 64-byte minimum (many chunks, most slices empty), odd
 # multiples of it, one page, and the default.
 CHUNKS = [64, 128, 192, 4096, 256 * 1024]
+MAX_BIT_AND_WORDS = 192  # ShmAllreduce::kMaxBitAndWords
 
 
 def to_holder(values, code):
@@ -251,15 +252,27 @@ def allreduce_call(size, call, count):
     return ("allreduce", arrays, [], [FLOAT32, SUM]), [want] * size, arrays
 
 
+def bitand_call(size, call, n):
+    """Words with about one bit in four cleared, different on every rank."""
+    rng = np.random.default_rng(call * 100 + size)
+    words = [~(rng.integers(0, 2 ** 63, n, dtype=np.uint64)
+               & rng.integers(0, 2 ** 63, n, dtype=np.uint64)) for _ in range(size)]
+    want = np.bitwise_and.reduce(np.stack(words), axis=0) if n else words[0].copy()
+    return ("bitand", words, [], []), [want] * size, words
+
+
 @st.composite
 def mixed_sequences(draw):
     size = draw(st.integers(1, 5))
     lengths = st.integers(0, 700)
     calls = []
     for c in range(draw(st.integers(1, 6))):
-        kind = draw(st.sampled_from(["allreduce", "broadcast", "allgather", "alltoall"]))
+        kind = draw(st.sampled_from(["allreduce", "broadcast", "allgather", "alltoall",
+                                     "bitand"]))
         if kind == "allreduce":
             calls.append(allreduce_call(size, c, draw(lengths)))
+        elif kind == "bitand":
+            calls.append(bitand_call(size, c, draw(st.integers(0, MAX_BIT_AND_WORDS))))
         elif kind == "broadcast":
             calls.append(broadcast_call(size, c, draw(lengths), draw(st.integers(0, size - 1))))
         elif kind == "allgather":
@@ -281,6 +294,16 @@ def test_mixed_calls_move_every_byte(calls, chunk):
     for spec, wants, results in calls:
         for rank, (got, want) in enumerate(zip(results, wants)):
             assert np.array_equal(got, want), f"{spec[0]} on rank {rank}"
+
+
+@pytest.mark.parametrize("size", [2, 3, 5])
+def test_bit_ands_in_a_row(size):
+    # Each rank keeps two sets of words and reuses them every other call.
+    calls = [bitand_call(size, c, [1, MAX_BIT_AND_WORDS, 18][c % 3]) for c in range(200)]
+    _core._testing_shm_sequence([spec for spec, _, _ in calls], 4096)
+    for c, (spec, wants, results) in enumerate(calls):
+        for rank, (got, want) in enumerate(zip(results, wants)):
+            assert np.array_equal(got, want), f"bit-and {c} on rank {rank}"
 
 
 @pytest.mark.parametrize("size", [2, 3, 4])

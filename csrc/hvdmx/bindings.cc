@@ -389,6 +389,7 @@ py::object TestingShmInfo() {
   d["local_size"] = shm->size();
   d["hierarchical"] = shm->hierarchical();
   d["exchanges"] = shm->exchanges();
+  d["bit_ands"] = shm->bit_ands();
   return d;
 }
 

@@ -14,7 +14,7 @@ Controller::Controller(Comm& comm, int64_t cache_capacity, double stall_shutdown
     : comm_(comm),
       stall_shutdown_seconds_(stall_shutdown_seconds),
       cache_(cache_capacity),
-      bit_words_(1 + (cache_capacity + 63) / 64 + 1),
+      bit_words_(BitWords(cache_capacity)),
       joined_ranks_(comm.size(), false) {}
 
 std::vector<std::string> Controller::PendingNames() const {

@@ -93,6 +93,10 @@ class Controller {
  public:
   // `stall_shutdown_seconds`: see Note [Stall shutdown]; 0 disables it.
   Controller(Comm& comm, int64_t cache_capacity, double stall_shutdown_seconds = 0.0);
+  // Words of each round's bit-and (flags, cache bits, tuning word).
+  static int BitWords(int64_t cache_capacity) {
+    return static_cast<int>(1 + (cache_capacity + 63) / 64 + 1);
+  }
 
   // Runs one round (see Note [Negotiation round]). `stalled` names this
   // rank's entries that have waited the stall shutdown time. `idle` is

@@ -54,7 +54,8 @@ class Runtime {
  public:
   // `control` carries negotiation, `data` the collectives' bytes; both span
   // the same ranks. `shm`, optional, is a shared-memory allreduce over those
-  // ranks when they share one host (shm_segment.h).
+  // ranks when they share one host (shm_segment.h); when it spans all of
+  // them, each round's bit-and goes through it instead of `control`.
   Runtime(std::unique_ptr<Comm> control, std::unique_ptr<Comm> data, const Config& config,
           std::unique_ptr<ShmAllreduce> shm = nullptr);
   ~Runtime();
@@ -111,9 +112,9 @@ class Runtime {
   // not submitted them.
   void MaybeWarnStall();
 
+  std::unique_ptr<ShmAllreduce> shm_;  // before control_ and executor_, which use it
   std::unique_ptr<Comm> control_;
   std::unique_ptr<Comm> data_;
-  std::unique_ptr<ShmAllreduce> shm_;  // before executor_, which uses it
   Config config_;
   TensorQueue queue_;
   Controller controller_;

@@ -106,6 +106,10 @@ struct ShmAllreduce::Control {
   // Per stage: where its chunk starts in it. Written before `copied` is
   // released for the chunk, read after acquiring it.
   alignas(128) std::atomic<int64_t> shift[ShmAllreduce::kStages];
+  // Bit-and seq (from 1) uses words[seq % 2], written before `anded` is
+  // released with seq; see StartBitAnd.
+  PaddedCounter anded;
+  alignas(128) uint64_t words[2][ShmAllreduce::kMaxBitAndWords];
 };
 
 // One Allreduce call's geometry.
@@ -419,6 +423,43 @@ void ShmAllreduce::Collect(const Stream& stream, uint64_t seq, int64_t k) {
     std::memcpy(read.dst + (a - read.offset), Stage(j, seq) + (a - lo), b - a);
   }
   control(rank_).done.value.store(seq + 1, std::memory_order_release);
+}
+
+}  // namespace hvdmx
+
+namespace hvdmx {
+
+// Note [Bit-and through shared memory]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+// Two sets of words per rank are enough: a rank starts bit-and seq + 2 (and
+// overwrites the words of seq) only after its Test of seq + 1 succeeded,
+// which needs every peer to have started seq + 1, which each does only
+// after its own Test of seq, the last read of those words.
+void ShmAllreduce::StartBitAnd(uint64_t* words, int n) {
+  HVDMX_CHECK(n >= 0 && n <= kMaxBitAndWords, "too many words for the shared-memory bit-and");
+  HVDMX_CHECK(bit_and_words_ == nullptr, "a bit-and is already outstanding");
+  const uint64_t seq = ++bit_and_seq_;
+  Control& mine = control(rank_);
+  std::memcpy(mine.words[seq % 2], words, n * sizeof(uint64_t));
+  mine.anded.value.store(seq, std::memory_order_release);
+  bit_and_words_ = words;
+  bit_and_count_ = n;
+}
+
+bool ShmAllreduce::TestBitAnd() {
+  HVDMX_CHECK(bit_and_words_ != nullptr, "no bit-and outstanding");
+  const uint64_t seq = bit_and_seq_;
+  for (int j = 0; j < size_; ++j) {
+    if (control(j).anded.value.load(std::memory_order_acquire) < seq) return false;
+  }
+  for (int j = 0; j < size_; ++j) {
+    if (j == rank_) continue;
+    const uint64_t* theirs = control(j).words[seq % 2];
+    for (int i = 0; i < bit_and_count_; ++i) bit_and_words_[i] &= theirs[i];
+  }
+  bit_and_words_ = nullptr;
+  bit_ands_.fetch_add(1, std::memory_order_relaxed);
+  return true;
 }
 
 }  // namespace hvdmx

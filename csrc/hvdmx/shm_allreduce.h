@@ -136,6 +136,18 @@ class ShmAllreduce {
   // Byte-moving calls made so far; any thread may read it.
   int64_t exchanges() const { return exchanges_.load(std::memory_order_relaxed); }
 
+  // A bitwise AND of `n` words over the host's ranks, split like
+  // Comm::StartBitAnd / TestBitAnd (the negotiation's one collective per
+  // round): Start publishes this rank's words, Test returns true once every
+  // rank has published, with the AND in `words`. One may be outstanding at
+  // a time; n <= kMaxBitAndWords. Independent of the other calls: it has
+  // its own counter and words in each rank's control block.
+  static constexpr int kMaxBitAndWords = 192;
+  void StartBitAnd(uint64_t* words, int n);
+  bool TestBitAnd();
+  // Bit-ands completed so far; any thread may read it.
+  int64_t bit_ands() const { return bit_ands_.load(std::memory_order_relaxed); }
+
  private:
   struct Call;
   struct Control;
@@ -188,6 +200,10 @@ class ShmAllreduce {
   const int64_t spin_micros_;          // see Note [Waiting in shared memory]
   std::atomic<int64_t> calls_{0};
   std::atomic<int64_t> exchanges_{0};
+  std::atomic<int64_t> bit_ands_{0};
+  uint64_t bit_and_seq_ = 0;        // bit-ands this rank has started
+  uint64_t* bit_and_words_ = nullptr;
+  int bit_and_count_ = 0;
   std::vector<Read> reads_;        // Exchange's input, one per rank
   std::vector<int64_t> lengths_;   // Exchange's input: the streams' lengths
 };

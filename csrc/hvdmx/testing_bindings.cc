@@ -144,7 +144,8 @@ struct ShmTestCall {
   std::vector<py::array> in;  // one per rank (allreduce, broadcast: in place)
   std::vector<py::array> out; // allgather, alltoall: one per rank
   std::vector<int64_t> ints;  // allreduce: dtype, op; broadcast: root;
-                              // allgather: byte offsets; alltoall: byte matrix
+                              // allgather: byte offsets; alltoall: byte matrix;
+                              // bitand: none (in: uint64 words, ANDed in place)
 };
 
 // Runs a sequence of mixed ShmAllreduce calls in one process, one thread per
@@ -159,12 +160,18 @@ void TestingShmSequence(const std::vector<py::tuple>& raw, int64_t chunk_bytes) 
   if (calls.empty()) return;
   const int n = static_cast<int>(calls[0].in.size());
   std::vector<std::vector<char*>> in(calls.size()), out(calls.size());
+  // Sizes read here, with the GIL: nbytes() touches the array's dtype object.
+  std::vector<std::vector<int64_t>> in_bytes(calls.size());
   for (size_t c = 0; c < calls.size(); ++c) {
     if (static_cast<int>(calls[c].in.size()) != n) throw py::value_error("one input per rank");
-    for (auto& a : calls[c].in) in[c].push_back(static_cast<char*>(a.mutable_data()));
+    for (auto& a : calls[c].in) {
+      in[c].push_back(static_cast<char*>(a.mutable_data()));
+      in_bytes[c].push_back(a.nbytes());
+    }
     for (auto& a : calls[c].out) out[c].push_back(static_cast<char*>(a.mutable_data()));
     const std::string& k = calls[c].kind;
-    if (k != "allreduce" && k != "broadcast" && k != "allgather" && k != "alltoall") {
+    if (k != "allreduce" && k != "broadcast" && k != "allgather" && k != "alltoall" &&
+        k != "bitand") {
       throw py::value_error("unknown kind " + k);
     }
   }
@@ -182,12 +189,16 @@ void TestingShmSequence(const std::vector<py::tuple>& raw, int64_t chunk_bytes) 
         const ShmTestCall& call = calls[c];
         if (call.kind == "allreduce") {
           const DataType t = static_cast<DataType>(call.ints[0]);
-          shm.Allreduce(in[c][r], call.in[r].nbytes() / static_cast<int64_t>(DataTypeSize(t)), t,
+          shm.Allreduce(in[c][r], in_bytes[c][r] / static_cast<int64_t>(DataTypeSize(t)), t,
                         static_cast<ReduceOp>(call.ints[1]));
         } else if (call.kind == "broadcast") {
-          shm.Broadcast(in[c][r], call.in[r].nbytes(), static_cast<int>(call.ints[0]));
+          shm.Broadcast(in[c][r], in_bytes[c][r], static_cast<int>(call.ints[0]));
         } else if (call.kind == "allgather") {
           shm.Allgather(in[c][r], out[c][r], call.ints);
+        } else if (call.kind == "bitand") {
+          shm.StartBitAnd(reinterpret_cast<uint64_t*>(in[c][r]),
+                          static_cast<int>(in_bytes[c][r] / sizeof(uint64_t)));
+          while (!shm.TestBitAnd()) std::this_thread::yield();
         } else {
           shm.Alltoall(in[c][r], out[c][r], call.ints);
         }

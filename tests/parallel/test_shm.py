@@ -43,9 +43,12 @@ def test_shm_is_on_when_ranks_share_a_host(world, shm):
     info = _core._testing_shm_info()
     assert info["local_size"] == size and not info["hierarchical"]
     before = shm_calls()
+    rounds = info["bit_ands"]
     check(hvd.allreduce(mx.nd.array(rank_input(rank, 10, "float32", hvd.Sum)), op=hvd.Sum),
           expected(size, 10, "float32", hvd.Sum))
     assert shm_calls() == before + 1
+    # Negotiation's bit-and of every round goes through shared memory too.
+    assert _core._testing_shm_info()["bit_ands"] > rounds
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
