@@ -425,10 +425,6 @@ void ShmAllreduce::Collect(const Stream& stream, uint64_t seq, int64_t k) {
   control(rank_).done.value.store(seq + 1, std::memory_order_release);
 }
 
-}  // namespace hvdmx
-
-namespace hvdmx {
-
 // Note [Bit-and through shared memory]
 // ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
 // Two sets of words per rank are enough: a rank starts bit-and seq + 2 (and
