@@ -203,7 +203,8 @@ void Executor::RunAllreduceGroup(const FusionGroup& group, const std::vector<Res
   };
   auto t0 = Clock::now();
 
-  if (group.items.size() == 1 || ShmReduces(group.bytes)) {
+  const bool shm = ShmReduces(group.bytes);
+  if (group.items.size() == 1 || shm) {
     // Each tensor is reduced where it lies, in its output: one tensor needs
     // no fusion buffer, and shared memory reads and writes a fused group's
     // tensors in place (see ShmAllreduce::Span).
@@ -227,7 +228,7 @@ void Executor::RunAllreduceGroup(const FusionGroup& group, const std::vector<Res
       ScaleBuffer(span.data, span.count, dtype, head.prescale);
     }
     const char* algorithm = "SHM_ALLREDUCE";
-    if (ShmReduces(group.bytes)) {
+    if (shm) {
       shm_->Allreduce(spans_, dtype, head.op, postscale);
     } else {
       algorithm = Allreduce(spans_[0].data, spans_[0].count, dtype, head.op);

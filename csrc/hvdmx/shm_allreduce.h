@@ -7,8 +7,9 @@
 // page: see Note [Where a chunk sits in its stage] in the .cc). The
 // message of `count` elements (one buffer, or the concatenation of a fused
 // call's Spans: "the buffer" below) is cut into chunks of at most
-// chunk_bytes (the same cut on every rank); chunk k of a call travels through stage
-// (seq % kStages), where seq numbers chunks over all calls since creation.
+// chunk_bytes (the same cut on every rank); chunk k of a call travels
+// through stage (seq % kStages), where seq numbers chunks over all calls
+// since creation.
 // A chunk is cut into `size` slices (ShmSliceStart); rank j reduces slice j.
 //
 // One chunk, on rank r, in three phases:
