@@ -35,12 +35,9 @@ Product = 5
 _OP_NAMES = {Average: "Average", Sum: "Sum", Adasum: "Adasum", Min: "Min", Max: "Max",
              Product: "Product"}
 
-# MXNet dtype codes the core reduces (see csrc/hvdmx/common.h).
-_SUPPORTED_DTYPES = {
-    np.dtype(np.float32): 0, np.dtype(np.float64): 1, np.dtype(np.float16): 2,
-    np.dtype(np.uint8): 3, np.dtype(np.int32): 4, np.dtype(np.int8): 5,
-    np.dtype(np.int64): 6,
-}
+# MXNet dtype codes the core reduces (see csrc/hvdmx/common.h): float32,
+# float64, float16, uint8, int32, int8, int64.
+_SUPPORTED_CODES = frozenset(range(7))
 _SUPPORTED_NAMES = "float16, float32, float64, uint8, int8, int32, int64"
 
 _counters = {}
@@ -55,32 +52,38 @@ def _auto_name(kind: str, set_id: int = 0) -> str:
 
 
 def _check_tensor(fn: str, arg: str, tensor):
-    """Validates one NDArray argument; returns (dtype code, context)."""
+    """Validates one NDArray argument; returns (dtype code, device, shape),
+    device being MXNet's (device type id, device id)."""
     if not isinstance(tensor, mx.nd.NDArray):
         raise TypeError(f"hvdmx.{fn}: argument '{arg}' must be an mxnet.nd.NDArray, got "
                         f"{type(tensor).__name__}; convert it with mx.nd.array(...)")
-    if isinstance(tensor, mx.nd.sparse.BaseSparseNDArray):
+    # One C call for what would be four ctypes calls through the properties.
+    code, stype, dev_type, dev_id, shape = _core.describe(tensor.handle.value)
+    if stype != 0:
         raise ValueError(f"hvdmx.{fn}: argument '{arg}' is a sparse NDArray (stype="
                          f"'{tensor.stype}'); hvdmx reduces dense arrays: pass "
                          f"{arg}.tostype('default')")
-    dtype = np.dtype(tensor.dtype)
-    code = _SUPPORTED_DTYPES.get(dtype)
-    if code is None:
-        raise TypeError(f"hvdmx.{fn}: argument '{arg}' has dtype {dtype}, which hvdmx does "
-                        f"not support; use one of {_SUPPORTED_NAMES} (e.g. {arg}.astype("
-                        f"'float32'))")
-    ctx = tensor.context
-    if ctx.device_typeid == 2 and not _core.cuda_built():
-        raise ValueError(f"hvdmx.{fn}: argument '{arg}' is on {ctx}, but this "
-                         "hvdmx was built without CUDA (GPU support is not there yet); "
-                         "move it to mx.cpu()")
-    return code, ctx
+    if code not in _SUPPORTED_CODES:
+        raise TypeError(f"hvdmx.{fn}: argument '{arg}' has dtype {np.dtype(tensor.dtype)}, "
+                        f"which hvdmx does not support; use one of {_SUPPORTED_NAMES} (e.g. "
+                        f"{arg}.astype('float32'))")
+    if dev_type == 2 and not _core.cuda_built():
+        raise ValueError(f"hvdmx.{fn}: argument '{arg}' is on "
+                         f"{_device_str((dev_type, dev_id))}, but this hvdmx was built "
+                         "without CUDA (GPU support is not there yet); move it to mx.cpu()")
+    if shape is None:
+        raise ValueError(f"hvdmx.{fn}: argument '{arg}' has no known shape yet; run the op "
+                         "that produces it first")
+    return code, (dev_type, dev_id), shape
 
 
-def _empty_like(tensor):
-    """An uninitialized array like ``tensor``, of the same class (mx.nd or mx.np)."""
-    out = mx.nd.empty(tensor.shape, ctx=tensor.context, dtype=tensor.dtype)
-    return out.as_np_ndarray() if isinstance(tensor, mx.np.ndarray) else out
+def _new_array(like, shape, code: int, device):
+    """An uninitialized array (allocated when first written) of ``shape``,
+    dtype ``code`` and ``device``, of ``like``'s class (mx.nd or mx.np)."""
+    handle = mx.base.NDArrayHandle(_core.new_array(shape, code, device[0], device[1]))
+    if isinstance(like, mx.np.ndarray):
+        return mx.np.ndarray(handle)
+    return mx.nd.NDArray(handle)
 
 
 def _check_common(fn: str, name, priority) -> None:
@@ -141,13 +144,18 @@ def _check_root(fn: str, root_rank, set_ranks: List[int]) -> int:
     return set_ranks.index(int(root_rank))
 
 
-def _one_context(fn: str, contexts):
-    ctx = contexts[0] if contexts else mx.cpu()
-    for other in contexts[1:]:
-        if other != ctx:
-            raise ValueError(f"hvdmx.{fn}: all tensors must be on one device; got {ctx} and "
-                             f"{other}")
-    return ctx
+def _one_device(fn: str, checked):
+    """The one device of the (code, device, shape) triples ``checked``."""
+    device = checked[0][1] if checked else (1, 0)
+    for _, other, _ in checked[1:]:
+        if other != device:
+            raise ValueError(f"hvdmx.{fn}: all tensors must be on one device; got "
+                             f"{_device_str(device)} and {_device_str(other)}")
+    return device
+
+
+def _device_str(device) -> str:
+    return str(mx.Context(mx.Context.devtype2str[device[0]], device[1]))
 
 
 def _check_distinct(fn: str, tensors: Sequence[mx.nd.NDArray]) -> None:
@@ -157,13 +165,14 @@ def _check_distinct(fn: str, tensors: Sequence[mx.nd.NDArray]) -> None:
                          "in-place call needs distinct arrays")
 
 
-def _push(set_id, ctype, name, tensors, outputs, codes, op=Sum, root=0, prescale=1.0,
-          postscale=1.0, splits=(), priority=0, ctx=None):
-    ctx = ctx if ctx is not None else mx.cpu()
+def _push(set_id, ctype, name, tensors, outputs, checked, device, op=Sum, root=0,
+          prescale=1.0, postscale=1.0, splits=(), priority=0):
+    """Pushes the collective; ``checked`` holds _check_tensor's triple for
+    each tensor, all on ``device``."""
     _core.push_async(set_id, ctype, name, [t.handle.value for t in tensors],
-                     [t.handle.value for t in outputs], list(codes),
-                     [list(t.shape) for t in tensors], op, root, prescale, postscale,
-                     list(splits), int(priority), ctx.device_typeid, ctx.device_id)
+                     [t.handle.value for t in outputs], [c[0] for c in checked],
+                     [c[2] for c in checked], op, root, prescale, postscale,
+                     list(splits), int(priority), device[0], device[1])
 
 
 def _allreduce(fn, tensors, outputs, average, name, priority, prescale_factor,
@@ -175,14 +184,14 @@ def _allreduce(fn, tensors, outputs, average, name, priority, prescale_factor,
     op = _resolve_op(fn, average, op)
     prescale = _check_scale(fn, "prescale_factor", prescale_factor)
     postscale = _check_scale(fn, "postscale_factor", postscale_factor)
-    ctx = _one_context(fn, [c for _, c in checked])
+    device = _one_device(fn, checked)
     if outputs is None:
-        outputs = [_empty_like(t) for t in tensors]
+        outputs = [_new_array(t, shape, code, device) for t, (code, _, shape) in zip(tensors, checked)]
     else:
         _check_distinct(fn, outputs)
     _push(set_id, _core.ALLREDUCE, name if name is not None else _auto_name(kind, set_id),
-          tensors, outputs, [code for code, _ in checked], op=op, prescale=prescale,
-          postscale=postscale, priority=priority, ctx=ctx)
+          tensors, outputs, checked, device, op=op, prescale=prescale, postscale=postscale,
+          priority=priority)
     return outputs
 
 
@@ -238,12 +247,13 @@ def grouped_allreduce_(tensors, average=None, name=None, priority=0, prescale_fa
 def _broadcast(fn, tensor, output, root_rank, name, priority, process_set):
     _check_common(fn, name, priority)
     set_id, set_ranks, _ = _set_for_call(fn, process_set)
-    code, ctx = _check_tensor(fn, "tensor", tensor)
+    checked = _check_tensor(fn, "tensor", tensor)
+    code, device, shape = checked
     root = _check_root(fn, root_rank, set_ranks)
     if output is None:
-        output = _empty_like(tensor)
+        output = _new_array(tensor, shape, code, device)
     _push(set_id, _core.BROADCAST, name if name is not None else _auto_name("broadcast", set_id),
-          [tensor], [output], [code], root=root, priority=priority, ctx=ctx)
+          [tensor], [output], [checked], device, root=root, priority=priority)
     return output
 
 
@@ -262,44 +272,36 @@ def broadcast_(tensor, root_rank, name=None, priority=0, process_set=global_proc
 
 # ---- allgather, alltoall, reducescatter -------------------------------------
 
-def _new_like(tensor, shape):
-    """An uninitialized array of ``shape`` with ``tensor``'s dtype, device and
-    class (mx.nd or mx.np)."""
-    out = mx.nd.empty(tuple(shape), ctx=tensor.context, dtype=tensor.dtype)
-    return out.as_np_ndarray() if isinstance(tensor, mx.np.ndarray) else out
-
-
-def _check_rows(fn: str, arg: str, tensor) -> None:
-    if len(tensor.shape) == 0:
+def _check_rows(fn: str, arg: str, shape) -> None:
+    if len(shape) == 0:
         raise ValueError(f"hvdmx.{fn}: argument '{arg}' is a 0-d (scalar) array; {fn} works "
                          f"on the first dimension: pass {arg}.reshape((1,))")
 
 
 def _check_row_tensors(fn: str, tensors) -> list:
     """Validates the tensors of a call that splits or joins along dim 0;
-    returns their (dtype code, context) pairs."""
+    returns their _check_tensor triples."""
     label = "tensor" if len(tensors) == 1 and not fn.startswith("grouped") else "tensors[{}]"
     checked = []
     for i, t in enumerate(tensors):
         checked.append(_check_tensor(fn, label.format(i), t))
-        _check_rows(fn, label.format(i), t)
+        _check_rows(fn, label.format(i), checked[-1][2])
     return checked
 
 
-def _sizes_round(fn, set_id, ctype, name, tensors, codes, ctx, splits=()):
+def _sizes_round(set_id, ctype, name, checked, device, splits=()):
     """Exchanges sizes with the other ranks' same call (see the module doc).
     Returns (error message or None, the response's splits)."""
-    error, sizes, _ = _core.negotiate(set_id, ctype, name + "#sizes", list(codes),
-                                      [list(t.shape) for t in tensors], list(splits), True,
-                                      ctx.device_typeid, ctx.device_id)
+    error, sizes, _ = _core.negotiate(set_id, ctype, name + "#sizes", [c[0] for c in checked],
+                                      [c[2] for c in checked], list(splits), True, device[0],
+                                      device[1])
     return error, sizes
 
 
-def _fail_outputs(tensors, error, ctx):
+def _fail_outputs(tensors, checked, device, error):
     """Outputs shaped like the inputs whose read raises ``error`` as MXNetError."""
-    outputs = [_new_like(t, t.shape) for t in tensors]
-    _core.push_failure([o.handle.value for o in outputs], error, ctx.device_typeid,
-                       ctx.device_id)
+    outputs = [_new_array(t, shape, code, device) for t, (code, _, shape) in zip(tensors, checked)]
+    _core.push_failure([o.handle.value for o in outputs], error, device[0], device[1])
     return outputs
 
 
@@ -307,17 +309,16 @@ def _allgather(fn, tensors, name, priority, process_set):
     _check_common(fn, name, priority)
     set_id, set_ranks, _ = _set_for_call(fn, process_set)
     checked = _check_row_tensors(fn, tensors)
-    ctx = _one_context(fn, [c for _, c in checked])
-    codes = [code for code, _ in checked]
+    device = _one_device(fn, checked)
     name = name if name is not None else _auto_name(fn, set_id)
-    error, sizes = _sizes_round(fn, set_id, _core.ALLGATHER, name, tensors, codes, ctx)
+    error, sizes = _sizes_round(set_id, _core.ALLGATHER, name, checked, device)
     if error is not None:
-        return _fail_outputs(tensors, error, ctx)
+        return _fail_outputs(tensors, checked, device, error)
     n = len(set_ranks)
-    outputs = [_new_like(t, (sum(sizes[i * n:(i + 1) * n]),) + tuple(t.shape[1:]))
-               for i, t in enumerate(tensors)]
-    _push(set_id, _core.ALLGATHER, name, tensors, outputs, codes, splits=sizes,
-          priority=priority, ctx=ctx)
+    outputs = [_new_array(t, (sum(sizes[i * n:(i + 1) * n]),) + shape[1:], code, device)
+               for i, (t, (code, _, shape)) in enumerate(zip(tensors, checked))]
+    _push(set_id, _core.ALLGATHER, name, tensors, outputs, checked, device, splits=sizes,
+          priority=priority)
     return outputs
 
 
@@ -380,9 +381,10 @@ def alltoall(tensor, splits=None, name=None, priority=0, process_set=global_proc
     fn = "alltoall"
     _check_common(fn, name, priority)
     set_id, set_ranks, me = _set_for_call(fn, process_set)
-    (code, ctx), = _check_row_tensors(fn, [tensor])
+    checked = _check_row_tensors(fn, [tensor])
+    (code, device, shape), = checked
     n = len(set_ranks)
-    rows = tensor.shape[0]
+    rows = shape[0]
     if splits is None:
         if rows % n:
             raise ValueError(f"hvdmx.{fn}: the tensor's first dimension ({rows}) does not "
@@ -391,15 +393,15 @@ def alltoall(tensor, splits=None, name=None, priority=0, process_set=global_proc
     else:
         send = _check_splits(fn, splits, rows, n)
     name = name if name is not None else _auto_name(fn, set_id)
-    error, matrix = _sizes_round(fn, set_id, _core.ALLTOALL, name, [tensor], [code], ctx, send)
+    error, matrix = _sizes_round(set_id, _core.ALLTOALL, name, checked, device, send)
     if error is not None:
-        output = _fail_outputs([tensor], error, ctx)[0]
+        output = _fail_outputs([tensor], checked, device, error)[0]
         received = mx.nd.zeros((n,), dtype="int32")
     else:
         recv = [matrix[j * n + me] for j in range(n)]
-        output = _new_like(tensor, (sum(recv),) + tuple(tensor.shape[1:]))
-        _push(set_id, _core.ALLTOALL, name, [tensor], [output], [code], splits=matrix,
-              priority=priority, ctx=ctx)
+        output = _new_array(tensor, (sum(recv),) + shape[1:], code, device)
+        _push(set_id, _core.ALLTOALL, name, [tensor], [output], checked, device, splits=matrix,
+              priority=priority)
         if splits is None:
             return output
         received = mx.nd.array(recv, dtype="int32")
@@ -416,15 +418,15 @@ def _reducescatter(fn, tensors, op, name, priority, process_set, prescale_factor
                          "takes hvd.Average or hvd.Sum")
     prescale = _check_scale(fn, "prescale_factor", prescale_factor)
     postscale = _check_scale(fn, "postscale_factor", postscale_factor)
-    ctx = _one_context(fn, [c for _, c in checked])
+    device = _one_device(fn, checked)
     n = len(set_ranks)
     outputs = []
-    for t in tensors:
-        rows = t.shape[0] // n + (1 if me < t.shape[0] % n else 0)
-        outputs.append(_new_like(t, (rows,) + tuple(t.shape[1:])))
+    for t, (code, _, shape) in zip(tensors, checked):
+        rows = shape[0] // n + (1 if me < shape[0] % n else 0)
+        outputs.append(_new_array(t, (rows,) + shape[1:], code, device))
     _push(set_id, _core.REDUCESCATTER, name if name is not None else _auto_name(fn, set_id),
-          tensors, outputs, [code for code, _ in checked], op=op, prescale=prescale,
-          postscale=postscale, priority=priority, ctx=ctx)
+          tensors, outputs, checked, device, op=op, prescale=prescale, postscale=postscale,
+          priority=priority)
     return outputs
 
 

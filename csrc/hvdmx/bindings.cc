@@ -455,6 +455,18 @@ PYBIND11_MODULE(_core, m) {
   m.attr("REDUCESCATTER") = static_cast<int>(CollectiveType::kReducescatter);
   m.attr("BARRIER") = static_cast<int>(CollectiveType::kBarrier);
   m.attr("JOIN") = static_cast<int>(CollectiveType::kJoin);
+  m.def("describe", [](uintptr_t handle) {
+    ArrayInfo info;
+    ThrowIfError(DescribeArray(reinterpret_cast<void*>(handle), &info));
+    py::object shape = py::none();
+    if (info.ndim >= 0) shape = py::tuple(py::cast(info.shape));
+    return py::make_tuple(info.dtype, info.stype, info.dev_type, info.dev_id, shape);
+  });
+  m.def("new_array", [](const std::vector<int64_t>& shape, int dtype, int dev_type, int dev_id) {
+    void* handle = nullptr;
+    ThrowIfError(NewArray(shape, dtype, dev_type, dev_id, &handle));
+    return reinterpret_cast<uintptr_t>(handle);
+  });
   m.def("push_async", &PushAsync);
   m.def("negotiate", &Negotiate);
   m.def("push_failure", [](const std::vector<uintptr_t>& outputs, const std::string& message,

@@ -2,6 +2,8 @@
 
 #include <dlfcn.h>
 
+#include <algorithm>
+#include <cstdint>
 #include <cstdlib>
 #include <cstring>
 #include <future>
@@ -50,6 +52,11 @@ struct Api {
   int (*shallow_copy)(NDArrayHandle, NDArrayHandle*) = nullptr;
   int (*free_ndarray)(NDArrayHandle) = nullptr;
   const char* (*last_error)() = nullptr;
+  int (*get_dtype)(NDArrayHandle, int*) = nullptr;
+  int (*get_storage_type)(NDArrayHandle, int*) = nullptr;
+  int (*get_context)(NDArrayHandle, int*, int*) = nullptr;
+  int (*get_shape)(NDArrayHandle, int*, const int**) = nullptr;
+  int (*create)(const uint32_t*, uint32_t, int, int, int, int, NDArrayHandle*) = nullptr;
 };
 Api g_api;
 bool g_naive_engine = false;
@@ -202,6 +209,11 @@ Status LoadMXNetApi(const std::string& path) {
   if (s.ok()) s = Resolve(lib, "MXShallowCopyNDArray", &api.shallow_copy);
   if (s.ok()) s = Resolve(lib, "MXNDArrayFree", &api.free_ndarray);
   if (s.ok()) s = Resolve(lib, "MXGetLastError", &api.last_error);
+  if (s.ok()) s = Resolve(lib, "MXNDArrayGetDType", &api.get_dtype);
+  if (s.ok()) s = Resolve(lib, "MXNDArrayGetStorageType", &api.get_storage_type);
+  if (s.ok()) s = Resolve(lib, "MXNDArrayGetContext", &api.get_context);
+  if (s.ok()) s = Resolve(lib, "MXNDArrayGetShapeEx", &api.get_shape);
+  if (s.ok()) s = Resolve(lib, "MXNDArrayCreateEx", &api.create);
   if (!s.ok()) return s;
   g_api = api;
   const char* engine = std::getenv("MXNET_ENGINE_TYPE");
@@ -215,6 +227,42 @@ Status EnsureDefaultLayout(void* handle) {
   void* data = nullptr;
   if (g_api.get_data(handle, &data) != 0) {
     return Status::Internal(std::string("hvdmx: could not read an NDArray: ") +
+                            g_api.last_error());
+  }
+  return Status::Ok();
+}
+
+Status DescribeArray(void* handle, ArrayInfo* info) {
+  HVDMX_CHECK(g_api.get_shape != nullptr, "MXNet API not loaded");
+  const int* dims = nullptr;
+  int ndim = -1;
+  if (g_api.get_dtype(handle, &info->dtype) != 0 ||
+      g_api.get_storage_type(handle, &info->stype) != 0 ||
+      g_api.get_context(handle, &info->dev_type, &info->dev_id) != 0 ||
+      g_api.get_shape(handle, &ndim, &dims) != 0) {
+    return Status::Internal(std::string("hvdmx: could not describe an NDArray: ") +
+                            g_api.last_error());
+  }
+  info->ndim = ndim;
+  info->shape.assign(dims, dims + std::max(ndim, 0));
+  return Status::Ok();
+}
+
+Status NewArray(const std::vector<int64_t>& shape, int dtype, int dev_type, int dev_id,
+                void** out) {
+  HVDMX_CHECK(g_api.create != nullptr, "MXNet API not loaded");
+  std::vector<uint32_t> dims;
+  for (int64_t d : shape) {
+    // The wheel is built without 64-bit tensor sizes: each dimension is a uint32.
+    if (d < 0 || d > static_cast<int64_t>(UINT32_MAX)) {
+      return Status::InvalidArgument("hvdmx: an output dimension of " + std::to_string(d) +
+                                     " does not fit MXNet's 32-bit shapes");
+    }
+    dims.push_back(static_cast<uint32_t>(d));
+  }
+  if (g_api.create(dims.data(), static_cast<uint32_t>(dims.size()), dev_type, dev_id,
+                   /*delay_alloc=*/1, dtype, out) != 0) {
+    return Status::Internal(std::string("hvdmx: MXNDArrayCreateEx failed: ") +
                             g_api.last_error());
   }
   return Status::Ok();

@@ -50,6 +50,23 @@ Status LoadMXNetApi(const std::string& path);
 // Converts the array to the plain dense layout if oneDNN holds it in its own.
 Status EnsureDefaultLayout(void* handle);
 
+// What the Python layer checks of an array at a call, read through the C API
+// in one go (each NDArray property costs a ctypes call in Python).
+struct ArrayInfo {
+  int dtype = -1;  // MXNet's type flag (the codes of DataType, and others)
+  int stype = 0;   // storage type: 0 dense, 1 row_sparse, 2 csr
+  int dev_type = 1;
+  int dev_id = 0;
+  int ndim = -1;   // -1: shape not known yet
+  std::vector<int64_t> shape;
+};
+Status DescribeArray(void* handle, ArrayInfo* info);
+
+// A new dense NDArray whose memory is allocated when an op first writes it
+// (as mx.nd.empty's); the caller owns the handle.
+Status NewArray(const std::vector<int64_t>& shape, int dtype, int dev_type, int dev_id,
+                void** out);
+
 struct PushArgs {
   Request request;                      // name, type, dtypes, shapes, op, ...
   std::vector<void*> inputs;            // NDArrayHandle per tensor

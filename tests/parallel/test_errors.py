@@ -105,9 +105,16 @@ def test_name_still_pending(world):
 
 
 def test_gpu_context_without_cuda(monkeypatch):
-    # A CPU build of MXNet cannot create a GPU array, so pretend one is.
+    # A CPU build of MXNet cannot create a GPU array, so pretend one is: the
+    # ops read an array's device through _core.describe.
     arr = mx.nd.ones((2,))
-    monkeypatch.setattr(mx.nd.NDArray, "context", property(lambda self: mx.gpu(0)))
+    describe = hvd.ops._core.describe
+
+    def on_gpu(handle):
+        dtype, stype, _, _, shape = describe(handle)
+        return dtype, stype, 2, 0, shape
+
+    monkeypatch.setattr(hvd.ops._core, "describe", on_gpu)
     with pytest.raises(ValueError, match="gpu\\(0\\).*without CUDA"):
         hvd.allreduce(arr)
 

@@ -195,3 +195,25 @@ def test_temporaries_are_kept_alive(world):
     start, end = my_rows(1000, size, rank)
     total = sum(block(r, 1000, (3,), "float32") for r in range(size)) * 4
     assert np.array_equal(scattered.asnumpy(), total[start:end])
+
+
+def test_numpy_arrays_in_numpy_arrays_out(world):
+    # mx.np arrays: every out-of-place collective returns an mx.np.ndarray of
+    # the input's dtype, with the values the mx.nd form gives.
+    rank, size = world
+    x = mx.nd.array(block(rank, size, (2,), "int32"), dtype="int32")
+    calls = {
+        "allreduce": lambda t: hvd.allreduce(t, op=hvd.Sum, name=f"np.ar.{type(t).__name__}"),
+        "broadcast": lambda t: hvd.broadcast(t, size - 1, name=f"np.bc.{type(t).__name__}"),
+        "allgather": lambda t: hvd.allgather(t, name=f"np.ag.{type(t).__name__}"),
+        "alltoall": lambda t: hvd.alltoall(t, name=f"np.a2a.{type(t).__name__}"),
+        "reducescatter": lambda t: hvd.reducescatter(t, op=hvd.Sum,
+                                                     name=f"np.rs.{type(t).__name__}"),
+    }
+    for label, call in calls.items():
+        out = call(x.as_np_ndarray())
+        assert isinstance(out, mx.np.ndarray), label
+        assert out.dtype == np.int32, label
+        want = call(x).asnumpy()
+        assert out.shape == want.shape, label
+        assert np.array_equal(out.asnumpy(), want), label
