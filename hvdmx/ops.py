@@ -94,6 +94,8 @@ def _check_common(fn: str, name, priority) -> None:
     if name is not None and not isinstance(name, str):
         raise TypeError(f"hvdmx.{fn}: argument 'name' must be a str or None, got "
                         f"{type(name).__name__}")
+    if priority.__class__ is int:  # the usual case, without the ABC check below
+        return
     if isinstance(priority, bool) or not isinstance(priority, numbers.Integral):
         raise TypeError(f"hvdmx.{fn}: argument 'priority' must be an int, got {priority!r}")
 
@@ -159,6 +161,8 @@ def _device_str(device) -> str:
 
 
 def _check_distinct(fn: str, tensors: Sequence[mx.nd.NDArray]) -> None:
+    if len(tensors) < 2:
+        return
     handles = [t.handle.value for t in tensors]
     if len(set(handles)) != len(handles):
         raise ValueError(f"hvdmx.{fn}: the same NDArray appears twice in 'tensors'; an "
@@ -169,8 +173,10 @@ def _push(set_id, ctype, name, tensors, outputs, checked, device, op=Sum, root=0
           prescale=1.0, postscale=1.0, splits=(), priority=0):
     """Pushes the collective; ``checked`` holds _check_tensor's triple for
     each tensor, all on ``device``."""
-    _core.push_async(set_id, ctype, name, [t.handle.value for t in tensors],
-                     [t.handle.value for t in outputs], [c[0] for c in checked],
+    handles = [t.handle.value for t in tensors]
+    _core.push_async(set_id, ctype, name, handles,
+                     handles if outputs is tensors else [t.handle.value for t in outputs],
+                     [c[0] for c in checked],
                      [c[2] for c in checked], op, root, prescale, postscale,
                      list(splits), int(priority), device[0], device[1])
 
@@ -214,7 +220,8 @@ def allreduce_(tensor, average=None, name=None, priority=0, prescale_factor=1.0,
     """In-place ``allreduce``: the result replaces ``tensor``, which is returned."""
     if not isinstance(tensor, mx.nd.NDArray):  # before the checks that assume one
         _check_tensor("allreduce_", "tensor", tensor)
-    return _allreduce("allreduce_", [tensor], [tensor], average, name, priority,
+    tensors = [tensor]  # as inputs and outputs: one list, so _push sees it is in place
+    return _allreduce("allreduce_", tensors, tensors, average, name, priority,
                       prescale_factor, postscale_factor, op, "allreduce", process_set)[0]
 
 
@@ -252,8 +259,10 @@ def _broadcast(fn, tensor, output, root_rank, name, priority, process_set):
     root = _check_root(fn, root_rank, set_ranks)
     if output is None:
         output = _new_array(tensor, shape, code, device)
+    tensors = [tensor]
     _push(set_id, _core.BROADCAST, name if name is not None else _auto_name("broadcast", set_id),
-          [tensor], [output], [checked], device, root=root, priority=priority)
+          tensors, tensors if output is tensor else [output], [checked], device, root=root,
+          priority=priority)
     return output
 
 
