@@ -7,11 +7,13 @@
 #include <pybind11/stl.h>
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <condition_variable>
 #include <map>
 #include <memory>
 #include <mutex>
+#include <thread>
 
 #include "env_config.h"
 #include "logging.h"
@@ -318,6 +320,9 @@ void PushAsync(int set_id, int type, const std::string& name,
   ThrowIfError(PushCollective(runtime, std::move(args)));
 }
 
+// How long a thread waiting for a sizes round polls before it sleeps.
+constexpr int64_t kNegotiateSpinMicros = 50;
+
 // Negotiates a unit that moves no tensor data (a sizes round, barrier, join)
 // and waits for it, the GIL released; returns (error message or None,
 // response splits, response root). Ctrl-C interrupts the wait.
@@ -340,7 +345,7 @@ py::tuple Negotiate(int set_id, int type, const std::string& name, const std::ve
   struct Outcome {
     std::mutex mu;
     std::condition_variable cv;
-    bool done = false;
+    std::atomic<bool> done{false};
     Status status;
     Response response;
   };
@@ -354,16 +359,28 @@ py::tuple Negotiate(int set_id, int type, const std::string& name, const std::ve
   entry.callback = [outcome](const Status& status) {
     std::lock_guard<std::mutex> lock(outcome->mu);
     outcome->status = status;
-    outcome->done = true;
+    outcome->done.store(true, std::memory_order_release);
     outcome->cv.notify_all();
   };
   ThrowIfError(runtime->Enqueue(std::move(entry)));
+  {
+    // A sizes round usually completes within tens of microseconds (the peers
+    // make the same call at about the same time): poll that long before
+    // sleeping, sparing the wake-up. The lock below orders the reads.
+    py::gil_scoped_release release;
+    const auto until =
+        std::chrono::steady_clock::now() + std::chrono::microseconds(kNegotiateSpinMicros);
+    while (!outcome->done.load(std::memory_order_acquire) &&
+           std::chrono::steady_clock::now() < until) {
+      std::this_thread::yield();
+    }
+  }
   while (true) {
     {
       py::gil_scoped_release release;
       std::unique_lock<std::mutex> lock(outcome->mu);
       if (outcome->cv.wait_for(lock, std::chrono::milliseconds(100),
-                               [&] { return outcome->done; })) {
+                               [&] { return outcome->done.load(); })) {
         break;
       }
     }
