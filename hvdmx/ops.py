@@ -192,7 +192,8 @@ def _allreduce(fn, tensors, outputs, average, name, priority, prescale_factor,
     postscale = _check_scale(fn, "postscale_factor", postscale_factor)
     device = _one_device(fn, checked)
     if outputs is None:
-        outputs = [_new_array(t, shape, code, device) for t, (code, _, shape) in zip(tensors, checked)]
+        outputs = [_new_array(t, shape, code, device)
+                   for t, (code, _, shape) in zip(tensors, checked)]
     else:
         _check_distinct(fn, outputs)
     _push(set_id, _core.ALLREDUCE, name if name is not None else _auto_name(kind, set_id),
