@@ -274,3 +274,17 @@ def test_integer_scale_truncates_and_saturates():
     for dtype, values, factor, expected in cases:
         t = STORAGE[dtype]
         assert_same_bits(scale(np.array(values, t), dtype, factor), np.array(expected, t))
+
+
+@pytest.mark.parametrize("n", LENGTHS)
+@pytest.mark.parametrize("op", ALL_OPS)
+@pytest.mark.parametrize("dtype", ALL_DTYPES)
+def test_reduce_then_scale_in_one_call(dtype, op, n):
+    # Reduce3Scaled (one pass for float32 Sum and Average) must give the bits
+    # of the reduction followed by the scale, special values included.
+    rng = np.random.default_rng([dtype, op, n, 3])
+    a, b = random_array(rng, dtype, n), random_array(rng, dtype, n)
+    for factor in [1.0, 0.5, 1 / 3, -2.5e-3]:
+        out = np.zeros_like(a)
+        _core._testing_reduce3_scaled(out, a, b, dtype, op, factor)
+        assert_same_bits(out, scale(reference(a, b, dtype, op), dtype, factor))

@@ -258,6 +258,25 @@ HVDMX_ALWAYS_INLINE void Scale(void* __restrict buf, int64_t n, double factor) {
   for (int64_t i = 0; i < n; ++i) x[i] = Op::Apply(x[i], factor);
 }
 
+// out = (a OP b) * factor, element by element: Op's result stored (rounded,
+// NaN made canonical) before Scaling takes it, so the bits are those of
+// Binary followed by Scale, in one pass over the data.
+template <typename Op, typename Scaling>
+HVDMX_ALWAYS_INLINE void BinaryScaled(void* __restrict out_bytes,
+                                      const void* __restrict a_bytes,
+                                      const void* __restrict b_bytes, int64_t n, double factor) {
+  auto* out = static_cast<typename Op::T*>(out_bytes);
+  const auto* a = static_cast<const typename Op::T*>(a_bytes);
+  const auto* b = static_cast<const typename Op::T*>(b_bytes);
+  for (int64_t i = 0; i < n; ++i) out[i] = Scaling::Apply(Op::Apply(a[i], b[i]), factor);
+}
+
+template <typename Op, typename Scaling>
+HVDMX_AVX2 void BinaryScaledAvx2(void* out, const void* a, const void* b, int64_t n,
+                                 double factor) {
+  BinaryScaled<Op, Scaling>(out, a, b, n, factor);
+}
+
 template <typename Op>
 HVDMX_AVX2 void InPlaceAvx2(void* dst, const void* src, int64_t n) {
   InPlace<Op>(dst, src, n);
@@ -429,6 +448,24 @@ void Reduce3(void* out, const void* a, const void* b, int64_t count, DataType dt
     kernel.in_place(out, a, count);  // every op is commutative, bit for bit
   } else {
     kernel.binary(out, a, b, count);
+  }
+}
+
+void Reduce3Scaled(void* out, const void* a, const void* b, int64_t count, DataType dtype,
+                   ReduceOp op, double factor) {
+  const bool fused = factor != 1.0 && dtype == DataType::kFloat32 &&
+                     (op == ReduceOp::kSum || op == ReduceOp::kAverage) && out != a && out != b;
+  if (!fused) {
+    Reduce3(out, a, b, count, dtype, op);
+    ScaleBuffer(out, count, dtype, factor);
+    return;
+  }
+  using Sum = FloatSum<Float32>;
+  using Scaling = FloatScale<Float32>;
+  if (CpuHasAvx2()) {
+    BinaryScaledAvx2<Sum, Scaling>(out, a, b, count, factor);
+  } else {
+    BinaryScaled<Sum, Scaling>(out, a, b, count, factor);
   }
 }
 

@@ -39,6 +39,12 @@ void ReduceInto(void* dst, const void* src, int64_t count, DataType dtype, Reduc
 void Reduce3(void* out, const void* a, const void* b, int64_t count, DataType dtype,
              ReduceOp op);
 
+// Reduce3 then ScaleBuffer(out, count, dtype, factor), with their bits; one
+// pass over the data for float32 Sum and Average (the scaled allreduce's
+// common case), two otherwise.
+void Reduce3Scaled(void* out, const void* a, const void* b, int64_t count, DataType dtype,
+                   ReduceOp op, double factor);
+
 // buf[i] = buf[i] * factor. float16, bfloat16 and float32 multiply in float32
 // by factor rounded to float32; float64 in double. Integers compute
 // static_cast<T>(double(buf[i]) * factor), truncating toward zero; a product

@@ -280,19 +280,21 @@ void ShmAllreduce::Reduce(const Call& call, int64_t k) {
       const int64_t n = block / call.elem;
       const int64_t at = at0 + b;
       for (int j = 0; j < size_; ++j) operands_[j] = j == rank_ ? mine + b : slices_[j] + at;
-      // Rank order, the same on every rank: out = ((x0 OP x1) OP x2) ...
+      // Rank order, the same on every rank: out = ((x0 OP x1) OP x2) ...,
+      // scaled and copied while the block is in cache, unless other hosts
+      // come first (then the scale is applied after them).
+      const double scale = cross_ ? 1.0 : call.postscale;
       if (size_ == 1) {
         std::memcpy(out + at, operands_[0], block);
+        ScaleBuffer(out + at, n, call.dtype, scale);
+      } else if (size_ == 2) {
+        Reduce3Scaled(out + at, operands_[0], operands_[1], n, call.dtype, call.op, scale);
       } else {
         Reduce3(out + at, operands_[0], operands_[1], n, call.dtype, call.op);
+        for (int j = 2; j < size_; ++j) ReduceInto(out + at, operands_[j], n, call.dtype, call.op);
+        ScaleBuffer(out + at, n, call.dtype, scale);
       }
-      for (int j = 2; j < size_; ++j) ReduceInto(out + at, operands_[j], n, call.dtype, call.op);
-      // Scaled and copied while the block is in cache, unless other hosts
-      // come first.
-      if (!cross_) {
-        ScaleBuffer(out + at, n, call.dtype, call.postscale);
-        std::memcpy(mine + b, out + at, block);
-      }
+      if (!cross_) std::memcpy(mine + b, out + at, block);
     }
   });
   if (cross_) {

@@ -48,6 +48,17 @@ void TestingReduceInto(py::array dst, py::array src, int dtype, int op, bool sca
   }
 }
 
+void TestingReduce3Scaled(py::array out, py::array a, py::array b, int dtype, int op,
+                          double factor) {
+  DataType t = CheckedType(dtype);
+  if (a.nbytes() != out.nbytes() || b.nbytes() != out.nbytes()) {
+    throw py::value_error("out, a and b differ in size");
+  }
+  Reduce3Scaled(out.mutable_data(), a.data(), b.data(),
+                out.nbytes() / static_cast<int64_t>(DataTypeSize(t)), t,
+                static_cast<ReduceOp>(op), factor);
+}
+
 void TestingScale(py::array buf, int dtype, double factor) {
   DataType t = CheckedType(dtype);
   ScaleBuffer(buf.mutable_data(), buf.nbytes() / static_cast<int64_t>(DataTypeSize(t)), t,
@@ -394,6 +405,7 @@ class LocalJob {
 void DefineTestingBindings(py::module_& m) {
   m.def("_testing_reduce_into", &TestingReduceInto);
   m.def("_testing_scale", &TestingScale);
+  m.def("_testing_reduce3_scaled", &TestingReduce3Scaled);
   m.def("_testing_ring_allreduce", &TestingRingAllreduce);
   m.def("_testing_load_config", &TestingLoadConfig);
   m.def("_testing_autotune", &TestingAutotune);
