@@ -184,7 +184,11 @@ def test_auto_picks_by_size_and_stays_correct(world):
         assert np.array_equal(got, np.concatenate([rows(r, 2000) for r in range(size)]))
         out = hvd.alltoall(mx.nd.array(rows(rank, 2000 * size)))
         assert out.shape == (2000 * size, 3)
+        out.wait_to_read()
         assert shm_exchanges() == before
+        # No rank shuts down (restart) while another still reads its counters:
+        # a peer's shutdown stops this rank's runtime too.
+        hvd.barrier()
     finally:
         restart({})
 
