@@ -177,8 +177,11 @@ bool Executor::ShmMoves(CollectiveType type, int64_t bytes) const {
   if (shm_ == nullptr || shm_->hierarchical() || shm_->size() != comm_.size()) return false;
   // See "Broadcast, allgather and alltoall on one host" in docs/algorithms.md.
   if (config_.allreduce_algo == AllreduceAlgo::kShm) return true;
-  return config_.allreduce_algo == AllreduceAlgo::kAuto && type == CollectiveType::kBroadcast &&
-         bytes >= config_.shm_min_bytes;
+  if (config_.allreduce_algo != AllreduceAlgo::kAuto) return false;
+  if (type == CollectiveType::kBroadcast) return bytes >= config_.shm_min_bytes;
+  // An alltoall of up to kShmAlltoallMaxBytes per rank (its share of `bytes`):
+  // above it, MPI's single-copy point-to-point wins.
+  return type == CollectiveType::kAlltoall && bytes <= kShmAlltoallMaxBytes * comm_.size();
 }
 
 void Executor::RunAllreduceGroup(const FusionGroup& group, const std::vector<Response>& responses,

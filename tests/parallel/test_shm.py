@@ -172,7 +172,8 @@ def test_auto_picks_by_size_and_stays_correct(world):
             # MPI below the threshold, except for float16 which MPI cannot reduce
             by_shm = count * np.dtype(dtype).itemsize >= 4096 or dtype == "float16"
             assert shm_calls() == before + by_shm, (dtype, count)
-        # Broadcast by the same threshold; allgather and alltoall stay on MPI
+        # Broadcast by the same threshold; allgather stays on MPI, alltoall takes
+        # shared memory up to 16 MiB per rank
         for count in [10, 1024]:
             before = shm_exchanges()
             x = mx.nd.array(rank_input(rank, count, "float32", hvd.Sum))
@@ -182,10 +183,17 @@ def test_auto_picks_by_size_and_stays_correct(world):
         before = shm_exchanges()
         got = hvd.allgather(mx.nd.array(rows(rank, 2000))).asnumpy()
         assert np.array_equal(got, np.concatenate([rows(r, 2000) for r in range(size)]))
+        assert shm_exchanges() == before
         out = hvd.alltoall(mx.nd.array(rows(rank, 2000 * size)))
         assert out.shape == (2000 * size, 3)
         out.wait_to_read()
-        assert shm_exchanges() == before
+        assert shm_exchanges() == before + (size > 1)
+        big = 1_400_004  # rows of 12 bytes: 16.8 MB per rank, divisible by 1 to 4 ranks
+        share = big // size
+        out = hvd.alltoall(mx.nd.array(rows(rank, big))).asnumpy()
+        assert np.array_equal(out, np.concatenate(
+            [rows(s, big)[rank * share:(rank + 1) * share] for s in range(size)]))
+        assert shm_exchanges() == before + (size > 1)
         # No rank shuts down (restart) while another still reads its counters:
         # a peer's shutdown stops this rank's runtime too.
         hvd.barrier()
