@@ -172,17 +172,17 @@ def resolve_num_proc(num_proc: Optional[int], hosts: Optional[List[Host]],
 
 # ---- tuning flags -> environment -----------------------------------------
 
-def _number(what: str, integer: bool = False) -> Callable[[str], float]:
-    """An argparse type: a finite number >= 0 (an integer if `integer`)."""
+def _number(what: str, integer: bool = False, minimum: int = 0) -> Callable[[str], float]:
+    """An argparse type: a finite number >= `minimum` (an integer if `integer`)."""
     def parse(text: str):
         try:
             value = int(text) if integer else float(text)
         except ValueError:
             value = None
-        if value is None or not math.isfinite(value) or value < 0:
+        if value is None or not math.isfinite(value) or value < minimum:
             kind = "an integer" if integer else "a number"
             raise argparse.ArgumentTypeError(
-                f"invalid value {text!r}: expected {kind} >= 0 ({what})")
+                f"invalid value {text!r}: expected {kind} >= {minimum} ({what})")
         return value
     return parse
 
@@ -225,6 +225,8 @@ def tuning_env(args: argparse.Namespace) -> Dict[str, str]:
         env["HVDMX_FUSION_THRESHOLD"] = str(round(args.fusion_threshold_mb * 1024 * 1024))
     if args.fusion_max_tensor_kb is not None:
         env["HVDMX_FUSION_MAX_TENSOR_BYTES"] = str(round(args.fusion_max_tensor_kb * 1024))
+    if args.fusion_piece_kb is not None:
+        env["HVDMX_FUSION_PIECE_BYTES"] = str(round(args.fusion_piece_kb * 1024))
     if args.cycle_time_ms is not None:
         env["HVDMX_CYCLE_TIME"] = _format_number(args.cycle_time_ms)
     if args.cache_capacity is not None:
@@ -577,6 +579,10 @@ def make_parser() -> argparse.ArgumentParser:
     tuning.add_argument("--fusion-max-tensor-kb", type=_number("KiB; 0 fuses nothing"),
                         metavar="KB", help="tensors larger than this run alone, unfused, in KiB "
                         "(HVDMX_FUSION_MAX_TENSOR_BYTES, in bytes; default 256)")
+    tuning.add_argument("--fusion-piece-kb", type=_number("KiB", minimum=1),
+                        metavar="KB", help="a fused group goes through the fusion buffer in "
+                        "pieces of this many KiB, on the ring and MPI "
+                        "(HVDMX_FUSION_PIECE_BYTES, in bytes; default 1024)")
     tuning.add_argument("--cycle-time-ms", type=_number("milliseconds; 0 starts each round "
                                                         "at once"),
                         metavar="MS", help="wait before each negotiation round, in ms "

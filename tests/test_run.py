@@ -135,6 +135,8 @@ def test_process_count_from_np_or_slots():
     (["--fusion-threshold-mb", "0"], {"HVDMX_FUSION_THRESHOLD": "0"}),
     (["--fusion-max-tensor-kb", "1024"], {"HVDMX_FUSION_MAX_TENSOR_BYTES": "1048576"}),
     (["--fusion-max-tensor-kb", "0.5"], {"HVDMX_FUSION_MAX_TENSOR_BYTES": "512"}),
+    (["--fusion-piece-kb", "4096"], {"HVDMX_FUSION_PIECE_BYTES": "4194304"}),
+    (["--fusion-piece-kb", "1.5"], {"HVDMX_FUSION_PIECE_BYTES": "1536"}),
     (["--cycle-time-ms", "5"], {"HVDMX_CYCLE_TIME": "5"}),
     (["--cycle-time-ms", "2.5"], {"HVDMX_CYCLE_TIME": "2.5"}),
     (["--cache-capacity", "0"], {"HVDMX_CACHE_CAPACITY": "0"}),
@@ -194,6 +196,8 @@ def test_every_flag_together_passes_the_cores_validation(tmp_path, stall):
                                       "expected a number >= 0 (MiB; 0 turns fusion off)"),
     (["--fusion-threshold-mb", "64MB"], "argument --fusion-threshold-mb: invalid value "
                                         "'64MB'"),
+    (["--fusion-piece-kb", "0.5"], "argument --fusion-piece-kb: invalid value '0.5': "
+                                   "expected a number >= 1 (KiB)"),
     (["--cycle-time-ms", "nan"], "argument --cycle-time-ms: invalid value 'nan': expected a "
                                  "number >= 0 (milliseconds"),
     (["--cycle-time-ms", "inf"], "argument --cycle-time-ms: invalid value 'inf'"),

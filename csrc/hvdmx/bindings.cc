@@ -166,6 +166,7 @@ void CheckSettingsAgree(MPI_Comm comm, const Config& c, int size) {
   const Setting mine[] = {
       {"FUSION_THRESHOLD", c.fusion_threshold},
       {"FUSION_MAX_TENSOR_BYTES", c.fusion_max_tensor_bytes},
+      {"FUSION_PIECE_BYTES", c.fusion_piece_bytes},
       {"CACHE_CAPACITY", c.cache_capacity},
       {"ALLREDUCE_ALGO", static_cast<int64_t>(c.allreduce_algo)},
       {"RING_MIN_BYTES", c.ring_min_bytes},
@@ -410,6 +411,8 @@ py::object TestingShmInfo() {
   return d;
 }
 
+int64_t TestingFusionBufferBytes() { return RunningRuntime()->fusion_buffer_bytes(); }
+
 }  // namespace
 }  // namespace hvdmx
 
@@ -494,5 +497,6 @@ PYBIND11_MODULE(_core, m) {
   });
 
   m.def("_testing_shm_info", &TestingShmInfo);
+  m.def("_testing_fusion_buffer_bytes", &TestingFusionBufferBytes);
   DefineTestingBindings(m);
 }

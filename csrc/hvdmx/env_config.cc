@@ -88,6 +88,9 @@ Status LoadConfig(const EnvLookup& lookup, Config* out) {
   s = ReadInt(lookup, "FUSION_MAX_TENSOR_BYTES", 0, "a byte count >= 0",
               &config.fusion_max_tensor_bytes);
   if (!s.ok()) return s;
+  s = ReadInt(lookup, "FUSION_PIECE_BYTES", 64, "a byte count >= 64",
+              &config.fusion_piece_bytes);
+  if (!s.ok()) return s;
   s = ReadDouble(lookup, "CYCLE_TIME", "milliseconds >= 0", &config.cycle_time_ms);
   if (!s.ok()) return s;
   s = ReadInt(lookup, "CACHE_CAPACITY", 0, "an integer >= 0 (0 disables the cache)",
@@ -171,6 +174,7 @@ std::string Config::ToString() const {
   std::ostringstream out;
   out << "fusion_threshold=" << fusion_threshold
       << " fusion_max_tensor_bytes=" << fusion_max_tensor_bytes
+      << " fusion_piece_bytes=" << fusion_piece_bytes
       << " cycle_time_ms=" << cycle_time_ms
       << " cache_capacity=" << cache_capacity
       << " allreduce_algo=" << AllreduceAlgoName(allreduce_algo)

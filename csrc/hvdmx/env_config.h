@@ -27,6 +27,10 @@ struct Config {
   // buffer, which cost more than the call they save for large tensors (see
   // docs/benchmarks.md).
   int64_t fusion_max_tensor_bytes = 256 * 1024;
+  // HVDMX_FUSION_PIECE_BYTES: a fused group that goes through the fusion
+  // buffer (not shared memory) is copied in, reduced and copied out in
+  // pieces of at most this many bytes (see docs/algorithms.md).
+  int64_t fusion_piece_bytes = 1024 * 1024;
   // HVDMX_CYCLE_TIME: milliseconds the background thread waits after it is
   // woken, to batch more tensors into one round. 0: run at once.
   double cycle_time_ms = 0.0;

@@ -193,10 +193,12 @@ void Executor::RunAllreduceGroup(const FusionGroup& group, const std::vector<Res
   if (head.op == ReduceOp::kAverage) postscale /= comm_.size();
 
   Timeline& timeline = ProcessTimeline();
-  // Records `phase` from `start` to now on every unit of the group.
-  auto record = [&](const char* phase, Clock::time_point start) {
+  // Records `phase` from `start` to `end` (default: now) on every unit of
+  // the group.
+  auto record = [&](const char* phase, Clock::time_point start,
+                    Clock::time_point end = Clock::time_point{}) {
     if (!timeline.enabled()) return;
-    const auto end = Clock::now();
+    if (end == Clock::time_point{}) end = Clock::now();
     int last = -1;
     for (const FusionGroup::Item& item : group.items) {
       if (item.response == last) continue;
@@ -241,28 +243,68 @@ void Executor::RunAllreduceGroup(const FusionGroup& group, const std::vector<Res
     return;
   }
 
-  char* buffer = fusion_.Get(group.bytes);
-  int64_t offset = 0;
-  for (const FusionGroup::Item& item : group.items) {
-    const int64_t bytes = responses[item.response].counts[item.tensor] * elem;
-    if (bytes) std::memcpy(buffer + offset, entries[item.response].inputs[item.tensor], bytes);
-    offset += bytes;
+  // The group goes through the fusion buffer in pieces of at most
+  // HVDMX_FUSION_PIECE_BYTES: each piece is copied in, reduced and copied
+  // out while it is still in cache, and the transport only ever sees
+  // messages of the size it was measured to like ("Fusion" in
+  // docs/algorithms.md). Piece boundaries fall on elements.
+  const int64_t piece_limit = std::max(elem, config_.fusion_piece_bytes / elem * elem);
+  char* buffer = fusion_.Get(std::min(group.bytes, piece_limit));
+  struct Cursor {
+    size_t item = 0;     // the group's item where a piece starts
+    int64_t within = 0;  // and the byte of that tensor
+  };
+  // Calls f(item, byte in its tensor, byte in the piece, bytes) for each
+  // tensor's share of the `piece` bytes from `at`; returns the cursor after.
+  auto walk = [&](Cursor at, int64_t piece, auto&& f) {
+    for (int64_t in_piece = 0; in_piece < piece;) {
+      const FusionGroup::Item& item = group.items[at.item];
+      const int64_t bytes = responses[item.response].counts[item.tensor] * elem;
+      const int64_t take = std::min(bytes - at.within, piece - in_piece);
+      if (take > 0) f(item, at.within, in_piece, take);
+      in_piece += take;
+      at.within += take;
+      if (at.within == bytes) at = Cursor{at.item + 1, 0};
+    }
+    return at;
+  };
+  const char* algorithm = "";
+  Clock::duration copy_in{}, reduce{}, copy_out{};
+  Cursor start;
+  for (int64_t done = 0; done < group.bytes;) {
+    const int64_t piece = std::min(piece_limit, group.bytes - done);
+    auto t = Clock::now();
+    const Cursor next = walk(start, piece, [&](const FusionGroup::Item& item, int64_t at,
+                                               int64_t to, int64_t bytes) {
+      const char* in = static_cast<const char*>(entries[item.response].inputs[item.tensor]);
+      std::memcpy(buffer + to, in + at, bytes);
+    });
+    auto now = Clock::now();
+    copy_in += now - t;
+    t = now;
+    const int64_t count = piece / elem;
+    ScaleBuffer(buffer, count, dtype, head.prescale);
+    algorithm = Allreduce(buffer, count, dtype, head.op);
+    ScaleBuffer(buffer, count, dtype, postscale);
+    now = Clock::now();
+    reduce += now - t;
+    t = now;
+    walk(start, piece, [&](const FusionGroup::Item& item, int64_t at, int64_t from,
+                           int64_t bytes) {
+      char* out = static_cast<char*>(entries[item.response].outputs[item.tensor]);
+      std::memcpy(out + at, buffer + from, bytes);
+    });
+    copy_out += Clock::now() - t;
+    start = next;
+    done += piece;
   }
-  record("MEMCPY_IN_FUSION_BUFFER", t0);
-  t0 = Clock::now();
-  const int64_t count = group.bytes / elem;
-  ScaleBuffer(buffer, count, dtype, head.prescale);
-  const char* algorithm = Allreduce(buffer, count, dtype, head.op);
-  ScaleBuffer(buffer, count, dtype, postscale);
-  record(algorithm, t0);
-  t0 = Clock::now();
-  offset = 0;
-  for (const FusionGroup::Item& item : group.items) {
-    const int64_t bytes = responses[item.response].counts[item.tensor] * elem;
-    if (bytes) std::memcpy(entries[item.response].outputs[item.tensor], buffer + offset, bytes);
-    offset += bytes;
-  }
-  record("MEMCPY_OUT_FUSION_BUFFER", t0);
+  // The pieces interleave the three phases; the timeline shows each
+  // phase's total, one after the other from the group's start.
+  const auto reduce_start = t0 + copy_in;
+  const auto out_start = reduce_start + reduce;
+  record("MEMCPY_IN_FUSION_BUFFER", t0, reduce_start);
+  record(algorithm, reduce_start, out_start);
+  record("MEMCPY_OUT_FUSION_BUFFER", out_start, out_start + copy_out);
 }
 
 const char* Executor::RunBroadcast(const Response& response, TensorEntry& entry) {

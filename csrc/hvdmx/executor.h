@@ -35,6 +35,8 @@ class Executor {
   // the algorithm's name for the timeline.
   const char* Allreduce(void* buf, int64_t count, DataType dtype, ReduceOp op);
 
+  int64_t fusion_buffer_bytes() const { return fusion_.capacity(); }
+
  private:
   void RunAllreduceGroup(const FusionGroup& group, const std::vector<Response>& responses,
                          std::vector<TensorEntry>& entries);

@@ -68,6 +68,9 @@ class Runtime {
   const Config& config() const { return config_; }
   // Null unless the shared-memory allreduce is on.
   const ShmAllreduce* shm() const { return shm_.get(); }
+  // For tests: bytes the fusion buffer holds (it grows on the background
+  // thread; read it only once the collectives that grew it are done).
+  int64_t fusion_buffer_bytes() const { return executor_.fusion_buffer_bytes(); }
 
   // Any thread (MXNet engine threads). Refuses, returning the error and
   // leaving the callback unfired, an entry whose name is already queued on

@@ -5,6 +5,7 @@ import numpy as np
 import pytest
 
 import hvdmx as hvd
+from hvdmx import _core
 from conftest import all_equal_across_ranks, restart
 from helpers import DTYPES, OPS, counts_for, expected, rank_input
 
@@ -177,6 +178,28 @@ def test_fusion_disabled_and_tiny_threshold(world):
                 check(out, expected(size, c, "float32", hvd.Sum))
         finally:
             restart({})
+
+
+@pytest.mark.parametrize("algo", ["ring", "mpi"])
+def test_fused_group_goes_through_the_buffer_in_pieces(world, algo):
+    rank, size = world
+    # 100-byte pieces: 25 float32, 12 float64 (96 bytes), 50 float16, 100
+    # int8 elements. The tensors start and end inside pieces, span several,
+    # hold nothing, or are one element.
+    restart({"HVDMX_ALLREDUCE_ALGO": algo, "HVDMX_FUSION_PIECE_BYTES": "100"})
+    try:
+        counts = [1, 9, 0, 33, 10, 3, 100, 7, 2000]
+        for dtype in DTYPES:
+            for op in OPS:
+                xs = [mx.nd.array(rank_input(rank, c, dtype, op), dtype=dtype) for c in counts]
+                outs = hvd.grouped_allreduce(xs, op=op, prescale_factor=2.0,
+                                             postscale_factor=0.5, name=f"pieces.{dtype}.{op}")
+                for out, c in zip(outs, counts):
+                    check(out, expected(size, c, dtype, op, prescale=2.0, postscale=0.5))
+        # The buffer holds one piece, not the group (16.9 KB of float64).
+        assert _core._testing_fusion_buffer_bytes() == 4096
+    finally:
+        restart({})
 
 
 def test_cache_disabled_and_tiny_cache(world):
