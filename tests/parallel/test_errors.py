@@ -196,6 +196,7 @@ def test_mismatch_after_cached_success(world):
 
 @pytest.mark.parametrize("var, value_of_rank", [
     ("HVDMX_FUSION_MAX_TENSOR_BYTES", lambda r: str(1024 * (r + 1))),
+    ("HOROVOD_FUSION_PIECE_BYTES", lambda r: str(65536 * (r + 1))),
     ("HOROVOD_FUSION_THRESHOLD", lambda r: "0" if r else "1048576"),
     ("HVDMX_ALLREDUCE_ALGO", lambda r: "ring" if r else "mpi"),
     ("HVDMX_CACHE_CAPACITY", lambda r: str(r)),
