@@ -179,11 +179,11 @@ def test_every_flag_together_passes_the_cores_validation(tmp_path, stall):
     # Variables this build does not read yet are ignored; those it reads must accept
     # exactly what the launcher writes.
     env = run.tuning_env(parse(
-        "--fusion-threshold-mb", "0", "--cycle-time-ms", "1e-1", "--cache-capacity", "0",
-        "--hierarchical-allreduce", "--timeline-filename", str(tmp_path / "t.json"),
+        "--fusion-threshold-mb", "0", "--fusion-max-tensor-kb", "0", "--fusion-piece-kb", "1",
+        "--cycle-time-ms", "1e-1", "--cache-capacity", "0", "--hierarchical-allreduce", "--timeline-filename", str(tmp_path / "t.json"),
         "--timeline-mark-cycles", "--autotune", "--autotune-log-file",
         str(tmp_path / "tune.csv"), "--log-level", "TRACE", *stall, "prog"))
-    assert len(env) == 11
+    assert len(env) == 13
     _core._testing_load_config(env)
 
 

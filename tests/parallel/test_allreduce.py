@@ -198,6 +198,10 @@ def test_fused_group_goes_through_the_buffer_in_pieces(world, algo):
                     check(out, expected(size, c, dtype, op, prescale=2.0, postscale=0.5))
         # The buffer holds one piece, not the group (16.9 KB of float64).
         assert _core._testing_fusion_buffer_bytes() == 4096
+        # A group of empty tensors has no piece at all.
+        empty = hvd.grouped_allreduce([mx.nd.array(np.zeros(0)), mx.nd.array(np.zeros((0, 3)))],
+                                      op=hvd.Sum)
+        assert [e.asnumpy().shape for e in empty] == [(0,), (0, 3)]
     finally:
         restart({})
 
