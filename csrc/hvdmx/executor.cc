@@ -247,8 +247,12 @@ void Executor::RunAllreduceGroup(const FusionGroup& group, const std::vector<Res
   // HVDMX_FUSION_PIECE_BYTES: each piece is copied in, reduced and copied
   // out while it is still in cache, and the transport only ever sees
   // messages of the size it was measured to like ("Fusion" in
-  // docs/algorithms.md). Piece boundaries fall on elements.
-  const int64_t piece_limit = std::max(elem, config_.fusion_piece_bytes / elem * elem);
+  // docs/algorithms.md). A piece holds at least one ring segment per rank,
+  // so that in a large job pieces do not shrink the ring's (or MPI's)
+  // per-step messages below a segment. Piece boundaries fall on elements.
+  const int64_t piece_bytes =
+      std::max(config_.fusion_piece_bytes, comm_.size() * config_.ring_segment_bytes);
+  const int64_t piece_limit = std::max(elem, piece_bytes / elem * elem);
   char* buffer = fusion_.Get(std::min(group.bytes, piece_limit));
   struct Cursor {
     size_t item = 0;     // the group's item where a piece starts

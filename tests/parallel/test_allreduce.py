@@ -183,10 +183,11 @@ def test_fusion_disabled_and_tiny_threshold(world):
 @pytest.mark.parametrize("algo", ["ring", "mpi"])
 def test_fused_group_goes_through_the_buffer_in_pieces(world, algo):
     rank, size = world
-    # 100-byte pieces: 25 float32, 12 float64 (96 bytes), 50 float16, 100
-    # int8 elements. The tensors start and end inside pieces, span several,
-    # hold nothing, or are one element.
-    restart({"HVDMX_ALLREDUCE_ALGO": algo, "HVDMX_FUSION_PIECE_BYTES": "100"})
+    # 300-byte pieces (above 4 ranks x 64-byte segments): 75 float32, 37
+    # float64 (296 bytes), 150 float16, 300 int8 elements. The tensors start
+    # and end inside pieces, span several, hold nothing, or are one element.
+    restart({"HVDMX_ALLREDUCE_ALGO": algo, "HVDMX_FUSION_PIECE_BYTES": "300",
+             "HVDMX_RING_SEGMENT_BYTES": "64"})
     try:
         counts = [1, 9, 0, 33, 10, 3, 100, 7, 2000]
         for dtype in DTYPES:
@@ -202,6 +203,22 @@ def test_fused_group_goes_through_the_buffer_in_pieces(world, algo):
         empty = hvd.grouped_allreduce([mx.nd.array(np.zeros(0)), mx.nd.array(np.zeros((0, 3)))],
                                       op=hvd.Sum)
         assert [e.asnumpy().shape for e in empty] == [(0,), (0, 3)]
+    finally:
+        restart({})
+
+
+def test_a_piece_holds_a_ring_segment_per_rank(world):
+    rank, size = world
+    # Pieces never make the ring's per-step messages smaller than a segment:
+    # with 64 KiB pieces and segments, a piece is size x 64 KiB.
+    restart({"HVDMX_ALLREDUCE_ALGO": "ring", "HVDMX_FUSION_PIECE_BYTES": "65536",
+             "HVDMX_RING_SEGMENT_BYTES": "65536"})
+    try:
+        xs = [mx.nd.full((65536,), rank + i, dtype="float32") for i in range(4)]  # 1 MiB
+        outs = hvd.grouped_allreduce(xs, op=hvd.Sum, name="segment.pieces")
+        for i, out in enumerate(outs):
+            check(out, np.full(65536, sum(r + i for r in range(size)), dtype="float32"))
+        assert _core._testing_fusion_buffer_bytes() == size * 65536
     finally:
         restart({})
 
