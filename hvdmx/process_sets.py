@@ -182,11 +182,11 @@ def _forget_all() -> None:
 
 
 def _set_for_call(fn: str, process_set) -> tuple:
-    """(set id, the set's ranks, this rank's index in them) for a collective
-    on ``process_set``, or a clear error."""
-    if process_set is global_process_set:  # every call's default: no list to search
+    """(set id, the set's ranks as a sequence, this rank's index in them) for
+    a collective on ``process_set``, or a clear error."""
+    if process_set is global_process_set:  # every call's default: nothing to build or search
         rank, size = _core.topology()[:2]
-        return 0, list(range(size)), rank
+        return 0, range(size), rank
     if not isinstance(process_set, ProcessSet):
         raise TypeError(f"hvdmx.{fn}: argument 'process_set' must be a ProcessSet (e.g. "
                         f"hvd.global_process_set), got {type(process_set).__name__}")

@@ -193,12 +193,9 @@ void Executor::RunAllreduceGroup(const FusionGroup& group, const std::vector<Res
   if (head.op == ReduceOp::kAverage) postscale /= comm_.size();
 
   Timeline& timeline = ProcessTimeline();
-  // Records `phase` from `start` to `end` (default: now) on every unit of
-  // the group.
-  auto record = [&](const char* phase, Clock::time_point start,
-                    Clock::time_point end = Clock::time_point{}) {
+  // Records `phase` from `start` to `end` on every unit of the group.
+  auto record = [&](const char* phase, Clock::time_point start, Clock::time_point end) {
     if (!timeline.enabled()) return;
-    if (end == Clock::time_point{}) end = Clock::now();
     int last = -1;
     for (const FusionGroup::Item& item : group.items) {
       if (item.response == last) continue;
@@ -226,8 +223,9 @@ void Executor::RunAllreduceGroup(const FusionGroup& group, const std::vector<Res
       spans_.push_back({out, count});
     }
     if (copied) {
-      record("MEMCPY_IN_OUTPUT", t0);
-      t0 = Clock::now();
+      const auto now = Clock::now();
+      record("MEMCPY_IN_OUTPUT", t0, now);
+      t0 = now;
     }
     for (const ShmAllreduce::Span& span : spans_) {
       ScaleBuffer(span.data, span.count, dtype, head.prescale);
@@ -239,7 +237,7 @@ void Executor::RunAllreduceGroup(const FusionGroup& group, const std::vector<Res
       algorithm = Allreduce(spans_[0].data, spans_[0].count, dtype, head.op);
       ScaleBuffer(spans_[0].data, spans_[0].count, dtype, postscale);
     }
-    record(algorithm, t0);
+    record(algorithm, t0, Clock::now());
     return;
   }
 
