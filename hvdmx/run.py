@@ -10,14 +10,13 @@ list (never through a shell) and exits with its exit code. ``--check-build``
 reports what this installation of hvdmx can do. docs/running.md has the details.
 
 Everything between parsing and running is a pure function of its arguments
-(``parse_hosts``, ``parse_hostfile``, ``tuning_env``, ``identify_launcher``,
-``build_command``) so that the commands for every MPI are testable on a
-machine that has only one of them.
+(``parse_hosts``, ``parse_hostfile``, ``tuning_env`` in run_flags.py,
+``identify_launcher``, ``build_command``) so that the commands for every MPI are
+testable on a machine that has only one of them.
 """
 from __future__ import annotations
 
 import argparse
-import math
 import os
 import re
 import shlex
@@ -26,7 +25,9 @@ import signal
 import subprocess
 import sys
 from dataclasses import dataclass
-from typing import Callable, Dict, List, Mapping, NamedTuple, Optional, Sequence, TextIO
+from typing import List, Mapping, NamedTuple, Optional, Sequence, TextIO
+
+from .run_flags import add_tuning_flags, tuning_env
 
 PROG = "hvdmxrun"
 
@@ -36,8 +37,6 @@ MPICH = "mpich"
 INTEL = "intel"
 OPENMPI = "openmpi"
 _FLAVOR_NAMES = {MPICH: "MPICH/Hydra", INTEL: "Intel MPI (Hydra)", OPENMPI: "Open MPI"}
-
-LOG_LEVELS = ("trace", "debug", "info", "warning", "warn", "error", "fatal")
 
 # Open MPI's mpirun hands its own environment only to the ranks on its own host;
 # the ranks elsewhere get what -x names. These are forwarded (when set) so that
@@ -170,23 +169,6 @@ def resolve_num_proc(num_proc: Optional[int], hosts: Optional[List[Host]],
     return num_proc
 
 
-# ---- tuning flags -> environment -----------------------------------------
-
-def _number(what: str, integer: bool = False, minimum: int = 0) -> Callable[[str], float]:
-    """An argparse type: a finite number >= `minimum` (an integer if `integer`)."""
-    def parse(text: str):
-        try:
-            value = int(text) if integer else float(text)
-        except ValueError:
-            value = None
-        if value is None or not math.isfinite(value) or value < minimum:
-            kind = "an integer" if integer else "a number"
-            raise argparse.ArgumentTypeError(
-                f"invalid value {text!r}: expected {kind} >= {minimum} ({what})")
-        return value
-    return parse
-
-
 def _positive_int(text: str) -> int:
     try:
         value = int(text)
@@ -196,65 +178,6 @@ def _positive_int(text: str) -> int:
         raise argparse.ArgumentTypeError(
             f"invalid value {text!r}: expected the number of processes, an integer >= 1")
     return value
-
-
-def _log_level(text: str) -> str:
-    if text.lower() not in LOG_LEVELS:
-        raise argparse.ArgumentTypeError(
-            f"invalid value {text!r}: expected one of {', '.join(LOG_LEVELS)} (any case)")
-    return text.lower()
-
-
-def _nonempty(what: str) -> Callable[[str], str]:
-    def parse(text: str) -> str:
-        if not text:
-            raise argparse.ArgumentTypeError(f"invalid value '': expected {what}")
-        return text
-    return parse
-
-
-def _format_number(value: float) -> str:
-    """5.0 -> '5', 2.5 -> '2.5': what the core's parser reads back exactly."""
-    return str(int(value)) if float(value).is_integer() else repr(float(value))
-
-
-def tuning_env(args: argparse.Namespace) -> Dict[str, str]:
-    """The HVDMX_* variables the tuning flags ask for (only flags that were given)."""
-    env = {}
-    if args.fusion_threshold_mb is not None:
-        env["HVDMX_FUSION_THRESHOLD"] = str(round(args.fusion_threshold_mb * 1024 * 1024))
-    if args.fusion_max_tensor_kb is not None:
-        env["HVDMX_FUSION_MAX_TENSOR_BYTES"] = str(round(args.fusion_max_tensor_kb * 1024))
-    if args.fusion_piece_kb is not None:
-        env["HVDMX_FUSION_PIECE_BYTES"] = str(round(args.fusion_piece_kb * 1024))
-    if args.cycle_time_ms is not None:
-        env["HVDMX_CYCLE_TIME"] = _format_number(args.cycle_time_ms)
-    if args.cache_capacity is not None:
-        env["HVDMX_CACHE_CAPACITY"] = str(args.cache_capacity)
-    if args.hierarchical_allreduce:
-        env["HVDMX_HIERARCHICAL_ALLREDUCE"] = "1"
-    if args.timeline_filename is not None:
-        env["HVDMX_TIMELINE"] = args.timeline_filename
-    if args.timeline_mark_cycles:
-        env["HVDMX_TIMELINE_MARK_CYCLES"] = "1"
-    if args.autotune:
-        env["HVDMX_AUTOTUNE"] = "1"
-    if args.autotune_log_file is not None:
-        env["HVDMX_AUTOTUNE_LOG"] = args.autotune_log_file
-    if args.no_stall_check:
-        # Both times at 0 ("off") do what Horovod's HOROVOD_STALL_CHECK_DISABLE
-        # does; the core has no separate switch.
-        env["HVDMX_STALL_CHECK_TIME_SECONDS"] = "0"
-        env["HVDMX_STALL_SHUTDOWN_TIME_SECONDS"] = "0"
-    if args.stall_check_warning_time_seconds is not None:
-        env["HVDMX_STALL_CHECK_TIME_SECONDS"] = _format_number(
-            args.stall_check_warning_time_seconds)
-    if args.stall_check_shutdown_time_seconds is not None:
-        env["HVDMX_STALL_SHUTDOWN_TIME_SECONDS"] = _format_number(
-            args.stall_check_shutdown_time_seconds)
-    if args.log_level is not None:
-        env["HVDMX_LOG_LEVEL"] = args.log_level
-    return env
 
 
 # ---- the MPI launcher -----------------------------------------------------
@@ -571,57 +494,7 @@ def make_parser() -> argparse.ArgumentParser:
     launch.add_argument("--check-build", action="store_true",
                         help="print what this hvdmx was built with and supports, and exit")
 
-    tuning = parser.add_argument_group(
-        "tuning (each sets an environment variable on every rank; see docs/env.md)")
-    tuning.add_argument("--fusion-threshold-mb", type=_number("MiB; 0 turns fusion off"),
-                        metavar="MB", help="largest fused group of tensors, in MiB "
-                        "(HVDMX_FUSION_THRESHOLD, in bytes; default 64)")
-    tuning.add_argument("--fusion-max-tensor-kb", type=_number("KiB; 0 fuses nothing"),
-                        metavar="KB", help="tensors larger than this run alone, unfused, in KiB "
-                        "(HVDMX_FUSION_MAX_TENSOR_BYTES, in bytes; default 256)")
-    tuning.add_argument("--fusion-piece-kb", type=_number("KiB", minimum=1),
-                        metavar="KB", help="a fused group goes through the fusion buffer in "
-                        "pieces of this many KiB, on the ring and MPI "
-                        "(HVDMX_FUSION_PIECE_BYTES, in bytes; default 1024)")
-    tuning.add_argument("--cycle-time-ms", type=_number("milliseconds; 0 starts each round "
-                                                        "at once"),
-                        metavar="MS", help="wait before each negotiation round, in ms "
-                        "(HVDMX_CYCLE_TIME; default 0)")
-    tuning.add_argument("--cache-capacity", type=_number("entries; 0 turns the cache off",
-                                                         integer=True),
-                        metavar="N", help="negotiated responses each rank remembers "
-                        "(HVDMX_CACHE_CAPACITY; default 1024)")
-    tuning.add_argument("--hierarchical-allreduce", action="store_true",
-                        help="allreduce within each host first, then across hosts "
-                             "(HVDMX_HIERARCHICAL_ALLREDUCE=1)")
-    tuning.add_argument("--timeline-filename", type=_nonempty("a file name"), metavar="FILE",
-                        help="write a Chrome-trace timeline of the collectives to FILE "
-                             "(HVDMX_TIMELINE)")
-    tuning.add_argument("--timeline-mark-cycles", action="store_true",
-                        help="mark each background cycle in the timeline "
-                             "(HVDMX_TIMELINE_MARK_CYCLES=1)")
-    tuning.add_argument("--autotune", action="store_true",
-                        help="let hvdmx tune its settings while training "
-                             "(HVDMX_AUTOTUNE=1)")
-    tuning.add_argument("--autotune-log-file", type=_nonempty("a file name"), metavar="FILE",
-                        help="with --autotune, log the settings tried to FILE "
-                             "(HVDMX_AUTOTUNE_LOG)")
-    stall = tuning.add_mutually_exclusive_group()
-    stall.add_argument("--no-stall-check", action="store_true",
-                       help="no stall warning and no stall shutdown (sets "
-                            "HVDMX_STALL_CHECK_TIME_SECONDS and "
-                            "HVDMX_STALL_SHUTDOWN_TIME_SECONDS to 0)")
-    stall.add_argument("--stall-check-warning-time-seconds",
-                       type=_number("seconds; 0 turns the warning off"), metavar="S",
-                       help="warn about a collective that waits this long for other ranks "
-                            "(HVDMX_STALL_CHECK_TIME_SECONDS; default 60)")
-    tuning.add_argument("--stall-check-shutdown-time-seconds",
-                        type=_number("seconds; 0 never shuts down"), metavar="S",
-                        help="shut hvdmx down when a collective waits this long "
-                             "(HVDMX_STALL_SHUTDOWN_TIME_SECONDS)")
-    tuning.add_argument("--log-level", type=_log_level, metavar="LEVEL",
-                        help=f"hvdmx's log level: {', '.join(LOG_LEVELS)} (HVDMX_LOG_LEVEL; "
-                             "default warning)")
+    add_tuning_flags(parser)
     return parser
 
 
