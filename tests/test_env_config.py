@@ -9,6 +9,7 @@ def test_defaults():
     assert c["fusion_threshold"] == 64 * 1024 * 1024
     assert c["fusion_max_tensor_bytes"] == 256 * 1024
     assert c["fusion_piece_bytes"] == 1024 * 1024
+    assert c["output_pool_bytes"] == 256 * 1024 * 1024
     assert c["cycle_time_ms"] == 0
     assert c["cache_capacity"] == 1024
     assert c["allreduce_algo"] == "auto"
@@ -33,6 +34,8 @@ def test_hvdmx_names_and_horovod_twins():
     assert c["fusion_max_tensor_bytes"] == 1 << 20
     c = _core._testing_load_config({"HOROVOD_FUSION_PIECE_BYTES": "65536"})
     assert c["fusion_piece_bytes"] == 65536
+    c = _core._testing_load_config({"HOROVOD_OUTPUT_POOL_BYTES": "0"})
+    assert c["output_pool_bytes"] == 0
     c = _core._testing_load_config({"HOROVOD_STALL_SHUTDOWN_TIME_SECONDS": "2.5"})
     assert c["stall_shutdown_seconds"] == 2.5
 
@@ -42,6 +45,7 @@ def test_hvdmx_names_and_horovod_twins():
     ("HVDMX_FUSION_THRESHOLD", "-1", "a byte count"),
     ("HVDMX_FUSION_MAX_TENSOR_BYTES", "1M", "a byte count >= 0"),
     ("HVDMX_FUSION_PIECE_BYTES", "32", "a byte count >= 64"),
+    ("HVDMX_OUTPUT_POOL_BYTES", "-1", "a byte count >= 0 (0 keeps no output memory)"),
     ("HOROVOD_CYCLE_TIME", "fast", "milliseconds"),
     ("HVDMX_CACHE_CAPACITY", "1.5", "an integer"),
     ("HVDMX_ALLREDUCE_ALGO", "tree", "one of auto, ring, mpi"),

@@ -19,6 +19,7 @@
 #include "logging.h"
 #include "mpi_comm.h"
 #include "mxnet_engine.h"
+#include "output_pool.h"
 #include "runtime.h"
 #include "timeline.h"
 #include "shm_allreduce.h"
@@ -207,6 +208,7 @@ void Init(uintptr_t comm_address) {
   Config config;
   ThrowIfError(LoadConfig(ProcessEnvironment(), &config));
   SetLogLevel(config.log_level);
+  OutputPool::Get().SetLimit(config.output_pool_bytes);
   G().config = config;
   G().thread_level = EnsureMpiInitialized();
   if (G().thread_level < MPI_THREAD_MULTIPLE) {
@@ -413,6 +415,19 @@ py::object TestingShmInfo() {
 
 int64_t TestingFusionBufferBytes() { return RunningRuntime()->fusion_buffer_bytes(); }
 
+py::dict TestingOutputPool() {
+  const OutputPool::Stats s = OutputPool::Get().stats();
+  py::dict d;
+  d["limit"] = s.limit;
+  d["kept_bytes"] = s.kept_bytes;
+  d["kept_blocks"] = s.kept_blocks;
+  d["out_bytes"] = s.out_bytes;
+  d["reused"] = s.reused;
+  d["mapped"] = s.mapped;
+  d["min_bytes"] = OutputPool::kMinBytes;
+  return d;
+}
+
 }  // namespace
 }  // namespace hvdmx
 
@@ -498,5 +513,7 @@ PYBIND11_MODULE(_core, m) {
 
   m.def("_testing_shm_info", &TestingShmInfo);
   m.def("_testing_fusion_buffer_bytes", &TestingFusionBufferBytes);
+  m.def("_testing_output_pool", &TestingOutputPool);
+  m.def("_testing_output_pool_class", &OutputPool::ClassBytes);
   DefineTestingBindings(m);
 }

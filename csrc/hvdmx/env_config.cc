@@ -91,6 +91,9 @@ Status LoadConfig(const EnvLookup& lookup, Config* out) {
   s = ReadInt(lookup, "FUSION_PIECE_BYTES", 64, "a byte count >= 64",
               &config.fusion_piece_bytes);
   if (!s.ok()) return s;
+  s = ReadInt(lookup, "OUTPUT_POOL_BYTES", 0, "a byte count >= 0 (0 keeps no output memory)",
+              &config.output_pool_bytes);
+  if (!s.ok()) return s;
   s = ReadDouble(lookup, "CYCLE_TIME", "milliseconds >= 0", &config.cycle_time_ms);
   if (!s.ok()) return s;
   s = ReadInt(lookup, "CACHE_CAPACITY", 0, "an integer >= 0 (0 disables the cache)",
@@ -175,6 +178,7 @@ std::string Config::ToString() const {
   out << "fusion_threshold=" << fusion_threshold
       << " fusion_max_tensor_bytes=" << fusion_max_tensor_bytes
       << " fusion_piece_bytes=" << fusion_piece_bytes
+      << " output_pool_bytes=" << output_pool_bytes
       << " cycle_time_ms=" << cycle_time_ms
       << " cache_capacity=" << cache_capacity
       << " allreduce_algo=" << AllreduceAlgoName(allreduce_algo)

@@ -31,6 +31,9 @@ struct Config {
   // buffer (not shared memory) is copied in, reduced and copied out in
   // pieces of at most this many bytes (see docs/algorithms.md).
   int64_t fusion_piece_bytes = 1024 * 1024;
+  // HVDMX_OUTPUT_POOL_BYTES: bytes of returned output memory kept for the
+  // next outputs (Note [Output pool] in output_pool.h); 0 keeps none.
+  int64_t output_pool_bytes = 256 * 1024 * 1024;
   // HVDMX_CYCLE_TIME: milliseconds the background thread waits after it is
   // woken, to batch more tensors into one round. 0: run at once.
   double cycle_time_ms = 0.0;

@@ -1,6 +1,7 @@
 #include "mxnet_engine.h"
 
 #include <dlfcn.h>
+#include <dlpack/dlpack.h>
 
 #include <algorithm>
 #include <cstdint>
@@ -8,6 +9,8 @@
 #include <cstring>
 #include <future>
 #include <stdexcept>
+
+#include "output_pool.h"
 
 namespace dmlc {
 // The exception type MXNet's engine stores and rethrows; the same definition
@@ -57,6 +60,7 @@ struct Api {
   int (*get_context)(NDArrayHandle, int*, int*) = nullptr;
   int (*get_shape)(NDArrayHandle, int*, const int**) = nullptr;
   int (*create)(const uint32_t*, uint32_t, int, int, int, int, NDArrayHandle*) = nullptr;
+  int (*from_dlpack)(DLManagedTensor*, bool, NDArrayHandle*) = nullptr;
 };
 Api g_api;
 bool g_naive_engine = false;
@@ -216,6 +220,7 @@ Status LoadMXNetApi(const std::string& path) {
   if (s.ok()) s = Resolve(lib, "MXNDArrayGetContext", &api.get_context);
   if (s.ok()) s = Resolve(lib, "MXNDArrayGetShapeEx", &api.get_shape);
   if (s.ok()) s = Resolve(lib, "MXNDArrayCreateEx", &api.create);
+  if (s.ok()) s = Resolve(lib, "MXNDArrayFromDLPackEx", &api.from_dlpack);
   if (!s.ok()) return s;
   g_api = api;
   const char* engine = std::getenv("MXNET_ENGINE_TYPE");
@@ -250,6 +255,67 @@ Status DescribeArray(void* handle, ArrayInfo* info) {
   return Status::Ok();
 }
 
+namespace {
+
+// DLPack's type for MXNet's type flags 0..7 (mshadow/base.h: float32,
+// float64, float16, uint8, int32, int8, int64, bool); false for the others.
+bool DLPackType(int dtype, DLDataType* out) {
+  static const DLDataType kTypes[] = {{kDLFloat, 32, 1}, {kDLFloat, 64, 1}, {kDLFloat, 16, 1},
+                                      {kDLUInt, 8, 1},   {kDLInt, 32, 1},   {kDLInt, 8, 1},
+                                      {kDLInt, 64, 1},   {kDLUInt, 1, 1}};
+  if (dtype < 0 || dtype >= static_cast<int>(sizeof(kTypes) / sizeof(kTypes[0]))) return false;
+  *out = kTypes[dtype];
+  return true;
+}
+
+// What a pooled output's DLManagedTensor points to until MXNet deletes it.
+struct PooledTensor {
+  DLManagedTensor managed;
+  std::vector<int64_t> shape;
+  int64_t bytes;
+};
+
+void GiveBack(DLManagedTensor* managed) {
+  PooledTensor* t = static_cast<PooledTensor*>(managed->manager_ctx);
+  OutputPool::Get().Give(t->managed.dl_tensor.data, t->bytes);
+  delete t;
+}
+
+// An NDArray over a block of the output pool (Note [Output pool]), or
+// nullptr in *out when the array is not one the pool serves.
+Status NewPooledArray(const std::vector<int64_t>& shape, int dtype, int dev_type, int dev_id,
+                      void** out) {
+  *out = nullptr;
+  DLDataType type;
+  if (dev_type != kDLCPU || !DLPackType(dtype, &type)) return Status::Ok();
+  int64_t bytes = (type.bits + 7) / 8;
+  for (int64_t d : shape) bytes *= d;
+  if (bytes < OutputPool::kMinBytes) return Status::Ok();
+  void* block = OutputPool::Get().Take(bytes);
+  if (block == nullptr) return Status::Ok();  // MXNet allocates it instead
+  auto* t = new PooledTensor{};
+  t->shape = shape;
+  t->bytes = bytes;
+  DLTensor& dl = t->managed.dl_tensor;
+  dl.data = block;
+  dl.ctx = {kDLCPU, dev_id};
+  dl.ndim = static_cast<int>(shape.size());
+  dl.dtype = type;
+  dl.shape = t->shape.data();
+  dl.strides = nullptr;
+  dl.byte_offset = 0;
+  t->managed.manager_ctx = t;
+  t->managed.deleter = GiveBack;
+  if (g_api.from_dlpack(&t->managed, /*transient_handle=*/false, out) != 0) {
+    GiveBack(&t->managed);
+    return Status::Internal(std::string("hvdmx: MXNDArrayFromDLPackEx failed: ") +
+                            g_api.last_error());
+  }
+  return Status::Ok();
+}
+
+}  // namespace
+
 Status NewArray(const std::vector<int64_t>& shape, int dtype, int dev_type, int dev_id,
                 void** out) {
   HVDMX_CHECK(g_api.create != nullptr, "MXNet API not loaded");
@@ -262,6 +328,8 @@ Status NewArray(const std::vector<int64_t>& shape, int dtype, int dev_type, int 
     }
     dims.push_back(static_cast<uint32_t>(d));
   }
+  Status pooled = NewPooledArray(shape, dtype, dev_type, dev_id, out);
+  if (!pooled.ok() || *out != nullptr) return pooled;
   if (g_api.create(dims.data(), static_cast<uint32_t>(dims.size()), dev_type, dev_id,
                    /*delay_alloc=*/1, dtype, out) != 0) {
     return Status::Internal(std::string("hvdmx: MXNDArrayCreateEx failed: ") +

@@ -237,6 +237,7 @@ py::dict TestingLoadConfig(const std::map<std::string, std::string>& env) {
   d["fusion_threshold"] = c.fusion_threshold;
   d["fusion_max_tensor_bytes"] = c.fusion_max_tensor_bytes;
   d["fusion_piece_bytes"] = c.fusion_piece_bytes;
+  d["output_pool_bytes"] = c.output_pool_bytes;
   d["cycle_time_ms"] = c.cycle_time_ms;
   d["cache_capacity"] = c.cache_capacity;
   d["allreduce_algo"] = AllreduceAlgoName(c.allreduce_algo);

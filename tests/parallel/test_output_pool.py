@@ -1,0 +1,172 @@
+"""Outputs of 64 KiB and more come from hvdmx's output pool (Note [Output
+pool] in csrc/hvdmx/output_pool.h): memory is handed out again once the last
+NDArray over it is gone, never while one is alive, and only up to
+HVDMX_OUTPUT_POOL_BYTES is kept.
+"""
+import ctypes
+import time
+
+import mxnet as mx
+import numpy as np
+import pytest
+
+import hvdmx as hvd
+from hvdmx import _core
+from conftest import all_equal_across_ranks, restart
+
+ROWS = 64 * 1024  # float32 rows of 4 bytes per rank: 256 KiB, above the pool's minimum
+
+
+def data_pointer(array) -> int:
+    ptr = ctypes.c_void_p()
+    mx.base.check_call(mx.base._LIB.MXNDArrayGetData(array.handle, ctypes.byref(ptr)))
+    return ptr.value
+
+
+def wait_for(condition, seconds=10.0):
+    deadline = time.monotonic() + seconds
+    while not condition():
+        assert time.monotonic() < deadline, "the dropped output never came back to the pool"
+        time.sleep(0.001)
+
+
+def pool():
+    return _core._testing_output_pool()
+
+
+def source(rank, rows, salt=0):
+    return (np.arange(rows) * 3 + rank * 5 + salt) % 1009
+
+
+def calls(rank, size):
+    """(name, call, expected) for each out-of-place collective; `call(salt)`
+    returns a new output of ROWS * size float32 (allreduce: ROWS * size)."""
+    n = ROWS * size
+
+    def inp(salt, r=rank):
+        return mx.nd.array(source(r, n, salt), dtype="float32")
+
+    def reduced(salt):
+        return sum(source(r, n, salt) for r in range(size)).astype(np.float32)
+
+    def gathered(salt):
+        return np.concatenate([source(r, n, salt)[:ROWS] for r in range(size)]).astype(np.float32)
+
+    def exchanged(salt):
+        return np.concatenate([source(r, n, salt)[rank * ROWS:(rank + 1) * ROWS]
+                               for r in range(size)]).astype(np.float32)
+
+    return [
+        ("allreduce", lambda s: hvd.allreduce(inp(s), op=hvd.Sum, name=f"pool.ar.{s}"), reduced),
+        ("broadcast", lambda s: hvd.broadcast(inp(s), root_rank=0, name=f"pool.bc.{s}"),
+         lambda s: source(0, n, s).astype(np.float32)),
+        ("allgather", lambda s: hvd.allgather(inp(s)[:ROWS], name=f"pool.ag.{s}"), gathered),
+        ("alltoall", lambda s: hvd.alltoall(inp(s), name=f"pool.a2a.{s}"), exchanged),
+        ("reducescatter",
+         lambda s: hvd.reducescatter(mx.nd.array(np.tile(source(rank, ROWS, s), size),
+                                                 dtype="float32"), op=hvd.Sum, name=f"pool.rs.{s}")
+         if size > 1 else hvd.reducescatter(inp(s)[:ROWS], op=hvd.Sum, name=f"pool.rs.{s}"),
+         lambda s: sum(source(r, ROWS, s) for r in range(size)).astype(np.float32)),
+    ]
+
+
+@pytest.mark.parametrize("which", range(5))
+def test_a_dropped_output_is_handed_out_again(world, which):
+    rank, size = world
+    name, call, want = calls(rank, size)[which]
+    first = call(1)
+    first.wait_to_read()
+    where = data_pointer(first)
+    assert np.array_equal(first.asnumpy(), want(1)), name
+    before = pool()
+    del first
+    # The engine lets go of its references to the output's memory (ours in
+    # the op's parameter) just after the op completes, perhaps after this
+    # thread has read the result.
+    wait_for(lambda: pool()["kept_blocks"] > before["kept_blocks"])
+    second = call(2)
+    got = second.asnumpy()
+    assert data_pointer(second) == where, f"{name}: the dropped output's block was not reused"
+    assert pool()["reused"] > before["reused"]
+    assert np.array_equal(got, want(2)), name
+    if name in ("allreduce", "broadcast", "allgather"):  # the same result everywhere
+        assert all_equal_across_ranks(got)
+
+
+@pytest.mark.parametrize("which", range(5))
+def test_a_live_output_is_never_handed_out(world, which):
+    rank, size = world
+    name, call, want = calls(rank, size)[which]
+    alive = [call(salt) for salt in range(4)]
+    pointers = {data_pointer(a) for a in alive}
+    assert len(pointers) == 4, f"{name}: two live outputs share memory"
+    for salt, a in enumerate(alive):
+        assert np.array_equal(a.asnumpy(), want(salt)), name
+
+
+def test_views_and_pending_readers_keep_the_block(world):
+    rank, size = world
+    name, call, want = calls(rank, size)[2]  # allgather
+    out = call(1)
+    view = out[ROWS // 2:]  # shares out's memory
+    doubled = out * 2       # an engine op that reads out, perhaps not run yet
+    del out
+    later = [call(salt) for salt in (2, 3)]
+    assert np.array_equal(view.asnumpy(), want(1)[ROWS // 2:])
+    assert np.array_equal(doubled.asnumpy(), want(1) * 2)
+    for salt, a in zip((2, 3), later):
+        assert np.array_equal(a.asnumpy(), want(salt))
+
+
+def test_small_outputs_and_every_dtype(world):
+    rank, size = world
+    small = hvd.allgather(mx.nd.ones((4,)), name="pool.small")
+    small.wait_to_read()
+    before = pool()
+    again = hvd.allgather(mx.nd.ones((4,)), name="pool.small")
+    assert again.asnumpy().tolist() == [1.0] * 4 * size
+    after = pool()
+    assert (after["reused"], after["mapped"]) == (before["reused"], before["mapped"]), \
+        "an output below the pool's minimum came from the pool"
+    for dtype in ["float32", "float64", "float16", "uint8", "int8", "int32", "int64"]:
+        rows = pool()["min_bytes"] // np.dtype(dtype).itemsize
+        mine = (np.arange(rows) % 50 + rank).astype(dtype)
+        got = hvd.allgather(mx.nd.array(mine, dtype=dtype), name=f"pool.{dtype}")
+        assert got.dtype == np.dtype(dtype)
+        want = np.concatenate([(np.arange(rows) % 50 + r).astype(dtype) for r in range(size)])
+        assert np.array_equal(got.asnumpy(), want), dtype
+    out = hvd.allgather(mx.np.array(np.ones(ROWS, dtype="float32")), name="pool.np")
+    assert isinstance(out, mx.np.ndarray)
+    assert out.asnumpy().sum() == ROWS * size
+
+
+def test_the_limit_bounds_what_is_kept(world):
+    rank, size = world
+    block = _core._testing_output_pool_class(ROWS * 4 * size)
+    restart({"HVDMX_OUTPUT_POOL_BYTES": str(2 * block)})
+    try:
+        assert pool()["limit"] == 2 * block
+        outs = [hvd.allgather(mx.nd.ones((ROWS,)), name=f"pool.limit.{i}") for i in range(5)]
+        mx.nd.waitall()
+        del outs
+        assert pool()["kept_bytes"] <= 2 * block
+        restart({"HVDMX_OUTPUT_POOL_BYTES": "0"})
+        assert pool()["kept_bytes"] == 0, "setting the limit to 0 kept blocks"
+        before = pool()
+        out = hvd.allgather(mx.nd.ones((ROWS,)), name="pool.off")
+        assert out.asnumpy().sum() == ROWS * size
+        assert pool()["mapped"] == before["mapped"] and pool()["reused"] == before["reused"], \
+            "HVDMX_OUTPUT_POOL_BYTES=0 still served an output from the pool"
+    finally:
+        restart({})
+    assert pool()["limit"] == 256 << 20
+
+
+def test_size_classes():
+    page = 4096
+    for n in [1, page, page + 1, 65536, 65537, 100_000, 1 << 20, (1 << 20) + 1, 3 << 20,
+              (64 << 20) - 1, 64 << 20, 1 << 30]:
+        c = _core._testing_output_pool_class(n)
+        assert c >= n and c % page == 0, n
+        assert c - n <= max(page, n // 8), f"{n} bytes get a block of {c}"
+    assert _core._testing_output_pool_class(64 << 20) == 64 << 20
