@@ -226,6 +226,14 @@ def broadcast_call(size, call, n, root):
     return ("broadcast", arrays, [], [root]), [arrays[root].copy()] * size, arrays
 
 
+def broadcast_out_call(size, call, n, root):
+    """Out of place: the root's input lands in every output; inputs stay."""
+    ins = [bytes_of(r, call, n) for r in range(size)]
+    outs = [np.zeros(n, np.uint8) for _ in range(size)]
+    kept = [a.copy() for a in ins]
+    return (("broadcast", ins, outs, [root]), [ins[root].copy()] * size + kept, outs + ins)
+
+
 def allgather_call(size, call, blocks):
     ins = [bytes_of(r, call, blocks[r]) for r in range(size)]
     starts = np.concatenate([[0], np.cumsum(blocks)]).astype(int).tolist()
@@ -267,14 +275,17 @@ def mixed_sequences(draw):
     lengths = st.integers(0, 700)
     calls = []
     for c in range(draw(st.integers(1, 6))):
-        kind = draw(st.sampled_from(["allreduce", "broadcast", "allgather", "alltoall",
-                                     "bitand"]))
+        kind = draw(st.sampled_from(["allreduce", "broadcast", "broadcast_out", "allgather",
+                                     "alltoall", "bitand"]))
         if kind == "allreduce":
             calls.append(allreduce_call(size, c, draw(lengths)))
         elif kind == "bitand":
             calls.append(bitand_call(size, c, draw(st.integers(0, MAX_BIT_AND_WORDS))))
         elif kind == "broadcast":
             calls.append(broadcast_call(size, c, draw(lengths), draw(st.integers(0, size - 1))))
+        elif kind == "broadcast_out":
+            calls.append(broadcast_out_call(size, c, draw(lengths),
+                                            draw(st.integers(0, size - 1))))
         elif kind == "allgather":
             calls.append(allgather_call(size, c, draw(st.lists(lengths, min_size=size,
                                                                 max_size=size))))
@@ -310,6 +321,7 @@ def test_bit_ands_in_a_row(size):
 def test_large_byte_moves_over_many_chunks(size):
     n = 3 * 65536 + 5
     calls = [broadcast_call(size, 0, n, size - 1),
+             broadcast_out_call(size, 4, n + 17, 0),
              allgather_call(size, 1, [n + r * 4099 for r in range(size)]),
              alltoall_call(size, 2, [[(i + 1) * 5001 + j * 77 for j in range(size)]
                                      for i in range(size)]),

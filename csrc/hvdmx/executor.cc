@@ -318,14 +318,14 @@ const char* Executor::RunBroadcast(const Response& response, TensorEntry& entry)
   for (size_t t = 0; t < response.counts.size(); ++t) {
     const int64_t bytes = response.counts[t] * static_cast<int64_t>(DataTypeSize(response.dtypes[t]));
     if (bytes == 0) continue;
+    if (shm) {
+      shm_->Broadcast(entry.inputs[t], entry.outputs[t], bytes, response.root);
+      continue;
+    }
     if (comm_.rank() == response.root && entry.outputs[t] != entry.inputs[t]) {
       std::memcpy(entry.outputs[t], entry.inputs[t], bytes);
     }
-    if (shm) {
-      shm_->Broadcast(entry.outputs[t], bytes, response.root);
-    } else {
-      comm_.Bcast(entry.outputs[t], bytes, response.root);
-    }
+    comm_.Bcast(entry.outputs[t], bytes, response.root);
   }
   return shm ? "SHM_BCAST" : "MPI_BCAST";
 }

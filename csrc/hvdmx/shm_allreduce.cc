@@ -325,13 +325,13 @@ void ShmAllreduce::CopyOut(const Call& call, int64_t k) {
   control(rank_).done.value.store(seq + 1, std::memory_order_release);
 }
 
-void ShmAllreduce::Broadcast(void* buf, int64_t bytes, int root) {
+void ShmAllreduce::Broadcast(const void* in, void* out, int64_t bytes, int root) {
   HVDMX_CHECK(!cross_ && root >= 0 && root < size_, "shared-memory broadcast: one host, root in it");
   reads_.assign(size_, Read());
-  if (rank_ != root) reads_[root] = {0, bytes, static_cast<char*>(buf)};
+  if (rank_ != root || in != out) reads_[root] = {0, bytes, static_cast<char*>(out)};
   lengths_.assign(size_, 0);
   lengths_[root] = bytes;
-  Exchange({static_cast<const char*>(buf), 0, 0});
+  Exchange({static_cast<const char*>(rank_ == root ? in : out), 0, 0});
 }
 
 void ShmAllreduce::Allgather(const void* in, void* out, const std::vector<int64_t>& starts) {

@@ -125,8 +125,10 @@ class ShmAllreduce {
                  double postscale = 1.0);
 
   // The byte-moving calls below need a single host (not hierarchical()).
-  // `root`'s `bytes` of `buf` land in `buf` on every rank.
-  void Broadcast(void* buf, int64_t bytes, int root);
+  // `root`'s `bytes` of `in` land in `out` on every rank (`in` is read on
+  // the root only; it may be `out`). Out of place, the root copies each chunk
+  // to its output as it publishes it, while the chunk is in cache.
+  void Broadcast(const void* in, void* out, int64_t bytes, int root);
   // Rank j's block, `in` on rank j, lands at out[starts[j], starts[j+1]) on
   // every rank (starts: size + 1 byte offsets, the same on every rank).
   // `in` may be out + starts[rank] itself.

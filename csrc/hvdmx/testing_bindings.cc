@@ -153,7 +153,7 @@ void TestingShmAllreduce(std::vector<std::vector<std::vector<py::array>>> calls,
 struct ShmTestCall {
   std::string kind;           // allreduce, broadcast, allgather, alltoall
   std::vector<py::array> in;  // one per rank (allreduce, broadcast: in place)
-  std::vector<py::array> out; // allgather, alltoall: one per rank
+  std::vector<py::array> out; // allgather, alltoall, broadcast out of place: one per rank
   std::vector<int64_t> ints;  // allreduce: dtype, op; broadcast: root;
                               // allgather: byte offsets; alltoall: byte matrix;
                               // bitand: none (in: uint64 words, ANDed in place)
@@ -203,7 +203,8 @@ void TestingShmSequence(const std::vector<py::tuple>& raw, int64_t chunk_bytes) 
           shm.Allreduce(in[c][r], in_bytes[c][r] / static_cast<int64_t>(DataTypeSize(t)), t,
                         static_cast<ReduceOp>(call.ints[1]));
         } else if (call.kind == "broadcast") {
-          shm.Broadcast(in[c][r], in_bytes[c][r], static_cast<int>(call.ints[0]));
+          char* dst = out[c].empty() ? in[c][r] : out[c][r];  // in place without outputs
+          shm.Broadcast(in[c][r], dst, in_bytes[c][r], static_cast<int>(call.ints[0]));
         } else if (call.kind == "allgather") {
           shm.Allgather(in[c][r], out[c][r], call.ints);
         } else if (call.kind == "bitand") {
