@@ -260,6 +260,17 @@ def allreduce_call(size, call, count):
     return ("allreduce", arrays, [], [FLOAT32, SUM]), [want] * size, arrays
 
 
+def reducescatter_call(size, call, blocks, code=FLOAT32, op=SUM):
+    """blocks[j]: elements rank j keeps; every rank's input is all of them."""
+    starts = np.concatenate([[0], np.cumsum(blocks)]).astype(int).tolist()
+    arrays = inputs(size, starts[-1], code, op, seed=call)
+    total = reference(arrays, code, op)
+    wants = [total[starts[j]:starts[j + 1]] for j in range(size)]
+    outs = [np.zeros(blocks[j], HOLDER[code]) for j in range(size)]
+    kept = [a.copy() for a in arrays]
+    return (("reducescatter", arrays, outs, [code, op] + starts), wants + kept, outs + arrays)
+
+
 def bitand_call(size, call, n):
     """Words with about one bit in four cleared, different on every rank."""
     rng = np.random.default_rng(call * 100 + size)
@@ -276,11 +287,15 @@ def mixed_sequences(draw):
     calls = []
     for c in range(draw(st.integers(1, 6))):
         kind = draw(st.sampled_from(["allreduce", "broadcast", "broadcast_out", "allgather",
-                                     "alltoall", "bitand"]))
+                                     "alltoall", "bitand", "reducescatter"]))
         if kind == "allreduce":
             calls.append(allreduce_call(size, c, draw(lengths)))
         elif kind == "bitand":
             calls.append(bitand_call(size, c, draw(st.integers(0, MAX_BIT_AND_WORDS))))
+        elif kind == "reducescatter":
+            calls.append(reducescatter_call(
+                size, c, draw(st.lists(lengths, min_size=size, max_size=size)),
+                draw(st.sampled_from(sorted(HOLDER))), draw(st.sampled_from([SUM, MIN, MAX, PRODUCT]))))
         elif kind == "broadcast":
             calls.append(broadcast_call(size, c, draw(lengths), draw(st.integers(0, size - 1))))
         elif kind == "broadcast_out":
@@ -325,7 +340,9 @@ def test_large_byte_moves_over_many_chunks(size):
              allgather_call(size, 1, [n + r * 4099 for r in range(size)]),
              alltoall_call(size, 2, [[(i + 1) * 5001 + j * 77 for j in range(size)]
                                      for i in range(size)]),
-             allreduce_call(size, 3, n)]
+             allreduce_call(size, 3, n),
+             reducescatter_call(size, 5, [n // 3 + j * 1001 for j in range(size)]),
+             reducescatter_call(size, 6, [0] + [n // 5] * (size - 1), FLOAT64, MAX)]
     _core._testing_shm_sequence([spec for spec, _, _ in calls], 4096 + 64)
     for spec, wants, results in calls:
         for got, want in zip(results, wants):

@@ -158,9 +158,7 @@ const char* Executor::RunUnit(const Response& response, TensorEntry& entry) {
     case CollectiveType::kBroadcast: return RunBroadcast(response, entry);
     case CollectiveType::kAllgather: return RunAllgather(response, entry);
     case CollectiveType::kAlltoall: return RunAlltoall(response, entry);
-    case CollectiveType::kReducescatter:
-      RunReducescatter(response, entry);
-      return "RING_REDUCESCATTER";
+    case CollectiveType::kReducescatter: return RunReducescatter(response, entry);
     case CollectiveType::kBarrier: return "BARRIER";
     case CollectiveType::kJoin: return "JOIN";
     case CollectiveType::kAllreduce: break;
@@ -179,6 +177,7 @@ bool Executor::ShmMoves(CollectiveType type, int64_t bytes) const {
   if (config_.allreduce_algo == AllreduceAlgo::kShm) return true;
   if (config_.allreduce_algo != AllreduceAlgo::kAuto) return false;
   if (type == CollectiveType::kBroadcast) return bytes >= config_.shm_min_bytes;
+  if (type == CollectiveType::kReducescatter) return true;
   // An alltoall of up to kShmAlltoallMaxBytes per rank (its share of `bytes`):
   // above it, MPI's single-copy point-to-point wins.
   return type == CollectiveType::kAlltoall && bytes <= kShmAlltoallMaxBytes * comm_.size();
@@ -435,12 +434,15 @@ const char* Executor::RunAlltoall(const Response& response, TensorEntry& entry) 
 // dtype are packed by rank ([rank 0's rows of t0, t1, ...][rank 1's ...]) and
 // reduce-scattered together; the reduction is the ring's, computed once per
 // element, so every rank's share is bitwise what the others would compute.
-void Executor::RunReducescatter(const Response& response, TensorEntry& entry) {
+// On one host a single tensor goes through shared memory instead (reduced
+// once per element too, in rank order), unless it has a prescale.
+const char* Executor::RunReducescatter(const Response& response, TensorEntry& entry) {
   const int n = comm_.size();
   const int me = comm_.rank();
   double postscale = response.postscale;
   if (response.op == ReduceOp::kAverage) postscale /= n;
   const size_t tensors = response.dtypes.size();
+  const char* algorithm = "RING_REDUCESCATTER";
   std::vector<bool> done(tensors, false);
   for (size_t lead = 0; lead < tensors; ++lead) {
     if (done[lead]) continue;
@@ -461,6 +463,16 @@ void Executor::RunReducescatter(const Response& response, TensorEntry& entry) {
     for (int r = 0; r < n; ++r) {
       starts_[r + 1] = starts_[r];
       for (size_t t : members) starts_[r + 1] += rows_begin(t, r + 1) - rows_begin(t, r);
+    }
+    // One tensor through shared memory: reduced straight from its input
+    // into its output. (The prescale would have to write the input.)
+    if (members.size() == 1 && response.prescale == 1.0 && n > 1 &&
+        ShmMoves(CollectiveType::kReducescatter, starts_[n] * elem) &&
+        shm_->ReduceScatterFits(dtype)) {
+      shm_->ReduceScatter(entry.inputs[lead], entry.outputs[lead], starts_, dtype, response.op,
+                          postscale);
+      algorithm = "SHM_REDUCESCATTER";
+      continue;
     }
     char* buffer = fusion_.Get(starts_[n] * elem);
     int64_t offset = 0;
@@ -486,6 +498,7 @@ void Executor::RunReducescatter(const Response& response, TensorEntry& entry) {
       offset += count;
     }
   }
+  return algorithm;
 }
 
 }  // namespace hvdmx

@@ -47,12 +47,13 @@ class Executor {
   const char* RunBroadcast(const Response& response, TensorEntry& entry);
   const char* RunAllgather(const Response& response, TensorEntry& entry);
   const char* RunAlltoall(const Response& response, TensorEntry& entry);
-  void RunReducescatter(const Response& response, TensorEntry& entry);
+  // Returns the algorithm's name for the timeline.
+  const char* RunReducescatter(const Response& response, TensorEntry& entry);
   // Whether a unit of `type` moving `bytes` in all takes shared memory:
   // every rank is on this host and HVDMX_ALLREDUCE_ALGO is shm, or auto for
-  // a broadcast of at least HVDMX_SHM_MIN_BYTES or an alltoall of at most
-  // kShmAlltoallMaxBytes per rank (measured: see docs/algorithms.md). The
-  // same answer on every rank.
+  // a broadcast of at least HVDMX_SHM_MIN_BYTES, an alltoall of at most
+  // kShmAlltoallMaxBytes per rank or any reducescatter (measured: see
+  // docs/algorithms.md). The same answer on every rank.
   bool ShmMoves(CollectiveType type, int64_t bytes) const;
   static constexpr int64_t kShmAlltoallMaxBytes = int64_t{16} << 20;
   // Whether an allreduce of `bytes` in all takes shared memory (then a

@@ -283,17 +283,7 @@ void ShmAllreduce::Reduce(const Call& call, int64_t k) {
       // Rank order, the same on every rank: out = ((x0 OP x1) OP x2) ...,
       // scaled and copied while the block is in cache, unless other hosts
       // come first (then the scale is applied after them).
-      const double scale = cross_ ? 1.0 : call.postscale;
-      if (size_ == 1) {
-        std::memcpy(out + at, operands_[0], block);
-        ScaleBuffer(out + at, n, call.dtype, scale);
-      } else if (size_ == 2) {
-        Reduce3Scaled(out + at, operands_[0], operands_[1], n, call.dtype, call.op, scale);
-      } else {
-        Reduce3(out + at, operands_[0], operands_[1], n, call.dtype, call.op);
-        for (int j = 2; j < size_; ++j) ReduceInto(out + at, operands_[j], n, call.dtype, call.op);
-        ScaleBuffer(out + at, n, call.dtype, scale);
-      }
+      ReduceOperands(out + at, n, call.dtype, call.op, cross_ ? 1.0 : call.postscale);
       if (!cross_) std::memcpy(mine + b, out + at, block);
     }
   });
@@ -306,6 +296,20 @@ void ShmAllreduce::Reduce(const Call& call, int64_t k) {
     });
   }
   control(rank_).reduced.value.store(seq + 1, std::memory_order_release);
+}
+
+void ShmAllreduce::ReduceOperands(char* out, int64_t n, DataType dtype, ReduceOp op,
+                                  double scale) {
+  if (size_ == 1) {
+    std::memcpy(out, operands_[0], n * static_cast<int64_t>(DataTypeSize(dtype)));
+    ScaleBuffer(out, n, dtype, scale);
+  } else if (size_ == 2) {
+    Reduce3Scaled(out, operands_[0], operands_[1], n, dtype, op, scale);
+  } else {
+    Reduce3(out, operands_[0], operands_[1], n, dtype, op);
+    for (int j = 2; j < size_; ++j) ReduceInto(out, operands_[j], n, dtype, op);
+    ScaleBuffer(out, n, dtype, scale);
+  }
 }
 
 void ShmAllreduce::CopyOut(const Call& call, int64_t k) {
@@ -367,6 +371,81 @@ void ShmAllreduce::Alltoall(const void* in, void* out, const std::vector<int64_t
     dst += bytes[j * size_ + rank_];
   }
   Exchange(mine);
+}
+
+bool ShmAllreduce::ReduceScatterFits(DataType dtype) const {
+  return chunk_bytes_ / static_cast<int64_t>(DataTypeSize(dtype)) / size_ >= 1;
+}
+
+// Chunk k, on rank r: copy in (once every peer is done with the stage's
+// last chunk) puts elements [k * slot, (k + 1) * slot) of every block j but
+// its own at slot j of its stage and publishes copied; reduce waits for
+// every peer's copied and reduces its own block's elements of the chunk, its
+// own operand from `in`, the others from slot r of each peer's stage, into
+// `out`, then publishes reduced and done. Rank r copies chunk k + 1 in
+// before it reduces chunk k, so its peers find it there when they get to it.
+void ShmAllreduce::ReduceScatter(const void* in, void* out, const std::vector<int64_t>& starts,
+                                 DataType dtype, ReduceOp op, double postscale) {
+  HVDMX_CHECK(!cross_ && static_cast<int>(starts.size()) == size_ + 1 &&
+                  ReduceScatterFits(dtype),
+              "shared-memory reduce-scatter: one host, size + 1 offsets, a chunk that fits");
+  calls_.fetch_add(1, std::memory_order_relaxed);
+  const int64_t elem = static_cast<int64_t>(DataTypeSize(dtype));
+  const char* src = static_cast<const char*>(in);
+  char* dst = static_cast<char*>(out);
+  // Elements per rank and chunk, whole cache lines where a chunk allows.
+  const int64_t unit = std::max<int64_t>(1, kSliceAlignBytes / elem);
+  const int64_t fits = chunk_bytes_ / elem / size_;
+  const int64_t slot = fits >= unit ? fits / unit * unit : fits;
+  int64_t longest = 0;
+  for (int j = 0; j < size_; ++j) longest = std::max(longest, starts[j + 1] - starts[j]);
+  // Block j's elements in chunk k: returns their count, *lo the first.
+  auto piece = [&](int j, int64_t k, int64_t* lo) {
+    const int64_t len = starts[j + 1] - starts[j];
+    *lo = std::min(len, k * slot);
+    return std::min(len, (k + 1) * slot) - *lo;
+  };
+  const uint64_t first_seq = seq_;
+  auto copy_in = [&](int64_t k) {
+    const uint64_t seq = first_seq + static_cast<uint64_t>(k);
+    int64_t lo = 0;
+    piece(rank_, k, &lo);
+    char* stage = ClaimStage(seq, src + (starts[rank_] + lo) * elem);
+    for (int j = 0; j < size_; ++j) {
+      const int64_t n = j == rank_ ? 0 : piece(j, k, &lo);
+      if (n > 0) std::memcpy(stage + j * slot * elem, src + (starts[j] + lo) * elem, n * elem);
+    }
+    control(rank_).copied.value.store(seq + 1, std::memory_order_release);
+  };
+  auto reduce = [&](int64_t k) {
+    const uint64_t seq = first_seq + static_cast<uint64_t>(k);
+    for (int j = 0; j < size_; ++j) {
+      if (j != rank_) WaitFor(control(j).copied.value, seq + 1, spin_micros_);
+    }
+    int64_t lo = 0;
+    const int64_t n = piece(rank_, k, &lo);
+    for (int j = 0; j < size_; ++j) slices_[j] = Stage(j, seq) + rank_ * slot * elem;
+    const char* mine = src + (starts[rank_] + lo) * elem;
+    const int64_t block = std::max<int64_t>(1, kBlockBytes / elem);
+    for (int64_t b = 0; b < n; b += block) {
+      for (int j = 0; j < size_; ++j) operands_[j] = (j == rank_ ? mine : slices_[j]) + b * elem;
+      ReduceOperands(dst + (lo + b) * elem, std::min(block, n - b), dtype, op, postscale);
+    }
+    control(rank_).reduced.value.store(seq + 1, std::memory_order_release);
+    control(rank_).done.value.store(seq + 1, std::memory_order_release);
+  };
+  if (size_ == 1) {
+    operands_[0] = src + starts[0] * elem;
+    ReduceOperands(dst, starts[1] - starts[0], dtype, op, postscale);
+    return;
+  }
+  const int64_t chunks = (longest + slot - 1) / slot;
+  if (chunks > 0) copy_in(0);
+  for (int64_t k = 0; k < chunks; ++k) {
+    if (k + 1 < chunks) copy_in(k + 1);
+    reduce(k);
+  }
+  seq_ += static_cast<uint64_t>(chunks);
 }
 
 // Chunk k of every stream travels in chunk seq first_seq + k; every rank

@@ -136,6 +136,17 @@ class ShmAllreduce {
   // Rank i sends bytes[i * size + j] bytes to rank j: `in` holds them in
   // rank order of j, and `out` receives them in rank order of i.
   void Alltoall(const void* in, void* out, const std::vector<int64_t>& bytes);
+  // Reduce-scatter: elements [starts[j], starts[j+1]) of every rank's `in`,
+  // reduced with `op` in rank order (kAverage as kSum) and multiplied by
+  // `postscale`, land in `out` on rank j (starts: size + 1 element offsets,
+  // the same on every rank). Chunk k carries a slot of the same number of
+  // elements from every rank's block j, and rank j reduces its slot straight
+  // from its input and its peers' stages into `out`: per rank, the other
+  // ranks' blocks are copied in once and nothing is copied out. Needs
+  // ReduceScatterFits(dtype): a chunk holds at least one element per rank.
+  bool ReduceScatterFits(DataType dtype) const;
+  void ReduceScatter(const void* in, void* out, const std::vector<int64_t>& starts,
+                     DataType dtype, ReduceOp op, double postscale);
   // Byte-moving calls made so far; any thread may read it.
   int64_t exchanges() const { return exchanges_.load(std::memory_order_relaxed); }
 
@@ -168,6 +179,9 @@ class ShmAllreduce {
   void CopyIn(const Call& call, int64_t k);
   void Reduce(const Call& call, int64_t k);
   void CopyOut(const Call& call, int64_t k);
+  // operands_[0..size) reduced in rank order into `out` (n elements),
+  // multiplied by `scale`.
+  void ReduceOperands(char* out, int64_t n, DataType dtype, ReduceOp op, double scale);
   // What a rank reads of one rank's stream: bytes [offset, offset + bytes)
   // of it, to dst. Its own read is of the stream's bytes, hole included.
   struct Read {

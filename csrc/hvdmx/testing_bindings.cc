@@ -151,11 +151,13 @@ void TestingShmAllreduce(std::vector<std::vector<std::vector<py::array>>> calls,
 
 // One call of a mixed sequence for TestingShmSequence.
 struct ShmTestCall {
-  std::string kind;           // allreduce, broadcast, allgather, alltoall
+  std::string kind;           // allreduce, broadcast, allgather, alltoall, reducescatter
   std::vector<py::array> in;  // one per rank (allreduce, broadcast: in place)
-  std::vector<py::array> out; // allgather, alltoall, broadcast out of place: one per rank
+  std::vector<py::array> out; // allgather, alltoall, reducescatter, broadcast out of
+                              // place: one per rank
   std::vector<int64_t> ints;  // allreduce: dtype, op; broadcast: root;
                               // allgather: byte offsets; alltoall: byte matrix;
+                              // reducescatter: dtype, op, element offsets;
                               // bitand: none (in: uint64 words, ANDed in place)
 };
 
@@ -182,7 +184,7 @@ void TestingShmSequence(const std::vector<py::tuple>& raw, int64_t chunk_bytes) 
     for (auto& a : calls[c].out) out[c].push_back(static_cast<char*>(a.mutable_data()));
     const std::string& k = calls[c].kind;
     if (k != "allreduce" && k != "broadcast" && k != "allgather" && k != "alltoall" &&
-        k != "bitand") {
+        k != "bitand" && k != "reducescatter") {
       throw py::value_error("unknown kind " + k);
     }
   }
@@ -207,6 +209,10 @@ void TestingShmSequence(const std::vector<py::tuple>& raw, int64_t chunk_bytes) 
           shm.Broadcast(in[c][r], dst, in_bytes[c][r], static_cast<int>(call.ints[0]));
         } else if (call.kind == "allgather") {
           shm.Allgather(in[c][r], out[c][r], call.ints);
+        } else if (call.kind == "reducescatter") {
+          const std::vector<int64_t> starts(call.ints.begin() + 2, call.ints.end());
+          shm.ReduceScatter(in[c][r], out[c][r], starts, static_cast<DataType>(call.ints[0]),
+                            static_cast<ReduceOp>(call.ints[1]), 1.0);
         } else if (call.kind == "bitand") {
           shm.StartBitAnd(reinterpret_cast<uint64_t*>(in[c][r]),
                           static_cast<int>(in_bytes[c][r] / sizeof(uint64_t)));
