@@ -384,7 +384,7 @@ const char* Executor::RunAllgather(const Response& response, TensorEntry& entry)
 }
 
 // Every pair exchanges its rows directly: all receives, then all sends, are
-// posted at once and waited for together; the rows a rank keeps are copied.
+// posted at once; the rows a rank keeps are copied; all are waited for.
 // In shared memory, each rank publishes its input without the rows it
 // keeps and reads its rows from every peer's.
 const char* Executor::RunAlltoall(const Response& response, TensorEntry& entry) {
@@ -416,15 +416,21 @@ const char* Executor::RunAlltoall(const Response& response, TensorEntry& entry) 
     recv_offset += bytes;
   }
   int64_t send_offset = 0;
+  int64_t self_send = 0;
   for (int j = 0; j < n; ++j) {
     const int64_t bytes = m[me * n + j] * row_bytes;
     if (j == me) {
-      if (bytes) std::memcpy(out + self_recv, in + send_offset, bytes);
+      self_send = send_offset;
     } else {
       PostPieces(comm_, /*send=*/true, in + send_offset, bytes, j, &requests_);
     }
     send_offset += bytes;
   }
+  // Every send is posted before the rows this rank keeps are copied: the
+  // peers can start reading ours (MPICH's receivers copy large messages
+  // straight from the sender's memory) while we copy.
+  const int64_t self_bytes = m[me * n + me] * row_bytes;
+  if (self_bytes) std::memcpy(out + self_recv, in + self_send, self_bytes);
   for (Comm::Request request : requests_) comm_.Wait(request);
   return "ALLTOALL";
 }
