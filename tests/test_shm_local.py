@@ -64,6 +64,31 @@ def test_matches_reference_over_several_calls(size, counts, chunk, code, op):
             assert np.array_equal(a, want)
 
 
+@settings(max_examples=60, deadline=None)
+@given(hosts=st.integers(1, 2), local=st.integers(1, 4),
+       counts=st.lists(st.lists(st.integers(0, 300), min_size=1, max_size=3), min_size=1,
+                       max_size=3),
+       chunk=st.sampled_from(CHUNKS), code=st.sampled_from(sorted(HOLDER)),
+       op=st.sampled_from([SUM, MIN, MAX, PRODUCT]))
+def test_out_of_place_reads_inputs_and_writes_outputs(hosts, local, counts, chunk, code, op):
+    # Fused calls of several spans, each reading its input where it is and
+    # writing its own output; inputs must come back untouched.
+    size = hosts * local
+    calls, outs, wants = [], [], []
+    for c, spans in enumerate(counts):
+        per_span = [inputs(size, n, code, op, seed=c * 10 + i) for i, n in enumerate(spans)]
+        calls.append([[per_span[i][r] for i in range(len(spans))] for r in range(size)])
+        outs.append([[np.full(n, 99, HOLDER[code]) for n in spans] for _ in range(size)])
+        wants.append([reference(arrays, code, op) for arrays in per_span])
+    kept = [[[a.copy() for a in rank] for rank in call] for call in calls]
+    _core._testing_shm_allreduce(calls, code, op, chunk, hosts, 1.0, outs)
+    for c in range(len(calls)):
+        for r in range(size):
+            for i, want in enumerate(wants[c]):
+                assert np.array_equal(outs[c][r][i], want), (c, r, i)
+                assert np.array_equal(calls[c][r][i], kept[c][r][i]), "an input was written"
+
+
 @pytest.mark.parametrize("size", [2, 3, 4])
 @pytest.mark.parametrize("code", sorted(HOLDER))
 def test_large_counts_not_divisible_by_anything(size, code):

@@ -208,18 +208,25 @@ void Executor::RunAllreduceGroup(const FusionGroup& group, const std::vector<Res
   if (group.items.size() == 1 || shm) {
     // Each tensor is reduced where it lies, in its output: one tensor needs
     // no fusion buffer, and shared memory reads and writes a fused group's
-    // tensors in place (see ShmAllreduce::Span).
+    // tensors in place (see ShmAllreduce::Span). Out of place, shared
+    // memory reads the input where it is unless a prescale must write it;
+    // the others reduce a copy of it in the output.
     spans_.clear();
     bool copied = false;
     for (const FusionGroup::Item& item : group.items) {
       TensorEntry& entry = entries[item.response];
       const int64_t count = responses[item.response].counts[item.tensor];
       void* out = entry.outputs[item.tensor];
-      if (out != entry.inputs[item.tensor] && count > 0) {
-        std::memcpy(out, entry.inputs[item.tensor], count * elem);
+      const void* in = entry.inputs[item.tensor];
+      if (out == in) {
+        spans_.push_back({out, count});
+      } else if (shm && head.prescale == 1.0) {
+        spans_.push_back({out, count, in});
+      } else {
+        if (count > 0) std::memcpy(out, in, count * elem);
         copied = true;
+        spans_.push_back({out, count});
       }
-      spans_.push_back({out, count});
     }
     if (copied) {
       const auto now = Clock::now();

@@ -188,7 +188,12 @@ void ShmAllreduce::Allreduce(const std::vector<Span>& spans, DataType dtype, Red
   for (size_t i = 0; i < spans.size(); ++i) span_starts_[i + 1] = span_starts_[i] + spans[i].count;
   const int64_t count = span_starts_.back();
   if ((size_ == 1 && !cross_) || count == 0) {
-    for (const Span& span : spans) ScaleBuffer(span.data, span.count, dtype, postscale);
+    for (const Span& span : spans) {
+      if (span.in != nullptr && span.count > 0) {
+        std::memcpy(span.data, span.in, span.count * static_cast<int64_t>(DataTypeSize(dtype)));
+      }
+      ScaleBuffer(span.data, span.count, dtype, postscale);
+    }
     return;
   }
   Call call;
@@ -224,8 +229,11 @@ void ShmAllreduce::ForPieces(const Call& call, int64_t lo, int64_t hi, F&& f) co
   for (size_t i = static_cast<size_t>(first - call.starts); lo < hi; ++i) {
     const int64_t end = std::min(hi, call.starts[i + 1]);
     if (end > lo) {
-      f(static_cast<char*>(call.spans[i].data) + (lo - call.starts[i]) * call.elem,
-        (lo - from) * call.elem, (end - lo) * call.elem);
+      const Span& span = call.spans[i];
+      const int64_t offset = (lo - call.starts[i]) * call.elem;
+      char* data = static_cast<char*>(span.data) + offset;
+      const char* in = span.in == nullptr ? data : static_cast<const char*>(span.in) + offset;
+      f(data, in, (lo - from) * call.elem, (end - lo) * call.elem);
       lo = end;
     }
   }
@@ -249,16 +257,17 @@ void ShmAllreduce::CopyIn(const Call& call, int64_t k) {
   const uint64_t seq = call.seq(k);
   const int64_t begin = call.chunk_begin(k);
   const char* src = nullptr;
-  ForPieces(call, begin, begin + 1, [&](char* data, int64_t, int64_t) { src = data; });
+  ForPieces(call, begin, begin + 1, [&](char*, const char* in, int64_t, int64_t) { src = in; });
   char* stage = ClaimStage(seq, src);
   for (int j = 0; j < size_; ++j) {
     if (j == rank_) continue;
     const int64_t lo = call.slice_begin(k, size_, j);
     const int64_t hi = call.slice_begin(k, size_, j + 1);
     char* to = stage + lo * call.elem;
-    ForPieces(call, begin + lo, begin + hi, [&](char* data, int64_t at, int64_t bytes) {
-      std::memcpy(to + at, data, bytes);
-    });
+    ForPieces(call, begin + lo, begin + hi,
+              [&](char*, const char* in, int64_t at, int64_t bytes) {
+                std::memcpy(to + at, in, bytes);
+              });
   }
   control(rank_).copied.value.store(seq + 1, std::memory_order_release);
 }
@@ -274,12 +283,13 @@ void ShmAllreduce::Reduce(const Call& call, int64_t k) {
   // Slice `rank_` of every rank's stage (this rank's: where the result goes).
   for (int j = 0; j < size_; ++j) slices_[j] = Stage(j, seq) + lo * call.elem;
   char* out = slices_[rank_];
-  ForPieces(call, begin + lo, begin + hi, [&](char* mine, int64_t at0, int64_t bytes) {
+  ForPieces(call, begin + lo, begin + hi, [&](char* mine, const char* in, int64_t at0,
+                                              int64_t bytes) {
     for (int64_t b = 0; b < bytes; b += kBlockBytes) {
       const int64_t block = std::min(kBlockBytes, bytes - b);  // a multiple of elem
       const int64_t n = block / call.elem;
       const int64_t at = at0 + b;
-      for (int j = 0; j < size_; ++j) operands_[j] = j == rank_ ? mine + b : slices_[j] + at;
+      for (int j = 0; j < size_; ++j) operands_[j] = j == rank_ ? in + b : slices_[j] + at;
       // Rank order, the same on every rank: out = ((x0 OP x1) OP x2) ...,
       // scaled and copied while the block is in cache, unless other hosts
       // come first (then the scale is applied after them).
@@ -291,7 +301,8 @@ void ShmAllreduce::Reduce(const Call& call, int64_t k) {
     // Called for empty slices too: the same calls on every host.
     cross_(out, hi - lo, call.dtype, call.op);
     ScaleBuffer(out, hi - lo, call.dtype, call.postscale);
-    ForPieces(call, begin + lo, begin + hi, [&](char* mine, int64_t at, int64_t bytes) {
+    ForPieces(call, begin + lo, begin + hi, [&](char* mine, const char*, int64_t at,
+                                                int64_t bytes) {
       std::memcpy(mine, out + at, bytes);
     });
   }
@@ -322,7 +333,8 @@ void ShmAllreduce::CopyOut(const Call& call, int64_t k) {
     const int64_t hi = call.slice_begin(k, size_, j + 1);
     WaitFor(control(j).reduced.value, seq + 1, spin_micros_);
     const char* from = Stage(j, seq) + lo * call.elem;
-    ForPieces(call, begin + lo, begin + hi, [&](char* dst, int64_t at, int64_t bytes) {
+    ForPieces(call, begin + lo, begin + hi, [&](char* dst, const char*, int64_t at,
+                                                int64_t bytes) {
       std::memcpy(dst, from + at, bytes);
     });
   }

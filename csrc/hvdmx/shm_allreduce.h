@@ -111,10 +111,13 @@ class ShmAllreduce {
   // as soon as it is reduced, while it is in cache, with the bits that
   // ScaleBuffer on the result would give.
   void Allreduce(void* buf, int64_t count, DataType dtype, ReduceOp op, double postscale = 1.0);
-  // `count` elements at `data`: one tensor of a fused allreduce.
+  // `count` elements at `data`: one tensor of a fused allreduce. Out of
+  // place, `in` is where its input is (read, never written) and the result
+  // lands in `data`; nullptr: in place.
   struct Span {
     void* data;
     int64_t count;
+    const void* in = nullptr;
   };
   // Allreduces the concatenation of `spans` in place, as if they were one
   // buffer: a fused allreduce with no fusion buffer. The chunks and slices
@@ -171,9 +174,10 @@ class ShmAllreduce {
   // This rank's stage for chunk seq, once every peer is done with the chunk
   // it held before, placed for a copy from `src`.
   char* ClaimStage(uint64_t seq, const char* src);
-  // Calls f(data, at, bytes) for each piece of elements [lo, hi) of the
-  // call's concatenated spans, in order: `data` is where the piece lives,
-  // `at` its distance in bytes from element lo.
+  // Calls f(data, in, at, bytes) for each piece of elements [lo, hi) of the
+  // call's concatenated spans, in order: `data` is where the piece's result
+  // goes, `in` where its input is (`data` in place), `at` its distance in
+  // bytes from element lo.
   template <typename F>
   void ForPieces(const Call& call, int64_t lo, int64_t hi, F&& f) const;
   void CopyIn(const Call& call, int64_t k);

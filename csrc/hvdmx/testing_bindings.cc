@@ -99,20 +99,31 @@ void TestingRingAllreduce(std::vector<py::array> arrays, int dtype, int op,
 // With hosts > 1, runs of size/hosts consecutive ranks are hosts, each with
 // its own memory, and the ring over LocalComm joins them (hierarchical).
 void TestingShmAllreduce(std::vector<std::vector<std::vector<py::array>>> calls, int dtype,
-                         int op, int64_t chunk_bytes, int hosts, double postscale) {
+                         int op, int64_t chunk_bytes, int hosts, double postscale,
+                         std::vector<std::vector<std::vector<py::array>>> outputs) {
   DataType t = CheckedType(dtype);
   if (calls.empty()) return;
   const int n = static_cast<int>(calls[0].size());
   if (hosts < 1 || n % hosts != 0) throw py::value_error("hosts must divide the rank count");
   const int local = n / hosts;
+  // With outputs (shaped like calls), out of place: each span reads its
+  // input array and writes its output array.
+  const bool out_of_place = !outputs.empty();
   std::vector<std::vector<std::vector<ShmAllreduce::Span>>> spans(calls.size());
   for (size_t c = 0; c < calls.size(); ++c) {
     if (static_cast<int>(calls[c].size()) != n) throw py::value_error("one list per rank");
-    for (auto& pieces : calls[c]) {
+    for (size_t r = 0; r < calls[c].size(); ++r) {
       spans[c].emplace_back();
-      for (auto& a : pieces) {
-        spans[c].back().push_back(
-            {a.mutable_data(), a.nbytes() / static_cast<int64_t>(DataTypeSize(t))});
+      for (size_t i = 0; i < calls[c][r].size(); ++i) {
+        py::array& a = calls[c][r][i];
+        const int64_t count = a.nbytes() / static_cast<int64_t>(DataTypeSize(t));
+        if (!out_of_place) {
+          spans[c].back().push_back({a.mutable_data(), count});
+          continue;
+        }
+        py::array& o = outputs.at(c).at(r).at(i);
+        if (o.nbytes() != a.nbytes()) throw py::value_error("an output unlike its input");
+        spans[c].back().push_back({o.mutable_data(), count, a.data()});
       }
     }
   }
@@ -421,7 +432,8 @@ void DefineTestingBindings(py::module_& m) {
   m.def("_testing_plan_fusion", &TestingPlanFusion);
   m.def("_testing_shm_allreduce", &TestingShmAllreduce, py::arg("calls"), py::arg("dtype"),
         py::arg("op"), py::arg("chunk_bytes"), py::arg("hosts") = 1,
-        py::arg("postscale") = 1.0);
+        py::arg("postscale") = 1.0,
+        py::arg("outputs") = std::vector<std::vector<std::vector<py::array>>>{});
   m.def("_testing_shm_sequence", &TestingShmSequence, py::arg("calls"), py::arg("chunk_bytes"));
   m.def("_testing_shm_slice_start", &ShmSliceStart);
   py::class_<LocalJob>(m, "_TestingLocalJob")
