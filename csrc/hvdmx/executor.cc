@@ -447,8 +447,8 @@ const char* Executor::RunAlltoall(const Response& response, TensorEntry& entry) 
 // dtype are packed by rank ([rank 0's rows of t0, t1, ...][rank 1's ...]) and
 // reduce-scattered together; the reduction is the ring's, computed once per
 // element, so every rank's share is bitwise what the others would compute.
-// On one host a single tensor goes through shared memory instead (reduced
-// once per element too, in rank order), unless it has a prescale.
+// On one host the tensors go through shared memory instead, one at a time
+// (reduced once per element too, in rank order), unless they have a prescale.
 const char* Executor::RunReducescatter(const Response& response, TensorEntry& entry) {
   const int n = comm_.size();
   const int me = comm_.rank();
@@ -477,13 +477,18 @@ const char* Executor::RunReducescatter(const Response& response, TensorEntry& en
       starts_[r + 1] = starts_[r];
       for (size_t t : members) starts_[r + 1] += rows_begin(t, r + 1) - rows_begin(t, r);
     }
-    // One tensor through shared memory: reduced straight from its input
-    // into its output. (The prescale would have to write the input.)
-    if (members.size() == 1 && response.prescale == 1.0 && n > 1 &&
+    // Through shared memory each tensor is reduced straight from its input
+    // into its output, one after another. (A prescale would have to write
+    // the input.)
+    if (response.prescale == 1.0 && n > 1 &&
         ShmMoves(CollectiveType::kReducescatter, starts_[n] * elem) &&
         shm_->ReduceScatterFits(dtype)) {
-      shm_->ReduceScatter(entry.inputs[lead], entry.outputs[lead], starts_, dtype, response.op,
-                          postscale);
+      tensor_starts_.resize(n + 1);
+      for (size_t t : members) {
+        for (int r = 0; r <= n; ++r) tensor_starts_[r] = rows_begin(t, r);
+        shm_->ReduceScatter(entry.inputs[t], entry.outputs[t], tensor_starts_, dtype,
+                            response.op, postscale);
+      }
       algorithm = "SHM_REDUCESCATTER";
       continue;
     }

@@ -172,13 +172,15 @@ def test_grouped_reducescatter_mixed_dtypes(world):
     rank, size = world
     shapes = [(size + 1, 2), (3 * size,), (1, 3, 2)]
     dtypes = ["float32", "int32", "float32"]
-    xs = [mx.nd.array(rank_input(rank, int(np.prod(s)), d, hvd.Sum).reshape(s), dtype=d)
-          for s, d in zip(shapes, dtypes)]
+    # Each tensor's values are offset by its index + 1, so one tensor's
+    # result cannot pass for another's.
+    xs = [mx.nd.array(rank_input(rank, int(np.prod(s)), d, hvd.Sum).reshape(s) + k + 1, dtype=d)
+          for k, (s, d) in enumerate(zip(shapes, dtypes))]
     outs = hvd.grouped_reducescatter(xs, op=hvd.Sum, name="grs")
-    for out, s, d in zip(outs, shapes, dtypes):
+    for k, (out, s, d) in enumerate(zip(outs, shapes, dtypes)):
         start, end = my_rows(s[0], size, rank)
-        want = expected(size, int(np.prod(s)), d, hvd.Sum).reshape(s)[start:end]
-        assert np.array_equal(out.asnumpy(), want)
+        want = expected(size, int(np.prod(s)), d, hvd.Sum).reshape(s)[start:end] + size * (k + 1)
+        assert np.array_equal(out.asnumpy(), want.astype(d)), k
 
 
 def test_temporaries_are_kept_alive(world):
