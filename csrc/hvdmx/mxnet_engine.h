@@ -62,8 +62,10 @@ struct ArrayInfo {
 };
 Status DescribeArray(void* handle, ArrayInfo* info);
 
-// A new dense NDArray whose memory is allocated when an op first writes it
-// (as mx.nd.empty's); the caller owns the handle.
+// A new dense NDArray for a collective's output; the caller owns the handle.
+// On the CPU, from 64 KiB up, its memory comes from the output pool (Note
+// [Output pool] in output_pool.h); otherwise MXNet allocates it when an op
+// first writes it (as mx.nd.empty's).
 Status NewArray(const std::vector<int64_t>& shape, int dtype, int dev_type, int dev_id,
                 void** out);
 
