@@ -194,6 +194,19 @@ def test_auto_picks_by_size_and_stays_correct(world):
         assert np.array_equal(out, np.concatenate(
             [rows(s, big)[rank * share:(rank + 1) * share] for s in range(size)]))
         assert shm_exchanges() == before + (size > 1)
+        # Reducescatter: through shared memory, one call per tensor, unless it
+        # has a prescale (then the ring).
+        x = mx.nd.array(rows(rank, 2 * size + 1))
+        start = (2 * size + 1) // size * rank + min(rank, (2 * size + 1) % size)
+        for prescale, tensors in [(1.0, 1), (2.0, 1), (1.0, 2)]:
+            before = shm_calls()
+            outs = hvd.grouped_reducescatter([x] * tensors, op=hvd.Sum,
+                                             prescale_factor=prescale)
+            want = sum(rows(r, 2 * size + 1) for r in range(size)) * prescale
+            for out in outs:
+                assert np.array_equal(out.asnumpy(), want[start:start + out.shape[0]])
+            if size > 1:
+                assert shm_calls() == before + (tensors if prescale == 1.0 else 0), prescale
         # No rank shuts down (restart) while another still reads its counters:
         # a peer's shutdown stops this rank's runtime too.
         hvd.barrier()
