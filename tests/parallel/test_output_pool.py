@@ -4,6 +4,7 @@ NDArray over it is gone, never while one is alive, and only up to
 HVDMX_OUTPUT_POOL_BYTES is kept.
 """
 import ctypes
+import pickle
 import time
 
 import mxnet as mx
@@ -170,3 +171,32 @@ def test_size_classes():
         assert c >= n and c % page == 0, n
         assert c - n <= max(page, n // 8), f"{n} bytes get a block of {c}"
     assert _core._testing_output_pool_class(64 << 20) == 64 << 20
+
+
+def test_pooled_outputs_behave_as_mxnet_arrays(world, tmp_path):
+    # A pooled output is an NDArray over memory MXNet did not allocate: it must
+    # survive what MXNet does to arrays, oneDNN's weight reorder included, and
+    # its memory must go back to the pool (not to MXNet's allocator) after.
+    rank, size = world
+    w = mx.nd.array(source(0, 64 * 32 * 9).reshape(64, 32, 3, 3) / 1009, dtype="float32")
+    weight = hvd.broadcast(w, root_rank=0, name="pool.weight")  # 73,728 bytes: pooled
+    x = mx.nd.array(source(rank, 2 * 32 * 64).reshape(2, 32, 8, 8) / 1009, dtype="float32")
+    want = mx.nd.Convolution(x, w, no_bias=True, kernel=(3, 3), num_filter=64).asnumpy()
+    with mx.autograd.predict_mode():
+        for _ in range(2):
+            got = mx.nd.Convolution(x, weight, no_bias=True, kernel=(3, 3), num_filter=64)
+            assert np.array_equal(got.asnumpy(), want)
+    out = hvd.allgather(mx.nd.ones((ROWS // 4, 4)), name="pool.misc")
+    out += 1
+    assert pickle.loads(pickle.dumps(out)).asnumpy().sum() == 2 * ROWS * size
+    mx.nd.save(str(tmp_path / "out.nd"), [out])
+    assert mx.nd.load(str(tmp_path / "out.nd"))[0].asnumpy().sum() == 2 * ROWS * size
+    out.attach_grad()
+    with mx.autograd.record():
+        loss = (out * 3).sum()
+    loss.backward()
+    assert out.grad.asnumpy().min() == 3
+    before = pool()["kept_blocks"]
+    del weight, out, got
+    mx.nd.waitall()
+    wait_for(lambda: pool()["kept_blocks"] >= before + 2)
