@@ -8,68 +8,18 @@
 #include <thread>
 
 #include "reduce_kernels.h"
+#include "shm_internal.h"
 
 namespace hvdmx {
+
+using shm_internal::kBlockBytes;
+using shm_internal::kControlBytes;
+using shm_internal::kPageBytes;
+using shm_internal::kSliceAlignBytes;
+using shm_internal::kSpinMicros;
+using shm_internal::WaitFor;
+
 namespace {
-
-// Note [Waiting in shared memory]
-// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
-// A rank waits for a peer's counter in three stages: it polls with a CPU
-// pause for about kSpinMicros (peers normally arrive within microseconds:
-// every rank runs the same phases at once), then yields its core until
-// kYieldMicros have passed (another process may need it), then sleeps
-// kSleepMicros at a time. When the host's ranks outnumber the cores this
-// process may run on (mpiexec -n 4 on two cores), the peer may be waiting
-// for this very core: the spin is skipped. No wait ends other than by the
-// peer's counter: a peer that dies leaves this rank waiting, as in any MPI
-// collective, and the launcher ends the job.
-constexpr int64_t kSpinMicros = 20;
-constexpr int64_t kYieldMicros = 2000;
-constexpr int64_t kSleepMicros = 50;
-
-// Bytes reduced (and then copied to the rank's buffer) at a time, so that the
-// copy reads the result from the first-level cache.
-constexpr int64_t kBlockBytes = 16 * 1024;
-// Slices are cut at multiples of this many bytes (one cache line).
-constexpr int64_t kSliceAlignBytes = 64;
-// See Note [Where a chunk sits in its stage].
-constexpr int64_t kPageBytes = 4096;
-// The counters sit at the start of each region, one per 128 bytes (two
-// cache lines: the adjacent-line prefetcher would otherwise couple them).
-constexpr int64_t kControlBytes = 4096;
-
-#if defined(__x86_64__)
-inline void CpuRelax() { __builtin_ia32_pause(); }
-#elif defined(__aarch64__)
-inline void CpuRelax() { asm volatile("yield" ::: "memory"); }
-#else
-inline void CpuRelax() {}
-#endif
-
-using Clock = std::chrono::steady_clock;
-
-int64_t MicrosSince(Clock::time_point start) {
-  return std::chrono::duration_cast<std::chrono::microseconds>(Clock::now() - start).count();
-}
-
-// Returns once `counter` >= `target`. See Note [Waiting in shared memory].
-void WaitFor(const std::atomic<uint64_t>& counter, uint64_t target, int64_t spin_micros) {
-  if (counter.load(std::memory_order_acquire) >= target) return;
-  const Clock::time_point start = Clock::now();
-  for (;;) {
-    for (int i = 0; i < 64; ++i) {
-      CpuRelax();
-      if (counter.load(std::memory_order_acquire) >= target) return;
-    }
-    const int64_t waited = MicrosSince(start);
-    if (waited < spin_micros) continue;
-    if (waited < kYieldMicros) {
-      sched_yield();
-    } else {
-      std::this_thread::sleep_for(std::chrono::microseconds(kSleepMicros));
-    }
-  }
-}
 
 // The cores this process may run on.
 int CoresAvailable() {
@@ -77,12 +27,6 @@ int CoresAvailable() {
   if (sched_getaffinity(0, sizeof(set), &set) == 0) return CPU_COUNT(&set);
   return static_cast<int>(std::thread::hardware_concurrency());
 }
-
-struct alignas(128) PaddedCounter {
-  std::atomic<uint64_t> value{0};
-};
-static_assert(std::atomic<uint64_t>::is_always_lock_free,
-              "the counters must be lock-free to work across processes");
 
 }  // namespace
 
@@ -97,20 +41,6 @@ static_assert(std::atomic<uint64_t>::is_always_lock_free,
 // 4K aliasing), and the buffers' offsets in their pages are whatever the
 // allocator gave. The offset is chosen per chunk and published with it
 // (Control::shift), since peers read the stage.
-
-// Lives at the start of each rank's region; only its owner writes it.
-struct ShmAllreduce::Control {
-  PaddedCounter copied;   // chunks whose copy-in this rank has finished
-  PaddedCounter reduced;  // chunks whose slice this rank has reduced
-  PaddedCounter done;     // chunks this rank has finished reading
-  // Per stage: where its chunk starts in it. Written before `copied` is
-  // released for the chunk, read after acquiring it.
-  alignas(128) std::atomic<int64_t> shift[ShmAllreduce::kStages];
-  // Bit-and seq (from 1) uses words[seq % 2], written before `anded` is
-  // released with seq; see StartBitAnd.
-  PaddedCounter anded;
-  alignas(128) uint64_t words[2][ShmAllreduce::kMaxBitAndWords];
-};
 
 // One Allreduce call's geometry.
 struct ShmAllreduce::Call {
@@ -337,183 +267,6 @@ void ShmAllreduce::CopyOut(const Call& call, int64_t k) {
                                                 int64_t bytes) {
       std::memcpy(dst, from + at, bytes);
     });
-  }
-  control(rank_).done.value.store(seq + 1, std::memory_order_release);
-}
-
-void ShmAllreduce::Broadcast(const void* in, void* out, int64_t bytes, int root) {
-  HVDMX_CHECK(!cross_ && root >= 0 && root < size_, "shared-memory broadcast: one host, root in it");
-  reads_.assign(size_, Read());
-  if (rank_ != root || in != out) reads_[root] = {0, bytes, static_cast<char*>(out)};
-  lengths_.assign(size_, 0);
-  lengths_[root] = bytes;
-  Exchange({static_cast<const char*>(rank_ == root ? in : out), 0, 0});
-}
-
-void ShmAllreduce::Allgather(const void* in, void* out, const std::vector<int64_t>& starts) {
-  HVDMX_CHECK(!cross_ && static_cast<int>(starts.size()) == size_ + 1,
-              "shared-memory allgather: one host, size + 1 offsets");
-  reads_.assign(size_, Read());
-  lengths_.assign(size_, 0);
-  char* dst = static_cast<char*>(out);
-  for (int j = 0; j < size_; ++j) {
-    lengths_[j] = starts[j + 1] - starts[j];
-    // A block that is already in place is not copied onto itself.
-    if (j != rank_ || in != dst + starts[j]) reads_[j] = {0, lengths_[j], dst + starts[j]};
-  }
-  Exchange({static_cast<const char*>(in), 0, 0});
-}
-
-void ShmAllreduce::Alltoall(const void* in, void* out, const std::vector<int64_t>& bytes) {
-  HVDMX_CHECK(!cross_ && static_cast<int64_t>(bytes.size()) == int64_t{size_} * size_,
-              "shared-memory alltoall: one host, size * size byte counts");
-  reads_.assign(size_, Read());
-  lengths_.assign(size_, 0);
-  char* dst = static_cast<char*>(out);
-  Stream mine{static_cast<const char*>(in), 0, bytes[rank_ * size_ + rank_]};
-  for (int j = 0; j < size_; ++j) {
-    // Rank j's stream: what it sends to ranks 0, 1, ... but not to itself.
-    int64_t before_me = 0;
-    for (int l = 0; l < size_; ++l) {
-      if (l < rank_ && l != j) before_me += bytes[j * size_ + l];
-      if (l != j) lengths_[j] += bytes[j * size_ + l];
-    }
-    if (j == rank_) mine.hole_at = before_me;
-    reads_[j] = {before_me, bytes[j * size_ + rank_], dst};
-    dst += bytes[j * size_ + rank_];
-  }
-  Exchange(mine);
-}
-
-bool ShmAllreduce::ReduceScatterFits(DataType dtype) const {
-  return chunk_bytes_ / static_cast<int64_t>(DataTypeSize(dtype)) / size_ >= 1;
-}
-
-// Chunk k, on rank r: copy in (once every peer is done with the stage's
-// last chunk) puts elements [k * slot, (k + 1) * slot) of every block j but
-// its own at slot j of its stage and publishes copied; reduce waits for
-// every peer's copied and reduces its own block's elements of the chunk, its
-// own operand from `in`, the others from slot r of each peer's stage, into
-// `out`, then publishes reduced and done. Rank r copies chunk k + 1 in
-// before it reduces chunk k, so its peers find it there when they get to it.
-void ShmAllreduce::ReduceScatter(const void* in, void* out, const std::vector<int64_t>& starts,
-                                 DataType dtype, ReduceOp op, double postscale) {
-  HVDMX_CHECK(!cross_ && static_cast<int>(starts.size()) == size_ + 1 &&
-                  ReduceScatterFits(dtype),
-              "shared-memory reduce-scatter: one host, size + 1 offsets, a chunk that fits");
-  calls_.fetch_add(1, std::memory_order_relaxed);
-  const int64_t elem = static_cast<int64_t>(DataTypeSize(dtype));
-  const char* src = static_cast<const char*>(in);
-  char* dst = static_cast<char*>(out);
-  // Elements per rank and chunk, whole cache lines where a chunk allows.
-  const int64_t unit = std::max<int64_t>(1, kSliceAlignBytes / elem);
-  const int64_t fits = chunk_bytes_ / elem / size_;
-  const int64_t slot = fits >= unit ? fits / unit * unit : fits;
-  int64_t longest = 0;
-  for (int j = 0; j < size_; ++j) longest = std::max(longest, starts[j + 1] - starts[j]);
-  // Block j's elements in chunk k: returns their count, *lo the first.
-  auto piece = [&](int j, int64_t k, int64_t* lo) {
-    const int64_t len = starts[j + 1] - starts[j];
-    *lo = std::min(len, k * slot);
-    return std::min(len, (k + 1) * slot) - *lo;
-  };
-  const uint64_t first_seq = seq_;
-  auto copy_in = [&](int64_t k) {
-    const uint64_t seq = first_seq + static_cast<uint64_t>(k);
-    int64_t lo = 0;
-    piece(rank_, k, &lo);
-    char* stage = ClaimStage(seq, src + (starts[rank_] + lo) * elem);
-    for (int j = 0; j < size_; ++j) {
-      const int64_t n = j == rank_ ? 0 : piece(j, k, &lo);
-      if (n > 0) std::memcpy(stage + j * slot * elem, src + (starts[j] + lo) * elem, n * elem);
-    }
-    control(rank_).copied.value.store(seq + 1, std::memory_order_release);
-  };
-  auto reduce = [&](int64_t k) {
-    const uint64_t seq = first_seq + static_cast<uint64_t>(k);
-    for (int j = 0; j < size_; ++j) {
-      if (j != rank_) WaitFor(control(j).copied.value, seq + 1, spin_micros_);
-    }
-    int64_t lo = 0;
-    const int64_t n = piece(rank_, k, &lo);
-    for (int j = 0; j < size_; ++j) slices_[j] = Stage(j, seq) + rank_ * slot * elem;
-    const char* mine = src + (starts[rank_] + lo) * elem;
-    const int64_t block = std::max<int64_t>(1, kBlockBytes / elem);
-    for (int64_t b = 0; b < n; b += block) {
-      for (int j = 0; j < size_; ++j) operands_[j] = (j == rank_ ? mine : slices_[j]) + b * elem;
-      ReduceOperands(dst + (lo + b) * elem, std::min(block, n - b), dtype, op, postscale);
-    }
-    control(rank_).reduced.value.store(seq + 1, std::memory_order_release);
-    control(rank_).done.value.store(seq + 1, std::memory_order_release);
-  };
-  if (size_ == 1) {
-    operands_[0] = src + starts[0] * elem;
-    ReduceOperands(dst, starts[1] - starts[0], dtype, op, postscale);
-    return;
-  }
-  const int64_t chunks = (longest + slot - 1) / slot;
-  if (chunks > 0) copy_in(0);
-  for (int64_t k = 0; k < chunks; ++k) {
-    if (k + 1 < chunks) copy_in(k + 1);
-    reduce(k);
-  }
-  seq_ += static_cast<uint64_t>(chunks);
-}
-
-// Chunk k of every stream travels in chunk seq first_seq + k; every rank
-// runs the same number of chunks (the longest stream's), publishing empty
-// ones too, so that seq stays the same everywhere. This rank's own read
-// comes from its stream's bytes, hole included, a chunk's worth per chunk
-// and the rest at the end.
-void ShmAllreduce::Exchange(const Stream& stream) {
-  exchanges_.fetch_add(1, std::memory_order_relaxed);
-  const int64_t longest = *std::max_element(lengths_.begin(), lengths_.end());
-  const int64_t chunks = size_ == 1 ? 0 : (longest + chunk_bytes_ - 1) / chunk_bytes_;
-  const uint64_t first_seq = seq_;
-  if (chunks > 0) Publish(stream, lengths_[rank_], first_seq, 0);
-  for (int64_t k = 0; k < chunks; ++k) {
-    if (k + 1 < chunks) Publish(stream, lengths_[rank_], first_seq + k + 1, k + 1);
-    Collect(stream, first_seq + k, k);
-  }
-  seq_ += static_cast<uint64_t>(chunks);
-  const Read& self = reads_[rank_];
-  const int64_t done = std::min(self.bytes, chunks * chunk_bytes_);
-  if (self.bytes > done) {
-    std::memmove(self.dst + done, stream.data + self.offset + done, self.bytes - done);
-  }
-}
-
-void ShmAllreduce::Publish(const Stream& stream, int64_t length, uint64_t seq, int64_t k) {
-  const int64_t lo = k * chunk_bytes_;
-  const int64_t n = std::max<int64_t>(0, std::min(chunk_bytes_, length - lo));
-  // [lo, lo + n) of the stream: before the hole, then after it.
-  const int64_t before = std::max<int64_t>(0, std::min(n, stream.hole_at - lo));
-  const char* first = stream.data + lo + (before > 0 ? 0 : stream.hole_bytes);
-  char* stage = ClaimStage(seq, n > 0 ? first : stream.data);
-  if (before > 0) std::memcpy(stage, stream.data + lo, before);
-  if (n > before) {
-    std::memcpy(stage + before, stream.data + lo + before + stream.hole_bytes, n - before);
-  }
-  control(rank_).copied.value.store(seq + 1, std::memory_order_release);
-}
-
-void ShmAllreduce::Collect(const Stream& stream, uint64_t seq, int64_t k) {
-  const int64_t lo = k * chunk_bytes_;
-  const int64_t hi = lo + chunk_bytes_;
-  // This rank's own read first (a chunk's worth), then the peers from the
-  // next rank on, as CopyOut does.
-  const Read& self = reads_[rank_];
-  if (lo < self.bytes) {
-    std::memmove(self.dst + lo, stream.data + self.offset + lo, std::min(hi, self.bytes) - lo);
-  }
-  for (int i = 1; i < size_; ++i) {
-    const int j = (rank_ + i) % size_;
-    const Read& read = reads_[j];
-    const int64_t a = std::max(lo, read.offset);
-    const int64_t b = std::min(hi, read.offset + read.bytes);
-    if (b <= a) continue;
-    WaitFor(control(j).copied.value, seq + 1, spin_micros_);
-    std::memcpy(read.dst + (a - read.offset), Stage(j, seq) + (a - lo), b - a);
   }
   control(rank_).done.value.store(seq + 1, std::memory_order_release);
 }

@@ -51,9 +51,11 @@
 // this rank's chunk is in its stage; done: it has read what it needs of
 // chunk seq), so these calls and Allreduce interleave in any order, the same
 // on every rank. Per rank and call: its block copied in once, what it
-// receives copied out once; nothing is allocated.
+// receives copied out once; nothing is allocated. ReduceScatter uses the
+// same stages and counters (see its comment). These calls are in
+// shm_exchange.cc; the allreduce and the bit-and in shm_allreduce.cc.
 //
-// Waiting: see Note [Waiting in shared memory] in shm_allreduce.cc.
+// Waiting: see Note [Waiting in shared memory] in shm_internal.h.
 //
 // Threading: an ShmAllreduce belongs to one rank and is used by one thread
 // at a time. All ranks must call Allreduce in the same order with the same

@@ -1,0 +1,103 @@
+// What shm_allreduce.cc (the allreduce, the bit-and) and shm_exchange.cc
+// (broadcast, allgather, alltoall, reduce-scatter) share and nothing else
+// includes: the waiting loop, the sizes stages and blocks are cut by, and
+// the layout of a rank's control block. The vocabulary is shm_allreduce.h's.
+#ifndef HVDMX_SHM_INTERNAL_H_
+#define HVDMX_SHM_INTERNAL_H_
+
+#include <sched.h>
+
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+#include <thread>
+
+#include "shm_allreduce.h"
+
+namespace hvdmx {
+namespace shm_internal {
+
+// Note [Waiting in shared memory]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+// A rank waits for a peer's counter in three stages: it polls with a CPU
+// pause for about kSpinMicros (peers normally arrive within microseconds:
+// every rank runs the same phases at once), then yields its core until
+// kYieldMicros have passed (another process may need it), then sleeps
+// kSleepMicros at a time. When the host's ranks outnumber the cores this
+// process may run on (mpiexec -n 4 on two cores), the peer may be waiting
+// for this very core: the spin is skipped. No wait ends other than by the
+// peer's counter: a peer that dies leaves this rank waiting, as in any MPI
+// collective, and the launcher ends the job.
+constexpr int64_t kSpinMicros = 20;
+constexpr int64_t kYieldMicros = 2000;
+constexpr int64_t kSleepMicros = 50;
+
+// Bytes reduced (and then copied to the rank's buffer) at a time, so that the
+// copy reads the result from the first-level cache.
+constexpr int64_t kBlockBytes = 16 * 1024;
+// Slices are cut at multiples of this many bytes (one cache line).
+constexpr int64_t kSliceAlignBytes = 64;
+// See Note [Where a chunk sits in its stage].
+constexpr int64_t kPageBytes = 4096;
+// The counters sit at the start of each region, one per 128 bytes (two
+// cache lines: the adjacent-line prefetcher would otherwise couple them).
+constexpr int64_t kControlBytes = 4096;
+
+#if defined(__x86_64__)
+inline void CpuRelax() { __builtin_ia32_pause(); }
+#elif defined(__aarch64__)
+inline void CpuRelax() { asm volatile("yield" ::: "memory"); }
+#else
+inline void CpuRelax() {}
+#endif
+
+using Clock = std::chrono::steady_clock;
+
+inline int64_t MicrosSince(Clock::time_point start) {
+  return std::chrono::duration_cast<std::chrono::microseconds>(Clock::now() - start).count();
+}
+
+// Returns once `counter` >= `target`. See Note [Waiting in shared memory].
+inline void WaitFor(const std::atomic<uint64_t>& counter, uint64_t target, int64_t spin_micros) {
+  if (counter.load(std::memory_order_acquire) >= target) return;
+  const Clock::time_point start = Clock::now();
+  for (;;) {
+    for (int i = 0; i < 64; ++i) {
+      CpuRelax();
+      if (counter.load(std::memory_order_acquire) >= target) return;
+    }
+    const int64_t waited = MicrosSince(start);
+    if (waited < spin_micros) continue;
+    if (waited < kYieldMicros) {
+      sched_yield();
+    } else {
+      std::this_thread::sleep_for(std::chrono::microseconds(kSleepMicros));
+    }
+  }
+}
+
+struct alignas(128) PaddedCounter {
+  std::atomic<uint64_t> value{0};
+};
+static_assert(std::atomic<uint64_t>::is_always_lock_free,
+              "the counters must be lock-free to work across processes");
+
+}  // namespace shm_internal
+
+// Lives at the start of each rank's region; only its owner writes it.
+struct ShmAllreduce::Control {
+  shm_internal::PaddedCounter copied;   // chunks whose copy-in this rank has finished
+  shm_internal::PaddedCounter reduced;  // chunks whose slice this rank has reduced
+  shm_internal::PaddedCounter done;     // chunks this rank has finished reading
+  // Per stage: where its chunk starts in it. Written before `copied` is
+  // released for the chunk, read after acquiring it.
+  alignas(128) std::atomic<int64_t> shift[ShmAllreduce::kStages];
+  // Bit-and seq (from 1) uses words[seq % 2], written before `anded` is
+  // released with seq; see StartBitAnd.
+  shm_internal::PaddedCounter anded;
+  alignas(128) uint64_t words[2][ShmAllreduce::kMaxBitAndWords];
+};
+
+}  // namespace hvdmx
+
+#endif  // HVDMX_SHM_INTERNAL_H_
