@@ -65,19 +65,6 @@ struct Api {
 Api g_api;
 bool g_naive_engine = false;
 
-// dlpack.h (v0.x, as MXNet 1.9.1 ships it): the start of DLManagedTensor,
-// whose DLTensor we read the shape and element size from.
-struct DLTensorMirror {
-  void* data;
-  int32_t device_type;
-  int32_t device_id;
-  int32_t ndim;
-  uint8_t code;
-  uint8_t bits;
-  uint16_t lanes;
-  int64_t* shape;
-};
-
 // True when the array's data can be read as a plain dense buffer; *bytes is
 // then its size. An array in oneDNN's internal layout cannot: MXNDArrayToDLPack
 // refuses it without waiting, whereas MXNDArrayGetData would reorder it
@@ -87,9 +74,9 @@ bool HasDefaultLayout(NDArrayHandle handle, int64_t* bytes = nullptr) {
   void* dl = nullptr;
   if (g_api.to_dlpack(handle, &dl) != 0) return false;
   if (bytes != nullptr) {
-    const DLTensorMirror* t = static_cast<const DLTensorMirror*>(dl);
-    int64_t n = t->bits / 8 * t->lanes;
-    for (int32_t i = 0; i < t->ndim; ++i) n *= t->shape[i];
+    const DLTensor& t = static_cast<const DLManagedTensor*>(dl)->dl_tensor;
+    int64_t n = t.dtype.bits / 8 * t.dtype.lanes;
+    for (int32_t i = 0; i < t.ndim; ++i) n *= t.shape[i];
     *bytes = n;
   }
   g_api.dlpack_deleter(dl);
