@@ -415,19 +415,6 @@ py::object TestingShmInfo() {
 
 int64_t TestingFusionBufferBytes() { return RunningRuntime()->fusion_buffer_bytes(); }
 
-py::dict TestingOutputPool() {
-  const OutputPool::Stats s = OutputPool::Get().stats();
-  py::dict d;
-  d["limit"] = s.limit;
-  d["kept_bytes"] = s.kept_bytes;
-  d["kept_blocks"] = s.kept_blocks;
-  d["out_bytes"] = s.out_bytes;
-  d["reused"] = s.reused;
-  d["mapped"] = s.mapped;
-  d["min_bytes"] = OutputPool::kMinBytes;
-  return d;
-}
-
 }  // namespace
 }  // namespace hvdmx
 
@@ -513,7 +500,5 @@ PYBIND11_MODULE(_core, m) {
 
   m.def("_testing_shm_info", &TestingShmInfo);
   m.def("_testing_fusion_buffer_bytes", &TestingFusionBufferBytes);
-  m.def("_testing_output_pool", &TestingOutputPool);
-  m.def("_testing_output_pool_class", &OutputPool::ClassBytes);
   DefineTestingBindings(m);
 }

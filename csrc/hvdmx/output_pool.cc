@@ -44,7 +44,6 @@ void* OutputPool::Take(int64_t bytes) {
       void* data = best->data;
       kept_.erase(best);
       stats_.kept_bytes -= size;
-      stats_.kept_blocks -= 1;
       stats_.out_bytes += size;
       stats_.reused += 1;
       return data;
@@ -66,7 +65,6 @@ void OutputPool::Give(void* block, int64_t bytes) {
   stats_.out_bytes -= size;
   kept_.push_back({block, size, ++clock_});
   stats_.kept_bytes += size;
-  stats_.kept_blocks += 1;
   TrimLocked();
 }
 
@@ -83,14 +81,15 @@ void OutputPool::TrimLocked() {
     });
     munmap(oldest->data, static_cast<size_t>(oldest->bytes));
     stats_.kept_bytes -= oldest->bytes;
-    stats_.kept_blocks -= 1;
     kept_.erase(oldest);
   }
 }
 
 OutputPool::Stats OutputPool::stats() {
   std::lock_guard<std::mutex> lock(mu_);
-  return stats_;
+  Stats stats = stats_;
+  stats.kept_blocks = static_cast<int64_t>(kept_.size());
+  return stats;
 }
 
 }  // namespace hvdmx

@@ -55,7 +55,7 @@ class OutputPool {
   struct Stats {
     int64_t limit = 0;
     int64_t kept_bytes = 0;  // in blocks waiting to be taken again
-    int64_t kept_blocks = 0;
+    int64_t kept_blocks = 0; // how many (filled in by stats())
     int64_t out_bytes = 0;   // in blocks an NDArray holds now
     int64_t reused = 0;      // Takes served by a kept block
     int64_t mapped = 0;      // Takes that mapped a new block

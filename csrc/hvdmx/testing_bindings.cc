@@ -20,6 +20,7 @@
 #include "env_config.h"
 #include "fusion_plan.h"
 #include "local_comm.h"
+#include "output_pool.h"
 #include "reduce_kernels.h"
 #include "ring.h"
 #include "runtime.h"
@@ -420,9 +421,25 @@ class LocalJob {
   int64_t next_ticket_ = 0;
 };
 
+// The process's output pool: its limit, what it keeps and hands out.
+py::dict TestingOutputPool() {
+  const OutputPool::Stats s = OutputPool::Get().stats();
+  py::dict d;
+  d["limit"] = s.limit;
+  d["kept_bytes"] = s.kept_bytes;
+  d["kept_blocks"] = s.kept_blocks;
+  d["out_bytes"] = s.out_bytes;
+  d["reused"] = s.reused;
+  d["mapped"] = s.mapped;
+  d["min_bytes"] = OutputPool::kMinBytes;
+  return d;
+}
+
 }  // namespace
 
 void DefineTestingBindings(py::module_& m) {
+  m.def("_testing_output_pool", &TestingOutputPool);
+  m.def("_testing_output_pool_class", &OutputPool::ClassBytes);
   m.def("_testing_reduce_into", &TestingReduceInto);
   m.def("_testing_scale", &TestingScale);
   m.def("_testing_reduce3_scaled", &TestingReduce3Scaled);
