@@ -41,7 +41,7 @@ def source(rank, rows, salt=0):
 
 def calls(rank, size):
     """(name, call, expected) for each out-of-place collective; `call(salt)`
-    returns a new output of ROWS * size float32 (allreduce: ROWS * size)."""
+    returns a new output of ROWS * size float32 (reducescatter: ROWS)."""
     n = ROWS * size
 
     def inp(salt, r=rank):
@@ -65,8 +65,7 @@ def calls(rank, size):
         ("alltoall", lambda s: hvd.alltoall(inp(s), name=f"pool.a2a.{s}"), exchanged),
         ("reducescatter",
          lambda s: hvd.reducescatter(mx.nd.array(np.tile(source(rank, ROWS, s), size),
-                                                 dtype="float32"), op=hvd.Sum, name=f"pool.rs.{s}")
-         if size > 1 else hvd.reducescatter(inp(s)[:ROWS], op=hvd.Sum, name=f"pool.rs.{s}"),
+                                                 dtype="float32"), op=hvd.Sum, name=f"pool.rs.{s}"),
          lambda s: sum(source(r, ROWS, s) for r in range(size)).astype(np.float32)),
     ]
 
