@@ -180,7 +180,8 @@ def test_every_flag_together_passes_the_cores_validation(tmp_path, stall):
     # exactly what the launcher writes.
     env = run.tuning_env(parse(
         "--fusion-threshold-mb", "0", "--fusion-max-tensor-kb", "0", "--fusion-piece-kb", "1",
-        "--cycle-time-ms", "1e-1", "--cache-capacity", "0", "--hierarchical-allreduce", "--timeline-filename", str(tmp_path / "t.json"),
+        "--cycle-time-ms", "1e-1", "--cache-capacity", "0", "--hierarchical-allreduce",
+        "--timeline-filename", str(tmp_path / "t.json"),
         "--timeline-mark-cycles", "--autotune", "--autotune-log-file",
         str(tmp_path / "tune.csv"), "--log-level", "TRACE", *stall, "prog"))
     assert len(env) == 13

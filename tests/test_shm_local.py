@@ -320,7 +320,8 @@ def mixed_sequences(draw):
         elif kind == "reducescatter":
             calls.append(reducescatter_call(
                 size, c, draw(st.lists(lengths, min_size=size, max_size=size)),
-                draw(st.sampled_from(sorted(HOLDER))), draw(st.sampled_from([SUM, MIN, MAX, PRODUCT]))))
+                draw(st.sampled_from(sorted(HOLDER))),
+                draw(st.sampled_from([SUM, MIN, MAX, PRODUCT]))))
         elif kind == "broadcast":
             calls.append(broadcast_call(size, c, draw(lengths), draw(st.integers(0, size - 1))))
         elif kind == "broadcast_out":
