@@ -3,6 +3,7 @@
 #include <sys/mman.h>
 
 #include <algorithm>
+#include <iterator>
 
 #include "common.h"
 
@@ -34,15 +35,13 @@ void* OutputPool::Take(int64_t bytes) {
   {
     std::lock_guard<std::mutex> lock(mu_);
     if (stats_.limit == 0) return nullptr;
-    // The most recently given back block of the class: its pages are the
-    // likeliest to be in cache.
-    auto best = kept_.end();
-    for (auto it = kept_.begin(); it != kept_.end(); ++it) {
-      if (it->bytes == size && (best == kept_.end() || it->stamp > best->stamp)) best = it;
-    }
-    if (best != kept_.end()) {
+    // The most recently given back block of the class (kept_ is in the
+    // order blocks came back): its pages are the likeliest to be in cache.
+    auto best = std::find_if(kept_.rbegin(), kept_.rend(),
+                             [size](const Block& b) { return b.bytes == size; });
+    if (best != kept_.rend()) {
       void* data = best->data;
-      kept_.erase(best);
+      kept_.erase(std::next(best).base());
       stats_.kept_bytes -= size;
       stats_.out_bytes += size;
       stats_.reused += 1;
@@ -63,7 +62,7 @@ void OutputPool::Give(void* block, int64_t bytes) {
   const int64_t size = ClassBytes(bytes);
   std::lock_guard<std::mutex> lock(mu_);
   stats_.out_bytes -= size;
-  kept_.push_back({block, size, ++clock_});
+  kept_.push_back({block, size});
   stats_.kept_bytes += size;
   TrimLocked();
 }
@@ -75,13 +74,10 @@ void OutputPool::SetLimit(int64_t limit) {
 }
 
 void OutputPool::TrimLocked() {
-  while (stats_.kept_bytes > stats_.limit) {
-    auto oldest = std::min_element(kept_.begin(), kept_.end(), [](const Block& a, const Block& b) {
-      return a.stamp < b.stamp;
-    });
-    munmap(oldest->data, static_cast<size_t>(oldest->bytes));
-    stats_.kept_bytes -= oldest->bytes;
-    kept_.erase(oldest);
+  while (stats_.kept_bytes > stats_.limit) {  // the longest-kept first
+    munmap(kept_.front().data, static_cast<size_t>(kept_.front().bytes));
+    stats_.kept_bytes -= kept_.front().bytes;
+    kept_.erase(kept_.begin());
   }
 }
 

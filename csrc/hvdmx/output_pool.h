@@ -67,13 +67,11 @@ class OutputPool {
   struct Block {
     void* data;
     int64_t bytes;
-    uint64_t stamp;  // when it was given back
   };
   void TrimLocked();
 
   std::mutex mu_;
-  std::vector<Block> kept_;
-  uint64_t clock_ = 0;
+  std::vector<Block> kept_;  // in the order they were given back
   Stats stats_;
 };
 
