@@ -10,6 +10,7 @@ import math
 from typing import Callable, Dict
 
 LOG_LEVELS = ("trace", "debug", "info", "warning", "warn", "error", "fatal")
+ALLREDUCE_ALGOS = ("auto", "shm", "ring", "mpi")
 
 
 def _number(what: str, integer: bool = False, minimum: int = 0) -> Callable[[str], float]:
@@ -31,6 +32,13 @@ def _log_level(text: str) -> str:
     if text.lower() not in LOG_LEVELS:
         raise argparse.ArgumentTypeError(
             f"invalid value {text!r}: expected one of {', '.join(LOG_LEVELS)} (any case)")
+    return text.lower()
+
+
+def _allreduce_algo(text: str) -> str:
+    if text.lower() not in ALLREDUCE_ALGOS:
+        raise argparse.ArgumentTypeError(
+            f"invalid value {text!r}: expected one of {', '.join(ALLREDUCE_ALGOS)} (any case)")
     return text.lower()
 
 
@@ -56,10 +64,14 @@ def tuning_env(args: argparse.Namespace) -> Dict[str, str]:
         env["HVDMX_FUSION_MAX_TENSOR_BYTES"] = str(round(args.fusion_max_tensor_kb * 1024))
     if args.fusion_piece_kb is not None:
         env["HVDMX_FUSION_PIECE_BYTES"] = str(round(args.fusion_piece_kb * 1024))
+    if args.output_pool_mb is not None:
+        env["HVDMX_OUTPUT_POOL_BYTES"] = str(round(args.output_pool_mb * 1024 * 1024))
     if args.cycle_time_ms is not None:
         env["HVDMX_CYCLE_TIME"] = _format_number(args.cycle_time_ms)
     if args.cache_capacity is not None:
         env["HVDMX_CACHE_CAPACITY"] = str(args.cache_capacity)
+    if args.allreduce_algo is not None:
+        env["HVDMX_ALLREDUCE_ALGO"] = args.allreduce_algo
     if args.hierarchical_allreduce:
         env["HVDMX_HIERARCHICAL_ALLREDUCE"] = "1"
     if args.timeline_filename is not None:
@@ -100,6 +112,10 @@ def add_tuning_flags(parser: argparse.ArgumentParser) -> None:
                         metavar="KB", help="a fused group goes through the fusion buffer in "
                         "pieces of this many KiB, on the ring and MPI "
                         "(HVDMX_FUSION_PIECE_BYTES, in bytes; default 1024)")
+    tuning.add_argument("--output-pool-mb", type=_number("MiB; 0 keeps no output memory"),
+                        metavar="MB", help="memory of dropped out-of-place outputs each "
+                        "process keeps for the next ones, in MiB (HVDMX_OUTPUT_POOL_BYTES, "
+                        "in bytes; default 256)")
     tuning.add_argument("--cycle-time-ms", type=_number("milliseconds; 0 starts each round "
                                                         "at once"),
                         metavar="MS", help="wait before each negotiation round, in ms "
@@ -108,6 +124,10 @@ def add_tuning_flags(parser: argparse.ArgumentParser) -> None:
                                                          integer=True),
                         metavar="N", help="negotiated responses each rank remembers "
                         "(HVDMX_CACHE_CAPACITY; default 1024)")
+    tuning.add_argument("--allreduce-algo", type=_allreduce_algo, metavar="ALGO",
+                        help=f"allreduce algorithm: {', '.join(ALLREDUCE_ALGOS)} "
+                             "(HVDMX_ALLREDUCE_ALGO; default auto: chosen by size and "
+                             "topology)")
     tuning.add_argument("--hierarchical-allreduce", action="store_true",
                         help="allreduce within each host first, then across hosts "
                              "(HVDMX_HIERARCHICAL_ALLREDUCE=1)")

@@ -137,10 +137,14 @@ def test_process_count_from_np_or_slots():
     (["--fusion-max-tensor-kb", "0.5"], {"HVDMX_FUSION_MAX_TENSOR_BYTES": "512"}),
     (["--fusion-piece-kb", "4096"], {"HVDMX_FUSION_PIECE_BYTES": "4194304"}),
     (["--fusion-piece-kb", "1.5"], {"HVDMX_FUSION_PIECE_BYTES": "1536"}),
+    (["--output-pool-mb", "64"], {"HVDMX_OUTPUT_POOL_BYTES": str(64 * 1024 * 1024)}),
+    (["--output-pool-mb", "0"], {"HVDMX_OUTPUT_POOL_BYTES": "0"}),
     (["--cycle-time-ms", "5"], {"HVDMX_CYCLE_TIME": "5"}),
     (["--cycle-time-ms", "2.5"], {"HVDMX_CYCLE_TIME": "2.5"}),
     (["--cache-capacity", "0"], {"HVDMX_CACHE_CAPACITY": "0"}),
     (["--cache-capacity", "2048"], {"HVDMX_CACHE_CAPACITY": "2048"}),
+    (["--allreduce-algo", "RING"], {"HVDMX_ALLREDUCE_ALGO": "ring"}),
+    (["--allreduce-algo", "shm"], {"HVDMX_ALLREDUCE_ALGO": "shm"}),
     (["--hierarchical-allreduce"], {"HVDMX_HIERARCHICAL_ALLREDUCE": "1"}),
     (["--timeline-filename", "/tmp/a b.json"], {"HVDMX_TIMELINE": "/tmp/a b.json"}),
     (["--timeline-filename", "t.json", "--timeline-mark-cycles"],
@@ -162,8 +166,11 @@ def test_tuning_flags_become_variables(argv, expected):
 def test_tuning_values_are_what_the_core_accepts():
     env = run.tuning_env(parse("--fusion-threshold-mb", "1.5", "--cycle-time-ms", "0.25",
                                "--cache-capacity", "7", "--log-level", "Info",
-                               "--stall-check-warning-time-seconds", "1e1", "prog"))
+                               "--stall-check-warning-time-seconds", "1e1",
+                               "--allreduce-algo", "Ring", "--output-pool-mb", "0.25", "prog"))
     config = _core._testing_load_config(env)
+    assert config["allreduce_algo"] == "ring"
+    assert config["output_pool_bytes"] == 262144
     assert config["fusion_threshold"] == 1572864
     assert config["cycle_time_ms"] == 0.25
     assert config["cache_capacity"] == 7
@@ -180,11 +187,12 @@ def test_every_flag_together_passes_the_cores_validation(tmp_path, stall):
     # exactly what the launcher writes.
     env = run.tuning_env(parse(
         "--fusion-threshold-mb", "0", "--fusion-max-tensor-kb", "0", "--fusion-piece-kb", "1",
-        "--cycle-time-ms", "1e-1", "--cache-capacity", "0", "--hierarchical-allreduce",
+        "--output-pool-mb", "0.5", "--cycle-time-ms", "1e-1", "--cache-capacity", "0",
+        "--allreduce-algo", "MPI", "--hierarchical-allreduce",
         "--timeline-filename", str(tmp_path / "t.json"),
         "--timeline-mark-cycles", "--autotune", "--autotune-log-file",
         str(tmp_path / "tune.csv"), "--log-level", "TRACE", *stall, "prog"))
-    assert len(env) == 13
+    assert len(env) == 15
     _core._testing_load_config(env)
 
 
@@ -210,6 +218,10 @@ def test_every_flag_together_passes_the_cores_validation(tmp_path, stall):
      "argument --stall-check-shutdown-time-seconds: invalid value 'soon'"),
     (["--log-level", "loud"], "argument --log-level: invalid value 'loud': expected one of "
                               "trace, debug, info, warning, warn, error, fatal (any case)"),
+    (["--allreduce-algo", "nccl"], "argument --allreduce-algo: invalid value 'nccl': expected "
+                                   "one of auto, shm, ring, mpi (any case)"),
+    (["--output-pool-mb", "-1"], "argument --output-pool-mb: invalid value '-1': expected a "
+                                 "number >= 0 (MiB; 0 keeps no output memory)"),
     (["--timeline-filename", ""], "argument --timeline-filename: invalid value ''"),
     (["--no-stall-check", "--stall-check-warning-time-seconds", "5"],
      "argument --stall-check-warning-time-seconds: not allowed with argument "
@@ -420,7 +432,8 @@ def test_help_lists_every_flag(capsys):
     out = capsys.readouterr().out
     for flag in ["-np", "--num-proc", "-H", "--hosts", "--hostfile", "--mpiexec", "--mpi-args",
                  "--verbose", "--dry-run", "--check-build", "--fusion-threshold-mb",
-                 "--cycle-time-ms", "--cache-capacity", "--hierarchical-allreduce",
+                 "--output-pool-mb", "--cycle-time-ms", "--cache-capacity",
+                 "--allreduce-algo", "--hierarchical-allreduce",
                  "--timeline-filename", "--timeline-mark-cycles", "--autotune",
                  "--autotune-log-file", "--no-stall-check",
                  "--stall-check-warning-time-seconds", "--stall-check-shutdown-time-seconds",
