@@ -337,9 +337,10 @@ const char* Executor::RunBroadcast(const Response& response, TensorEntry& entry)
 }
 
 
-// Each rank's rows travel as one block of bytes; with several tensors the
-// blocks are packed by rank ([rank 0: t0, t1, ...][rank 1: ...]) so one
-// ring allgather moves them all.
+// Each rank's rows travel as one block of bytes; with several tensors (up
+// to the fusion threshold in all) the blocks are packed by rank
+// ([rank 0: t0, t1, ...][rank 1: ...]) in the fusion buffer, so one
+// allgather moves them all.
 const char* Executor::RunAllgather(const Response& response, TensorEntry& entry) {
   const int n = comm_.size();
   const int me = comm_.rank();
@@ -356,14 +357,22 @@ const char* Executor::RunAllgather(const Response& response, TensorEntry& entry)
   }
   const bool shm = ShmMoves(CollectiveType::kAllgather, starts_[n]);
   const char* algorithm = shm ? "SHM_ALLGATHER" : "RING_ALLGATHER";
-  if (tensors == 1) {
-    char* out = static_cast<char*>(entry.outputs[0]);
-    if (shm) {
-      shm_->Allgather(entry.inputs[0], out, starts_);
-      return algorithm;
+  // One tensor, or a group larger than the fusion threshold (which the
+  // fusion buffer would then have to grow to, and keep): each tensor
+  // travels alone, straight into its output.
+  if (tensors == 1 || starts_[n] > config_.fusion_threshold) {
+    tensor_starts_.resize(n + 1);
+    for (size_t t = 0; t < tensors; ++t) {
+      tensor_starts_[0] = 0;
+      for (int r = 0; r < n; ++r) tensor_starts_[r + 1] = tensor_starts_[r] + block(t, r);
+      char* out = static_cast<char*>(entry.outputs[t]);
+      if (shm) {
+        shm_->Allgather(entry.inputs[t], out, tensor_starts_);
+        continue;
+      }
+      if (block(t, me)) std::memcpy(out + tensor_starts_[me], entry.inputs[t], block(t, me));
+      RingAllgather(comm_, out, tensor_starts_, DataType::kUInt8, &ring_scratch_);
     }
-    if (block(0, me)) std::memcpy(out + starts_[me], entry.inputs[0], block(0, me));
-    RingAllgather(comm_, out, starts_, DataType::kUInt8, &ring_scratch_);
     return algorithm;
   }
   char* buffer = fusion_.Get(starts_[n]);

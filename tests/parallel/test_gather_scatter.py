@@ -6,7 +6,8 @@ import numpy as np
 import pytest
 
 import hvdmx as hvd
-from conftest import all_equal_across_ranks
+from hvdmx import _core
+from conftest import all_equal_across_ranks, restart
 from helpers import DTYPES, expected, rank_input
 
 # Each test runs over shared memory and over MPI (conftest.transport).
@@ -73,6 +74,38 @@ def test_grouped_allgather_mixed(world):
     for out, want in zip(outs, wants):
         assert np.array_equal(out.asnumpy(), want) and out.dtype == want.dtype
     assert hvd.grouped_allgather([]) == []
+
+
+def test_grouped_allgather_above_the_fusion_threshold_skips_the_buffer(world, transport):
+    # Groups above the threshold travel a tensor at a time, straight into
+    # their outputs: the fusion buffer is never grown to the group's size.
+    rank, size = world
+    restart({"HVDMX_ALLREDUCE_ALGO": transport, "HVDMX_FUSION_THRESHOLD": "256"})
+    try:
+        def group(rows, step):
+            return [block(rank + step, rows + rank % 2, (), "float32"),
+                    block(rank + step + 1, rank % 3, (2,), "int32")]
+
+        def wants(rows, step):
+            return [np.concatenate([block(r + step, rows + r % 2, (), "float32")
+                                    for r in range(size)]),
+                    np.concatenate([block(r + step + 1, r % 3, (2,), "int32")
+                                    for r in range(size)])]
+
+        for step, rows in enumerate([100, 1000, 70]):
+            xs = [mx.nd.array(x, dtype=x.dtype) for x in group(rows, step)]
+            outs = hvd.grouped_allgather(xs, name=f"gag.big.{rows}")
+            for out, want in zip(outs, wants(rows, step)):
+                assert np.array_equal(out.asnumpy(), want) and out.dtype == want.dtype
+        assert _core._testing_fusion_buffer_bytes() == 0
+        # A group of at most 256 bytes still goes through the buffer (one page).
+        xs = [mx.nd.array(x, dtype=x.dtype) for x in group(1, 9)]
+        outs = hvd.grouped_allgather(xs, name="gag.small")
+        for out, want in zip(outs, wants(1, 9)):
+            assert np.array_equal(out.asnumpy(), want)
+        assert _core._testing_fusion_buffer_bytes() == 4096
+    finally:
+        restart({"HVDMX_ALLREDUCE_ALGO": transport})
 
 
 def alltoall_splits(size, src):
