@@ -3,7 +3,8 @@
 // through shared memory, which reads the tensors where they are), run the
 // collective, unpack and scale, and fire each entry's callback as soon as
 // all of its tensors are done. The other collectives run one unit at a
-// time, several tensors of a grouped call packed into one exchange.
+// time, several tensors of a grouped call packed into one exchange
+// (executor_units.cc).
 //
 // Threading: the runtime's background thread only.
 #ifndef HVDMX_EXECUTOR_H_

@@ -1,0 +1,250 @@
+// The units that are not allreduces: broadcast, allgather, alltoall and
+// reducescatter, each one response (one call, or one grouped call) at a
+// time. Executor::RunUnit (executor.cc) picks the function; each returns
+// the algorithm's name for the timeline. What each moves, and how the
+// transport is chosen, is in docs/algorithms.md ("Broadcast, allgather and
+// alltoall on one host" and the sections before it).
+#include "executor.h"
+
+#include <algorithm>
+#include <cstring>
+
+#include "reduce_kernels.h"
+
+namespace hvdmx {
+
+namespace {
+
+// Elements per row: the product of every dimension but the first.
+int64_t RowElems(const std::vector<int64_t>& shape) {
+  int64_t n = 1;
+  for (size_t i = 1; i < shape.size(); ++i) n *= shape[i];
+  return n;
+}
+
+// Posts the transfer of `bytes` to or from `peer` in messages the transport
+// takes, appending the requests.
+void PostPieces(Comm& comm, bool send, char* buf, int64_t bytes, int peer,
+                std::vector<Comm::Request>* requests) {
+  for (int64_t done = 0; done < bytes; done += Comm::kMaxMessageBytes) {
+    const int64_t piece = std::min(Comm::kMaxMessageBytes, bytes - done);
+    requests->push_back(send ? comm.ISend(buf + done, piece, peer)
+                             : comm.IRecv(buf + done, piece, peer));
+  }
+}
+
+}  // namespace
+
+const char* Executor::RunBroadcast(const Response& response, TensorEntry& entry) {
+  int64_t total = 0;
+  for (size_t t = 0; t < response.counts.size(); ++t) {
+    total += response.counts[t] * static_cast<int64_t>(DataTypeSize(response.dtypes[t]));
+  }
+  const bool shm = ShmMoves(CollectiveType::kBroadcast, total);
+  for (size_t t = 0; t < response.counts.size(); ++t) {
+    const int64_t bytes = response.counts[t] * static_cast<int64_t>(DataTypeSize(response.dtypes[t]));
+    if (bytes == 0) continue;
+    if (shm) {
+      shm_->Broadcast(entry.inputs[t], entry.outputs[t], bytes, response.root);
+      continue;
+    }
+    if (comm_.rank() == response.root && entry.outputs[t] != entry.inputs[t]) {
+      std::memcpy(entry.outputs[t], entry.inputs[t], bytes);
+    }
+    comm_.Bcast(entry.outputs[t], bytes, response.root);
+  }
+  return shm ? "SHM_BCAST" : "MPI_BCAST";
+}
+
+// Each rank's rows travel as one block of bytes; with several tensors (up
+// to the fusion threshold in all) the blocks are packed by rank
+// ([rank 0: t0, t1, ...][rank 1: ...]) in the fusion buffer, so one
+// allgather moves them all.
+const char* Executor::RunAllgather(const Response& response, TensorEntry& entry) {
+  const int n = comm_.size();
+  const int me = comm_.rank();
+  const size_t tensors = response.dtypes.size();
+  // Bytes of tensor t's rows on rank r.
+  auto block = [&](size_t t, int r) {
+    return response.splits[t * n + r] * RowElems(entry.request.shapes[t]) *
+           static_cast<int64_t>(DataTypeSize(response.dtypes[t]));
+  };
+  starts_.assign(n + 1, 0);
+  for (int r = 0; r < n; ++r) {
+    starts_[r + 1] = starts_[r];
+    for (size_t t = 0; t < tensors; ++t) starts_[r + 1] += block(t, r);
+  }
+  const bool shm = ShmMoves(CollectiveType::kAllgather, starts_[n]);
+  const char* algorithm = shm ? "SHM_ALLGATHER" : "RING_ALLGATHER";
+  // One tensor, or a group larger than the fusion threshold (which the
+  // fusion buffer would then have to grow to, and keep): each tensor
+  // travels alone, straight into its output.
+  if (tensors == 1 || starts_[n] > config_.fusion_threshold) {
+    tensor_starts_.resize(n + 1);
+    for (size_t t = 0; t < tensors; ++t) {
+      tensor_starts_[0] = 0;
+      for (int r = 0; r < n; ++r) tensor_starts_[r + 1] = tensor_starts_[r] + block(t, r);
+      char* out = static_cast<char*>(entry.outputs[t]);
+      if (shm) {
+        shm_->Allgather(entry.inputs[t], out, tensor_starts_);
+        continue;
+      }
+      if (block(t, me)) std::memcpy(out + tensor_starts_[me], entry.inputs[t], block(t, me));
+      RingAllgather(comm_, out, tensor_starts_, DataType::kUInt8, &ring_scratch_);
+    }
+    return algorithm;
+  }
+  char* buffer = fusion_.Get(starts_[n]);
+  int64_t offset = starts_[me];
+  for (size_t t = 0; t < tensors; ++t) {
+    if (block(t, me)) std::memcpy(buffer + offset, entry.inputs[t], block(t, me));
+    offset += block(t, me);
+  }
+  if (shm) {
+    shm_->Allgather(buffer + starts_[me], buffer, starts_);
+  } else {
+    RingAllgather(comm_, buffer, starts_, DataType::kUInt8, &ring_scratch_);
+  }
+  std::vector<int64_t> out_offset(tensors, 0);
+  offset = 0;
+  for (int r = 0; r < n; ++r) {
+    for (size_t t = 0; t < tensors; ++t) {
+      const int64_t bytes = block(t, r);
+      if (bytes) std::memcpy(static_cast<char*>(entry.outputs[t]) + out_offset[t], buffer + offset, bytes);
+      out_offset[t] += bytes;
+      offset += bytes;
+    }
+  }
+  return algorithm;
+}
+
+// Every pair exchanges its rows directly: all receives, then all sends, are
+// posted at once; the rows a rank keeps are copied; all are waited for.
+// In shared memory, each rank publishes its input without the rows it
+// keeps and reads its rows from every peer's.
+const char* Executor::RunAlltoall(const Response& response, TensorEntry& entry) {
+  const int n = comm_.size();
+  const int me = comm_.rank();
+  const int64_t row_bytes = RowElems(entry.request.shapes[0]) *
+                            static_cast<int64_t>(DataTypeSize(response.dtypes[0]));
+  const std::vector<int64_t>& m = response.splits;  // rows i sends to j at [i * n + j]
+  char* in = static_cast<char*>(const_cast<void*>(entry.inputs[0]));
+  char* out = static_cast<char*>(entry.outputs[0]);
+  int64_t total = 0;
+  for (int64_t rows : m) total += rows * row_bytes;
+  if (ShmMoves(CollectiveType::kAlltoall, total)) {
+    pair_bytes_.resize(m.size());
+    for (size_t i = 0; i < m.size(); ++i) pair_bytes_[i] = m[i] * row_bytes;
+    shm_->Alltoall(in, out, pair_bytes_);
+    return "SHM_ALLTOALL";
+  }
+  requests_.clear();
+  int64_t recv_offset = 0;
+  int64_t self_recv = 0;
+  for (int j = 0; j < n; ++j) {
+    const int64_t bytes = m[j * n + me] * row_bytes;
+    if (j == me) {
+      self_recv = recv_offset;
+    } else {
+      PostPieces(comm_, /*send=*/false, out + recv_offset, bytes, j, &requests_);
+    }
+    recv_offset += bytes;
+  }
+  int64_t send_offset = 0;
+  int64_t self_send = 0;
+  for (int j = 0; j < n; ++j) {
+    const int64_t bytes = m[me * n + j] * row_bytes;
+    if (j == me) {
+      self_send = send_offset;
+    } else {
+      PostPieces(comm_, /*send=*/true, in + send_offset, bytes, j, &requests_);
+    }
+    send_offset += bytes;
+  }
+  // Every send is posted before the rows this rank keeps are copied: the
+  // peers can start reading ours (MPICH's receivers copy large messages
+  // straight from the sender's memory) while we copy.
+  const int64_t self_bytes = m[me * n + me] * row_bytes;
+  if (self_bytes) std::memcpy(out + self_recv, in + self_send, self_bytes);
+  for (Comm::Request request : requests_) comm_.Wait(request);
+  return "ALLTOALL";
+}
+
+// Rank r keeps rows [RingChunkStart(dim0, n, r), RingChunkStart(dim0, n, r+1))
+// of the reduction, so the first ranks get the remainder. Tensors of one
+// dtype are packed by rank ([rank 0's rows of t0, t1, ...][rank 1's ...]) and
+// reduce-scattered together; the reduction is the ring's, computed once per
+// element, so every rank's share is bitwise what the others would compute.
+// On one host the tensors go through shared memory instead, one at a time
+// (reduced once per element too, in rank order), unless they have a prescale.
+const char* Executor::RunReducescatter(const Response& response, TensorEntry& entry) {
+  const int n = comm_.size();
+  const int me = comm_.rank();
+  double postscale = response.postscale;
+  if (response.op == ReduceOp::kAverage) postscale /= n;
+  const size_t tensors = response.dtypes.size();
+  const char* algorithm = "RING_REDUCESCATTER";
+  std::vector<bool> done(tensors, false);
+  for (size_t lead = 0; lead < tensors; ++lead) {
+    if (done[lead]) continue;
+    const DataType dtype = response.dtypes[lead];
+    const int64_t elem = static_cast<int64_t>(DataTypeSize(dtype));
+    std::vector<size_t> members;
+    for (size_t t = lead; t < tensors; ++t) {
+      if (!done[t] && response.dtypes[t] == dtype) {
+        members.push_back(t);
+        done[t] = true;
+      }
+    }
+    // Elements of tensor t's rows that rank r keeps, and where they start.
+    auto rows_begin = [&](size_t t, int r) {
+      return RingChunkStart(entry.request.shapes[t][0], n, r) * RowElems(entry.request.shapes[t]);
+    };
+    starts_.assign(n + 1, 0);
+    for (int r = 0; r < n; ++r) {
+      starts_[r + 1] = starts_[r];
+      for (size_t t : members) starts_[r + 1] += rows_begin(t, r + 1) - rows_begin(t, r);
+    }
+    // Through shared memory each tensor is reduced straight from its input
+    // into its output, one after another. (A prescale would have to write
+    // the input.)
+    if (response.prescale == 1.0 && n > 1 &&
+        ShmMoves(CollectiveType::kReducescatter, starts_[n] * elem) &&
+        shm_->ReduceScatterFits(dtype)) {
+      tensor_starts_.resize(n + 1);
+      for (size_t t : members) {
+        for (int r = 0; r <= n; ++r) tensor_starts_[r] = rows_begin(t, r);
+        shm_->ReduceScatter(entry.inputs[t], entry.outputs[t], tensor_starts_, dtype,
+                            response.op, postscale);
+      }
+      algorithm = "SHM_REDUCESCATTER";
+      continue;
+    }
+    char* buffer = fusion_.Get(starts_[n] * elem);
+    int64_t offset = 0;
+    for (int r = 0; r < n; ++r) {
+      for (size_t t : members) {
+        const int64_t count = rows_begin(t, r + 1) - rows_begin(t, r);
+        if (count) {
+          std::memcpy(buffer + offset * elem,
+                      static_cast<const char*>(entry.inputs[t]) + rows_begin(t, r) * elem,
+                      count * elem);
+        }
+        offset += count;
+      }
+    }
+    ScaleBuffer(buffer, starts_[n], dtype, response.prescale);
+    RingReduceScatter(comm_, buffer, starts_, dtype, response.op, config_.ring_segment_bytes,
+                      &ring_scratch_);
+    ScaleBuffer(buffer + starts_[me] * elem, starts_[me + 1] - starts_[me], dtype, postscale);
+    offset = starts_[me];
+    for (size_t t : members) {
+      const int64_t count = rows_begin(t, me + 1) - rows_begin(t, me);
+      if (count) std::memcpy(entry.outputs[t], buffer + offset * elem, count * elem);
+      offset += count;
+    }
+  }
+  return algorithm;
+}
+
+}  // namespace hvdmx
