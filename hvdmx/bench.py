@@ -21,6 +21,8 @@ Sizes are bytes of the largest buffer; GB = 1e9; busbw = algbw times
 2(n-1)/n for allreduce, (n-1)/n for allgather, alltoall and reducescatter,
 1 for broadcast (nccl-tests' factors). Every size first gets a correctness
 pass (#wrong counts elements that differ from the exact result).
+``allgather --tensors K`` cuts each rank's part into K tensors and times one
+``grouped_allgather`` of them beside K MPI_Allgather calls.
 ``model`` allreduces the gradient set of a model-zoo network the way
 DistributedTrainer does and prints ms per iteration beside MPI_Allreduce per
 tensor and on one fused buffer. ``--plot`` draws busbw against size.
@@ -47,6 +49,18 @@ def parse_size(text: str) -> int:
     if text and text[-1] in units:
         return int(float(text[:-1]) * units[text[-1]])
     return int(text)
+
+
+def _positive():
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            value = 0
+        if value < 1:
+            raise argparse.ArgumentTypeError(f"invalid value {text!r}: expected an integer >= 1")
+        return value
+    return parse
 
 
 def sizes(lo: int, hi: int, factor: int):
@@ -92,7 +106,7 @@ class _Case:
     allgather's output, and what each rank sends in alltoall.
     """
 
-    def __init__(self, kind, count, dtype, rank, n, comm):
+    def __init__(self, kind, count, dtype, rank, n, comm, tensors=1):
         import mxnet as mx
         import hvdmx as hvd
         MPI = _mpi()
@@ -110,6 +124,20 @@ class _Case:
             self.hvdmx_in_place = lambda: hvd.allreduce_(buf, op=hvd.Sum, name=name)
             mpi_recv = mine.copy()
             self.mpi = lambda: comm.Allreduce(MPI.IN_PLACE, mpi_recv, op=MPI.SUM)
+        elif kind == "allgather" and tensors > 1:
+            # Tensor t is piece t of every rank's part; the results are
+            # compared concatenated in tensor order.
+            pieces = [np.array_split(x[:part], tensors) for x in inputs]
+            bufs = [mx.nd.array(p, dtype=dtype) for p in pieces[rank]]
+            self.want = np.concatenate([pieces[r][t] for t in range(tensors) for r in range(n)])
+            self.hvdmx = lambda: hvd.grouped_allgather(bufs, name=name)
+            recvs = [np.empty(len(p) * n, dtype=dtype) for p in pieces[rank]]
+
+            def mpi():
+                for piece, recv in zip(pieces[rank], recvs):
+                    comm.Allgather(piece, recv)
+            self.mpi = mpi
+            self.mpi_result = lambda: np.concatenate(recvs)
         elif kind == "allgather":
             own = mine[:part]
             buf = mx.nd.array(own, dtype=dtype)
@@ -137,14 +165,26 @@ class _Case:
             self.hvdmx = lambda: hvd.reducescatter(buf, op=hvd.Sum, name=name)
             send, mpi_recv = mine[:part * n].copy(), np.empty(part, dtype=dtype)
             self.mpi = lambda: comm.Reduce_scatter_block(send, mpi_recv, op=MPI.SUM)
-        self.mpi_out = mpi_recv
+        if not hasattr(self, "mpi_result"):
+            self.mpi_result = lambda: mpi_recv
 
     def hvdmx_wrong(self, step) -> int:
-        return int(np.count_nonzero(step().asnumpy() != self.want))
+        got = np.concatenate([o.asnumpy() for o in _outputs(step())])
+        return int(np.count_nonzero(got != self.want))
 
     def mpi_wrong(self) -> int:
         self.mpi()
-        return int(np.count_nonzero(self.mpi_out != self.want))
+        return int(np.count_nonzero(self.mpi_result() != self.want))
+
+
+def _outputs(result) -> list:
+    """A step's outputs as a list (grouped calls return one already)."""
+    return result if isinstance(result, list) else [result]
+
+
+def _read(result) -> None:
+    for out in _outputs(result):
+        out.wait_to_read()
 
 
 def run_collective(args) -> list:
@@ -164,17 +204,18 @@ def run_collective(args) -> list:
         nbytes = count * dtype.itemsize
         iters = args.iters or max(5, min(1000, int(2e9 / max(nbytes, 1) / 100)))
         warmup = max(2, iters // 10)
-        case = _Case(kind, count, dtype, rank, n, comm)
+        case = _Case(kind, count, dtype, rank, n, comm, getattr(args, "tensors", 1))
         factor = BUS_FACTOR[kind](n) if n > 1 else 0.0
         row = {"op": kind, "bytes": nbytes, "count": count, "type": args.dtype,
-               "redop": REDOP.get(kind, "none"), "iters": iters}
+               "redop": REDOP.get(kind, "none"), "iters": iters,
+               "tensors": getattr(args, "tensors", 1)}
 
         def measure(prefix, step, timed):
             wrong = 0
             t = float("nan")
             if timed:
                 wrong = case.hvdmx_wrong(step) if prefix != "mpi" else case.mpi_wrong()
-                t = _timed(step if prefix == "mpi" else lambda: step().wait_to_read(),
+                t = _timed(step if prefix == "mpi" else lambda: _read(step()),
                            warmup, iters, comm)
             row.update({f"{prefix}_us": t * 1e6, f"{prefix}_algbw": nbytes / t / 1e9,
                         f"{prefix}_busbw": nbytes / t / 1e9 * factor, f"{prefix}_wrong": wrong})
@@ -198,7 +239,10 @@ MPI_CALL = {"allreduce": "MPI_Allreduce", "allgather": "MPI_Allgather",
 
 
 def print_collective(rows: list, n: int, kind: str) -> None:
-    print(f"# hvdmx {kind} vs {MPI_CALL[kind]} (mpi4py), {n} ranks; time = mean per call "
+    tensors = rows[0]["tensors"] if rows else 1
+    what = (f"grouped_{kind} of {tensors} tensors vs {tensors} x {MPI_CALL[kind]}"
+            if tensors > 1 else f"{kind} vs {MPI_CALL[kind]}")
+    print(f"# hvdmx {what} (mpi4py), {n} ranks; time = mean per call "
           "incl. result read; GB/s = 1e9 B/s; MPI/hvdmx compares in place where hvdmx has it")
     group = f"{'':>10} {'':>7} {'':>7} {'':>6}"
     print(f"{'':>12} {'':>11} {'':>8} {'':>5} | {'hvdmx out-of-place':<{len(group)}} | "
@@ -324,6 +368,10 @@ def main(argv=None) -> int:
                         help=f"also time {MPI_CALL[kind]} in the same run (default: on)")
         ar.add_argument("--json", action="store_true", help="print JSON instead of a table")
         ar.add_argument("--plot", metavar="FILE", help="also draw busbw against size (matplotlib)")
+        if kind == "allgather":
+            ar.add_argument("--tensors", type=_positive(), default=1, metavar="K",
+                            help="cut each rank's part into K tensors: one grouped_allgather "
+                                 "beside K MPI_Allgather calls (default: 1, a plain allgather)")
     model = sub.add_parser("model", help="allreduce a model-zoo network's gradients per iteration")
     model.add_argument("--model", default="resnet50_v1", help="mx.gluon.model_zoo.vision name")
     model.add_argument("--iters", type=int, default=20, help="timed iterations")

@@ -36,6 +36,19 @@ def test_collectives_json(kind):
             assert math.isnan(r["ip_us"]) and r["hvdmx_us"] == r["oop_us"]
 
 
+def test_grouped_allgather():
+    # 4 tensors, some empty at 12 bytes; above 256 KiB of output each moves alone.
+    rows = json.loads(bench("allgather", "--tensors", "4", "--min-bytes", "12",
+                            "--max-bytes", "3M", "--factor", "256", "--iters", "3", "--json",
+                            n=3))
+    assert [r["bytes"] for r in rows] == [12, 3072, 786432]
+    for r in rows:
+        assert r["tensors"] == 4 and r["hvdmx_wrong"] == 0 and r["mpi_wrong"] == 0
+    out = bench("allgather", "--tensors", "3", "--min-bytes", "1K", "--max-bytes", "1K",
+                "--iters", "3")
+    assert "grouped_allgather of 3 tensors vs 3 x MPI_Allgather" in out
+
+
 def test_table_and_plot(tmp_path):
     png = tmp_path / "ag.png"
     out = bench("allgather", "--min-bytes", "1K", "--max-bytes", "64K", "--factor", "8",

@@ -67,6 +67,7 @@ class Executor {
   RingScratch ring_scratch_;
   std::vector<int64_t> starts_;             // chunk boundaries, reused
   std::vector<int64_t> tensor_starts_;      // one tensor's blocks, reused
+  std::vector<size_t> packed_;              // allgather: tensors packed together, reused
   std::vector<int64_t> pair_bytes_;         // alltoall: bytes i sends to j, reused
   std::vector<Comm::Request> requests_;     // outstanding point-to-point, reused
   std::vector<ShmAllreduce::Span> spans_;   // a group's tensors reduced in place, reused

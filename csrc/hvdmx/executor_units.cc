@@ -56,10 +56,13 @@ const char* Executor::RunBroadcast(const Response& response, TensorEntry& entry)
   return shm ? "SHM_BCAST" : "MPI_BCAST";
 }
 
-// Each rank's rows travel as one block of bytes; with several tensors (up
-// to the fusion threshold in all) the blocks are packed by rank
-// ([rank 0: t0, t1, ...][rank 1: ...]) in the fusion buffer, so one
-// allgather moves them all.
+// Each rank's rows travel as one block of bytes. A tensor whose output is
+// larger than HVDMX_FUSION_MAX_TENSOR_BYTES moves alone, straight into its
+// output: packing it would copy it twice more. The others, if there are two
+// or more and their output is at most HVDMX_FUSION_THRESHOLD in all, are
+// packed by rank ([rank 0: t0, t1, ...][rank 1: ...]) in the fusion buffer
+// and move in one exchange after the lone ones; otherwise they move alone
+// too. Measured: "Grouped allgather" in docs/benchmarks.md.
 const char* Executor::RunAllgather(const Response& response, TensorEntry& entry) {
   const int n = comm_.size();
   const int me = comm_.rank();
@@ -69,34 +72,49 @@ const char* Executor::RunAllgather(const Response& response, TensorEntry& entry)
     return response.splits[t * n + r] * RowElems(entry.request.shapes[t]) *
            static_cast<int64_t>(DataTypeSize(response.dtypes[t]));
   };
+  int64_t total = 0;
+  int64_t packed_bytes = 0;
+  packed_.clear();
+  for (size_t t = 0; t < tensors; ++t) {
+    int64_t out = 0;
+    for (int r = 0; r < n; ++r) out += block(t, r);
+    total += out;
+    if (out <= config_.fusion_max_tensor_bytes) {
+      packed_.push_back(t);
+      packed_bytes += out;
+    }
+  }
+  if (packed_.size() < 2 || packed_bytes > config_.fusion_threshold) packed_.clear();
+  const bool shm = ShmMoves(CollectiveType::kAllgather, total);
+  const char* algorithm = shm ? "SHM_ALLGATHER" : "RING_ALLGATHER";
+
+  tensor_starts_.resize(n + 1);
+  size_t next_packed = 0;
+  for (size_t t = 0; t < tensors; ++t) {
+    if (next_packed < packed_.size() && packed_[next_packed] == t) {
+      ++next_packed;
+      continue;
+    }
+    tensor_starts_[0] = 0;
+    for (int r = 0; r < n; ++r) tensor_starts_[r + 1] = tensor_starts_[r] + block(t, r);
+    char* out = static_cast<char*>(entry.outputs[t]);
+    if (shm) {
+      shm_->Allgather(entry.inputs[t], out, tensor_starts_);
+      continue;
+    }
+    if (block(t, me)) std::memcpy(out + tensor_starts_[me], entry.inputs[t], block(t, me));
+    RingAllgather(comm_, out, tensor_starts_, DataType::kUInt8, &ring_scratch_);
+  }
+  if (packed_.empty()) return algorithm;
+
   starts_.assign(n + 1, 0);
   for (int r = 0; r < n; ++r) {
     starts_[r + 1] = starts_[r];
-    for (size_t t = 0; t < tensors; ++t) starts_[r + 1] += block(t, r);
-  }
-  const bool shm = ShmMoves(CollectiveType::kAllgather, starts_[n]);
-  const char* algorithm = shm ? "SHM_ALLGATHER" : "RING_ALLGATHER";
-  // One tensor, or a group larger than the fusion threshold (which the
-  // fusion buffer would then have to grow to, and keep): each tensor
-  // travels alone, straight into its output.
-  if (tensors == 1 || starts_[n] > config_.fusion_threshold) {
-    tensor_starts_.resize(n + 1);
-    for (size_t t = 0; t < tensors; ++t) {
-      tensor_starts_[0] = 0;
-      for (int r = 0; r < n; ++r) tensor_starts_[r + 1] = tensor_starts_[r] + block(t, r);
-      char* out = static_cast<char*>(entry.outputs[t]);
-      if (shm) {
-        shm_->Allgather(entry.inputs[t], out, tensor_starts_);
-        continue;
-      }
-      if (block(t, me)) std::memcpy(out + tensor_starts_[me], entry.inputs[t], block(t, me));
-      RingAllgather(comm_, out, tensor_starts_, DataType::kUInt8, &ring_scratch_);
-    }
-    return algorithm;
+    for (size_t t : packed_) starts_[r + 1] += block(t, r);
   }
   char* buffer = fusion_.Get(starts_[n]);
   int64_t offset = starts_[me];
-  for (size_t t = 0; t < tensors; ++t) {
+  for (size_t t : packed_) {
     if (block(t, me)) std::memcpy(buffer + offset, entry.inputs[t], block(t, me));
     offset += block(t, me);
   }
@@ -105,13 +123,17 @@ const char* Executor::RunAllgather(const Response& response, TensorEntry& entry)
   } else {
     RingAllgather(comm_, buffer, starts_, DataType::kUInt8, &ring_scratch_);
   }
-  std::vector<int64_t> out_offset(tensors, 0);
+  // Unpack: tensor_starts_[i] counts what packed tensor i has received.
+  tensor_starts_.assign(packed_.size(), 0);
   offset = 0;
   for (int r = 0; r < n; ++r) {
-    for (size_t t = 0; t < tensors; ++t) {
-      const int64_t bytes = block(t, r);
-      if (bytes) std::memcpy(static_cast<char*>(entry.outputs[t]) + out_offset[t], buffer + offset, bytes);
-      out_offset[t] += bytes;
+    for (size_t i = 0; i < packed_.size(); ++i) {
+      const int64_t bytes = block(packed_[i], r);
+      if (bytes) {
+        std::memcpy(static_cast<char*>(entry.outputs[packed_[i]]) + tensor_starts_[i],
+                    buffer + offset, bytes);
+      }
+      tensor_starts_[i] += bytes;
       offset += bytes;
     }
   }

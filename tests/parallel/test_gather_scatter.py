@@ -108,6 +108,30 @@ def test_grouped_allgather_above_the_fusion_threshold_skips_the_buffer(world, tr
         restart({"HVDMX_ALLREDUCE_ALGO": transport})
 
 
+def test_grouped_allgather_moves_large_tensors_alone(world, transport):
+    # Tensors of more than HVDMX_FUSION_MAX_TENSOR_BYTES of output skip the
+    # fusion buffer; the small ones of the same group are still packed.
+    rank, size = world
+    restart({"HVDMX_ALLREDUCE_ALGO": transport, "HVDMX_FUSION_MAX_TENSOR_BYTES": "1024"})
+    try:
+        def parts(r):
+            return [block(r, 1 + r % 2, (), "float32"),            # packed
+                    block(r + 1, 2000 + r, (), "float32"),         # 8 KB a rank: alone
+                    block(r + 2, r % 3, (2,), "int32"),            # packed (0 rows on rank 0)
+                    block(r + 3, 300 - r, (), "float64")]          # 2.4 KB a rank: alone
+        for step in range(2):
+            xs = [mx.nd.array(x, dtype=x.dtype) for x in parts(rank)]
+            outs = hvd.grouped_allgather(xs, name=f"gag.mixed.{step}")
+            wants = [np.concatenate(p) for p in zip(*[parts(r) for r in range(size)])]
+            for out, want in zip(outs, wants):
+                assert np.array_equal(out.asnumpy(), want) and out.dtype == want.dtype
+                assert all_equal_across_ranks(out.asnumpy())
+        # Only the two small tensors (a few bytes a rank) used the buffer: one page.
+        assert _core._testing_fusion_buffer_bytes() == 4096
+    finally:
+        restart({"HVDMX_ALLREDUCE_ALGO": transport})
+
+
 def alltoall_splits(size, src):
     """Rows rank `src` sends to each rank (0 for some pairs)."""
     return [(src + 2 * dst) % 3 for dst in range(size)]
