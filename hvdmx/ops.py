@@ -324,6 +324,8 @@ def _allgather(fn, tensors, name, priority, process_set):
     error, sizes = _sizes_round(set_id, _core.ALLGATHER, name, checked, device)
     if error is not None:
         return _fail_outputs(tensors, checked, device, error)
+    if not tensors:  # the sizes round checked that every rank's group is empty too
+        return []
     n = len(set_ranks)
     outputs = [_new_array(t, (sum(sizes[i * n:(i + 1) * n]),) + shape[1:], code, device)
                for i, (t, (code, _, shape)) in enumerate(zip(tensors, checked))]

@@ -36,7 +36,13 @@ def world():
 
 
 def restart(env):
-    """Shuts hvdmx down and starts it again under extra environment variables."""
+    """Shuts hvdmx down and starts it again under extra environment variables.
+
+    Every rank first waits for the others to get here: a rank's shutdown
+    stops every rank's runtime at the next negotiation round, and a slower
+    rank may still be running the previous test's last asynchronous call.
+    """
+    MPI.COMM_WORLD.Barrier()
     hvd.shutdown()
     saved = {k: os.environ.get(k) for k in env}
     os.environ.update(env)
