@@ -66,7 +66,8 @@ class Executor {
   FusionBuffer fusion_;
   RingScratch ring_scratch_;
   std::vector<int64_t> starts_;             // chunk boundaries, reused
-  std::vector<int64_t> tensor_starts_;      // one tensor's blocks, reused
+  std::vector<int64_t> tensor_starts_;      // one tensor's blocks (allgather unpacking:
+                                            // bytes each packed tensor has), reused
   std::vector<size_t> packed_;              // allgather: tensors packed together, reused
   std::vector<int64_t> pair_bytes_;         // alltoall: bytes i sends to j, reused
   std::vector<Comm::Request> requests_;     // outstanding point-to-point, reused
