@@ -51,16 +51,11 @@ def parse_size(text: str) -> int:
     return int(text)
 
 
-def _positive():
-    def parse(text: str) -> int:
-        try:
-            value = int(text)
-        except ValueError:
-            value = 0
-        if value < 1:
-            raise argparse.ArgumentTypeError(f"invalid value {text!r}: expected an integer >= 1")
-        return value
-    return parse
+def _tensor_count(text: str) -> int:
+    value = int(text) if text.strip().isdigit() else 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"invalid value {text!r}: expected an integer >= 1")
+    return value
 
 
 def sizes(lo: int, hi: int, factor: int):
@@ -369,7 +364,7 @@ def main(argv=None) -> int:
         ar.add_argument("--json", action="store_true", help="print JSON instead of a table")
         ar.add_argument("--plot", metavar="FILE", help="also draw busbw against size (matplotlib)")
         if kind == "allgather":
-            ar.add_argument("--tensors", type=_positive(), default=1, metavar="K",
+            ar.add_argument("--tensors", type=_tensor_count, default=1, metavar="K",
                             help="cut each rank's part into K tensors: one grouped_allgather "
                                  "beside K MPI_Allgather calls (default: 1, a plain allgather)")
     model = sub.add_parser("model", help="allreduce a model-zoo network's gradients per iteration")
