@@ -6,6 +6,7 @@
 #include <iterator>
 
 #include "common.h"
+#include "env_config.h"
 
 namespace hvdmx {
 
@@ -13,7 +14,7 @@ OutputPool& OutputPool::Get() {
   // Never destroyed: see Note [Output pool].
   static OutputPool* pool = [] {
     auto* p = new OutputPool();
-    p->stats_.limit = int64_t{256} << 20;
+    p->stats_.limit = Config().output_pool_bytes;  // until hvd.init() sets it
     return p;
   }();
   return *pool;
