@@ -126,13 +126,15 @@ class _Case:
             bufs = [mx.nd.array(p, dtype=dtype) for p in pieces[rank]]
             self.want = np.concatenate([pieces[r][t] for t in range(tensors) for r in range(n)])
             self.hvdmx = lambda: hvd.grouped_allgather(bufs, name=name)
-            recvs = [np.empty(len(p) * n, dtype=dtype) for p in pieces[rank]]
+            # One receive buffer; tensor t's result is its t-th stretch.
+            mpi_recv = np.empty(part * n, dtype=dtype)
+            ends = np.cumsum([len(p) * n for p in pieces[rank]])
+            recvs = np.split(mpi_recv, ends[:-1])
 
             def mpi():
                 for piece, recv in zip(pieces[rank], recvs):
                     comm.Allgather(piece, recv)
             self.mpi = mpi
-            self.mpi_result = lambda: np.concatenate(recvs)
         elif kind == "allgather":
             own = mine[:part]
             buf = mx.nd.array(own, dtype=dtype)
@@ -160,8 +162,7 @@ class _Case:
             self.hvdmx = lambda: hvd.reducescatter(buf, op=hvd.Sum, name=name)
             send, mpi_recv = mine[:part * n].copy(), np.empty(part, dtype=dtype)
             self.mpi = lambda: comm.Reduce_scatter_block(send, mpi_recv, op=MPI.SUM)
-        if not hasattr(self, "mpi_result"):
-            self.mpi_result = lambda: mpi_recv
+        self.mpi_out = mpi_recv
 
     def hvdmx_wrong(self, step) -> int:
         got = np.concatenate([o.asnumpy() for o in _outputs(step())])
@@ -169,7 +170,7 @@ class _Case:
 
     def mpi_wrong(self) -> int:
         self.mpi()
-        return int(np.count_nonzero(self.mpi_result() != self.want))
+        return int(np.count_nonzero(self.mpi_out != self.want))
 
 
 def _outputs(result) -> list:
@@ -191,6 +192,7 @@ def run_collective(args) -> list:
     kind = args.command
     # MPI has no float16 reductions.
     mpi_runs = args.vs_mpi and not (dtype == np.float16 and kind in REDOP)
+    tensors = getattr(args, "tensors", 1)  # allgather only
     rows = []
     for nbytes in sizes(args.min_bytes, args.max_bytes, args.factor):
         count = max(1, nbytes // dtype.itemsize)
@@ -199,11 +201,11 @@ def run_collective(args) -> list:
         nbytes = count * dtype.itemsize
         iters = args.iters or max(5, min(1000, int(2e9 / max(nbytes, 1) / 100)))
         warmup = max(2, iters // 10)
-        case = _Case(kind, count, dtype, rank, n, comm, getattr(args, "tensors", 1))
+        case = _Case(kind, count, dtype, rank, n, comm, tensors)
         factor = BUS_FACTOR[kind](n) if n > 1 else 0.0
         row = {"op": kind, "bytes": nbytes, "count": count, "type": args.dtype,
                "redop": REDOP.get(kind, "none"), "iters": iters,
-               "tensors": getattr(args, "tensors", 1)}
+               "tensors": tensors}
 
         def measure(prefix, step, timed):
             wrong = 0
