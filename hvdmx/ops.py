@@ -86,6 +86,12 @@ def _new_array(like, shape, code: int, device):
     return mx.nd.NDArray(handle)
 
 
+def _int32_array(values):
+    """A new int32 NDArray on the CPU holding ``values``, written at once
+    (mx.nd.array waits for an engine op to copy them in)."""
+    return mx.nd.NDArray(mx.base.NDArrayHandle(_core.new_int32_array(values)))
+
+
 def _check_common(fn: str, name, priority) -> None:
     if not _core.is_initialized():
         reason = _core.stop_reason()
@@ -408,7 +414,7 @@ def alltoall(tensor, splits=None, name=None, priority=0, process_set=global_proc
     error, matrix = _sizes_round(set_id, _core.ALLTOALL, name, checked, device, send)
     if error is not None:
         output = _fail_outputs([tensor], checked, device, error)[0]
-        received = mx.nd.zeros((n,), dtype="int32")
+        received = _int32_array([0] * n)
     else:
         recv = [matrix[j * n + me] for j in range(n)]
         output = _new_array(tensor, (sum(recv),) + shape[1:], code, device)
@@ -416,7 +422,7 @@ def alltoall(tensor, splits=None, name=None, priority=0, process_set=global_proc
               priority=priority)
         if splits is None:
             return output
-        received = mx.nd.array(recv, dtype="int32")
+        received = _int32_array(recv)
     return output if splits is None else (output, received)
 
 

@@ -489,6 +489,11 @@ PYBIND11_MODULE(_core, m) {
     ThrowIfError(NewArray(shape, dtype, dev_type, dev_id, &handle));
     return reinterpret_cast<uintptr_t>(handle);
   });
+  m.def("new_int32_array", [](const std::vector<int64_t>& values) {
+    void* handle = nullptr;
+    ThrowIfError(NewInt32Array(values, &handle));
+    return reinterpret_cast<uintptr_t>(handle);
+  });
   m.def("push_async", &PushAsync);
   m.def("negotiate", &Negotiate);
   m.def("push_failure", [](const std::vector<uintptr_t>& outputs, const std::string& message,

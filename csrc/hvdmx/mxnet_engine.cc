@@ -325,6 +325,34 @@ Status NewArray(const std::vector<int64_t>& shape, int dtype, int dev_type, int 
   return Status::Ok();
 }
 
+Status NewInt32Array(const std::vector<int64_t>& values, void** out) {
+  HVDMX_CHECK(g_api.create != nullptr, "MXNet API not loaded");
+  const uint32_t dims[1] = {static_cast<uint32_t>(values.size())};
+  for (int64_t v : values) {
+    if (v < INT32_MIN || v > INT32_MAX) {
+      return Status::InvalidArgument("hvdmx: " + std::to_string(v) +
+                                     " does not fit an int32 array");
+    }
+  }
+  constexpr int kCpu = 1;
+  if (g_api.create(dims, 1, kCpu, 0, /*delay_alloc=*/0, static_cast<int>(DataType::kInt32),
+                   out) != 0) {
+    return Status::Internal(std::string("hvdmx: MXNDArrayCreateEx failed: ") +
+                            g_api.last_error());
+  }
+  void* data = nullptr;
+  if (!values.empty() && (g_api.get_data(*out, &data) != 0 || data == nullptr)) {
+    g_api.free_ndarray(*out);
+    *out = nullptr;
+    return Status::Internal(std::string("hvdmx: MXNDArrayGetData failed: ") +
+                            g_api.last_error());
+  }
+  for (size_t i = 0; i < values.size(); ++i) {
+    static_cast<int32_t*>(data)[i] = static_cast<int32_t>(values[i]);
+  }
+  return Status::Ok();
+}
+
 namespace {
 
 // Pushes `param`'s op (inputs read, outputs written) onto the engine, which

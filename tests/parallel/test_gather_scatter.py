@@ -160,6 +160,25 @@ def test_alltoall_with_splits(world, dtype):
                                                for s in range(size)]
 
 
+def test_alltoall_received_splits_is_a_plain_cpu_array(world):
+    # Written by hvdmx's core at the call, not by an MXNet op: it must still
+    # behave as any NDArray (read, computed on, overwritten, empty).
+    rank, size = world
+    splits = alltoall_splits(size, rank)
+    x = np.concatenate([alltoall_rows(rank, d, splits[d], (), "float32") for d in range(size)])
+    _, received = hvd.alltoall(mx.nd.array(x), splits=splits, name="a2a.received")
+    want = [alltoall_splits(size, s)[rank] for s in range(size)]
+    assert isinstance(received, mx.nd.NDArray) and received.context == mx.cpu()
+    assert received.shape == (size,)
+    assert (received * 2).asnumpy().tolist() == [2 * w for w in want]
+    received[:] = 7
+    assert received.asnumpy().tolist() == [7] * size
+    empty = mx.nd.NDArray(mx.base.NDArrayHandle(_core.new_int32_array([])))
+    assert empty.shape == (0,) and empty.dtype == np.int32
+    with pytest.raises(ValueError, match="2147483648 does not fit an int32"):
+        _core.new_int32_array([1, 2 ** 31])
+
+
 @pytest.mark.parametrize("splits_type", ["list", "numpy", "ndarray"])
 def test_alltoall_splits_types(world, splits_type):
     rank, size = world
