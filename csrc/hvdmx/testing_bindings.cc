@@ -1,7 +1,8 @@
 // Entry points for the test suite (hvdmx._core._testing_*): the kernels,
-// the ring, the shared-memory collectives and the autotuner driven in one
-// process, with threads as ranks over plain memory or LocalComm, and whole
-// runtimes over LocalComm (LocalJob). Nothing here is used by hvdmx itself.
+// the ring and the autotuner driven in one process, with threads as ranks
+// over plain memory or LocalComm, and whole runtimes over LocalComm
+// (LocalJob); the shared-memory collectives' are in testing_shm_bindings.cc.
+// Nothing here is used by hvdmx itself.
 #include "testing_bindings.h"
 
 #include <pybind11/functional.h>
@@ -24,17 +25,17 @@
 #include "reduce_kernels.h"
 #include "ring.h"
 #include "runtime.h"
-#include "shm_allreduce.h"
 
 namespace py = pybind11;
 
 namespace hvdmx {
-namespace {
 
 DataType CheckedType(int code) {
   if (!IsSupportedDataType(code)) throw py::value_error("unsupported dtype code");
   return static_cast<DataType>(code);
 }
+
+namespace {
 
 void TestingReduceInto(py::array dst, py::array src, int dtype, int op, bool scalar) {
   DataType t = CheckedType(dtype);
@@ -90,155 +91,6 @@ void TestingRingAllreduce(std::vector<py::array> arrays, int dtype, int op,
   }
   for (auto& th : threads) th.join();
 }
-
-// ---- test support: the shared-memory allreduce ----------------------------
-
-// Runs ShmAllreduce in one process, one thread per rank over plain memory:
-// calls[c][r] is rank r's list of arrays in call c, reduced in place as one
-// fused allreduce of their concatenation (ShmAllreduce::Span), calls in order,
-// each result multiplied by `postscale` inside the allreduce.
-// With hosts > 1, runs of size/hosts consecutive ranks are hosts, each with
-// its own memory, and the ring over LocalComm joins them (hierarchical).
-void TestingShmAllreduce(std::vector<std::vector<std::vector<py::array>>> calls, int dtype,
-                         int op, int64_t chunk_bytes, int hosts, double postscale,
-                         std::vector<std::vector<std::vector<py::array>>> outputs) {
-  DataType t = CheckedType(dtype);
-  if (calls.empty()) return;
-  const int n = static_cast<int>(calls[0].size());
-  if (hosts < 1 || n % hosts != 0) throw py::value_error("hosts must divide the rank count");
-  const int local = n / hosts;
-  // With outputs (shaped like calls), out of place: each span reads its
-  // input array and writes its output array.
-  const bool out_of_place = !outputs.empty();
-  std::vector<std::vector<std::vector<ShmAllreduce::Span>>> spans(calls.size());
-  for (size_t c = 0; c < calls.size(); ++c) {
-    if (static_cast<int>(calls[c].size()) != n) throw py::value_error("one list per rank");
-    for (size_t r = 0; r < calls[c].size(); ++r) {
-      spans[c].emplace_back();
-      for (size_t i = 0; i < calls[c][r].size(); ++i) {
-        py::array& a = calls[c][r][i];
-        const int64_t count = a.nbytes() / static_cast<int64_t>(DataTypeSize(t));
-        if (!out_of_place) {
-          spans[c].back().push_back({a.mutable_data(), count});
-          continue;
-        }
-        py::array& o = outputs.at(c).at(r).at(i);
-        if (o.nbytes() != a.nbytes()) throw py::value_error("an output unlike its input");
-        spans[c].back().push_back({o.mutable_data(), count, a.data()});
-      }
-    }
-  }
-  py::gil_scoped_release release;
-  const int64_t region = ShmAllreduce::RegionBytes(chunk_bytes);
-  std::vector<std::shared_ptr<std::vector<char>>> memory;
-  std::vector<std::vector<char*>> regions(hosts);
-  for (int h = 0; h < hosts; ++h) {
-    memory.push_back(std::make_shared<std::vector<char>>(region * local + 64, 0));
-    char* p = memory.back()->data();
-    char* base = p + (64 - reinterpret_cast<uintptr_t>(p) % 64) % 64;
-    for (int l = 0; l < local; ++l) regions[h].push_back(base + l * region);
-  }
-  std::vector<std::shared_ptr<LocalWorld>> cross_worlds;
-  for (int l = 0; l < local; ++l) cross_worlds.push_back(std::make_shared<LocalWorld>(hosts));
-  std::vector<std::thread> threads;
-  for (int r = 0; r < n; ++r) {
-    threads.emplace_back([&, r] {
-      const int h = r / local, l = r % local;
-      ShmAllreduce::CrossAllreduce cross;
-      if (hosts > 1) {
-        auto comm = std::make_shared<LocalComm>(cross_worlds[l], h);
-        auto scratch = std::make_shared<RingScratch>();
-        cross = [comm, scratch](void* buf, int64_t count, DataType dtype, ReduceOp op) {
-          RingAllreduce(*comm, buf, count, dtype, op, 4096, scratch.get());
-        };
-      }
-      ShmAllreduce shm(l, local, regions[h], chunk_bytes, memory[h], cross);
-      for (size_t c = 0; c < calls.size(); ++c) {
-        shm.Allreduce(spans[c][r], t, static_cast<ReduceOp>(op), postscale);
-      }
-    });
-  }
-  for (auto& th : threads) th.join();
-}
-
-// One call of a mixed sequence for TestingShmSequence.
-struct ShmTestCall {
-  std::string kind;           // allreduce, broadcast, allgather, alltoall, reducescatter
-  std::vector<py::array> in;  // one per rank (allreduce, broadcast: in place)
-  std::vector<py::array> out; // allgather, alltoall, reducescatter, broadcast out of
-                              // place: one per rank
-  std::vector<int64_t> ints;  // allreduce: dtype, op; broadcast: root;
-                              // allgather: byte offsets; alltoall: byte matrix;
-                              // reducescatter: dtype, op, element offsets;
-                              // bitand: none (in: uint64 words, ANDed in place)
-};
-
-// Runs a sequence of mixed ShmAllreduce calls in one process, one thread per
-// rank over plain memory (one host), every rank making the same calls in
-// the same order: interleaving must keep the chunk numbering in step.
-void TestingShmSequence(const std::vector<py::tuple>& raw, int64_t chunk_bytes) {
-  std::vector<ShmTestCall> calls;
-  for (const py::tuple& t : raw) {
-    calls.push_back({t[0].cast<std::string>(), t[1].cast<std::vector<py::array>>(),
-                     t[2].cast<std::vector<py::array>>(), t[3].cast<std::vector<int64_t>>()});
-  }
-  if (calls.empty()) return;
-  const int n = static_cast<int>(calls[0].in.size());
-  std::vector<std::vector<char*>> in(calls.size()), out(calls.size());
-  // Sizes read here, with the GIL: nbytes() touches the array's dtype object.
-  std::vector<std::vector<int64_t>> in_bytes(calls.size());
-  for (size_t c = 0; c < calls.size(); ++c) {
-    if (static_cast<int>(calls[c].in.size()) != n) throw py::value_error("one input per rank");
-    for (auto& a : calls[c].in) {
-      in[c].push_back(static_cast<char*>(a.mutable_data()));
-      in_bytes[c].push_back(a.nbytes());
-    }
-    for (auto& a : calls[c].out) out[c].push_back(static_cast<char*>(a.mutable_data()));
-    const std::string& k = calls[c].kind;
-    if (k != "allreduce" && k != "broadcast" && k != "allgather" && k != "alltoall" &&
-        k != "bitand" && k != "reducescatter") {
-      throw py::value_error("unknown kind " + k);
-    }
-  }
-  py::gil_scoped_release release;
-  const int64_t region = ShmAllreduce::RegionBytes(chunk_bytes);
-  auto memory = std::make_shared<std::vector<char>>(region * n + 64, 0);
-  char* base = memory->data() + (64 - reinterpret_cast<uintptr_t>(memory->data()) % 64) % 64;
-  std::vector<char*> regions;
-  for (int r = 0; r < n; ++r) regions.push_back(base + r * region);
-  std::vector<std::thread> threads;
-  for (int r = 0; r < n; ++r) {
-    threads.emplace_back([&, r] {
-      ShmAllreduce shm(r, n, regions, chunk_bytes, memory);
-      for (size_t c = 0; c < calls.size(); ++c) {
-        const ShmTestCall& call = calls[c];
-        if (call.kind == "allreduce") {
-          const DataType t = static_cast<DataType>(call.ints[0]);
-          shm.Allreduce(in[c][r], in_bytes[c][r] / static_cast<int64_t>(DataTypeSize(t)), t,
-                        static_cast<ReduceOp>(call.ints[1]));
-        } else if (call.kind == "broadcast") {
-          char* dst = out[c].empty() ? in[c][r] : out[c][r];  // in place without outputs
-          shm.Broadcast(in[c][r], dst, in_bytes[c][r], static_cast<int>(call.ints[0]));
-        } else if (call.kind == "allgather") {
-          shm.Allgather(in[c][r], out[c][r], call.ints);
-        } else if (call.kind == "reducescatter") {
-          const std::vector<int64_t> starts(call.ints.begin() + 2, call.ints.end());
-          shm.ReduceScatter(in[c][r], out[c][r], starts, static_cast<DataType>(call.ints[0]),
-                            static_cast<ReduceOp>(call.ints[1]), 1.0);
-        } else if (call.kind == "bitand") {
-          shm.StartBitAnd(reinterpret_cast<uint64_t*>(in[c][r]),
-                          static_cast<int>(in_bytes[c][r] / sizeof(uint64_t)));
-          while (!shm.TestBitAnd()) std::this_thread::yield();
-        } else {
-          shm.Alltoall(in[c][r], out[c][r], call.ints);
-        }
-      }
-    });
-  }
-  for (auto& th : threads) th.join();
-}
-
-// ---- end of the shared-memory test support --------------------------------
 
 // An EnvLookup over a map, for tests that pass their own environment.
 EnvLookup MapLookup(const std::map<std::string, std::string>& env) {
@@ -447,12 +299,7 @@ void DefineTestingBindings(py::module_& m) {
   m.def("_testing_load_config", &TestingLoadConfig);
   m.def("_testing_autotune", &TestingAutotune);
   m.def("_testing_plan_fusion", &TestingPlanFusion);
-  m.def("_testing_shm_allreduce", &TestingShmAllreduce, py::arg("calls"), py::arg("dtype"),
-        py::arg("op"), py::arg("chunk_bytes"), py::arg("hosts") = 1,
-        py::arg("postscale") = 1.0,
-        py::arg("outputs") = std::vector<std::vector<std::vector<py::array>>>{});
-  m.def("_testing_shm_sequence", &TestingShmSequence, py::arg("calls"), py::arg("chunk_bytes"));
-  m.def("_testing_shm_slice_start", &ShmSliceStart);
+  DefineTestingShmBindings(m);
   py::class_<LocalJob>(m, "_TestingLocalJob")
       .def(py::init<int, const std::map<std::string, std::string>&>())
       .def("submit", &LocalJob::Submit)

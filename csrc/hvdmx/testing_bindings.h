@@ -25,8 +25,14 @@ Request MakeRequest(CollectiveType type, const std::string& name,
                     const std::vector<std::vector<int64_t>>& shapes, int op, int root,
                     double prescale, double postscale, int dev_type, int dev_id, int rank);
 
+// A dtype code from a test as a DataType; ValueError if unsupported.
+DataType CheckedType(int code);
+
 // Adds the _testing_* functions and _TestingLocalJob to the module.
 void DefineTestingBindings(pybind11::module_& m);
+
+// Adds the _testing_shm_* functions (testing_shm_bindings.cc).
+void DefineTestingShmBindings(pybind11::module_& m);
 
 }  // namespace hvdmx
 
