@@ -148,6 +148,10 @@ const char* Executor::RunUnit(const Response& response, TensorEntry& entry) {
   return "COLLECTIVE";
 }
 
+int64_t Executor::PieceBytes() const {
+  return std::max(config_.fusion_piece_bytes, comm_.size() * config_.ring_segment_bytes);
+}
+
 bool Executor::ShmReduces(int64_t bytes) const {
   return comm_.size() > 1 &&
          ChooseAllreduce(config_, bytes, shm_ != nullptr) == AllreduceAlgo::kShm;
@@ -229,16 +233,9 @@ void Executor::RunAllreduceGroup(const FusionGroup& group, const std::vector<Res
     return;
   }
 
-  // The group goes through the fusion buffer in pieces of at most
-  // HVDMX_FUSION_PIECE_BYTES: each piece is copied in, reduced and copied
-  // out while it is still in cache, and the transport only ever sees
-  // messages of the size it was measured to like ("Fusion" in
-  // docs/algorithms.md). A piece holds at least one ring segment per rank,
-  // so that in a large job pieces do not shrink the ring's (or MPI's)
-  // per-step messages below a segment. Piece boundaries fall on elements.
-  const int64_t piece_bytes =
-      std::max(config_.fusion_piece_bytes, comm_.size() * config_.ring_segment_bytes);
-  const int64_t piece_limit = std::max(elem, piece_bytes / elem * elem);
+  // The group goes through the fusion buffer in pieces (PieceBytes). Piece
+  // boundaries fall on elements.
+  const int64_t piece_limit = std::max(elem, PieceBytes() / elem * elem);
   char* buffer = fusion_.Get(std::min(group.bytes, piece_limit));
   struct Cursor {
     size_t item = 0;     // the group's item where a piece starts

@@ -61,6 +61,15 @@ class Executor {
   // fused group needs no fusion buffer).
   bool ShmReduces(int64_t bytes) const;
 
+  // The most bytes that go through the fusion buffer at a time on the ring
+  // or MPI: HVDMX_FUSION_PIECE_BYTES, so that each piece is copied in,
+  // reduced and copied out while it is still in cache and the transport
+  // only sees messages of the size it was measured to like ("Fusion" in
+  // docs/algorithms.md); but at least one ring segment per rank, so that in
+  // a large job pieces do not shrink the ring's per-step messages below a
+  // segment.
+  int64_t PieceBytes() const;
+
   Comm& comm_;
   const Config& config_;
   FusionBuffer fusion_;
@@ -69,6 +78,8 @@ class Executor {
   std::vector<int64_t> tensor_starts_;      // one tensor's blocks (allgather unpacking:
                                             // bytes each packed tensor has), reused
   std::vector<size_t> packed_;              // allgather: tensors packed together, reused
+  std::vector<int64_t> piece_starts_;       // reducescatter on the ring: one piece's
+                                            // chunk boundaries, reused
   std::vector<int64_t> pair_bytes_;         // alltoall: bytes i sends to j, reused
   std::vector<Comm::Request> requests_;     // outstanding point-to-point, reused
   std::vector<ShmAllreduce::Span> spans_;   // a group's tensors reduced in place, reused

@@ -242,28 +242,52 @@ const char* Executor::RunReducescatter(const Response& response, TensorEntry& en
       algorithm = "SHM_REDUCESCATTER";
       continue;
     }
-    char* buffer = fusion_.Get(starts_[n] * elem);
-    int64_t offset = 0;
-    for (int r = 0; r < n; ++r) {
+    // On the ring the input goes through the fusion buffer (the ring works
+    // in place), a piece at a time (PieceBytes, plus at most an element a
+    // rank): piece p takes the p-th of `pieces` near-equal parts of every
+    // rank's block. An element stays in its block, so it is reduced in the
+    // same order as in one pass.
+    const int64_t piece_elems = std::max<int64_t>(PieceBytes() / elem, 1);
+    const int64_t pieces = std::max<int64_t>(1, (starts_[n] + piece_elems - 1) / piece_elems);
+    // Copies elements [lo, hi) of rank r's block (members' rows for r, one
+    // after another) to `to`, or from `from` into the outputs when r is me.
+    auto block_range = [&](int r, int64_t lo, int64_t hi, char* to, const char* from) {
+      int64_t at = 0;
       for (size_t t : members) {
-        const int64_t count = rows_begin(t, r + 1) - rows_begin(t, r);
-        if (count) {
-          std::memcpy(buffer + offset * elem,
-                      static_cast<const char*>(entry.inputs[t]) + rows_begin(t, r) * elem,
-                      count * elem);
+        const int64_t len = rows_begin(t, r + 1) - rows_begin(t, r);
+        const int64_t a = std::max(lo, at), b = std::min(hi, at + len);
+        const char* input = static_cast<const char*>(entry.inputs[t]);
+        if (a < b && to != nullptr) {
+          std::memcpy(to + (a - lo) * elem, input + (rows_begin(t, r) + a - at) * elem,
+                      (b - a) * elem);
+        } else if (a < b) {
+          std::memcpy(static_cast<char*>(entry.outputs[t]) + (a - at) * elem,
+                      from + (a - lo) * elem, (b - a) * elem);
         }
-        offset += count;
+        at += len;
       }
-    }
-    ScaleBuffer(buffer, starts_[n], dtype, response.prescale);
-    RingReduceScatter(comm_, buffer, starts_, dtype, response.op, config_.ring_segment_bytes,
-                      &ring_scratch_);
-    ScaleBuffer(buffer + starts_[me] * elem, starts_[me + 1] - starts_[me], dtype, postscale);
-    offset = starts_[me];
-    for (size_t t : members) {
-      const int64_t count = rows_begin(t, me + 1) - rows_begin(t, me);
-      if (count) std::memcpy(entry.outputs[t], buffer + offset * elem, count * elem);
-      offset += count;
+    };
+    piece_starts_.assign(n + 1, 0);
+    for (int64_t p = 0; p < pieces; ++p) {
+      for (int r = 0; r < n; ++r) {
+        const int64_t block = starts_[r + 1] - starts_[r];
+        piece_starts_[r + 1] = piece_starts_[r] + RingChunkStart(block, pieces, p + 1) -
+                               RingChunkStart(block, pieces, p);
+      }
+      char* buffer = fusion_.Get(piece_starts_[n] * elem);
+      for (int r = 0; r < n; ++r) {
+        const int64_t block = starts_[r + 1] - starts_[r];
+        block_range(r, RingChunkStart(block, pieces, p), RingChunkStart(block, pieces, p + 1),
+                    buffer + piece_starts_[r] * elem, nullptr);
+      }
+      ScaleBuffer(buffer, piece_starts_[n], dtype, response.prescale);
+      RingReduceScatter(comm_, buffer, piece_starts_, dtype, response.op,
+                        config_.ring_segment_bytes, &ring_scratch_);
+      char* mine = buffer + piece_starts_[me] * elem;
+      ScaleBuffer(mine, piece_starts_[me + 1] - piece_starts_[me], dtype, postscale);
+      const int64_t block = starts_[me + 1] - starts_[me];
+      block_range(me, RingChunkStart(block, pieces, p), RingChunkStart(block, pieces, p + 1),
+                  nullptr, mine);
     }
   }
   return algorithm;

@@ -259,6 +259,56 @@ def test_grouped_reducescatter_mixed_dtypes(world):
         assert np.array_equal(out.asnumpy(), want.astype(d)), k
 
 
+def test_reducescatter_on_the_ring_goes_a_piece_at_a_time(world, transport):
+    # On the ring the input passes through the fusion buffer in pieces of
+    # HVDMX_FUSION_PIECE_BYTES, each the same part of every rank's block: the
+    # buffer stays one piece, and every element is reduced in the order of a
+    # single pass, so the bits match a run with one piece. The ring carries
+    # both calls under HVDMX_ALLREDUCE_ALGO=mpi, and the prescaled one under
+    # shm (shared memory would have to write a prescale into the input).
+    rank, size = world
+    shapes = [(5003, 2), (7 * size + 1,), (1, 3, 2), (2001,)]
+    dtypes = ["float32", "int32", "float32", "float64"]
+
+    def inputs(r):
+        rng = np.random.default_rng(100 + r)
+        return [(rng.standard_normal(int(np.prod(s))).reshape(s) * (50 if d == "int32" else 1))
+                .astype(d) for s, d in zip(shapes, dtypes)]
+
+    results = {}
+    for piece in ["4096", "67108864"]:
+        # A piece is at least a ring segment per rank: small segments too.
+        restart({"HVDMX_ALLREDUCE_ALGO": transport, "HVDMX_FUSION_PIECE_BYTES": piece,
+                 "HVDMX_RING_SEGMENT_BYTES": "1024"})
+        try:
+            xs = inputs(rank)
+            outs = hvd.grouped_reducescatter([mx.nd.array(x, dtype=x.dtype) for x in xs],
+                                             op=hvd.Sum, name="rs.pieces")
+            scaled = hvd.reducescatter(mx.nd.array(xs[3], dtype="float64"), op=hvd.Average,
+                                       prescale_factor=3.0, postscale_factor=0.25)
+            results[piece] = [o.asnumpy() for o in outs] + [scaled.asnumpy()]
+            if piece == "4096":
+                # One piece (plus an element a rank), in whole pages.
+                assert _core._testing_fusion_buffer_bytes() <= 8192
+        finally:
+            restart({"HVDMX_ALLREDUCE_ALGO": transport})
+    everyone = [inputs(r) for r in range(size)]
+    for k, (s, d) in enumerate(zip(shapes, dtypes)):
+        start, end = my_rows(s[0], size, rank)
+        want = sum(x[k].astype("float64") for x in everyone)[start:end]
+        got = results["4096"][k]
+        assert got.shape == want.shape and got.dtype == np.dtype(d), k
+        if d == "int32":
+            assert np.array_equal(got, want.astype(d))
+        else:
+            assert np.allclose(got, want, rtol=1e-5, atol=1e-5), k
+        assert np.array_equal(got, results["67108864"][k]), k
+    start, end = my_rows(shapes[3][0], size, rank)
+    want = sum(x[3] for x in everyone)[start:end] * 3.0 * 0.25 / size
+    assert np.allclose(results["4096"][4], want)
+    assert np.array_equal(results["4096"][4], results["67108864"][4])
+
+
 def test_temporaries_are_kept_alive(world):
     import gc
     rank, size = world
