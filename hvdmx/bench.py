@@ -23,6 +23,8 @@ Sizes are bytes of the largest buffer; GB = 1e9; busbw = algbw times
 pass (#wrong counts elements that differ from the exact result).
 ``allgather --tensors K`` cuts each rank's part into K tensors and times one
 ``grouped_allgather`` of them beside K MPI_Allgather calls.
+``alltoall --splits`` passes the (equal) splits as a list, so each call
+also returns the received splits, as Horovod scripts usually call it.
 ``model`` allreduces the gradient set of a model-zoo network the way
 DistributedTrainer does and prints ms per iteration beside MPI_Allreduce per
 tensor and on one fused buffer. ``--plot`` draws busbw against size.
@@ -101,7 +103,7 @@ class _Case:
     allgather's output, and what each rank sends in alltoall.
     """
 
-    def __init__(self, kind, count, dtype, rank, n, comm, tensors=1):
+    def __init__(self, kind, count, dtype, rank, n, comm, tensors=1, splits=False):
         import mxnet as mx
         import hvdmx as hvd
         MPI = _mpi()
@@ -110,6 +112,8 @@ class _Case:
         mine = inputs[rank]
         name = f"bench.{kind}"
         self.hvdmx_in_place = None  # set where the op has an in-place form
+        self.received = None  # alltoall --splits: the last call's received splits
+        self.part = part
         if kind == "allreduce":
             buf = mx.nd.array(mine, dtype=dtype)
             self.want = sum(x.astype(np.int64) for x in inputs).astype(dtype)
@@ -153,6 +157,13 @@ class _Case:
             buf = mx.nd.array(mine[:part * n], dtype=dtype)
             self.want = np.concatenate([x[rank * part:(rank + 1) * part] for x in inputs])
             self.hvdmx = lambda: hvd.alltoall(buf, name=name)
+            if splits:
+                given = [part] * n
+
+                def with_splits():
+                    out, self.received = hvd.alltoall(buf, splits=given, name=name)
+                    return out
+                self.hvdmx = with_splits
             send, mpi_recv = mine[:part * n].copy(), np.empty(part * n, dtype=dtype)
             self.mpi = lambda: comm.Alltoall(send, mpi_recv)
         elif kind == "reducescatter":
@@ -166,7 +177,10 @@ class _Case:
 
     def hvdmx_wrong(self, step) -> int:
         got = np.concatenate([o.asnumpy() for o in _outputs(step())])
-        return int(np.count_nonzero(got != self.want))
+        wrong = int(np.count_nonzero(got != self.want))
+        if self.received is not None:
+            wrong += int(np.count_nonzero(self.received.asnumpy() != self.part))
+        return wrong
 
     def mpi_wrong(self) -> int:
         self.mpi()
@@ -193,6 +207,7 @@ def run_collective(args) -> list:
     # MPI has no float16 reductions.
     mpi_runs = args.vs_mpi and not (dtype == np.float16 and kind in REDOP)
     tensors = getattr(args, "tensors", 1)  # allgather only
+    splits = getattr(args, "splits", False)  # alltoall only
     rows = []
     for nbytes in sizes(args.min_bytes, args.max_bytes, args.factor):
         count = max(1, nbytes // dtype.itemsize)
@@ -201,11 +216,11 @@ def run_collective(args) -> list:
         nbytes = count * dtype.itemsize
         iters = args.iters or max(5, min(1000, int(2e9 / max(nbytes, 1) / 100)))
         warmup = max(2, iters // 10)
-        case = _Case(kind, count, dtype, rank, n, comm, tensors)
+        case = _Case(kind, count, dtype, rank, n, comm, tensors, splits)
         factor = BUS_FACTOR[kind](n) if n > 1 else 0.0
         row = {"op": kind, "bytes": nbytes, "count": count, "type": args.dtype,
                "redop": REDOP.get(kind, "none"), "iters": iters,
-               "tensors": tensors}
+               "tensors": tensors, "splits": splits}
 
         def measure(prefix, step, timed):
             wrong = 0
@@ -239,6 +254,8 @@ def print_collective(rows: list, n: int, kind: str) -> None:
     tensors = rows[0]["tensors"] if rows else 1
     what = (f"grouped_{kind} of {tensors} tensors vs {tensors} x {MPI_CALL[kind]}"
             if tensors > 1 else f"{kind} vs {MPI_CALL[kind]}")
+    if rows and rows[0].get("splits"):
+        what = f"{kind} with splits (and received splits back) vs {MPI_CALL[kind]}"
     print(f"# hvdmx {what} (mpi4py), {n} ranks; time = mean per call "
           "incl. result read; GB/s = 1e9 B/s; MPI/hvdmx compares in place where hvdmx has it")
     group = f"{'':>10} {'':>7} {'':>7} {'':>6}"
@@ -369,6 +386,10 @@ def main(argv=None) -> int:
             ar.add_argument("--tensors", type=_tensor_count, default=1, metavar="K",
                             help="cut each rank's part into K tensors: one grouped_allgather "
                                  "beside K MPI_Allgather calls (default: 1, a plain allgather)")
+        if kind == "alltoall":
+            ar.add_argument("--splits", action="store_true",
+                            help="pass the splits as a list, so that each call also returns "
+                                 "the received splits (default: no splits, an equal split)")
     model = sub.add_parser("model", help="allreduce a model-zoo network's gradients per iteration")
     model.add_argument("--model", default="resnet50_v1", help="mx.gluon.model_zoo.vision name")
     model.add_argument("--iters", type=int, default=20, help="timed iterations")

@@ -49,6 +49,17 @@ def test_grouped_allgather():
     assert "grouped_allgather of 3 tensors vs 3 x MPI_Allgather" in out
 
 
+def test_alltoall_with_splits():
+    # The received splits are checked too (#wrong); n=3 splits unevenly sized rows.
+    rows = json.loads(bench("alltoall", "--splits", "--min-bytes", "12", "--max-bytes", "3K",
+                            "--factor", "256", "--iters", "3", "--json", n=3))
+    assert [r["bytes"] for r in rows] == [12, 3072]
+    for r in rows:
+        assert r["splits"] and r["hvdmx_wrong"] == 0 and r["mpi_wrong"] == 0
+    out = bench("alltoall", "--splits", "--min-bytes", "1K", "--max-bytes", "1K", "--iters", "3")
+    assert "alltoall with splits (and received splits back) vs MPI_Alltoall" in out
+
+
 def test_table_and_plot(tmp_path):
     png = tmp_path / "ag.png"
     out = bench("allgather", "--min-bytes", "1K", "--max-bytes", "64K", "--factor", "8",
