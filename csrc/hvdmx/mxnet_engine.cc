@@ -1,7 +1,6 @@
 #include "mxnet_engine.h"
 
 #include <dlfcn.h>
-#include <dlpack/dlpack.h>
 
 #include <algorithm>
 #include <cstdint>
@@ -10,7 +9,7 @@
 #include <future>
 #include <stdexcept>
 
-#include "output_pool.h"
+#include "mxnet_api.h"
 
 namespace dmlc {
 // The exception type MXNet's engine stores and rethrows; the same definition
@@ -21,11 +20,16 @@ struct Error : public std::runtime_error {
 }  // namespace dmlc
 
 namespace hvdmx {
+
+mxnet_api::Api mxnet_api::g_api;
+
 namespace {
 
-using NDArrayHandle = void*;
-using EngineAsyncFunc = void (*)(void*, void*, void*);
-using EngineFuncParamDeleter = void (*)(void*);
+using mxnet_api::EngineAsyncFunc;
+using mxnet_api::EngineFuncParamDeleter;
+using mxnet_api::g_api;
+using mxnet_api::HasDefaultLayout;
+using mxnet_api::NDArrayHandle;
 
 // Mirrors of three small types from the wheel's headers, used only through
 // pointers the engine gives us or takes from us.
@@ -45,43 +49,7 @@ struct Context {
 // only hands work to another thread, so the engine may run it inline.
 const int32_t kFnPropertyAsync = 4;
 
-struct Api {
-  int (*push_async_nd)(EngineAsyncFunc, void*, EngineFuncParamDeleter, const void*,
-                       NDArrayHandle*, int, NDArrayHandle*, int, const void*, int, const char*,
-                       bool) = nullptr;
-  int (*get_data)(NDArrayHandle, void**) = nullptr;
-  int (*to_dlpack)(NDArrayHandle, void**) = nullptr;
-  int (*dlpack_deleter)(void*) = nullptr;
-  int (*shallow_copy)(NDArrayHandle, NDArrayHandle*) = nullptr;
-  int (*free_ndarray)(NDArrayHandle) = nullptr;
-  const char* (*last_error)() = nullptr;
-  int (*get_dtype)(NDArrayHandle, int*) = nullptr;
-  int (*get_storage_type)(NDArrayHandle, int*) = nullptr;
-  int (*get_context)(NDArrayHandle, int*, int*) = nullptr;
-  int (*get_shape)(NDArrayHandle, int*, const int**) = nullptr;
-  int (*create)(const uint32_t*, uint32_t, int, int, int, int, NDArrayHandle*) = nullptr;
-  int (*from_dlpack)(DLManagedTensor*, bool, NDArrayHandle*) = nullptr;
-};
-Api g_api;
 bool g_naive_engine = false;
-
-// True when the array's data can be read as a plain dense buffer; *bytes is
-// then its size. An array in oneDNN's internal layout cannot: MXNDArrayToDLPack
-// refuses it without waiting, whereas MXNDArrayGetData would reorder it
-// through the engine and wait, which deadlocks inside an engine op (see Note
-// [oneDNN layout]).
-bool HasDefaultLayout(NDArrayHandle handle, int64_t* bytes = nullptr) {
-  void* dl = nullptr;
-  if (g_api.to_dlpack(handle, &dl) != 0) return false;
-  if (bytes != nullptr) {
-    const DLTensor& t = static_cast<const DLManagedTensor*>(dl)->dl_tensor;
-    int64_t n = t.dtype.bits / 8 * t.dtype.lanes;
-    for (int32_t i = 0; i < t.ndim; ++i) n *= t.shape[i];
-    *bytes = n;
-  }
-  g_api.dlpack_deleter(dl);
-  return true;
-}
 
 // What the engine keeps for one pushed op until it has been deleted.
 struct OpParam {
@@ -194,7 +162,7 @@ Status LoadMXNetApi(const std::string& path) {
   if (lib == nullptr) {
     return Status::Internal("hvdmx: could not open " + path + ": " + dlerror());
   }
-  Api api;
+  mxnet_api::Api api;
   Status s = Resolve(lib, "MXEnginePushAsyncND", &api.push_async_nd);
   if (s.ok()) s = Resolve(lib, "MXNDArrayGetData", &api.get_data);
   if (s.ok()) s = Resolve(lib, "MXNDArrayToDLPack", &api.to_dlpack);
@@ -212,144 +180,6 @@ Status LoadMXNetApi(const std::string& path) {
   g_api = api;
   const char* engine = std::getenv("MXNET_ENGINE_TYPE");
   g_naive_engine = engine != nullptr && std::strcmp(engine, "NaiveEngine") == 0;
-  return Status::Ok();
-}
-
-Status EnsureDefaultLayout(void* handle) {
-  HVDMX_CHECK(g_api.get_data != nullptr, "MXNet API not loaded");
-  if (HasDefaultLayout(handle)) return Status::Ok();
-  void* data = nullptr;
-  if (g_api.get_data(handle, &data) != 0) {
-    return Status::Internal(std::string("hvdmx: could not read an NDArray: ") +
-                            g_api.last_error());
-  }
-  return Status::Ok();
-}
-
-Status DescribeArray(void* handle, ArrayInfo* info) {
-  HVDMX_CHECK(g_api.get_shape != nullptr, "MXNet API not loaded");
-  const int* dims = nullptr;
-  int ndim = -1;
-  if (g_api.get_dtype(handle, &info->dtype) != 0 ||
-      g_api.get_storage_type(handle, &info->stype) != 0 ||
-      g_api.get_context(handle, &info->dev_type, &info->dev_id) != 0 ||
-      g_api.get_shape(handle, &ndim, &dims) != 0) {
-    return Status::Internal(std::string("hvdmx: could not describe an NDArray: ") +
-                            g_api.last_error());
-  }
-  info->ndim = ndim;
-  info->shape.assign(dims, dims + std::max(ndim, 0));
-  return Status::Ok();
-}
-
-namespace {
-
-// DLPack's type for MXNet's type flags 0..7 (mshadow/base.h: float32,
-// float64, float16, uint8, int32, int8, int64, bool); false for the others.
-bool DLPackType(int dtype, DLDataType* out) {
-  static const DLDataType kTypes[] = {{kDLFloat, 32, 1}, {kDLFloat, 64, 1}, {kDLFloat, 16, 1},
-                                      {kDLUInt, 8, 1},   {kDLInt, 32, 1},   {kDLInt, 8, 1},
-                                      {kDLInt, 64, 1},   {kDLUInt, 1, 1}};
-  if (dtype < 0 || dtype >= static_cast<int>(sizeof(kTypes) / sizeof(kTypes[0]))) return false;
-  *out = kTypes[dtype];
-  return true;
-}
-
-// What a pooled output's DLManagedTensor points to until MXNet deletes it.
-struct PooledTensor {
-  DLManagedTensor managed;
-  std::vector<int64_t> shape;
-  int64_t bytes;
-};
-
-void GiveBack(DLManagedTensor* managed) {
-  PooledTensor* t = static_cast<PooledTensor*>(managed->manager_ctx);
-  OutputPool::Get().Give(t->managed.dl_tensor.data, t->bytes);
-  delete t;
-}
-
-// An NDArray over a block of the output pool (Note [Output pool]), or
-// nullptr in *out when the array is not one the pool serves.
-Status NewPooledArray(const std::vector<int64_t>& shape, int dtype, int dev_type, int dev_id,
-                      void** out) {
-  *out = nullptr;
-  DLDataType type;
-  if (dev_type != kDLCPU || !DLPackType(dtype, &type)) return Status::Ok();
-  int64_t bytes = (type.bits + 7) / 8;
-  for (int64_t d : shape) bytes *= d;
-  if (bytes < OutputPool::kMinBytes) return Status::Ok();
-  void* block = OutputPool::Get().Take(bytes);
-  if (block == nullptr) return Status::Ok();  // MXNet allocates it instead
-  auto* t = new PooledTensor{};
-  t->shape = shape;
-  t->bytes = bytes;
-  DLTensor& dl = t->managed.dl_tensor;
-  dl.data = block;
-  dl.ctx = {kDLCPU, dev_id};
-  dl.ndim = static_cast<int>(shape.size());
-  dl.dtype = type;
-  dl.shape = t->shape.data();
-  dl.strides = nullptr;
-  dl.byte_offset = 0;
-  t->managed.manager_ctx = t;
-  t->managed.deleter = GiveBack;
-  if (g_api.from_dlpack(&t->managed, /*transient_handle=*/false, out) != 0) {
-    GiveBack(&t->managed);
-    return Status::Internal(std::string("hvdmx: MXNDArrayFromDLPackEx failed: ") +
-                            g_api.last_error());
-  }
-  return Status::Ok();
-}
-
-}  // namespace
-
-Status NewArray(const std::vector<int64_t>& shape, int dtype, int dev_type, int dev_id,
-                void** out) {
-  HVDMX_CHECK(g_api.create != nullptr, "MXNet API not loaded");
-  std::vector<uint32_t> dims;
-  for (int64_t d : shape) {
-    // The wheel is built without 64-bit tensor sizes: each dimension is a uint32.
-    if (d < 0 || d > static_cast<int64_t>(UINT32_MAX)) {
-      return Status::InvalidArgument("hvdmx: an output dimension of " + std::to_string(d) +
-                                     " does not fit MXNet's 32-bit shapes");
-    }
-    dims.push_back(static_cast<uint32_t>(d));
-  }
-  Status pooled = NewPooledArray(shape, dtype, dev_type, dev_id, out);
-  if (!pooled.ok() || *out != nullptr) return pooled;
-  if (g_api.create(dims.data(), static_cast<uint32_t>(dims.size()), dev_type, dev_id,
-                   /*delay_alloc=*/1, dtype, out) != 0) {
-    return Status::Internal(std::string("hvdmx: MXNDArrayCreateEx failed: ") +
-                            g_api.last_error());
-  }
-  return Status::Ok();
-}
-
-Status NewInt32Array(const std::vector<int64_t>& values, void** out) {
-  HVDMX_CHECK(g_api.create != nullptr, "MXNet API not loaded");
-  const uint32_t dims[1] = {static_cast<uint32_t>(values.size())};
-  for (int64_t v : values) {
-    if (v < INT32_MIN || v > INT32_MAX) {
-      return Status::InvalidArgument("hvdmx: " + std::to_string(v) +
-                                     " does not fit an int32 array");
-    }
-  }
-  constexpr int kCpu = 1;
-  if (g_api.create(dims, 1, kCpu, 0, /*delay_alloc=*/0, static_cast<int>(DataType::kInt32),
-                   out) != 0) {
-    return Status::Internal(std::string("hvdmx: MXNDArrayCreateEx failed: ") +
-                            g_api.last_error());
-  }
-  void* data = nullptr;
-  if (!values.empty() && (g_api.get_data(*out, &data) != 0 || data == nullptr)) {
-    g_api.free_ndarray(*out);
-    *out = nullptr;
-    return Status::Internal(std::string("hvdmx: MXNDArrayGetData failed: ") +
-                            g_api.last_error());
-  }
-  for (size_t i = 0; i < values.size(); ++i) {
-    static_cast<int32_t*>(data)[i] = static_cast<int32_t>(values[i]);
-  }
   return Status::Ok();
 }
 

@@ -1,4 +1,6 @@
-// The only file that knows MXNet, and it knows only MXNet's C API.
+// The only files that know MXNet (this header, mxnet_engine.cc for the
+// engine, mxnet_arrays.cc for arrays, mxnet_api.h between the two), and
+// they know only MXNet's C API.
 //
 // libmxnet.so is already loaded by `import mxnet` (privately, RTLD_LOCAL), so
 // we find the few C functions we need with dlsym on that library: nothing is
