@@ -290,11 +290,12 @@ def model_gradients(name: str) -> list:
 
 def run_model(args) -> dict:
     """ms per iteration to allreduce a model's gradient set: hvdmx the way
-    DistributedTrainer does (one allreduce_ per gradient, priority -i, then
-    wait), MPI_Allreduce once per tensor, and MPI_Allreduce once on one
+    DistributedTrainer does (an allreduce_ per gradient, priority -i, all
+    pushed in one call, then wait), MPI_Allreduce once per tensor, and MPI_Allreduce once on one
     buffer holding them all."""
     import mxnet as mx
     import hvdmx as hvd
+    from hvdmx.ops import _allreduce_each_
     MPI = _mpi()
     comm = MPI.COMM_WORLD
     hvd.init()
@@ -302,9 +303,12 @@ def run_model(args) -> dict:
     grads = [mx.nd.ones(s, dtype=d) for s, d in shapes]
     total = sum(int(np.prod(s)) * d.itemsize for s, d in shapes)
 
+    names = [f"model.{i}" for i in range(len(grads))]
+    priorities = [-i for i in range(len(grads))]
+
     def hvdmx_step():
-        for i, g in enumerate(grads):
-            hvd.allreduce_(g, op=hvd.Average, name=f"model.{i}", priority=-i)
+        # What DistributedTrainer does: allreduce_ of each gradient, pushed in one call.
+        _allreduce_each_(grads, names, priorities, hvd.Average, 1.0, 1.0, hvd.global_process_set)
         mx.nd.waitall()
 
     mpi_bufs = [np.ones(s, dtype=d) for s, d in shapes]

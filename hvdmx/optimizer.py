@@ -29,7 +29,7 @@ from hvdmx import _core
 from hvdmx.basics import size
 from hvdmx.compression import Compression
 from hvdmx.process_sets import _set_for_call, global_process_set
-from hvdmx.ops import Max, Sum, _check_root, allreduce, allreduce_, broadcast_, \
+from hvdmx.ops import Max, Sum, _allreduce_each_, _check_root, allreduce, broadcast_, \
     grouped_allreduce_
 
 __all__ = ["DistributedOptimizer", "DistributedTrainer", "broadcast_parameters"]
@@ -165,10 +165,9 @@ class DistributedOptimizer(mx.optimizer.Optimizer):
                     _reduce_by_dtype([grads[k] for k in group], [names[k] for k in group],
                                      -g, pre, post, self._process_set)
             return
-        for k, (i, t, name) in enumerate(zip(indices, grads, names)):
-            priority = -i if isinstance(i, numbers.Integral) else -k
-            allreduce_(t, op=Sum, name=name, priority=int(priority), prescale_factor=pre,
-                       postscale_factor=post, process_set=self._process_set)
+        priorities = [int(-i if isinstance(i, numbers.Integral) else -k)
+                      for k, i in enumerate(indices)]
+        _allreduce_each_(grads, names, priorities, Sum, pre, post, self._process_set)
 
     def update(self, index, weight, grad, state):
         self._allreduce_grads(index, grad)
@@ -399,9 +398,8 @@ class DistributedTrainer(mx.gluon.Trainer):
                     _reduce_by_dtype([tensors[k] for k in group], [names[k] for k in group],
                                      -g, prescale, 1.0, self._process_set)
         else:
-            for (i, _), t, name in zip(entries, tensors, names):
-                allreduce_(t, op=Sum, name=name, priority=-i, prescale_factor=prescale,
-                           process_set=self._process_set)
+            _allreduce_each_(tensors, names, [-i for i, _ in entries], Sum, prescale, 1.0,
+                             self._process_set)
         for g, (t, ctx) in zip(grads, compressed):
             if t is not g:
                 self._compression.decompress(t, ctx).copyto(g)

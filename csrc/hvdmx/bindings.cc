@@ -79,6 +79,45 @@ void PushAsync(int set_id, int type, const std::string& name,
   ThrowIfError(PushCollective(runtime, std::move(args)));
 }
 
+// One in-place allreduce per tensor, each its own unit and engine op, as
+// allreduce_ pushes it: the gradients of DistributedTrainer in one call
+// instead of one Python call each. Every tensor is checked before any is
+// pushed; returns -1, or the index of the first that allreduce_ would refuse
+// (dtype, sparse, shape not known, a GPU array without CUDA), for the Python
+// layer to raise allreduce_'s own error.
+int PushAllreduceEach(int set_id, const std::vector<std::string>& names,
+                      const std::vector<uintptr_t>& handles, const std::vector<int>& priorities,
+                      int op, double prescale, double postscale) {
+  if (names.size() != handles.size() || priorities.size() != handles.size()) {
+    throw py::value_error("push_allreduce_each: one name and one priority per tensor");
+  }
+  std::shared_ptr<Runtime> runtime = RunningRuntime(set_id);
+  std::vector<ArrayInfo> infos(handles.size());
+  for (size_t i = 0; i < handles.size(); ++i) {
+    ThrowIfError(DescribeArray(reinterpret_cast<void*>(handles[i]), &infos[i]));
+    const ArrayInfo& a = infos[i];
+    // The dtype codes ops.py accepts (_SUPPORTED_CODES): float32 to int64.
+    if (a.dtype < 0 || a.dtype > 6 || a.stype != 0 || a.ndim < 0 ||
+        (a.dev_type == 2 && HVDMX_CUDA_BUILT == 0)) {
+      return static_cast<int>(i);
+    }
+  }
+  for (size_t i = 0; i < handles.size(); ++i) {
+    const ArrayInfo& a = infos[i];
+    void* handle = reinterpret_cast<void*>(handles[i]);
+    PushArgs args;
+    args.request = MakeRequest(CollectiveType::kAllreduce, names[i], {a.dtype}, {a.shape}, op, 0,
+                               prescale, postscale, a.dev_type, a.dev_id, runtime->rank());
+    args.inputs.push_back(handle);
+    args.outputs.push_back(handle);
+    args.dev_type = a.dev_type;
+    args.dev_id = a.dev_id;
+    args.priority = priorities[i];
+    ThrowIfError(PushCollective(runtime, std::move(args)));
+  }
+  return -1;
+}
+
 // How long a thread waiting for a sizes round polls before it sleeps.
 constexpr int64_t kNegotiateSpinMicros = 50;
 
@@ -251,6 +290,7 @@ PYBIND11_MODULE(_core, m) {
     return reinterpret_cast<uintptr_t>(handle);
   });
   m.def("push_async", &PushAsync);
+  m.def("push_allreduce_each", &PushAllreduceEach);
   m.def("negotiate", &Negotiate);
   m.def("push_failure", [](const std::vector<uintptr_t>& outputs, const std::string& message,
                            int dev_type, int dev_id) {

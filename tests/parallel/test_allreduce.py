@@ -273,3 +273,41 @@ def test_over_two_gib(world):
     assert got[0] == total and got[count // 2] == total and got[count - 6] == total
     assert np.all(got[count - 5:] == 100 * size + size * (size - 1) // 2)
     assert np.count_nonzero(got != total) == 5
+
+
+def test_allreduce_each_pushes_an_allreduce_per_tensor(world):
+    # DistributedTrainer's path: allreduce_ of each tensor, all pushed in one call.
+    from hvdmx.ops import _allreduce_each_
+    rank, size = world
+    specs = [(7, "float32"), (1, "int32"), (300, "float64"), (0, "float32"), (33, "int8")]
+    for step in range(2):
+        xs = [mx.nd.array(rank_input(rank, count, dtype, hvd.Sum), dtype=dtype)
+              for count, dtype in specs]
+        out = _allreduce_each_(xs, [f"each.{k}" for k in range(len(xs))],
+                               [-k for k in range(len(xs))], hvd.Sum, 2.0, 0.5,
+                               hvd.global_process_set)
+        assert out is xs
+        for x, (count, dtype) in zip(xs, specs):
+            check(x, expected(size, count, dtype, hvd.Sum, 2.0, 0.5))
+
+
+def test_allreduce_each_refuses_before_pushing_anything(world):
+    from hvdmx.ops import _allreduce_each_
+    rank, size = world
+    good = [mx.nd.ones((3,)) * (rank + 1), mx.nd.ones((2,), dtype="int32")]
+    sparse = mx.nd.zeros((4, 2)).tostype("row_sparse")
+    cases = [(sparse, ValueError, r"tensors\[2\].*sparse"),
+             (np.ones(3), TypeError, r"tensors\[2\].*must be an mxnet.nd.NDArray"),
+             (mx.nd.ones((2,), dtype="bool"), TypeError, r"tensors\[2\].*dtype bool")]
+    for bad, error, match in cases:
+        with pytest.raises(error, match=match):
+            _allreduce_each_(good + [bad], ["e.0", "e.1", "e.2"], [0, 0, 0], hvd.Sum, 1.0, 1.0,
+                             hvd.global_process_set)
+    # Nothing was pushed: the good tensors hold what they held, and their
+    # names are free for the next call.
+    mx.nd.waitall()
+    assert good[0].asnumpy().tolist() == [rank + 1] * 3
+    with pytest.raises(ValueError, match="one name and one priority per tensor"):
+        _allreduce_each_(good, ["e.0"], [0, 0], hvd.Sum, 1.0, 1.0, hvd.global_process_set)
+    _allreduce_each_(good, ["e.0", "e.1"], [0, 0], hvd.Sum, 1.0, 1.0, hvd.global_process_set)
+    assert good[0].asnumpy().tolist() == [size * (size + 1) / 2] * 3
