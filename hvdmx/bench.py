@@ -291,8 +291,8 @@ def model_gradients(name: str) -> list:
 def run_model(args) -> dict:
     """ms per iteration to allreduce a model's gradient set: hvdmx the way
     DistributedTrainer does (an allreduce_ per gradient, priority -i, all
-    pushed in one call, then wait), MPI_Allreduce once per tensor, and MPI_Allreduce once on one
-    buffer holding them all."""
+    pushed in one call, then wait), MPI_Allreduce once per tensor, and
+    MPI_Allreduce once on one buffer holding them all."""
     import mxnet as mx
     import hvdmx as hvd
     from hvdmx.ops import _allreduce_each_
