@@ -225,11 +225,27 @@ def allreduce(tensor, average=None, name=None, priority=0, prescale_factor=1.0,
 def allreduce_(tensor, average=None, name=None, priority=0, prescale_factor=1.0,
                postscale_factor=1.0, op=None, process_set=global_process_set):
     """In-place ``allreduce``: the result replaces ``tensor``, which is returned."""
+    fn = "allreduce_"
     if not isinstance(tensor, mx.nd.NDArray):  # before the checks that assume one
-        _check_tensor("allreduce_", "tensor", tensor)
-    tensors = [tensor]  # as inputs and outputs: one list, so _push sees it is in place
-    return _allreduce("allreduce_", tensors, tensors, average, name, priority,
-                      prescale_factor, postscale_factor, op, "allreduce", process_set)[0]
+        _check_tensor(fn, "tensor", tensor)
+    if name is None:
+        # The generated name must not be used up by a call that fails its
+        # checks: the full path takes it only once they have passed.
+        tensors = [tensor]  # as inputs and outputs: one list, so _push sees it is in place
+        return _allreduce(fn, tensors, tensors, average, name, priority, prescale_factor,
+                          postscale_factor, op, "allreduce", process_set)[0]
+    # Named (as DistributedTrainer's and the kvstore's are): the core checks
+    # and describes the tensor while it pushes, a third of the call's cost.
+    _check_common(fn, name, priority)
+    set_id, _, _ = _set_for_call(fn, process_set)
+    op = _resolve_op(fn, average, op)
+    prescale = _check_scale(fn, "prescale_factor", prescale_factor)
+    postscale = _check_scale(fn, "postscale_factor", postscale_factor)
+    if _core.push_allreduce_each(set_id, [name], [tensor.handle.value], [int(priority)], op,
+                                 prescale, postscale) >= 0:
+        _check_tensor(fn, "tensor", tensor)
+        raise AssertionError("hvdmx: the core refused the tensor but the check passed")
+    return tensor
 
 
 def _allreduce_each_(tensors, names, priorities, op, prescale_factor, postscale_factor,

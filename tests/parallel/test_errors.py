@@ -71,6 +71,28 @@ def test_bad_name_priority_and_scale():
         hvd.allreduce(mx.nd.ones((2,)), postscale_factor=float("nan"))
 
 
+@pytest.mark.parametrize("name", [None, "in.place"])
+def test_allreduce_in_place_refuses_like_allreduce(name):
+    # A named allreduce_ lets the core check the tensor as it pushes (the
+    # trainer's and kvstore's path); the errors are the same as unnamed.
+    sparse = mx.nd.zeros((4, 2)).tostype("row_sparse")
+    with pytest.raises(ValueError, match="argument 'tensor' is a sparse NDArray"):
+        hvd.allreduce_(sparse, name=name)
+    with pytest.raises(TypeError, match="argument 'tensor' has dtype bool"):
+        hvd.allreduce_(mx.nd.zeros((3,), dtype="bool"), name=name)
+    with pytest.raises(ValueError, match="'op'=42 is not a reduction op"):
+        hvd.allreduce_(mx.nd.ones((2,)), op=42, name=name)
+    with pytest.raises(TypeError, match="'priority' must be an int"):
+        hvd.allreduce_(mx.nd.ones((2,)), priority="high", name=name)
+    with pytest.raises(ValueError, match="'postscale_factor'=nan must be finite"):
+        hvd.allreduce_(mx.nd.ones((2,)), postscale_factor=float("nan"), name=name)
+    # Nothing was pushed or left pending: the same name works now.
+    x = mx.nd.ones((3,))
+    assert hvd.allreduce_(x, op=hvd.Sum, name=name) is x
+    assert x.asnumpy().tolist() == [hvd.size()] * 3
+    still_works()
+
+
 def test_grouped_needs_a_list_of_distinct_arrays():
     with pytest.raises(TypeError, match="'tensors' must be a list"):
         hvd.grouped_allreduce(mx.nd.ones((2,)))
