@@ -41,6 +41,8 @@ import time
 
 import numpy as np
 
+from hvdmx.run_flags import _number
+
 DTYPES = {"float32": np.float32, "float64": np.float64, "float16": np.float16,
           "int32": np.int32, "int64": np.int64, "uint8": np.uint8, "int8": np.int8}
 
@@ -51,13 +53,6 @@ def parse_size(text: str) -> int:
     if text and text[-1] in units:
         return int(float(text[:-1]) * units[text[-1]])
     return int(text)
-
-
-def _tensor_count(text: str) -> int:
-    value = int(text) if text.strip().isdigit() else 0
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"invalid value {text!r}: expected an integer >= 1")
-    return value
 
 
 def sizes(lo: int, hi: int, factor: int):
@@ -387,7 +382,8 @@ def main(argv=None) -> int:
         ar.add_argument("--json", action="store_true", help="print JSON instead of a table")
         ar.add_argument("--plot", metavar="FILE", help="also draw busbw against size (matplotlib)")
         if kind == "allgather":
-            ar.add_argument("--tensors", type=_tensor_count, default=1, metavar="K",
+            ar.add_argument("--tensors", type=_number("tensors", integer=True, minimum=1),
+                            default=1, metavar="K",
                             help="cut each rank's part into K tensors: one grouped_allgather "
                                  "beside K MPI_Allgather calls (default: 1, a plain allgather)")
         if kind == "alltoall":

@@ -28,18 +28,14 @@ def _number(what: str, integer: bool = False, minimum: int = 0) -> Callable[[str
     return parse
 
 
-def _log_level(text: str) -> str:
-    if text.lower() not in LOG_LEVELS:
-        raise argparse.ArgumentTypeError(
-            f"invalid value {text!r}: expected one of {', '.join(LOG_LEVELS)} (any case)")
-    return text.lower()
-
-
-def _allreduce_algo(text: str) -> str:
-    if text.lower() not in ALLREDUCE_ALGOS:
-        raise argparse.ArgumentTypeError(
-            f"invalid value {text!r}: expected one of {', '.join(ALLREDUCE_ALGOS)} (any case)")
-    return text.lower()
+def _word(words) -> Callable[[str], str]:
+    """An argparse type: one of `words`, in any case; returned in lower case."""
+    def parse(text: str) -> str:
+        if text.lower() not in words:
+            raise argparse.ArgumentTypeError(
+                f"invalid value {text!r}: expected one of {', '.join(words)} (any case)")
+        return text.lower()
+    return parse
 
 
 def _nonempty(what: str) -> Callable[[str], str]:
@@ -124,7 +120,7 @@ def add_tuning_flags(parser: argparse.ArgumentParser) -> None:
                                                          integer=True),
                         metavar="N", help="negotiated responses each rank remembers "
                         "(HVDMX_CACHE_CAPACITY; default 1024)")
-    tuning.add_argument("--allreduce-algo", type=_allreduce_algo, metavar="ALGO",
+    tuning.add_argument("--allreduce-algo", type=_word(ALLREDUCE_ALGOS), metavar="ALGO",
                         help=f"allreduce algorithm: {', '.join(ALLREDUCE_ALGOS)} "
                              "(HVDMX_ALLREDUCE_ALGO; default auto: chosen by size and "
                              "topology)")
@@ -156,6 +152,6 @@ def add_tuning_flags(parser: argparse.ArgumentParser) -> None:
                         type=_number("seconds; 0 never shuts down"), metavar="S",
                         help="shut hvdmx down when a collective waits this long "
                              "(HVDMX_STALL_SHUTDOWN_TIME_SECONDS)")
-    tuning.add_argument("--log-level", type=_log_level, metavar="LEVEL",
+    tuning.add_argument("--log-level", type=_word(LOG_LEVELS), metavar="LEVEL",
                         help=f"hvdmx's log level: {', '.join(LOG_LEVELS)} (HVDMX_LOG_LEVEL; "
                              "default warning)")
