@@ -242,11 +242,21 @@ def allreduce_(tensor, average=None, name=None, priority=0, prescale_factor=1.0,
     op = _resolve_op(fn, average, op)
     prescale = _check_scale(fn, "prescale_factor", prescale_factor)
     postscale = _check_scale(fn, "postscale_factor", postscale_factor)
-    if _core.push_allreduce_each(set_id, [name], [tensor.handle.value], [int(priority)], op,
-                                 prescale, postscale) >= 0:
-        _check_tensor(fn, "tensor", tensor)
-        raise AssertionError("hvdmx: the core refused the tensor but the check passed")
+    _push_each_in_place(fn, set_id, [tensor], [name], [int(priority)], op, prescale, postscale,
+                        "tensor")
     return tensor
+
+
+def _push_each_in_place(fn, set_id, tensors, names, priorities, op, prescale, postscale, label):
+    """Has the core check every NDArray of ``tensors`` as allreduce_ would,
+    then push an in-place allreduce of each; if it refuses one, nothing is
+    pushed and allreduce_'s own error is raised for it (``label.format(i)``
+    names the argument)."""
+    bad = _core.push_allreduce_each(set_id, names, [t.handle.value for t in tensors], priorities,
+                                    op, prescale, postscale)
+    if bad >= 0:
+        _check_tensor(fn, label.format(bad), tensors[bad])
+        raise AssertionError(f"hvdmx: the core refused {label.format(bad)} but the check passed")
 
 
 def _allreduce_each_(tensors, names, priorities, op, prescale_factor, postscale_factor,
@@ -261,15 +271,11 @@ def _allreduce_each_(tensors, names, priorities, op, prescale_factor, postscale_
     set_id, _, _ = _set_for_call(fn, process_set)
     prescale = _check_scale(fn, "prescale_factor", prescale_factor)
     postscale = _check_scale(fn, "postscale_factor", postscale_factor)
-    handles = []
     for i, t in enumerate(tensors):
         if not isinstance(t, mx.nd.NDArray):
             _check_tensor(fn, f"tensors[{i}]", t)
-        handles.append(t.handle.value)
-    bad = _core.push_allreduce_each(set_id, names, handles, priorities, op, prescale, postscale)
-    if bad >= 0:
-        _check_tensor(fn, f"tensors[{bad}]", tensors[bad])
-        raise AssertionError(f"hvdmx: the core refused tensors[{bad}] but the check passed")
+    _push_each_in_place(fn, set_id, tensors, names, priorities, op, prescale, postscale,
+                        "tensors[{}]")
     return tensors
 
 
