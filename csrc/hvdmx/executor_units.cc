@@ -249,45 +249,49 @@ const char* Executor::RunReducescatter(const Response& response, TensorEntry& en
     // same order as in one pass.
     const int64_t piece_elems = std::max<int64_t>(PieceBytes() / elem, 1);
     const int64_t pieces = std::max<int64_t>(1, (starts_[n] + piece_elems - 1) / piece_elems);
-    // Copies elements [lo, hi) of rank r's block (members' rows for r, one
-    // after another) to `to`, or from `from` into the outputs when r is me.
-    auto block_range = [&](int r, int64_t lo, int64_t hi, char* to, const char* from) {
-      int64_t at = 0;
+    // Calls f(t, first, at, count) for each member's share of elements
+    // [lo, hi) of rank r's block (members' rows for r, one after another):
+    // `count` elements from element `first` of tensor t's rows for r, at
+    // `at` in the range.
+    auto for_range = [&](int r, int64_t lo, int64_t hi, auto&& f) {
+      int64_t begin = 0;  // where tensor t's rows start in the block
       for (size_t t : members) {
         const int64_t len = rows_begin(t, r + 1) - rows_begin(t, r);
-        const int64_t a = std::max(lo, at), b = std::min(hi, at + len);
-        const char* input = static_cast<const char*>(entry.inputs[t]);
-        if (a < b && to != nullptr) {
-          std::memcpy(to + (a - lo) * elem, input + (rows_begin(t, r) + a - at) * elem,
-                      (b - a) * elem);
-        } else if (a < b) {
-          std::memcpy(static_cast<char*>(entry.outputs[t]) + (a - at) * elem,
-                      from + (a - lo) * elem, (b - a) * elem);
-        }
-        at += len;
+        const int64_t a = std::max(lo, begin), b = std::min(hi, begin + len);
+        if (a < b) f(t, a - begin, a - lo, b - a);
+        begin += len;
       }
+    };
+    // Piece p's part of rank r's block starts here.
+    auto part = [&](int r, int64_t p) {
+      return RingChunkStart(starts_[r + 1] - starts_[r], pieces, p);
     };
     piece_starts_.assign(n + 1, 0);
     for (int64_t p = 0; p < pieces; ++p) {
       for (int r = 0; r < n; ++r) {
-        const int64_t block = starts_[r + 1] - starts_[r];
-        piece_starts_[r + 1] = piece_starts_[r] + RingChunkStart(block, pieces, p + 1) -
-                               RingChunkStart(block, pieces, p);
+        piece_starts_[r + 1] = piece_starts_[r] + part(r, p + 1) - part(r, p);
       }
       char* buffer = fusion_.Get(piece_starts_[n] * elem);
       for (int r = 0; r < n; ++r) {
-        const int64_t block = starts_[r + 1] - starts_[r];
-        block_range(r, RingChunkStart(block, pieces, p), RingChunkStart(block, pieces, p + 1),
-                    buffer + piece_starts_[r] * elem, nullptr);
+        char* to = buffer + piece_starts_[r] * elem;
+        for_range(r, part(r, p), part(r, p + 1), [&](size_t t, int64_t first, int64_t at,
+                                                     int64_t count) {
+          std::memcpy(to + at * elem,
+                      static_cast<const char*>(entry.inputs[t]) +
+                          (rows_begin(t, r) + first) * elem,
+                      count * elem);
+        });
       }
       ScaleBuffer(buffer, piece_starts_[n], dtype, response.prescale);
       RingReduceScatter(comm_, buffer, piece_starts_, dtype, response.op,
                         config_.ring_segment_bytes, &ring_scratch_);
       char* mine = buffer + piece_starts_[me] * elem;
       ScaleBuffer(mine, piece_starts_[me + 1] - piece_starts_[me], dtype, postscale);
-      const int64_t block = starts_[me + 1] - starts_[me];
-      block_range(me, RingChunkStart(block, pieces, p), RingChunkStart(block, pieces, p + 1),
-                  nullptr, mine);
+      for_range(me, part(me, p), part(me, p + 1), [&](size_t t, int64_t first, int64_t at,
+                                                      int64_t count) {
+        std::memcpy(static_cast<char*>(entry.outputs[t]) + first * elem, mine + at * elem,
+                    count * elem);
+      });
     }
   }
   return algorithm;
