@@ -160,29 +160,25 @@ const char* Executor::RunAlltoall(const Response& response, TensorEntry& entry) 
     shm_->Alltoall(in, out, pair_bytes_);
     return "SHM_ALLTOALL";
   }
+  // Posts the transfer with every peer j of rows[j] rows, at consecutive
+  // offsets of `buf`; returns the offset of this rank's own rows.
+  auto post_all = [&](bool send, char* buf, auto rows) {
+    int64_t offset = 0;
+    int64_t self = 0;
+    for (int j = 0; j < n; ++j) {
+      const int64_t bytes = rows(j) * row_bytes;
+      if (j == me) {
+        self = offset;
+      } else {
+        PostPieces(comm_, send, buf + offset, bytes, j, &requests_);
+      }
+      offset += bytes;
+    }
+    return self;
+  };
   requests_.clear();
-  int64_t recv_offset = 0;
-  int64_t self_recv = 0;
-  for (int j = 0; j < n; ++j) {
-    const int64_t bytes = m[j * n + me] * row_bytes;
-    if (j == me) {
-      self_recv = recv_offset;
-    } else {
-      PostPieces(comm_, /*send=*/false, out + recv_offset, bytes, j, &requests_);
-    }
-    recv_offset += bytes;
-  }
-  int64_t send_offset = 0;
-  int64_t self_send = 0;
-  for (int j = 0; j < n; ++j) {
-    const int64_t bytes = m[me * n + j] * row_bytes;
-    if (j == me) {
-      self_send = send_offset;
-    } else {
-      PostPieces(comm_, /*send=*/true, in + send_offset, bytes, j, &requests_);
-    }
-    send_offset += bytes;
-  }
+  const int64_t self_recv = post_all(/*send=*/false, out, [&](int j) { return m[j * n + me]; });
+  const int64_t self_send = post_all(/*send=*/true, in, [&](int j) { return m[me * n + j]; });
   // Every send is posted before the rows this rank keeps are copied: the
   // peers can start reading ours (MPICH's receivers copy large messages
   // straight from the sender's memory) while we copy.
