@@ -10,11 +10,14 @@ interleaved rounds, each round in the same order:
 - "N independent": N single-rank jobs started together, which share the
   machine but exchange nothing: the most N ranks can do here without any
   communication (cores, caches and memory bandwidth are shared);
+- "N ranks in step": one job of N ranks that exchange no gradients but wait
+  for each other after every batch (synthetic_benchmark.py --sync-only): what
+  training in lockstep costs before any byte moves;
 - "N ranks, hvdmx": one job of N ranks training data-parallel.
 
 and prints a table of the median total images/sec of each over the rounds,
-with the scaling efficiency (total / (N x one process)) and the ratio of hvdmx
-to the independent processes, which is what hvdmx itself costs. Every job
+with the scaling efficiency (total / (N x one process)) and the ratio to the
+independent processes, which is what the lockstep and hvdmx itself cost. Every job
 gets OMP_NUM_THREADS=1 and MXNET_CPU_WORKER_NTHREADS=1 unless set.
 """
 import argparse
@@ -36,7 +39,7 @@ def parse_args(argv=None):
                     "synthetic_benchmark.py.",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     parser.add_argument("--np", type=int, default=2, help="ranks of the data-parallel job")
-    parser.add_argument("--rounds", type=int, default=3, help="rounds of the three runs")
+    parser.add_argument("--rounds", type=int, default=3, help="rounds of the four runs")
     parser.add_argument("--mpiexec", default=os.path.join(os.path.dirname(sys.executable),
                                                           "mpiexec"),
                         help="the launcher (default: the one beside this Python)")
@@ -52,13 +55,13 @@ def parse_args(argv=None):
     return args
 
 
-def launch(args, nranks):
-    """Starts synthetic_benchmark.py under mpiexec -n nranks."""
+def launch(args, nranks, *extra):
+    """Starts synthetic_benchmark.py under mpiexec -n nranks, with extra arguments."""
     env = dict(os.environ)
     env.setdefault("OMP_NUM_THREADS", "1")
     env.setdefault("MXNET_CPU_WORKER_NTHREADS", "1")
     command = [args.mpiexec, "-n", str(nranks), sys.executable,
-               os.path.join(HERE, "synthetic_benchmark.py"), *args.benchmark_args]
+               os.path.join(HERE, "synthetic_benchmark.py"), *args.benchmark_args, *extra]
     return subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             text=True)
 
@@ -77,15 +80,17 @@ def main(argv=None):
     """Runs the rounds and prints the table; returns the medians by row."""
     args = parse_args(argv)
     n = args.np
-    rows = {"1 process": [], f"{n} independent": [], f"{n} ranks, hvdmx": []}
+    rows = {"1 process": [], f"{n} independent": [], f"{n} ranks in step": [],
+            f"{n} ranks, hvdmx": []}
     for r in range(args.rounds):
         alone = total_img_sec(launch(args, 1))
         side_by_side = sum(total_img_sec(p) for p in [launch(args, 1) for _ in range(n)])
+        in_step = total_img_sec(launch(args, n, "--sync-only"))
         hvdmx = total_img_sec(launch(args, n))
-        for row, value in zip(rows, (alone, side_by_side, hvdmx)):
+        for row, value in zip(rows, (alone, side_by_side, in_step, hvdmx)):
             rows[row].append(value)
-        print(f"round {r + 1}/{args.rounds}: {alone:.1f}, {side_by_side:.1f}, {hvdmx:.1f} "
-              "img/sec", flush=True)
+        print(f"round {r + 1}/{args.rounds}: {alone:.1f}, {side_by_side:.1f}, {in_step:.1f}, "
+              f"{hvdmx:.1f} img/sec", flush=True)
     medians = {row: statistics.median(values) for row, values in rows.items()}
     one = medians["1 process"]
     independent = medians[f"{n} independent"]

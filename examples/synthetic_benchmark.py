@@ -15,6 +15,9 @@ Gradients are allreduced while the backward pass is still running: each
 allreduce starts as soon as its gradient is written. --no-overlap waits for
 the whole backward pass first, to show what that overlap is worth, and times
 the two phases of a batch (forward+backward; allreduce+update) separately.
+--sync-only exchanges no gradients at all (each rank updates from its own) but
+keeps the ranks in step after every batch: it measures what training in
+lockstep costs on a machine, apart from moving the gradients.
 """
 import argparse
 import time
@@ -52,6 +55,11 @@ def parse_args(argv=None):
                         help="wait for the whole backward pass before the first allreduce "
                              "starts (no overlap of communication with backward), and "
                              "print the time of each phase")
+    parser.add_argument("--sync-only", action="store_true",
+                        help="exchange no gradients: each rank updates from its own with a "
+                             "plain gluon.Trainer, and the ranks only wait for each other "
+                             "after every batch (mx.nd.waitall, then hvd.barrier). What "
+                             "training in step costs here, apart from moving the gradients")
     args = parser.parse_args(argv)
     for name in ("image_size", "batch_size", "num_classes", "num_batches_per_iter",
                  "num_iters"):
@@ -59,6 +67,10 @@ def parse_args(argv=None):
             parser.error(f"--{name.replace('_', '-')} must be >= 1")
     if args.num_warmup_batches < 0:
         parser.error("--num-warmup-batches must be >= 0")
+    for flag in ("fp16_allreduce", "no_overlap"):
+        if args.sync_only and getattr(args, flag):
+            parser.error(f"--{flag.replace('_', '-')} is about the gradients' allreduce, "
+                         "which --sync-only leaves out: give one of the two")
     return args
 
 
@@ -84,16 +96,21 @@ def main(argv=None):
     net.hybridize(static_alloc=True, static_shape=True)
     hvd.broadcast_parameters(net.collect_params(), root_rank=0)
     compression = hvd.Compression.fp16 if args.fp16_allreduce else hvd.Compression.none
-    trainer = hvd.DistributedTrainer(net.collect_params(), "sgd",
-                                     {"learning_rate": 0.01 * size, "momentum": 0.9},
-                                     compression=compression)
+    optimizer_params = {"learning_rate": 0.01 * size, "momentum": 0.9}
+    if args.sync_only:
+        trainer = gluon.Trainer(net.collect_params(), "sgd", optimizer_params, kvstore=None)
+    else:
+        trainer = hvd.DistributedTrainer(net.collect_params(), "sgd", optimizer_params,
+                                         compression=compression)
     loss_fn = gluon.loss.SoftmaxCrossEntropyLoss()
     data = mx.nd.random.uniform(-1, 1, shape=(args.batch_size, 3, args.image_size,
                                               args.image_size), ctx=ctx)
     label = mx.nd.array(np.random.RandomState(rank).randint(0, args.num_classes,
                                                             args.batch_size), ctx=ctx)
 
-    phases = np.zeros(2)  # --no-overlap: seconds in forward+backward, in step()
+    # Seconds in the two phases of the timed batches: --no-overlap: forward+backward,
+    # then step(); --sync-only: forward+backward+step(), then waiting in the barrier.
+    phases = np.zeros(2)
 
     def train_batches(count):
         for _ in range(count):
@@ -109,12 +126,19 @@ def main(argv=None):
                 phases[:] += (backward_done - start, time.perf_counter() - backward_done)
             else:
                 trainer.step(args.batch_size)
+            if args.sync_only:
+                mx.nd.waitall()
+                computed = time.perf_counter()
+                hvd.barrier()
+                phases[:] += (computed - start, time.perf_counter() - computed)
         mx.nd.waitall()
 
     log(f"Model: {args.model}, image size {args.image_size}, batch size {args.batch_size} per "
-        f"rank, {size} rank(s) on {ctx.device_type}, fp16 allreduce: "
-        f"{'yes' if args.fp16_allreduce else 'no'}, overlap with backward: "
-        f"{'no' if args.no_overlap else 'yes'}")
+        f"rank, {size} rank(s) on {ctx.device_type}, " + (
+            "gradients: not exchanged (--sync-only: the ranks wait for each other after "
+            "every batch)" if args.sync_only else
+            f"fp16 allreduce: {'yes' if args.fp16_allreduce else 'no'}, overlap with "
+            f"backward: {'no' if args.no_overlap else 'yes'}"))
     log(f"Running {args.num_warmup_batches} warm-up batches...")
     train_batches(args.num_warmup_batches)
 
@@ -136,11 +160,15 @@ def main(argv=None):
     num_params = sum(int(np.prod(p.shape)) for p in net.collect_params().values()
                      if p.grad_req != "null")
     log(f"{num_params / 1e6:.2f} M trained parameters: {num_params * 4 / 1e6:.1f} MB of "
-        "float32 gradients allreduced per batch")
+        f"float32 gradients {'kept by each rank' if args.sync_only else 'allreduced'} "
+        "per batch")
+    batches = args.num_iters * args.num_batches_per_iter
     if args.no_overlap:
-        batches = args.num_iters * args.num_batches_per_iter
         log(f"Per batch on rank 0: forward+backward {1000 * phases[0] / batches:.1f} ms, then "
             f"allreduce+update {1000 * phases[1] / batches:.1f} ms")
+    if args.sync_only:
+        log(f"Per batch on rank 0: forward+backward+update {1000 * phases[0] / batches:.1f} "
+            f"ms, then waiting for the other ranks {1000 * phases[1] / batches:.1f} ms")
     totals = np.array(totals)
     mean, conf = totals.mean(), 1.96 * totals.std()
     log(f"Img/sec per rank: {mean / size:.1f} +-{conf / size:.1f}")
