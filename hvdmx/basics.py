@@ -152,7 +152,19 @@ def gloo_built() -> bool:
     return False
 
 
+def gloo_enabled() -> bool:
+    return False
+
+
 def ccl_built() -> bool:
+    return False
+
+
+def ddl_built() -> bool:
+    return False
+
+
+def rocm_built() -> bool:
     return False
 
 

@@ -12,7 +12,8 @@ import hvdmx as hvd
 HOROVOD_MXNET_NAMES = [
     "init", "shutdown", "is_initialized", "size", "rank", "local_size", "local_rank",
     "cross_size", "cross_rank", "mpi_threads_supported", "mpi_built", "mpi_enabled",
-    "nccl_built", "cuda_built", "gloo_built", "ccl_built", "allreduce", "allreduce_",
+    "nccl_built", "cuda_built", "gloo_built", "gloo_enabled", "ccl_built", "ddl_built",
+    "rocm_built", "allreduce", "allreduce_",
     "grouped_allreduce", "grouped_allreduce_", "broadcast", "broadcast_", "Sum", "Average",
     "Min", "Max", "Product", "Adasum",
 ]
@@ -34,6 +35,9 @@ def test_built_flags_work_before_init():
     assert hvd.cuda_built() is False
     assert hvd.gloo_built() is False
     assert hvd.ccl_built() is False
+    assert hvd.gloo_enabled() is False
+    assert hvd.ddl_built() is False
+    assert hvd.rocm_built() is False
 
 
 @pytest.mark.parametrize("call", [
