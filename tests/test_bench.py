@@ -78,3 +78,15 @@ def test_model():
                            "--json"))
     assert row["tensors"] == 62 and row["bytes"] > 40e6 and row["warmup"] == 1
     assert row["hvdmx_ms"] > 0 and row["mpi_per_tensor_ms"] > 0 and row["mpi_fused_ms"] > 0
+    assert row["floor_ms"] > 0
+
+
+def test_model_table():
+    out = bench("model", "--model", "resnet18_v1", "--iters", "1", "--warmup", "0",
+                "--no-vs-mpi")
+    lines = out.splitlines()
+    assert "resnet18_v1 gradients: 62 tensors" in lines[0] and "memory floor:" in lines[0]
+    assert lines[1].split() == ["hvdmx", "memory", "floor", "MPI", "per", "tensor", "MPI",
+                                "fused"]
+    hvdmx_ms, floor_ms, per_tensor, fused = lines[2].split()
+    assert float(hvdmx_ms) > 0 and float(floor_ms) > 0 and per_tensor == fused == "nan"
