@@ -28,7 +28,8 @@ also returns the received splits, as Horovod scripts usually call it.
 ``model`` allreduces the gradient set of a model-zoo network the way
 DistributedTrainer does and prints ms per iteration beside MPI_Allreduce per
 tensor and on one fused buffer, and beside the memory floor: every rank reading
-and writing its gradients once, all ranks at once. ``--plot`` draws busbw against size.
+and writing its gradients once, all ranks at once. ``--plot`` draws busbw
+against size.
 ``idle`` reports the CPU time an initialized process uses while it runs no
 collective.
 """

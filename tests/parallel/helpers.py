@@ -51,3 +51,10 @@ def scaled(values, dtype, factor):
     if dt.kind == "f":
         return (values.astype(dt).astype(np.float32) * np.float32(factor)).astype(dt)
     return np.trunc(values * factor).astype(dt)
+
+
+def my_rows(dim0, size, rank):
+    """The rows reducescatter leaves on `rank`: the first ranks get the remainder."""
+    base, rem = divmod(dim0, size)
+    start = rank * base + min(rank, rem)
+    return start, start + base + (1 if rank < rem else 0)

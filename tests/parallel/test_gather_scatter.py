@@ -8,7 +8,7 @@ import pytest
 import hvdmx as hvd
 from hvdmx import _core
 from conftest import all_equal_across_ranks, restart
-from helpers import DTYPES, expected, rank_input
+from helpers import DTYPES, expected, my_rows, rank_input
 
 # Each test runs over shared memory and over MPI (conftest.transport).
 pytestmark = pytest.mark.usefixtures("transport")
@@ -209,13 +209,6 @@ def test_alltoall_large(world):
     want = np.concatenate([alltoall_rows(s, rank, 50_000 + rank, (4,), "float32")
                            for s in range(size)])
     assert np.array_equal(out.asnumpy(), want)
-
-
-def my_rows(dim0, size, rank):
-    """The rows reducescatter leaves on `rank`: the first ranks get the remainder."""
-    base, rem = divmod(dim0, size)
-    start = rank * base + min(rank, rem)
-    return start, start + base + (1 if rank < rem else 0)
 
 
 @pytest.mark.parametrize("dtype", DTYPES)

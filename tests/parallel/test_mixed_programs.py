@@ -16,7 +16,7 @@ import pytest
 
 import hvdmx as hvd
 from conftest import restart
-from helpers import DTYPES, scaled
+from helpers import DTYPES, my_rows, scaled
 
 FLOATS = ["float32", "float64", "float16"]
 KINDS = ["allreduce", "allreduce_", "grouped_allreduce", "broadcast", "broadcast_",
@@ -51,12 +51,6 @@ def reduce(arrays, op, dtype, size):
         return stacked.max(axis=0).astype(dtype)
     total = stacked.sum(axis=0)
     return scaled(total, dtype, 1.0 / size) if op == hvd.Average else total.astype(dtype)
-
-
-def my_rows(dim0, size, rank):
-    base, rem = divmod(dim0, size)
-    start = rank * base + min(rank, rem)
-    return start, start + base + (1 if rank < rem else 0)
 
 
 def draw(seed, size):
