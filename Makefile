@@ -24,7 +24,7 @@ BUILD_REQUIRES = $(shell $(PY) -c 'import re, shlex, sys; t = open("pyproject.to
 	re.search(r"^requires\s*=\s*\[(.*?)\]", t, re.S | re.M).group(1)); \
 	print(" ".join(map(shlex.quote, r)))')
 
-.PHONY: venv build demo test clean distclean
+.PHONY: venv build demo test horovod-programs clean distclean
 
 venv: $(INSTALLED)
 
@@ -54,10 +54,24 @@ build: $(CORE)
 $(CORE): $(CSRC) csrc/hvdmx setup.py | $(INSTALLED)
 	$(PY) setup.py -q build_ext --inplace --force
 
+# Programs written for horovod.mxnet that tests/test_horovod_programs.py runs
+# unchanged, at the versions pinned in tests/horovod_programs.txt. They get a
+# directory of their own, without their declared dependencies: Sockeye 2 pins
+# mxnet==1.8.0.post0, which would replace the MXNet 1.9.1 that hvdmx builds on
+# (it runs on 1.9.1). The test puts the directory on PYTHONPATH.
+HOROVOD_PROGRAMS := $(VENV)/horovod-programs
+
+horovod-programs: $(HOROVOD_PROGRAMS)/.installed
+
+$(HOROVOD_PROGRAMS)/.installed: tests/horovod_programs.txt | $(INSTALLED)
+	rm -rf $(HOROVOD_PROGRAMS)
+	$(PY) -m pip install --no-deps --target $(HOROVOD_PROGRAMS) -r tests/horovod_programs.txt
+	touch $@
+
 demo: venv build
 	$(MPIEXEC) $(MPIEXEC_FLAGS) -n 2 $(PY) examples/mnist_gluon.py
 
-test: venv build
+test: venv build horovod-programs
 	PYTHON=$(PY) MPIEXEC=$(MPIEXEC) MPIEXEC_FLAGS='$(MPIEXEC_FLAGS)' tests/run_all.sh
 
 clean:

@@ -1,0 +1,86 @@
+"""Runs a program written for ``horovod.mxnet`` on hvdmx, without editing it.
+
+    mpiexec -n 2 python -m hvdmx.as_horovod train.py --epochs 3
+    mpiexec -n 2 python -m hvdmx.as_horovod -m sockeye.train --horovod ...
+
+For code you cannot edit (an installed package such as Sockeye, which imports
+``horovod.mxnet`` itself), this makes ``import horovod.mxnet`` give hvdmx and
+then runs the script or module as ``python`` would: ``__name__`` is
+``"__main__"``, ``sys.argv`` holds the script and its arguments, and
+``sys.path[0]`` is the script's directory (the current directory with ``-m``).
+In code you can edit, ``import hvdmx as hvd`` does the same.
+
+The names that resolve to hvdmx: ``horovod.mxnet`` and its submodules
+``mpi_ops``, ``functions`` and ``compression`` (hvdmx exports everything they
+do). ``horovod`` itself is an empty package holding ``mxnet``. Nothing is
+imported until the program uses it, so, as with Horovod, importing
+``horovod.mxnet`` does not start MPI: ``hvd.init()`` does.
+"""
+from __future__ import annotations
+
+import os
+import runpy
+import sys
+import types
+
+_ALIASED = ("horovod.mxnet", "horovod.mxnet.mpi_ops", "horovod.mxnet.functions",
+            "horovod.mxnet.compression")
+
+USAGE = """\
+usage: python -m hvdmx.as_horovod SCRIPT [ARGS ...]
+       python -m hvdmx.as_horovod -m MODULE [ARGS ...]
+
+Runs SCRIPT (or MODULE, as python -m would) with `import horovod.mxnet`
+giving hvdmx, for programs written for Horovod that you cannot edit.
+Launch it like any hvdmx program: mpiexec -n 2 python -m hvdmx.as_horovod ...
+"""
+
+
+def install() -> None:
+    """Makes ``import horovod.mxnet`` (and the submodules above) give hvdmx
+    in this process. Fails if the real Horovod is already imported: the
+    program would then hold two libraries' state."""
+    import hvdmx
+    present = sys.modules.get("horovod")
+    if present is not None and not getattr(present, "_hvdmx_alias", False):
+        raise RuntimeError(
+            f"hvdmx.as_horovod: module 'horovod' is already imported from "
+            f"{getattr(present, '__file__', None)!r}; install the alias before anything "
+            "imports Horovod (run the program with python -m hvdmx.as_horovod)")
+    package = present or types.ModuleType("horovod", "hvdmx standing in for Horovod")
+    package.__path__ = []  # a package, so that `import horovod.mxnet` looks in sys.modules
+    package._hvdmx_alias = True
+    package.mxnet = hvdmx
+    sys.modules["horovod"] = package
+    for name in _ALIASED:
+        sys.modules[name] = hvdmx
+
+
+def main(argv=None) -> int:
+    args = list(sys.argv[1:] if argv is None else argv)
+    if not args or args[0] in ("-h", "--help"):
+        (sys.stdout if args else sys.stderr).write(USAGE)
+        return 0 if args else 2
+    if args[0] == "-m":
+        if len(args) < 2:
+            sys.stderr.write("hvdmx.as_horovod: -m needs a module name, e.g. -m sockeye.train\n\n"
+                             + USAGE)
+            return 2
+        install()
+        sys.argv = args[1:]
+        runpy.run_module(args[1], run_name="__main__", alter_sys=True)
+        return 0
+    script = args[0]
+    if not os.path.isfile(script):
+        sys.stderr.write(f"hvdmx.as_horovod: script {script!r} is not a file; give a Python "
+                         "script, or -m MODULE\n")
+        return 2
+    install()
+    sys.argv = args
+    sys.path[0] = os.path.dirname(os.path.abspath(script))
+    runpy.run_path(script, run_name="__main__")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

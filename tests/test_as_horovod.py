@@ -1,0 +1,118 @@
+"""python -m hvdmx.as_horovod: programs that import horovod.mxnet run on hvdmx.
+
+Each test starts its own interpreter, as a user would, because the alias and
+MPI's start are process-wide. tests/test_horovod_programs.py runs a real one
+(Sockeye) under mpiexec.
+"""
+import os
+import subprocess
+import sys
+import textwrap
+
+ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), ".."))
+ENV = dict(os.environ, OMP_NUM_THREADS="1", MXNET_CPU_WORKER_NTHREADS="1",
+           PYTHONPATH=os.pathsep.join([ROOT] + os.environ.get("PYTHONPATH", "").split(os.pathsep)))
+
+
+def as_horovod(*args, cwd=None, env=None):
+    return subprocess.run([sys.executable, "-m", "hvdmx.as_horovod", *args], cwd=cwd,
+                          env=env or ENV, capture_output=True, text=True, timeout=120)
+
+
+def write(path, text):
+    path.write_text(textwrap.dedent(text))
+    return str(path)
+
+
+def test_script_sees_hvdmx_under_horovod_names(tmp_path):
+    script = write(tmp_path / "train.py", """\
+        import sys
+        import horovod.mxnet as hvd
+        import hvdmx
+        from horovod.mxnet.mpi_ops import allreduce
+        from horovod.mxnet.compression import Compression
+        from horovod.mxnet.functions import broadcast_object
+        import horovod
+        assert hvd is hvdmx and horovod.mxnet is hvdmx
+        assert allreduce is hvdmx.allreduce and Compression is hvdmx.Compression
+        assert broadcast_object is hvdmx.broadcast_object
+        print(__name__, sys.argv[1:], sys.path[0])
+        """)
+    result = as_horovod(script, "--epochs", "3")
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.split() == ["__main__", "['--epochs',", "'3']", str(tmp_path)]
+
+
+def test_import_does_not_start_mpi_init_does(tmp_path):
+    # Sockeye's pattern: import Horovod, keep mpi4py from starting MPI, and take
+    # MPI.Is_initialized() to mean that hvd.init() has run.
+    script = write(tmp_path / "train.py", """\
+        import horovod.mxnet as hvd
+        import mpi4py
+        mpi4py.rc.initialize = False
+        mpi4py.rc.finalize = False
+        from mpi4py import MPI
+        import mxnet as mx
+        assert not MPI.Is_initialized(), "importing horovod.mxnet started MPI"
+        hvd.init()
+        assert MPI.Is_initialized()
+        out = hvd.allreduce(mx.nd.array([1.0, 2.0]), op=hvd.Sum, name="x")
+        print(hvd.rank(), hvd.size(), out.asnumpy().tolist())
+        """)
+    result = as_horovod(script)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.split() == ["0", "1", "[1.0,", "2.0]"]
+
+
+def test_module_runs_as_main(tmp_path):
+    package = tmp_path / "pkg"
+    package.mkdir()
+    (package / "__init__.py").write_text("")
+    write(package / "train.py", """\
+        import sys
+        import horovod.mxnet as hvd
+        hvd.init()
+        print(__name__, sys.argv[1:], hvd.size())
+        """)
+    env = dict(ENV, PYTHONPATH=os.pathsep.join([str(tmp_path), ENV["PYTHONPATH"]]))
+    result = as_horovod("-m", "pkg.train", "-x", env=env)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.split() == ["__main__", "['-x']", "1"]
+
+
+def test_exit_status_is_the_programs(tmp_path):
+    script = write(tmp_path / "fail.py", "import sys\nsys.exit(3)\n")
+    assert as_horovod(script).returncode == 3
+
+
+def test_usage():
+    result = as_horovod()
+    assert result.returncode == 2
+    assert "usage: python -m hvdmx.as_horovod SCRIPT [ARGS ...]" in result.stderr
+    result = as_horovod("--help")
+    assert result.returncode == 0 and "-m MODULE [ARGS ...]" in result.stdout
+
+
+def test_bad_arguments_are_named(tmp_path):
+    result = as_horovod("-m")
+    assert result.returncode == 2
+    assert "-m needs a module name, e.g. -m sockeye.train" in result.stderr
+    missing = str(tmp_path / "nope.py")
+    result = as_horovod(missing)
+    assert result.returncode == 2
+    assert f"script {missing!r} is not a file; give a Python script, or -m MODULE" \
+        in result.stderr
+
+
+def test_refuses_when_real_horovod_is_already_imported(tmp_path):
+    # A stand-in for an installed Horovod, imported before the alias.
+    (tmp_path / "horovod").mkdir()
+    (tmp_path / "horovod" / "__init__.py").write_text("")
+    code = ("import horovod, hvdmx.as_horovod as a\n"
+            "try:\n    a.install()\nexcept RuntimeError as e:\n    print(e)\n")
+    env = dict(ENV, PYTHONPATH=os.pathsep.join([str(tmp_path), ENV["PYTHONPATH"]]))
+    result = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True,
+                            text=True, timeout=60)
+    assert result.returncode == 0, result.stderr
+    assert "module 'horovod' is already imported from" in result.stdout
+    assert "install the alias before anything imports Horovod" in result.stdout
