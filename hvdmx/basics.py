@@ -32,10 +32,20 @@ def init(comm: Optional[Union[Any, Sequence[int]]] = None,
     ``MPI.COMM_WORLD``; by default the whole job. Every rank of the
     communicator must call ``init``. ``process_sets`` lists ProcessSets (or
     lists of ranks) to add at once, as ``hvd.add_process_set`` would.
+
+    If MPI is not running yet (mpi4py was imported with
+    ``mpi4py.rc.initialize = False``), init starts it, and MPI is finalized
+    when the process exits, after hvdmx has shut down: as Horovod does, and as
+    Open MPI's launcher requires of a process that started MPI.
     """
     global _atexit_registered, _owned_comm, _comm
     if _core.is_initialized():
         return
+    if not MPI.Is_initialized():
+        MPI.Init_thread(MPI.THREAD_MULTIPLE)
+        # atexit runs last-registered first: registered before shutdown, this
+        # runs after it.
+        atexit.register(_finalize_mpi)
     if process_sets is not None and not isinstance(process_sets, (list, tuple)):
         raise TypeError("hvdmx.init: argument 'process_sets' must be a list of ProcessSets "
                         f"or None, got {type(process_sets).__name__}")
@@ -75,6 +85,11 @@ def init(comm: Optional[Union[Any, Sequence[int]]] = None,
         _atexit_registered = True
     for process_set in process_sets or ():
         _process_sets.add_process_set(process_set)
+
+
+def _finalize_mpi() -> None:
+    if not MPI.Is_finalized():
+        MPI.Finalize()
 
 
 def shutdown() -> None:

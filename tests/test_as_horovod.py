@@ -52,8 +52,11 @@ def test_import_does_not_start_mpi_init_does(tmp_path):
         mpi4py.rc.initialize = False
         mpi4py.rc.finalize = False
         from mpi4py import MPI
+        import atexit
         import mxnet as mx
         assert not MPI.Is_initialized(), "importing horovod.mxnet started MPI"
+        # Runs last at exit, being registered first.
+        atexit.register(lambda: print("finalized", MPI.Is_finalized()))
         hvd.init()
         assert MPI.Is_initialized()
         out = hvd.allreduce(mx.nd.array([1.0, 2.0]), op=hvd.Sum, name="x")
@@ -61,7 +64,25 @@ def test_import_does_not_start_mpi_init_does(tmp_path):
         """)
     result = as_horovod(script)
     assert result.returncode == 0, result.stderr
-    assert result.stdout.split() == ["0", "1", "[1.0,", "2.0]"]
+    # hvdmx started MPI, so it finalized it at exit, as Horovod does.
+    assert result.stdout.split() == ["0", "1", "[1.0,", "2.0]", "finalized", "True"]
+
+
+def test_mpi_started_by_mpi4py_is_left_to_it(tmp_path):
+    script = write(tmp_path / "train.py", """\
+        import atexit
+        from mpi4py import MPI
+        import horovod.mxnet as hvd
+        atexit.register(lambda: print("finalized", MPI.Is_finalized()))
+        hvd.init()
+        hvd.shutdown()
+        hvd.init()  # init again after shutdown: MPI must still be running
+        print(hvd.size())
+        """)
+    result = as_horovod(script)
+    assert result.returncode == 0, result.stderr
+    # mpi4py finalizes after every atexit function has run.
+    assert result.stdout.split() == ["1", "finalized", "False"]
 
 
 def test_module_runs_as_main(tmp_path):
