@@ -10,21 +10,21 @@ then runs the script or module as ``python`` would: ``__name__`` is
 ``sys.path[0]`` is the script's directory (the current directory with ``-m``).
 In code you can edit, ``import hvdmx as hvd`` does the same.
 
-The names that resolve to hvdmx: ``horovod.mxnet`` and its submodules
-``mpi_ops``, ``functions`` and ``compression`` (hvdmx exports everything they
-do). ``horovod`` itself is an empty package holding ``mxnet``. Nothing is
-imported until the program uses it, so, as with Horovod, importing
-``horovod.mxnet`` does not start MPI: ``hvd.init()`` does.
+``horovod.mxnet`` and its submodules ``mpi_ops``, ``functions`` and
+``compression`` become modules of those names whose attributes are hvdmx's
+(``horovod.mxnet.allreduce is hvdmx.allreduce``; ``mpi_ops`` forwards to
+hvdmx, which exports everything Horovod's does), so every form of import
+works. ``horovod`` itself is an empty package holding ``mxnet``. Nothing of
+hvdmx is imported until the program uses a name, so, as with Horovod,
+importing ``horovod.mxnet`` does not start MPI: ``hvd.init()`` does.
 """
 from __future__ import annotations
 
+import importlib
 import os
 import runpy
 import sys
 import types
-
-_ALIASED = ("horovod.mxnet", "horovod.mxnet.mpi_ops", "horovod.mxnet.functions",
-            "horovod.mxnet.compression")
 
 USAGE = """\
 usage: python -m hvdmx.as_horovod SCRIPT [ARGS ...]
@@ -36,24 +36,52 @@ Launch it like any hvdmx program: mpiexec -n 2 python -m hvdmx.as_horovod ...
 """
 
 
+def _forwarder(name: str, target, doc: str) -> types.ModuleType:
+    """A module named ``name`` whose attributes are those of the module
+    ``target()`` returns, looked up (and so imported) on first use."""
+    module = types.ModuleType(name, doc)
+
+    def __getattr__(attr):
+        if attr.startswith("__"):  # __path__, __file__, ...: not forwarded
+            raise AttributeError(f"module {name!r} has no attribute {attr!r}")
+        return getattr(target(), attr)
+
+    module.__getattr__ = __getattr__
+    module.__dir__ = lambda: dir(target())
+    return module
+
+
 def install() -> None:
     """Makes ``import horovod.mxnet`` (and the submodules above) give hvdmx
     in this process. Fails if the real Horovod is already imported: the
     program would then hold two libraries' state."""
-    import hvdmx
     present = sys.modules.get("horovod")
-    if present is not None and not getattr(present, "_hvdmx_alias", False):
+    if present is not None:
+        if getattr(present, "_hvdmx_alias", False):
+            return
         raise RuntimeError(
             f"hvdmx.as_horovod: module 'horovod' is already imported from "
             f"{getattr(present, '__file__', None)!r}; install the alias before anything "
             "imports Horovod (run the program with python -m hvdmx.as_horovod)")
-    package = present or types.ModuleType("horovod", "hvdmx standing in for Horovod")
-    package.__path__ = []  # a package, so that `import horovod.mxnet` looks in sys.modules
-    package._hvdmx_alias = True
-    package.mxnet = hvdmx
-    sys.modules["horovod"] = package
-    for name in _ALIASED:
-        sys.modules[name] = hvdmx
+    # Modules named as Horovod's, so that every form of import finds them
+    # (`import horovod.mxnet.mpi_ops as m` looks the last name up as an
+    # attribute of horovod.mxnet), forwarding to hvdmx's.
+    package = _forwarder("horovod.mxnet", lambda: importlib.import_module("hvdmx"),
+                         "hvdmx standing in for horovod.mxnet")
+    package.__path__ = []  # a package: its submodules are found in sys.modules
+    for sub, target in (("mpi_ops", "hvdmx"), ("functions", "hvdmx.functions"),
+                        ("compression", "hvdmx.compression")):
+        module = _forwarder(f"horovod.mxnet.{sub}",
+                            lambda target=target: importlib.import_module(target),
+                            f"hvdmx standing in for horovod.mxnet.{sub}")
+        setattr(package, sub, module)
+        sys.modules[module.__name__] = module
+    sys.modules["horovod.mxnet"] = package
+    horovod = types.ModuleType("horovod", "hvdmx standing in for Horovod")
+    horovod.__path__ = []
+    horovod._hvdmx_alias = True
+    horovod.mxnet = package
+    sys.modules["horovod"] = horovod
 
 
 def main(argv=None) -> int:

@@ -29,13 +29,20 @@ def test_script_sees_hvdmx_under_horovod_names(tmp_path):
         import sys
         import horovod.mxnet as hvd
         import hvdmx
+        # Every form of import a Horovod program may use.
         from horovod.mxnet.mpi_ops import allreduce
         from horovod.mxnet.compression import Compression
         from horovod.mxnet.functions import broadcast_object
+        from horovod.mxnet import mpi_ops, functions, compression
+        import horovod.mxnet.mpi_ops as ops_module
         import horovod
-        assert hvd is hvdmx and horovod.mxnet is hvdmx
-        assert allreduce is hvdmx.allreduce and Compression is hvdmx.Compression
-        assert broadcast_object is hvdmx.broadcast_object
+        assert horovod.mxnet is hvd and hvd.__name__ == "horovod.mxnet"
+        assert hvd.DistributedTrainer is hvdmx.DistributedTrainer and hvd.Sum == hvdmx.Sum
+        assert allreduce is mpi_ops.allreduce is ops_module.allreduce is hvdmx.allreduce
+        assert hvd.mpi_ops is ops_module and mpi_ops.init is hvdmx.init
+        assert Compression is compression.Compression is hvdmx.Compression
+        assert broadcast_object is functions.broadcast_object is hvdmx.broadcast_object
+        assert "init" in dir(hvd) and "allgather_object" in dir(functions)
         print(__name__, sys.argv[1:], sys.path[0])
         """)
     result = as_horovod(script, "--epochs", "3")
@@ -123,6 +130,19 @@ def test_bad_arguments_are_named(tmp_path):
     assert result.returncode == 2
     assert f"script {missing!r} is not a file; give a Python script, or -m MODULE" \
         in result.stderr
+
+
+def test_unknown_names_raise_attribute_error(tmp_path):
+    script = write(tmp_path / "train.py", """\
+        import horovod.mxnet as hvd
+        try:
+            hvd.no_such_call
+        except AttributeError as e:
+            print(e)
+        """)
+    result = as_horovod(script)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "module 'hvdmx' has no attribute 'no_such_call'"
 
 
 def test_refuses_when_real_horovod_is_already_imported(tmp_path):
