@@ -3,6 +3,8 @@ from __future__ import annotations
 
 import atexit
 import importlib
+import os
+import sys
 from typing import Any, Optional, Sequence, Union
 
 # mpi4py loads libmpi first; the extension then binds to that same library
@@ -46,6 +48,7 @@ def init(comm: Optional[Union[Any, Sequence[int]]] = None,
         # atexit runs last-registered first: registered before shutdown, this
         # runs after it.
         atexit.register(_finalize_mpi)
+    _check_launcher(os.environ)
     if process_sets is not None and not isinstance(process_sets, (list, tuple)):
         raise TypeError("hvdmx.init: argument 'process_sets' must be a list of ProcessSets "
                         f"or None, got {type(process_sets).__name__}")
@@ -85,6 +88,31 @@ def init(comm: Optional[Union[Any, Sequence[int]]] = None,
         _atexit_registered = True
     for process_set in process_sets or ():
         _process_sets.add_process_set(process_set)
+
+
+# What launchers tell each process about the job: (variable, who sets it).
+_LAUNCHER_SIZES = (("OMPI_COMM_WORLD_SIZE", "Open MPI's mpirun/mpiexec"),
+                   ("PMI_SIZE", "a PMI launcher (such as the mpiexec of MPICH or Intel MPI)"))
+
+
+def _check_launcher(environ) -> None:
+    """Refuses to start a process that a launcher started as one of several
+    but that MPI sees alone: the launcher belongs to another MPI than the one
+    hvdmx loaded (Open MPI's mpirun starting a program on the mpich wheel, say),
+    and every process would train on its own, each as rank 0 of 1."""
+    if MPI.COMM_WORLD.Get_size() != 1:
+        return
+    for variable, launcher in _LAUNCHER_SIZES:
+        value = environ.get(variable, "")
+        if value.isdigit() and int(value) > 1:
+            library = " ".join(MPI.Get_library_version().strip().splitlines()[0].split())
+            beside = os.path.join(os.path.dirname(sys.executable), "mpiexec")
+            raise RuntimeError(
+                f"hvdmx.init: {launcher} started this process as one of {value} "
+                f"({variable}={value}), but the MPI library hvdmx uses ({library}) sees it "
+                "alone: the launcher belongs to another MPI, and every process would train "
+                "by itself as rank 0 of 1. Start the job with the launcher of hvdmx's MPI: "
+                f"hvdmxrun -np {value} ... finds it, or {beside} -n {value} ...")
 
 
 def _finalize_mpi() -> None:
