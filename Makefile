@@ -54,31 +54,35 @@ build: $(CORE)
 $(CORE): $(CSRC) csrc/hvdmx setup.py | $(INSTALLED)
 	$(PY) setup.py -q build_ext --inplace --force
 
+# Packages that single tests need but that must stay out of the venv, each pinned
+# in a requirements file and installed into a directory of its own, without
+# their declared dependencies, by pip's FLAG (--target or --prefix):
+#   $(call install_apart,DIR,FLAG,REQUIREMENTS)
+define install_apart
+	rm -rf $(1)
+	$(PY) -m pip install --no-deps $(2) $(1) -r $(3)
+	touch $(1)/.installed
+endef
+
 # Programs written for horovod.mxnet that tests/test_horovod_programs.py runs
-# unchanged, at the versions pinned in tests/horovod_programs.txt. They get a
-# directory of their own, without their declared dependencies: Sockeye 2 pins
+# unchanged (it puts the directory on PYTHONPATH). Sockeye 2 pins
 # mxnet==1.8.0.post0, which would replace the MXNet 1.9.1 that hvdmx builds on
-# (it runs on 1.9.1). The test puts the directory on PYTHONPATH.
+# (it runs on 1.9.1).
 HOROVOD_PROGRAMS := $(VENV)/horovod-programs
 
 horovod-programs: $(HOROVOD_PROGRAMS)/.installed
 
 $(HOROVOD_PROGRAMS)/.installed: tests/horovod_programs.txt | $(INSTALLED)
-	rm -rf $(HOROVOD_PROGRAMS)
-	$(PY) -m pip install --no-deps --target $(HOROVOD_PROGRAMS) -r tests/horovod_programs.txt
-	touch $@
+	$(call install_apart,$(HOROVOD_PROGRAMS),--target,$<)
 
 # Open MPI, for tests/test_one_mpi.py (an MPI of the other family than the mpich
-# wheel's), at the version pinned in tests/other_mpi.txt. Its own prefix: its
-# bin/mpiexec and lib/libmpi.so must not replace the mpich wheel's in the venv.
+# wheel's). Its bin/mpiexec and lib/libmpi.so must not replace the mpich wheel's.
 OTHER_MPI := $(VENV)/other-mpi
 
 other-mpi: $(OTHER_MPI)/.installed
 
 $(OTHER_MPI)/.installed: tests/other_mpi.txt | $(INSTALLED)
-	rm -rf $(OTHER_MPI)
-	$(PY) -m pip install --no-deps --prefix $(OTHER_MPI) -r tests/other_mpi.txt
-	touch $@
+	$(call install_apart,$(OTHER_MPI),--prefix,$<)
 
 demo: venv build
 	$(MPIEXEC) $(MPIEXEC_FLAGS) -n 2 $(PY) examples/mnist_gluon.py
