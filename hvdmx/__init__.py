@@ -119,6 +119,8 @@ def _load_core():
                           f"{_ONE_MPI_FIX}") from error
     message = _two_mpis(core.mpi_vendor(), loaded)
     if message is not None:
+        # The import bound hvdmx._core; unbound, the next use is refused too.
+        globals().pop("_core", None)
         raise ImportError(message)
     return core
 

