@@ -21,6 +21,7 @@ importing ``horovod.mxnet`` does not start MPI: ``hvd.init()`` does.
 from __future__ import annotations
 
 import importlib
+import importlib.util
 import os
 import runpy
 import sys
@@ -95,6 +96,15 @@ def main(argv=None) -> int:
                              + USAGE)
             return 2
         install()
+        try:
+            # What python -m checks first: that the module can be found.
+            found = importlib.util.find_spec(args[1]) is not None
+        except (ImportError, ValueError) as error:
+            sys.stderr.write(f"hvdmx.as_horovod: cannot find module {args[1]!r} ({error})\n")
+            return 1
+        if not found:
+            sys.stderr.write(f"hvdmx.as_horovod: no module named {args[1]!r}\n")
+            return 1
         sys.argv = args[1:]
         runpy.run_module(args[1], run_name="__main__", alter_sys=True)
         return 0

@@ -125,6 +125,14 @@ def test_bad_arguments_are_named(tmp_path):
     result = as_horovod("-m")
     assert result.returncode == 2
     assert "-m needs a module name, e.g. -m sockeye.train" in result.stderr
+    result = as_horovod("-m", "no_such_module")
+    assert result.returncode == 1
+    assert result.stderr == "hvdmx.as_horovod: no module named 'no_such_module'\n"
+    result = as_horovod("-m", "no_such_package.train")
+    assert result.returncode == 1
+    assert result.stderr.startswith("hvdmx.as_horovod: cannot find module "
+                                    "'no_such_package.train' (No module named "
+                                    "'no_such_package')")
     missing = str(tmp_path / "nope.py")
     result = as_horovod(missing)
     assert result.returncode == 2
