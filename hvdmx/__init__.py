@@ -69,13 +69,16 @@ _EXPORTS = {
 __all__ = sorted(_EXPORTS)
 
 
-def _mpi_family(vendor: str):
-    """The ABI family of an MPI named like "MPICH 5.0.2", "Open MPI 4.1.8" or
-    "Intel MPI ...": libraries of one family share a soname (libmpi.so.12 for
-    MPICH's, libmpi.so.40 for Open MPI); None when unknown."""
-    if vendor.startswith("Open MPI"):
+def _mpi_family(name: str):
+    """The family of an MPI, named by its vendor ("MPICH 5.0.2", "Open MPI
+    4.1.8", "Intel MPI ...") or by hvdmxrun's launcher flavor ("mpich",
+    "intel", "openmpi"): "Open MPI", or "MPICH" for MPICH and its derivatives.
+    One family shares a soname (libmpi.so.12 for MPICH's, libmpi.so.40 for
+    Open MPI) and a launcher protocol; None when unknown."""
+    if name.startswith("Open MPI") or name == "openmpi":
         return "Open MPI"
-    if vendor.startswith(("MPICH", "Intel MPI", "MVAPICH", "Cray MPICH")):
+    if name.startswith(("MPICH", "Intel MPI", "MVAPICH", "Cray MPICH")) or \
+            name in ("mpich", "intel"):
         return "MPICH"
     return None
 

@@ -27,6 +27,7 @@ import sys
 from dataclasses import dataclass
 from typing import List, Mapping, NamedTuple, Optional, Sequence, TextIO
 
+from . import _mpi_family
 from .run_flags import add_tuning_flags, tuning_env
 
 PROG = "hvdmxrun"
@@ -299,15 +300,6 @@ def build_command(launcher: Launcher, num_proc: int, hosts: Optional[Sequence[Ho
         for name, value in env.items():
             cmd += ["-genv", name, value]
     return cmd + list(mpi_args) + list(command)
-
-
-def _mpi_family(name: str) -> Optional[str]:
-    """'Open MPI' or 'Hydra' (MPICH and its derivatives share the launcher protocol)."""
-    if name.startswith("Open MPI") or name == OPENMPI:
-        return "Open MPI"
-    if name.startswith(("MPICH", "Intel MPI", "MVAPICH")) or name in (MPICH, INTEL):
-        return "Hydra"
-    return None
 
 
 def launcher_mismatch(built_vendor: str, launcher: Launcher) -> Optional[str]:

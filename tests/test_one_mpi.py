@@ -21,6 +21,8 @@ OTHER_MPI = os.path.join(sys.prefix, "other-mpi")
 @pytest.mark.parametrize("vendor, family", [
     ("MPICH 5.0.2", "MPICH"), ("Intel MPI 2021.10", "MPICH"), ("MVAPICH2 2.3.7", "MPICH"),
     ("Open MPI 4.1.8", "Open MPI"), ("MPI 3.1", None), ("Microsoft MPI 10.1", None),
+    # hvdmxrun's launcher flavors
+    ("mpich", "MPICH"), ("intel", "MPICH"), ("openmpi", "Open MPI"),
 ])
 def test_mpi_family(vendor, family):
     assert hvdmx._mpi_family(vendor) == family

@@ -401,7 +401,7 @@ def test_build_mismatch_warning():
     assert run.launcher_mismatch("MPI 3.1", OPENMPI) is None
     warning = run.launcher_mismatch("Open MPI 4.1.5", MPICH)
     assert ("hvdmx was built with Open MPI 4.1.5, but the launcher /mpi/bin/mpiexec "
-            "(MPICH/Hydra 4.1.2) starts Hydra jobs" in warning)
+            "(MPICH/Hydra 4.1.2) starts MPICH jobs" in warning)
     assert "every rank would run alone" in warning
     assert "Pass --mpiexec with the launcher of Open MPI 4.1.5" in warning
     assert "starts Open MPI jobs" in run.launcher_mismatch("MPICH 5.0.2", OPENMPI)
