@@ -27,8 +27,14 @@ def rank_input(rank, count, dtype, op):
 
 
 def expected(size, count, dtype, op, prescale=1.0, postscale=1.0):
-    inputs = [rank_input(r, count, dtype, op).astype(np.float64) * prescale
-              for r in range(size)]
+    return reduced([rank_input(r, count, dtype, op).astype(np.float64) * prescale
+                    for r in range(size)], dtype, op, postscale)
+
+
+def reduced(arrays, dtype, op, postscale=1.0):
+    """Every rank's array (one each, in float64) reduced by `op`, then scaled
+    and cast to `dtype` the way the core does it."""
+    inputs = [np.asarray(a, dtype=np.float64) for a in arrays]
     if op in (hvd.Sum, hvd.Average):
         out = np.sum(inputs, axis=0)
     elif op == hvd.Min:
@@ -37,7 +43,7 @@ def expected(size, count, dtype, op, prescale=1.0, postscale=1.0):
         out = np.max(inputs, axis=0)
     else:
         out = np.prod(inputs, axis=0)
-    factor = postscale / size if op == hvd.Average else postscale
+    factor = postscale / len(inputs) if op == hvd.Average else postscale
     return scaled(out, dtype, factor)
 
 

@@ -16,7 +16,7 @@ import pytest
 
 import hvdmx as hvd
 from conftest import restart
-from helpers import DTYPES, my_rows, scaled
+from helpers import DTYPES, my_rows, reduced
 
 FLOATS = ["float32", "float64", "float16"]
 KINDS = ["allreduce", "allreduce_", "grouped_allreduce", "broadcast", "broadcast_",
@@ -41,16 +41,6 @@ def values(rank, call, shape, dtype):
     """Rank `rank`'s input to call `call`: small integers, exact in every dtype."""
     i = np.arange(int(np.prod(shape, dtype=np.int64)))
     return ((i * 7 + rank * 3 + call * 5) % 11).astype(dtype).reshape(shape)
-
-
-def reduce(arrays, op, dtype, size):
-    stacked = np.stack([a.astype(np.float64) for a in arrays])
-    if op == hvd.Min:
-        return stacked.min(axis=0).astype(dtype)
-    if op == hvd.Max:
-        return stacked.max(axis=0).astype(dtype)
-    total = stacked.sum(axis=0)
-    return scaled(total, dtype, 1.0 / size) if op == hvd.Average else total.astype(dtype)
 
 
 def draw(seed, size):
@@ -145,7 +135,7 @@ def expect(spec, call, members, rank):
     for k in range(len(spec["rows"])):
         mine = [everyone[r][k] for r in range(size)]
         if kind.endswith("allreduce") or kind == "allreduce_":
-            results.append(reduce(mine, spec["op"], dtype, size))
+            results.append(reduced(mine, dtype, spec["op"]))
         elif kind.startswith("broadcast"):
             results.append(mine[spec["root"]])
         elif kind.endswith("allgather"):
@@ -159,7 +149,7 @@ def expect(spec, call, members, rank):
             results.append(np.concatenate(blocks))
         else:
             start, end = my_rows(mine[0].shape[0], size, rank)
-            results.append(reduce(mine, spec["op"], dtype, size)[start:end])
+            results.append(reduced(mine, dtype, spec["op"])[start:end])
     return results
 
 
