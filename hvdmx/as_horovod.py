@@ -37,18 +37,18 @@ Launch it like any hvdmx program: mpiexec -n 2 python -m hvdmx.as_horovod ...
 """
 
 
-def _forwarder(name: str, target, doc: str) -> types.ModuleType:
+def _forwarder(name: str, target: str) -> types.ModuleType:
     """A module named ``name`` whose attributes are those of the module
-    ``target()`` returns, looked up (and so imported) on first use."""
-    module = types.ModuleType(name, doc)
+    ``target``, looked up (and so imported) on first use."""
+    module = types.ModuleType(name, f"hvdmx standing in for {name}")
 
     def __getattr__(attr):
         if attr.startswith("__"):  # __path__, __file__, ...: not forwarded
             raise AttributeError(f"module {name!r} has no attribute {attr!r}")
-        return getattr(target(), attr)
+        return getattr(importlib.import_module(target), attr)
 
     module.__getattr__ = __getattr__
-    module.__dir__ = lambda: dir(target())
+    module.__dir__ = lambda: dir(importlib.import_module(target))
     return module
 
 
@@ -67,14 +67,11 @@ def install() -> None:
     # Modules named as Horovod's, so that every form of import finds them
     # (`import horovod.mxnet.mpi_ops as m` looks the last name up as an
     # attribute of horovod.mxnet), forwarding to hvdmx's.
-    package = _forwarder("horovod.mxnet", lambda: importlib.import_module("hvdmx"),
-                         "hvdmx standing in for horovod.mxnet")
+    package = _forwarder("horovod.mxnet", "hvdmx")
     package.__path__ = []  # a package: its submodules are found in sys.modules
     for sub, target in (("mpi_ops", "hvdmx"), ("functions", "hvdmx.functions"),
                         ("compression", "hvdmx.compression")):
-        module = _forwarder(f"horovod.mxnet.{sub}",
-                            lambda target=target: importlib.import_module(target),
-                            f"hvdmx standing in for horovod.mxnet.{sub}")
+        module = _forwarder(f"horovod.mxnet.{sub}", target)
         setattr(package, sub, module)
         sys.modules[module.__name__] = module
     sys.modules["horovod.mxnet"] = package
