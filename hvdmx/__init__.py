@@ -83,6 +83,12 @@ def _mpi_family(name: str):
     return None
 
 
+def _mpi_library(MPI) -> str:
+    """The first line of the MPI library's own version string, spaces
+    collapsed ("MPICH Version: 5.0.2"); ``MPI`` is mpi4py.MPI."""
+    return " ".join(MPI.Get_library_version().strip().splitlines()[0].split())
+
+
 _ONE_MPI_FIX = ("hvdmx and mpi4py must use one MPI: unset MPI4PY_LIBMPI and MPI4PY_MPIABI if "
                 "set, or rebuild hvdmx against that MPI (see 'Building against a system MPI' "
                 "in README.md)")

@@ -12,7 +12,7 @@ from typing import Any, Optional, Sequence, Union
 from mpi4py import MPI
 import mxnet as mx
 
-from hvdmx import _core, process_sets as _process_sets
+from hvdmx import _core, _mpi_library, process_sets as _process_sets
 
 _core.load_mxnet(mx.base._LIB._name)
 
@@ -105,7 +105,7 @@ def _check_launcher(environ) -> None:
     for variable, launcher in _LAUNCHER_SIZES:
         value = environ.get(variable, "")
         if value.isdigit() and int(value) > 1:
-            library = " ".join(MPI.Get_library_version().strip().splitlines()[0].split())
+            library = _mpi_library(MPI)
             beside = os.path.join(os.path.dirname(sys.executable), "mpiexec")
             raise RuntimeError(
                 f"hvdmx.init: {launcher} started this process as one of {value} "

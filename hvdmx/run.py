@@ -27,7 +27,7 @@ import sys
 from dataclasses import dataclass
 from typing import List, Mapping, NamedTuple, Optional, Sequence, TextIO
 
-from . import _mpi_family
+from . import _mpi_family, _mpi_library
 from .run_flags import add_tuning_flags, tuning_env
 
 PROG = "hvdmxrun"
@@ -397,7 +397,7 @@ def build_report(launcher_line: str) -> str:
         return "[x]" if flag else "[ ]"
 
     nccl = _core.nccl_built()
-    library = " ".join(MPI.Get_library_version().strip().splitlines()[0].split())
+    library = _mpi_library(MPI)
     threads = MPI.Is_initialized() and MPI.Query_thread() == MPI.THREAD_MULTIPLE
     lines = [
         f"hvdmx {hvdmx.__version__} (Python {sys.version.split()[0]}, "
