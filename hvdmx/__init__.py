@@ -7,6 +7,8 @@ The public names load on first use (PEP 562), so that ``hvdmxrun`` and
 ``hvd.init`` (or any other name) imports them.
 """
 import importlib
+import os
+import sys
 
 __version__ = "0.1.0"
 
@@ -104,6 +106,50 @@ def _two_mpis(built: str, loaded: str):
             f"{loaded}: two MPI libraries in one process; {_ONE_MPI_FIX}")
 
 
+def _wheel_libmpi():
+    """The path of the `mpich` wheel's libmpi.so.12 if that wheel is installed
+    and mpi4py will load it (MPI4PY_LIBMPI and MPI4PY_MPIABI unset: mpi4py
+    then tries the environment's own lib directory first), else None."""
+    if os.environ.get("MPI4PY_LIBMPI") or os.environ.get("MPI4PY_MPIABI"):
+        return None
+    import importlib.metadata  # here: hvdmxrun imports this package, and needs none of it
+    try:
+        files = importlib.metadata.distribution("mpich").files or ()
+    except importlib.metadata.PackageNotFoundError:
+        return None
+    for file in files:
+        if file.name == "libmpi.so.12":
+            path = os.path.realpath(file.locate())
+            if os.path.isfile(path):
+                return path
+    return None
+
+
+def _pmix_refusal(environ, libmpi):
+    """The error message when a PMIx launcher started this process (it sets
+    PMIX_NAMESPACE: Open MPI's mpirun, Slurm's srun --mpi=pmix) and MPI would
+    start from ``libmpi``, a build of MPICH without PMIx: MPICH would abort
+    inside MPI_Init ("unsupported PMI version PMIx"), before hvdmx could say
+    why. Else None."""
+    if "PMIX_NAMESPACE" not in environ or libmpi is None:
+        return None
+    with open(libmpi, "rb") as f:
+        if b"libpmix" in f.read():  # built with PMIx: MPICH can join the job
+            return None
+    beside = os.path.join(os.path.dirname(sys.executable), "mpiexec")
+    inherited = ""
+    if "PMI_SIZE" in environ:
+        inherited = (" PMI_SIZE is set too, so MPICH's own launcher started this process "
+                     "from inside a PMIx job step: unset the PMIX_* variables in the "
+                     "environment that runs it.")
+    return (f"hvdmx: a PMIx launcher (Open MPI's mpirun, or srun --mpi=pmix) started this "
+            f"process (PMIX_NAMESPACE is set), but the MPI that mpi4py loads is the mpich "
+            f"wheel's ({libmpi}), which has no PMIx support: it would abort in MPI_Init. "
+            f"Start the job with hvdmxrun -np N ..., or with {beside} -n N ..., or build "
+            "hvdmx and mpi4py against that launcher's MPI (see 'Building against a system "
+            f"MPI' in README.md).{inherited}")
+
+
 def _load_core():
     """Imports the extension, after mpi4py, and checks that both use one MPI.
 
@@ -114,7 +160,14 @@ def _load_core():
     library into the process, or find none: refused here, with both named.
     Only that: submodules import _core at their top, and any more here would
     import them back half-initialized.
+
+    Before MPI starts, a PMIx launcher with the mpich wheel is refused (see
+    _pmix_refusal): every module that imports mpi4py.MPI loads _core first.
     """
+    if "PMIX_NAMESPACE" in os.environ and "mpi4py.MPI" not in sys.modules:
+        message = _pmix_refusal(os.environ, _wheel_libmpi())
+        if message is not None:
+            raise RuntimeError(message)
     MPI = importlib.import_module("mpi4py.MPI")
     name, version = MPI.get_vendor()
     loaded = f"{name} {'.'.join(map(str, version))}"

@@ -7,12 +7,13 @@ import os
 import sys
 from typing import Any, Optional, Sequence, Union
 
-# mpi4py loads libmpi first; the extension then binds to that same library
-# (matched by soname), so a script can use mpi4py and hvdmx side by side.
+# _core before mpi4py.MPI: loading it imports mpi4py.MPI (which loads libmpi
+# and starts MPI), after refusing a launcher that MPI could not join; the
+# extension then binds to that same library (matched by soname), so a script
+# can use mpi4py and hvdmx side by side. See hvdmx/__init__.py, _load_core.
+from hvdmx import _core, _mpi_library, process_sets as _process_sets
 from mpi4py import MPI
 import mxnet as mx
-
-from hvdmx import _core, _mpi_library, process_sets as _process_sets
 
 _core.load_mxnet(mx.base._LIB._name)
 

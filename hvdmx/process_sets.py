@@ -14,9 +14,8 @@ from __future__ import annotations
 import numbers
 from typing import Any, List, Optional, Sequence, Union
 
+from hvdmx import _core  # before mpi4py.MPI: see basics.py
 from mpi4py import MPI
-
-from hvdmx import _core
 
 
 class ProcessSet:

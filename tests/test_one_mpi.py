@@ -94,3 +94,21 @@ def test_check_build_says_why_without_a_traceback(open_mpi_env):
     assert lines[0].startswith("hvdmxrun --check-build: hvdmx: the extension"), lines[0]
     assert "mpi4py has loaded Open MPI 4.1.8" in result.stderr
     assert "Traceback" not in result.stderr
+
+
+def test_open_mpis_mpirun_is_refused_with_the_fix(open_mpi_env):
+    # Open MPI's own launcher (PMIx) starting a program on the mpich wheel:
+    # without hvdmx's check, MPICH aborts in MPI_Init with "unsupported PMI
+    # version PMIx" and nothing says what to do.
+    env = dict(open_mpi_env, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
+    del env["MPI4PY_LIBMPI"]  # mpi4py loads its default, the mpich wheel's
+    mpirun = os.path.join(OTHER_MPI, "bin", "mpirun")
+    result = subprocess.run([mpirun, "-np", "2", "--oversubscribe", sys.executable, "-c",
+                             "import hvdmx as hvd\nhvd.init()\nprint('started')\n"],
+                            env=env, capture_output=True, text=True, timeout=120)
+    assert result.returncode != 0
+    assert "started" not in result.stdout
+    assert "RuntimeError: hvdmx: a PMIx launcher (Open MPI's mpirun" in result.stderr, \
+        result.stderr
+    assert "Start the job with hvdmxrun -np N" in result.stderr
+    assert "unsupported PMI version" not in result.stderr
