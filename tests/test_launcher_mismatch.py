@@ -67,9 +67,11 @@ PMIX_REFUSAL = ("RuntimeError: hvdmx: a PMIx launcher (Open MPI's mpirun, or sru
 MPICH_ABORT = "unsupported PMI version PMIx"
 
 
-def test_a_pmix_launchers_process_is_refused_before_mpi_starts():
+@pytest.mark.parametrize("program", [["-c", SCRIPT],
+                                     ["-m", "hvdmx.bench", "allreduce", "--max-bytes", "4"]])
+def test_a_pmix_launchers_process_is_refused_before_mpi_starts(program):
     assert hvdmx._wheel_libmpi() == WHEEL_LIBMPI
-    result = run([sys.executable, "-c", SCRIPT], PMIX_NAMESPACE="job.1")
+    result = run([sys.executable] + program, PMIX_NAMESPACE="job.1")
     assert result.returncode != 0
     assert PMIX_REFUSAL in result.stderr, result.stderr
     assert "PMI_SIZE is set too" not in result.stderr
