@@ -209,7 +209,7 @@ def _allreduce(fn, tensors, outputs, average, name, priority, prescale_factor,
 
 
 def allreduce(tensor, average=None, name=None, priority=0, prescale_factor=1.0,
-              postscale_factor=1.0, op=None, process_set=global_process_set):
+              postscale_factor=1.0, process_set=global_process_set, op=None):
     """Reduces ``tensor`` over all ranks and returns the result as a new NDArray.
 
     ``op`` is hvd.Average (the default), hvd.Sum, hvd.Min, hvd.Max or
@@ -223,7 +223,7 @@ def allreduce(tensor, average=None, name=None, priority=0, prescale_factor=1.0,
 
 
 def allreduce_(tensor, average=None, name=None, priority=0, prescale_factor=1.0,
-               postscale_factor=1.0, op=None, process_set=global_process_set):
+               postscale_factor=1.0, process_set=global_process_set, op=None):
     """In-place ``allreduce``: the result replaces ``tensor``, which is returned."""
     fn = "allreduce_"
     if not isinstance(tensor, mx.nd.NDArray):  # before the checks that assume one
@@ -287,7 +287,7 @@ def _check_list(fn: str, tensors) -> List[mx.nd.NDArray]:
 
 
 def grouped_allreduce(tensors, average=None, name=None, priority=0, prescale_factor=1.0,
-                      postscale_factor=1.0, op=None, process_set=global_process_set):
+                      postscale_factor=1.0, process_set=global_process_set, op=None):
     """Allreduces a list of tensors as one unit (negotiated and delivered
     together) and returns the list of results."""
     tensors = _check_list("grouped_allreduce", tensors)
@@ -296,7 +296,7 @@ def grouped_allreduce(tensors, average=None, name=None, priority=0, prescale_fac
 
 
 def grouped_allreduce_(tensors, average=None, name=None, priority=0, prescale_factor=1.0,
-                       postscale_factor=1.0, op=None, process_set=global_process_set):
+                       postscale_factor=1.0, process_set=global_process_set, op=None):
     """In-place ``grouped_allreduce``; returns ``tensors``."""
     tensors = _check_list("grouped_allreduce_", tensors)
     for i, t in enumerate(tensors):

@@ -1,6 +1,8 @@
 """The public surface, before init: names exist, build flags answer, and
 every collective refuses to run with a clear message; each submodule
 imports on its own."""
+import ast
+import inspect
 import subprocess
 import sys
 
@@ -22,6 +24,69 @@ HOROVOD_MXNET_NAMES = [
 @pytest.mark.parametrize("name", HOROVOD_MXNET_NAMES)
 def test_name_exists(name):
     assert hasattr(hvd, name)
+
+
+# Parameters and defaults as horovod/mxnet (0.28.1) defines them, in order
+# (read from its source; init is HorovodBasics.init). A script may pass any
+# of them by position, so hvdmx must have the same order; what hvdmx adds
+# (process_set on a few calls) comes after them.
+HOROVOD_SIGNATURES = {
+    "init": "comm=None, process_sets=None",
+    "allreduce": "tensor, average=None, name=None, priority=0, prescale_factor=1.0, "
+                 "postscale_factor=1.0, process_set=global_process_set, op=None",
+    "allreduce_": "tensor, average=None, name=None, priority=0, prescale_factor=1.0, "
+                  "postscale_factor=1.0, process_set=global_process_set, op=None",
+    "grouped_allreduce": "tensors, average=None, name=None, priority=0, prescale_factor=1.0, "
+                         "postscale_factor=1.0, process_set=global_process_set, op=None",
+    "grouped_allreduce_": "tensors, average=None, name=None, priority=0, prescale_factor=1.0, "
+                          "postscale_factor=1.0, process_set=global_process_set, op=None",
+    "allgather": "tensor, name=None, priority=0, process_set=global_process_set",
+    "grouped_allgather": "tensors, name=None, priority=0, process_set=global_process_set",
+    "broadcast": "tensor, root_rank, name=None, priority=0, process_set=global_process_set",
+    "broadcast_": "tensor, root_rank, name=None, priority=0, process_set=global_process_set",
+    "alltoall": "tensor, splits=None, name=None, priority=0, process_set=global_process_set",
+    "reducescatter": "tensor, op=Average, name=None, priority=0, "
+                     "process_set=global_process_set, prescale_factor=1.0, postscale_factor=1.0",
+    "grouped_reducescatter": "tensors, op=Average, name=None, priority=0, "
+                             "process_set=global_process_set, prescale_factor=1.0, "
+                             "postscale_factor=1.0",
+    "DistributedOptimizer": "optimizer, gradient_predivide_factor=1.0, num_groups=0, "
+                            "process_set=global_process_set",
+    "DistributedTrainer": "params, optimizer, optimizer_params=None, "
+                          "compression=Compression.none, gradient_predivide_factor=1.0, "
+                          "prefix=None, num_groups=0, process_set=global_process_set",
+    "broadcast_parameters": "params, root_rank=0, prefix=None",
+    "broadcast_object": "obj, root_rank=0, name=None",
+    "allgather_object": "obj, name=None",
+}
+
+
+@pytest.mark.parametrize("name", sorted(HOROVOD_SIGNATURES))
+def test_parameters_are_horovods_in_order(name):
+    ours = [p for p in inspect.signature(getattr(hvd, name)).parameters.values()
+            if p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)]
+    theirs = [part.partition("=") for part in HOROVOD_SIGNATURES[name].split(", ")]
+    assert [p.name for p in ours[:len(theirs)]] == [arg for arg, _, _ in theirs]
+    for p, (arg, has_default, default) in zip(ours, theirs):
+        if not has_default:
+            assert p.default is p.empty, arg
+        else:
+            assert p.default == _default(default) and type(p.default) is \
+                type(_default(default)), (arg, p.default)
+    for extra in ours[len(theirs):]:
+        assert extra.default is not extra.empty, f"{name}: {extra.name} needs a default"
+
+
+def _default(text):
+    """A default as written in Horovod's source: a literal, or a name
+    (Average, global_process_set, Compression.none) looked up in hvdmx."""
+    try:
+        return ast.literal_eval(text)
+    except ValueError:
+        value = hvd
+        for part in text.split("."):
+            value = getattr(value, part)
+        return value
 
 
 def test_op_values_are_horovods():
