@@ -72,7 +72,7 @@ def explicit_mpi() -> bool:
 
 
 def runtime_requires() -> list:
-    requires = ["mxnet==1.9.1", "numpy<1.24", "mpi4py"]
+    requires = ["mxnet==1.9.1", "numpy<1.24", "mpi4py", "cloudpickle"]
     if not explicit_mpi():
         requires.append("mpich")
     return requires

@@ -1,14 +1,17 @@
 """Collectives on picklable Python objects.
 
 These return objects, so they wait for the data (unlike the NDArray
-collectives). They unpickle what other ranks send: use them only within a
-job whose every process you trust, as pickle can run code.
+collectives). Objects are serialized with cloudpickle, as Horovod does, so
+lambdas, local functions and classes travel too. They unpickle what other
+ranks send: use them only within a job whose every process you trust, as
+pickle can run code.
 """
 from __future__ import annotations
 
 import pickle
 from typing import Any, List
 
+import cloudpickle
 import mxnet as mx
 import numpy as np
 
@@ -29,7 +32,7 @@ def broadcast_object(obj: Any, root_rank: int = 0, name=None,
     set_id, set_ranks, me = _set_for_call(fn, process_set)
     root = ops._check_root(fn, root_rank, set_ranks)
     name = name if name is not None else ops._auto_name(fn, set_id)
-    payload = pickle.dumps(obj) if me == root else b""
+    payload = cloudpickle.dumps(obj) if me == root else b""
     length = mx.nd.array([len(payload)], dtype="int64")
     ops.broadcast_(length, root_rank, name=name + ".length", process_set=process_set)
     n = int(length.asnumpy()[0])
@@ -46,7 +49,7 @@ def allgather_object(obj: Any, name=None, process_set=global_process_set) -> Lis
     ops._check_common(fn, name, 0)
     set_id, _, _ = _set_for_call(fn, process_set)
     name = name if name is not None else ops._auto_name(fn, set_id)
-    payload = np.frombuffer(pickle.dumps(obj), dtype=np.uint8)
+    payload = np.frombuffer(cloudpickle.dumps(obj), dtype=np.uint8)
     lengths = ops.allgather(mx.nd.array([payload.size], dtype="int64"), name=name + ".length",
                             process_set=process_set)
     data = ops.allgather(mx.nd.array(payload, dtype="uint8"), name=name + ".data",

@@ -111,6 +111,25 @@ def test_allgather_object(world):
     assert all(np.array_equal(a, np.full((r + 1,), r)) for r, a in enumerate(arrays))
 
 
+def test_functions_travel_by_value(world):
+    # cloudpickle, as in Horovod: a lambda, a closure over this rank's
+    # values and a class defined here, none of which plain pickle takes.
+    rank, size = world
+
+    class Point:
+        def __init__(self, x):
+            self.x = x
+
+    offset = 10 * rank
+    for root in range(size):
+        got = hvd.broadcast_object((lambda v: v + offset, Point(rank)), root_rank=root,
+                                   name=f"fn.{root}")
+        assert got[0](1) == 10 * root + 1
+        assert got[1].x == root and type(got[1]).__name__ == "Point"
+    scales = hvd.allgather_object(lambda v: v * (rank + 1))
+    assert [f(2) for f in scales] == [2 * (r + 1) for r in range(size)]
+
+
 def test_object_bad_input():
     with pytest.raises(ValueError, match="'root_rank'=-1 is out of range"):
         hvd.broadcast_object(1, root_rank=-1)
