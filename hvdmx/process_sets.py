@@ -46,6 +46,11 @@ class ProcessSet:
                              "rank first")
         return list(self._ranks)
 
+    @property
+    def mpi_comm(self):
+        """The mpi4py communicator the set was made from, or None (as in Horovod)."""
+        return self._comm
+
     def size(self) -> int:
         return len(self.ranks)
 

@@ -64,6 +64,8 @@ def test_set_from_a_communicator(world):
     comm = MPI.COMM_WORLD.Split(color=rank % 2, key=rank)
     ps = hvd.add_process_set(hvd.ProcessSet(comm))
     try:
+        assert ps.mpi_comm is comm  # Horovod's attribute
+        assert hvd.ProcessSet([0]).mpi_comm is None
         assert ps.ranks == list(range(rank % 2, size, 2))
         out = hvd.allreduce(mx.nd.ones((2,)), op=hvd.Sum, process_set=ps)
         assert out.asnumpy().tolist() == [len(ps.ranks)] * 2
