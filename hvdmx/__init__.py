@@ -106,6 +106,12 @@ def _two_mpis(built: str, loaded: str):
             f"{loaded}: two MPI libraries in one process; {_ONE_MPI_FIX}")
 
 
+def _venv_mpiexec() -> str:
+    """The mpiexec beside this Python: the launcher of the mpich wheel's MPI in
+    a venv, which the launcher errors name as the fix."""
+    return os.path.join(os.path.dirname(sys.executable), "mpiexec")
+
+
 def _wheel_libmpi():
     """The path of the `mpich` wheel's libmpi.so.12 if that wheel is installed
     and mpi4py will load it (MPI4PY_LIBMPI and MPI4PY_MPIABI unset: mpi4py
@@ -136,7 +142,6 @@ def _pmix_refusal(environ, libmpi):
     with open(libmpi, "rb") as f:
         if b"libpmix" in f.read():  # built with PMIx: MPICH can join the job
             return None
-    beside = os.path.join(os.path.dirname(sys.executable), "mpiexec")
     inherited = ""
     if "PMI_SIZE" in environ:
         inherited = (" PMI_SIZE is set too, so MPICH's own launcher started this process "
@@ -145,7 +150,7 @@ def _pmix_refusal(environ, libmpi):
     return (f"hvdmx: a PMIx launcher (Open MPI's mpirun, or srun --mpi=pmix) started this "
             f"process (PMIX_NAMESPACE is set), but the MPI that mpi4py loads is the mpich "
             f"wheel's ({libmpi}), which has no PMIx support: it would abort in MPI_Init. "
-            f"Start the job with hvdmxrun -np N ..., or with {beside} -n N ..., or build "
+            f"Start the job with hvdmxrun -np N ..., or with {_venv_mpiexec()} -n N ..., or build "
             "hvdmx and mpi4py against that launcher's MPI (see 'Building against a system "
             f"MPI' in README.md).{inherited}")
 

@@ -4,14 +4,13 @@ from __future__ import annotations
 import atexit
 import importlib
 import os
-import sys
 from typing import Any, Optional, Sequence, Union
 
 # _core before mpi4py.MPI: loading it imports mpi4py.MPI (which loads libmpi
 # and starts MPI), after refusing a launcher that MPI could not join; the
 # extension then binds to that same library (matched by soname), so a script
 # can use mpi4py and hvdmx side by side. See hvdmx/__init__.py, _load_core.
-from hvdmx import _core, _mpi_library, process_sets as _process_sets
+from hvdmx import _core, _mpi_library, _venv_mpiexec, process_sets as _process_sets
 from mpi4py import MPI
 import mxnet as mx
 
@@ -107,13 +106,12 @@ def _check_launcher(environ) -> None:
         value = environ.get(variable, "")
         if value.isdigit() and int(value) > 1:
             library = _mpi_library(MPI)
-            beside = os.path.join(os.path.dirname(sys.executable), "mpiexec")
             raise RuntimeError(
                 f"hvdmx.init: {launcher} started this process as one of {value} "
                 f"({variable}={value}), but the MPI library hvdmx uses ({library}) sees it "
                 "alone: the launcher belongs to another MPI, and every process would train "
                 "by itself as rank 0 of 1. Start the job with the launcher of hvdmx's MPI: "
-                f"hvdmxrun -np {value} ... finds it, or {beside} -n {value} ...")
+                f"hvdmxrun -np {value} ... finds it, or {_venv_mpiexec()} -n {value} ...")
 
 
 def _finalize_mpi() -> None:
