@@ -146,7 +146,8 @@ def _pmix_refusal(environ, libmpi):
     if "PMI_SIZE" in environ:
         inherited = (" PMI_SIZE is set too, so MPICH's own launcher started this process "
                      "from inside a PMIx job step: unset the PMIX_* variables in the "
-                     "environment that runs it.")
+                     "environment that runs it, or start it with hvdmxrun, which leaves "
+                     "them out.")
     return (f"hvdmx: a PMIx launcher (Open MPI's mpirun, or srun --mpi=pmix) started this "
             f"process (PMIX_NAMESPACE is set), but the MPI that mpi4py loads is the mpich "
             f"wheel's ({libmpi}), which has no PMIx support: it would abort in MPI_Init. "

@@ -25,7 +25,7 @@ import signal
 import subprocess
 import sys
 from dataclasses import dataclass
-from typing import List, Mapping, NamedTuple, Optional, Sequence, TextIO
+from typing import Dict, List, Mapping, NamedTuple, Optional, Sequence, TextIO
 
 from . import _mpi_family, _mpi_library
 from .run_flags import add_tuning_flags, tuning_env
@@ -302,6 +302,22 @@ def build_command(launcher: Launcher, num_proc: int, hosts: Optional[Sequence[Ho
     return cmd + list(mpi_args) + list(command)
 
 
+def launcher_environ(launcher: Launcher, environ: Mapping[str, str]) -> Dict[str, str]:
+    """The environment the launcher runs in: `environ` without the PMIx
+    variables (PMIX_*) when the launcher is Hydra.
+
+    Hydra is the process manager of the ranks it starts and hands them its own
+    PMI (PMI_SIZE, PMI_RANK, ...). PMIx variables that hvdmxrun inherited from
+    an outer launcher (hvdmxrun run inside an srun --mpi=pmix step, say)
+    describe that launcher's job, not this one; passed on, they make MPICH
+    abort in MPI_Init ("Found both env vars PMI_SIZE and PMIX_NAMESPACE").
+    Open MPI's mpirun sets up PMIx for its ranks itself and gets `environ`
+    unchanged."""
+    if launcher.flavor == OPENMPI:
+        return dict(environ)
+    return {name: value for name, value in environ.items() if not name.startswith("PMIX_")}
+
+
 def launcher_mismatch(built_vendor: str, launcher: Launcher) -> Optional[str]:
     """A warning when hvdmx's MPI and the launcher's cannot talk to each other:
     every rank would then start alone, as a job of size 1."""
@@ -319,6 +335,23 @@ def _built_vendor() -> Optional[str]:
         return _core.mpi_vendor()
     except ImportError:
         return None
+
+
+def _mpi_without_init() -> None:
+    """Loads the MPI library without starting MPI in this process.
+
+    The launcher is not a rank, and hvdmxrun loads hvdmx only to read what it
+    was built with. An MPI_Init here could not even succeed everywhere: inside
+    a PMIx job step (hvdmxrun run under srun --mpi=pmix), the mpich wheel
+    aborts in it. With mpi4py.MPI loaded first, hvdmx's own refusal of that
+    case (hvdmx._load_core) does not apply to this process either: it is
+    meant for the ranks, whose environment launcher_environ cleans."""
+    if "mpi4py.MPI" in sys.modules:  # run.main() called by a program that uses MPI
+        return
+    import mpi4py
+    mpi4py.rc.initialize = False
+    mpi4py.rc.finalize = False
+    import mpi4py.MPI  # noqa: F401
 
 
 # ---- running --------------------------------------------------------------
@@ -357,9 +390,10 @@ def run_command(cmd: Sequence[str], env: Mapping[str, str]) -> int:
 
     previous = {s: signal.signal(s, forward) for s in (signal.SIGINT, signal.SIGTERM)}
     try:
-        # env is given explicitly, from os.environ: importing hvdmx initialized MPI
-        # in this process, and what the MPI library put into the C environment
-        # must not reach the launcher, which would take itself for a rank.
+        # env is given explicitly, from os.environ: should MPI have started in
+        # this process (main() called by a program that uses it), what the MPI
+        # library put into the C environment must not reach the launcher, which
+        # would take itself for a rank.
         child = subprocess.Popen(list(cmd), env=dict(env))
         for signum in pending:
             child.send_signal(signum)
@@ -515,6 +549,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     parser = make_parser()
     args = parser.parse_args(_attach_mpi_args(
         parser, sys.argv[1:] if argv is None else list(argv)))
+    _mpi_without_init()
     if args.check_build:
         return check_build(args, sys.stdout)
 
@@ -554,7 +589,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         return 0
     if args.verbose:
         print(shlex.join(cmd), file=sys.stderr, flush=True)
-    return run_command(cmd, os.environ)
+    return run_command(cmd, launcher_environ(launcher, os.environ))
 
 
 if __name__ == "__main__":

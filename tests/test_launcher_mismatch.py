@@ -85,6 +85,7 @@ def test_pmix_variables_inherited_under_hydra_are_named():
     assert PMIX_REFUSAL in result.stderr, result.stderr
     assert ("PMI_SIZE is set too, so MPICH's own launcher started this process from inside "
             "a PMIx job step: unset the PMIX_* variables") in result.stderr
+    assert "or start it with hvdmxrun, which leaves them out." in result.stderr
 
 
 def test_an_mpi_chosen_through_mpi4py_is_left_to_it():

@@ -41,8 +41,8 @@ def usage_error(capsys, *argv):
     return err.splitlines()[-1]
 
 
-def launch(*argv, timeout=120, **kwargs):
-    return subprocess.run([sys.executable, "-m", "hvdmx.run", *argv], cwd=REPO, env=ENV,
+def launch(*argv, timeout=120, env=ENV, **kwargs):
+    return subprocess.run([sys.executable, "-m", "hvdmx.run", *argv], cwd=REPO, env=env,
                           capture_output=True, text=True, timeout=timeout, **kwargs)
 
 
@@ -483,6 +483,29 @@ def test_two_ranks_with_arguments_intact(tmp_path):
                                        sys.executable, str(script), *TRICKY_ARGS]
 
 
+def test_pmix_variables_do_not_reach_hydra_ranks():
+    # Only Hydra's ranks lose PMIX_*: Open MPI's mpirun is a PMIx launcher itself.
+    environ = {"PMIX_NAMESPACE": "slurm.pmix.7.0", "PMIX_RANK": "0", "PATH": "/bin",
+               "HVDMX_X": "1"}
+    for launcher in (MPICH, INTEL):
+        assert run.launcher_environ(launcher, environ) == {"PATH": "/bin", "HVDMX_X": "1"}
+    assert run.launcher_environ(OPENMPI, environ) == environ
+
+
+def test_job_started_inside_a_pmix_step(tmp_path):
+    # hvdmxrun run where an outer PMIx launcher (srun --mpi=pmix) left its
+    # variables: without launcher_environ every rank sees PMI_SIZE and
+    # PMIX_NAMESPACE together, which the mpich wheel cannot start with.
+    script = tmp_path / "rank.py"
+    script.write_text(RANK_SCRIPT)
+    result = launch("-np", "2", sys.executable, str(script),
+                    env=dict(ENV, PMIX_NAMESPACE="slurm.pmix.7.0", PMIX_RANK="0"))
+    assert result.returncode == 0, result.stderr
+    reports = [json.loads(line[len("RANK "):]) for line in result.stdout.splitlines()
+               if line.startswith("RANK ")]
+    assert sorted((r["rank"], r["size"]) for r in reports) == [(0, 2), (1, 2)]
+
+
 def test_exit_code_of_the_job_is_returned():
     result = launch("-np", "2", sys.executable, "-c", "import sys; sys.exit(3)")
     assert result.returncode == 3, result.stderr
@@ -538,6 +561,9 @@ def test_check_build():
     out = result.stdout
     assert out.startswith(f"hvdmx {hvdmx.__version__} (Python ")
     assert f"compiled against  {_core.mpi_vendor()}\n" in out
+    # The launcher does not start MPI, so an outer PMIx job step does not stop it.
+    pmix = launch("--check-build", env=dict(ENV, PMIX_NAMESPACE="slurm.pmix.7.0"))
+    assert (pmix.returncode, pmix.stdout) == (0, out), pmix.stderr
     assert re.search(rf"launcher +{re.escape(MPIEXEC)} \(MPICH/Hydra \S+\)\n", out)
     assert "[x] MPI (CPU tensors)\n" in out
     nccl = "[x] NCCL" if _core.nccl_built() else "[ ] NCCL"
