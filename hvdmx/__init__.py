@@ -131,29 +131,35 @@ def _wheel_libmpi():
     return None
 
 
-def _pmix_refusal(environ, libmpi):
-    """The error message when a PMIx launcher started this process (it sets
-    PMIX_NAMESPACE: Open MPI's mpirun, Slurm's srun --mpi=pmix) and MPI would
-    start from ``libmpi``, a build of MPICH without PMIx: MPICH would abort
-    inside MPI_Init ("unsupported PMI version PMIx"), before hvdmx could say
-    why. Else None."""
+def _settle_pmix(environ, libmpi):
+    """Prepares ``environ`` for MPI_Init from ``libmpi`` when a PMIx launcher's
+    variables are in it (PMIX_NAMESPACE: Open MPI's mpirun, Slurm's srun
+    --mpi=pmix) and ``libmpi`` is a build of MPICH without PMIx, which would
+    abort inside MPI_Init, before hvdmx could say why. Returns the error
+    message to raise, or None.
+
+    With PMI_SIZE set as well, a PMI launcher (Hydra: the mpiexec of MPICH)
+    started this process, and the PMIx variables were inherited from an outer
+    job step (a Slurm step that ran mpiexec), through mpiexec or its proxies:
+    they are dropped from ``environ``, and MPICH joins the launcher's job
+    ("Found both env vars PMI_SIZE and PMIX_NAMESPACE" otherwise). Without
+    PMI_SIZE, the PMIx launcher started the process and MPICH cannot join its
+    job: the message says what to do."""
     if "PMIX_NAMESPACE" not in environ or libmpi is None:
         return None
     with open(libmpi, "rb") as f:
         if b"libpmix" in f.read():  # built with PMIx: MPICH can join the job
             return None
-    inherited = ""
     if "PMI_SIZE" in environ:
-        inherited = (" PMI_SIZE is set too, so MPICH's own launcher started this process "
-                     "from inside a PMIx job step: unset the PMIX_* variables in the "
-                     "environment that runs it, or start it with hvdmxrun, which leaves "
-                     "them out.")
+        for name in [name for name in environ if name.startswith("PMIX_")]:
+            del environ[name]
+        return None
     return (f"hvdmx: a PMIx launcher (Open MPI's mpirun, or srun --mpi=pmix) started this "
             f"process (PMIX_NAMESPACE is set), but the MPI that mpi4py loads is the mpich "
             f"wheel's ({libmpi}), which has no PMIx support: it would abort in MPI_Init. "
             f"Start the job with hvdmxrun -np N ..., or with {_venv_mpiexec()} -n N ..., or build "
             "hvdmx and mpi4py against that launcher's MPI (see 'Building against a system "
-            f"MPI' in README.md).{inherited}")
+            "MPI' in README.md).")
 
 
 def _load_core():
@@ -167,11 +173,12 @@ def _load_core():
     Only that: submodules import _core at their top, and any more here would
     import them back half-initialized.
 
-    Before MPI starts, a PMIx launcher with the mpich wheel is refused (see
-    _pmix_refusal): every module that imports mpi4py.MPI loads _core first.
+    Before MPI starts, a PMIx launcher with the mpich wheel is refused, and
+    PMIx variables inherited under MPICH's launcher are dropped (see
+    _settle_pmix): every module that imports mpi4py.MPI loads _core first.
     """
     if "PMIX_NAMESPACE" in os.environ and "mpi4py.MPI" not in sys.modules:
-        message = _pmix_refusal(os.environ, _wheel_libmpi())
+        message = _settle_pmix(os.environ, _wheel_libmpi())
         if message is not None:
             raise RuntimeError(message)
     MPI = importlib.import_module("mpi4py.MPI")

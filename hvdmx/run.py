@@ -311,8 +311,11 @@ def launcher_environ(launcher: Launcher, environ: Mapping[str, str]) -> Dict[str
     an outer launcher (hvdmxrun run inside an srun --mpi=pmix step, say)
     describe that launcher's job, not this one; passed on, they make MPICH
     abort in MPI_Init ("Found both env vars PMI_SIZE and PMIX_NAMESPACE").
-    Open MPI's mpirun sets up PMIx for its ranks itself and gets `environ`
-    unchanged."""
+    Each rank's hvdmx drops them as well before MPI starts
+    (hvdmx._settle_pmix), which also catches those that srun sets again for
+    Hydra's proxies inside a Slurm allocation; dropping them here also covers
+    programs that start MPI before loading hvdmx. Open MPI's mpirun sets up
+    PMIx for its ranks itself and gets `environ` unchanged."""
     if launcher.flavor == OPENMPI:
         return dict(environ)
     return {name: value for name, value in environ.items() if not name.startswith("PMIX_")}

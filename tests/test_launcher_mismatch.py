@@ -4,8 +4,9 @@ MPI's mpirun starting a program on the mpich wheel), and each process would
 otherwise train by itself as rank 0 of 1, silently.
 
 Where MPI would not start at all (a PMIx launcher, and the mpich wheel's
-MPICH, which has no PMIx), hvdmx says why before MPICH aborts. The real
-Open MPI mpirun is in test_one_mpi.py."""
+MPICH, which has no PMIx), hvdmx says why before MPICH aborts; where a PMIx
+step's variables only leaked into a job of MPICH's own launcher, hvdmx drops
+them. The real Open MPI mpirun is in test_one_mpi.py."""
 import os
 import subprocess
 import sys
@@ -78,14 +79,42 @@ def test_a_pmix_launchers_process_is_refused_before_mpi_starts(program):
     assert MPICH_ABORT not in result.stderr  # MPI never started
 
 
-def test_pmix_variables_inherited_under_hydra_are_named():
-    # MPICH's mpiexec run inside a PMIx job step passes PMIX_NAMESPACE on.
-    result = run([sys.executable, "-c", SCRIPT], PMIX_NAMESPACE="job.1", PMI_SIZE="1")
-    assert result.returncode != 0
-    assert PMIX_REFUSAL in result.stderr, result.stderr
-    assert ("PMI_SIZE is set too, so MPICH's own launcher started this process from inside "
-            "a PMIx job step: unset the PMIX_* variables") in result.stderr
-    assert "or start it with hvdmxrun, which leaves them out." in result.stderr
+def test_pmix_variables_inherited_under_hydra_are_dropped():
+    # MPICH's mpiexec run inside a PMIx job step passes PMIX_NAMESPACE on to
+    # its ranks, beside its own PMI_SIZE: MPICH would abort with both.
+    script = ("import os, sys\n"
+              "seen = os.environ.get('PMIX_NAMESPACE')\n"
+              "import hvdmx as hvd\n"
+              "hvd.init()\n"
+              "sys.stdout.write(f'size {hvd.size()} seen {seen} now "
+              "{os.environ.get(\"PMIX_NAMESPACE\")} {os.environ.get(\"PMIX_RANK\")}\\n')\n")
+    result = run([MPIEXEC, "-n", "2", sys.executable, "-c", script], PMIX_NAMESPACE="job.1",
+                 PMIX_RANK="0")
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.count("size 2 seen job.1 now None None") == 2, result.stdout
+
+
+def test_pmix_variables_set_for_hydras_proxies_are_dropped(tmp_path):
+    # Inside a Slurm allocation Hydra starts its proxies with srun, which can
+    # give them a PMIx step's variables even when mpiexec's environment has
+    # none; the proxies pass their environment on to the ranks. A stand-in
+    # for srun: an ssh for Hydra that sets them and runs the proxy here.
+    fake = tmp_path / "ssh"
+    fake.write_text("#!/bin/sh\n"
+                    "while [ \"${1#-}\" != \"$1\" ]; do shift; done\n"
+                    "shift\n"  # the host
+                    "PMIX_NAMESPACE=slurm.pmix.9.0 PMIX_RANK=0 exec sh -c \"$*\"\n")
+    fake.chmod(0o755)
+    script = ("import os, sys\n"
+              "seen = os.environ.get('PMIX_NAMESPACE')\n"
+              "import hvdmx as hvd, mxnet as mx\n"
+              "hvd.init()\n"
+              "total = hvd.allreduce(mx.nd.ones(2) * (hvd.rank() + 1), op=hvd.Sum).asnumpy()\n"
+              "sys.stdout.write(f'size {hvd.size()} seen {seen} sum {total.tolist()}\\n')\n")
+    result = run([MPIEXEC, "-launcher", "ssh", "-launcher-exec", str(fake), "-hosts",
+                  "node-a:2", "-n", "2", sys.executable, "-c", script])
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.count("size 2 seen slurm.pmix.9.0 sum [3.0, 3.0]") == 2, result.stdout
 
 
 def test_an_mpi_chosen_through_mpi4py_is_left_to_it():
@@ -103,7 +132,14 @@ def test_an_mpich_built_with_pmix_is_not_refused(tmp_path):
     without.write_bytes(b"\x7fELF libfabric.so.1\0libc.so.6\0")
     with_pmix.write_bytes(b"\x7fELF libfabric.so.1\0libpmix.so.2\0libc.so.6\0")
     environ = {"PMIX_NAMESPACE": "job.1"}
-    assert hvdmx._pmix_refusal(environ, str(without)).startswith("hvdmx: a PMIx launcher")
-    assert hvdmx._pmix_refusal(environ, str(with_pmix)) is None
-    assert hvdmx._pmix_refusal({}, str(without)) is None
-    assert hvdmx._pmix_refusal(environ, None) is None
+    assert hvdmx._settle_pmix(environ, str(without)).startswith("hvdmx: a PMIx launcher")
+    assert hvdmx._settle_pmix(environ, str(with_pmix)) is None
+    assert hvdmx._settle_pmix({}, str(without)) is None
+    assert hvdmx._settle_pmix(environ, None) is None
+    # Under a PMI launcher, only an MPICH without PMIx loses the variables.
+    for lib, left in ((without, {"PMI_SIZE": "2", "PATH": "/bin"}),
+                      (with_pmix, {"PMI_SIZE": "2", "PATH": "/bin", "PMIX_NAMESPACE": "job.1",
+                                   "PMIX_RANK": "0"})):
+        environ = {"PMI_SIZE": "2", "PATH": "/bin", "PMIX_NAMESPACE": "job.1", "PMIX_RANK": "0"}
+        assert hvdmx._settle_pmix(environ, str(lib)) is None
+        assert environ == left
