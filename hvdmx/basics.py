@@ -98,8 +98,9 @@ _LAUNCHER_SIZES = (("OMPI_COMM_WORLD_SIZE", "Open MPI's mpirun/mpiexec"),
 def _check_launcher(environ) -> None:
     """Refuses to start a process that a launcher started as one of several
     but that MPI sees alone: the launcher belongs to another MPI than the one
-    hvdmx loaded (Open MPI's mpirun starting a program on the mpich wheel, say),
-    and every process would train on its own, each as rank 0 of 1."""
+    hvdmx loaded (Open MPI's mpirun starting a program on the mpich wheel,
+    say), or srun started it without a PMI, and every process would train on
+    its own, each as rank 0 of 1."""
     if MPI.COMM_WORLD.Get_size() != 1:
         return
     for variable, launcher in _LAUNCHER_SIZES:
@@ -112,6 +113,24 @@ def _check_launcher(environ) -> None:
                 "alone: the launcher belongs to another MPI, and every process would train "
                 "by itself as rank 0 of 1. Start the job with the launcher of hvdmx's MPI: "
                 f"hvdmxrun -np {value} ... finds it, or {_venv_mpiexec()} -n {value} ...")
+    # Slurm's srun without a PMI plugin (--mpi=none, the default on many
+    # clusters) starts the tasks with none of the variables above: MPI then
+    # starts each one alone. Only where no MPI launcher's variable is set:
+    # ranks of mpiexec/mpirun inside an allocation inherit the step variables
+    # of the proxies that srun started for the launcher.
+    if any(name in environ for name in ("OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_NAMESPACE")):
+        return
+    value = environ.get("SLURM_STEP_NUM_TASKS", "")
+    if value.isdigit() and int(value) > 1:
+        raise RuntimeError(
+            f"hvdmx.init: Slurm's srun started this process as one of {value} tasks "
+            f"(SLURM_STEP_NUM_TASKS={value}) but gave MPI no way to find the others (no PMI: "
+            f"srun --mpi=none, or the cluster's default), so the MPI library hvdmx uses "
+            f"({_mpi_library(MPI)}) sees it alone, and every process would train by itself "
+            f"as rank 0 of 1. Start the job with hvdmxrun -np {value} ... inside the "
+            "allocation (it runs this MPI's own launcher, which reads Slurm's allocation), "
+            "or give srun a PMI plugin that this MPI supports (srun --mpi=list shows "
+            "them). To run one process alone here on purpose, unset SLURM_STEP_NUM_TASKS.")
 
 
 def _finalize_mpi() -> None:

@@ -1,7 +1,8 @@
 """hvd.init refuses a process that a launcher started as one of several but
 that MPI sees alone: the launcher belongs to another MPI than hvdmx's (Open
-MPI's mpirun starting a program on the mpich wheel), and each process would
-otherwise train by itself as rank 0 of 1, silently.
+MPI's mpirun starting a program on the mpich wheel), or it is srun without a
+PMI, and each process would otherwise train by itself as rank 0 of 1,
+silently.
 
 Where MPI would not start at all (a PMIx launcher, and the mpich wheel's
 MPICH, which has no PMIx), hvdmx says why before MPICH aborts; where a PMIx
@@ -24,7 +25,8 @@ SCRIPT = ("import os, sys, hvdmx as hvd\n"
 
 def run(command, **env):
     base = {k: v for k, v in os.environ.items()
-            if k not in ("OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_NAMESPACE", "MPI4PY_LIBMPI")}
+            if k not in ("OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_NAMESPACE", "MPI4PY_LIBMPI",
+                         "SLURM_STEP_NUM_TASKS")}
     return subprocess.run(command, env=dict(base, OMP_NUM_THREADS="1", **env),
                           capture_output=True, text=True, timeout=120)
 
@@ -57,6 +59,30 @@ def test_the_matching_launcher_is_fine():
     result = run([MPIEXEC, "-n", "2", sys.executable, "-c", SCRIPT])
     assert result.returncode == 0, result.stderr
     assert result.stdout.count("size 2 PMI_SIZE 2") == 2, result.stdout
+
+
+def test_srun_without_a_pmi_is_refused():
+    # srun --mpi=none: Slurm's step variables, and nothing for MPI.
+    result = run([sys.executable, "-c", SCRIPT], SLURM_STEP_NUM_TASKS="3")
+    assert result.returncode != 0
+    assert "size" not in result.stdout
+    assert ("hvdmx.init: Slurm's srun started this process as one of 3 tasks "
+            "(SLURM_STEP_NUM_TASKS=3) but gave MPI no way to find the others") in result.stderr
+    assert ("every process would train by itself as rank 0 of 1. Start the job with hvdmxrun "
+            "-np 3 ... inside the allocation") in result.stderr
+
+
+@pytest.mark.parametrize("tasks, command, sizes", [
+    ("1", [sys.executable], ["size 1 PMI_SIZE None"]),
+    # Ranks of mpiexec inside an allocation inherit the step variables of the
+    # proxies srun started for it: their own launcher's variable decides.
+    ("4", [MPIEXEC, "-n", "2", sys.executable], ["size 2 PMI_SIZE 2"] * 2),
+    ("4", [MPIEXEC, "-n", "1", sys.executable], ["size 1 PMI_SIZE 1"]),
+])
+def test_slurm_step_variables_without_srun_mistake_are_fine(tasks, command, sizes):
+    result = run(command + ["-c", SCRIPT], SLURM_STEP_NUM_TASKS=tasks)
+    assert result.returncode == 0, result.stderr
+    assert sorted(result.stdout.splitlines()) == sizes
 
 
 WHEEL_LIBMPI = os.path.realpath(os.path.join(sys.prefix, "lib", "libmpi.so.12"))
