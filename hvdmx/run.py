@@ -17,6 +17,7 @@ testable on a machine that has only one of them.
 from __future__ import annotations
 
 import argparse
+import atexit
 import os
 import re
 import shlex
@@ -421,6 +422,21 @@ _COLLECTIVES = ("allreduce", "grouped_allreduce", "broadcast", "allgather",
                 "barrier", "join", "broadcast_object", "allgather_object")
 
 
+def _thread_support(MPI) -> str:
+    """The report's MPI_THREAD_MULTIPLE line. Only a running MPI can say
+    which thread level it provides: MPI starts here for the question, unless
+    a PMIx launcher's variables are set (inside another job's step, where the
+    mpich wheel's MPI_Init would abort)."""
+    if not MPI.Is_initialized():
+        if "PMIX_NAMESPACE" in os.environ:
+            return ("[?] MPI_THREAD_MULTIPLE (not checked: PMIX_NAMESPACE is set, and MPI "
+                    "is not started inside another job's step)")
+        MPI.Init_thread(MPI.THREAD_MULTIPLE)
+        atexit.register(MPI.Finalize)
+    multiple = MPI.Query_thread() == MPI.THREAD_MULTIPLE
+    return f"{'[x]' if multiple else '[ ]'} MPI_THREAD_MULTIPLE"
+
+
 def build_report(launcher_line: str) -> str:
     """What this hvdmx can do, as a checklist: [x] available, [ ] not."""
     import mpi4py
@@ -435,7 +451,7 @@ def build_report(launcher_line: str) -> str:
 
     nccl = _core.nccl_built()
     library = _mpi_library(MPI)
-    threads = MPI.Is_initialized() and MPI.Query_thread() == MPI.THREAD_MULTIPLE
+    threads_line = _thread_support(MPI)
     lines = [
         f"hvdmx {hvdmx.__version__} (Python {sys.version.split()[0]}, "
         f"MXNet {mx.__version__}, mpi4py {mpi4py.__version__})",
@@ -444,7 +460,7 @@ def build_report(launcher_line: str) -> str:
         f"    compiled against  {_core.mpi_vendor()}",
         f"    library loaded    {library}",
         f"    launcher          {launcher_line}",
-        f"    {box(threads)} MPI_THREAD_MULTIPLE",
+        f"    {threads_line}",
         "",
         "Training with MXNet:",
         f"    {box(hasattr(hvdmx, 'DistributedTrainer'))} Gluon: DistributedTrainer",
