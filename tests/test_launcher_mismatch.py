@@ -79,7 +79,7 @@ def test_srun_without_a_pmi_is_refused():
     ("4", [MPIEXEC, "-n", "2", sys.executable], ["size 2 PMI_SIZE 2"] * 2),
     ("4", [MPIEXEC, "-n", "1", sys.executable], ["size 1 PMI_SIZE 1"]),
 ])
-def test_slurm_step_variables_without_srun_mistake_are_fine(tasks, command, sizes):
+def test_slurm_step_variables_are_fine_where_mpi_sees_the_job(tasks, command, sizes):
     result = run(command + ["-c", SCRIPT], SLURM_STEP_NUM_TASKS=tasks)
     assert result.returncode == 0, result.stderr
     assert sorted(result.stdout.splitlines()) == sizes
