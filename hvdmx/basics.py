@@ -118,7 +118,8 @@ def _check_launcher(environ) -> None:
     # starts each one alone. Only where no MPI launcher's variable is set:
     # ranks of mpiexec/mpirun inside an allocation inherit the step variables
     # of the proxies that srun started for the launcher.
-    if any(name in environ for name in ("OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_NAMESPACE")):
+    launchers = [variable for variable, _ in _LAUNCHER_SIZES] + ["PMIX_NAMESPACE"]
+    if any(name in environ for name in launchers):
         return
     value = environ.get("SLURM_STEP_NUM_TASKS", "")
     if value.isdigit() and int(value) > 1:
