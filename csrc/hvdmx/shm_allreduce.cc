@@ -90,8 +90,17 @@ ShmAllreduce::ShmAllreduce(int rank, int size, std::vector<char*> regions, int64
       slices_(size),
       spin_micros_(size <= CoresAvailable() ? kSpinMicros : 0) {
   static_assert(sizeof(Control) <= kControlBytes, "control block too large");
+  // Regions are consecutive in one mapping, so a page-aligned start keeps every
+  // one of them aligned for its Control block.
+  static_assert(kControlBytes % alignof(Control) == 0 &&
+                    (kStages * (kSliceAlignBytes + kPageBytes)) % alignof(Control) == 0,
+                "a region's size must keep the next region's Control aligned");
   HVDMX_CHECK(static_cast<int>(regions_.size()) == size_ && rank_ >= 0 && rank_ < size_,
               "one region per rank");
+  for (char* region : regions_) {
+    HVDMX_CHECK(reinterpret_cast<uintptr_t>(region) % alignof(Control) == 0,
+                "a shared-memory region is not aligned for its control block");
+  }
 }
 
 ShmAllreduce::Control& ShmAllreduce::control(int j) const {

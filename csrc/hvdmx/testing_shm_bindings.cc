@@ -19,6 +19,14 @@ namespace py = pybind11;
 namespace hvdmx {
 namespace {
 
+// The regions start where the shared mapping of a real job would: on a page.
+// (ShmAllreduce checks that each is aligned for its control block.)
+constexpr uintptr_t kMappingAlign = 4096;
+
+char* AlignedAsMapped(char* p) {
+  return p + (kMappingAlign - reinterpret_cast<uintptr_t>(p) % kMappingAlign) % kMappingAlign;
+}
+
 // Runs ShmAllreduce in one process, one thread per rank over plain memory:
 // calls[c][r] is rank r's list of arrays in call c, reduced in place as one
 // fused allreduce of their concatenation (ShmAllreduce::Span), calls in order,
@@ -59,9 +67,8 @@ void TestingShmAllreduce(std::vector<std::vector<std::vector<py::array>>> calls,
   std::vector<std::shared_ptr<std::vector<char>>> memory;
   std::vector<std::vector<char*>> regions(hosts);
   for (int h = 0; h < hosts; ++h) {
-    memory.push_back(std::make_shared<std::vector<char>>(region * local + 64, 0));
-    char* p = memory.back()->data();
-    char* base = p + (64 - reinterpret_cast<uintptr_t>(p) % 64) % 64;
+    memory.push_back(std::make_shared<std::vector<char>>(region * local + kMappingAlign, 0));
+    char* base = AlignedAsMapped(memory.back()->data());
     for (int l = 0; l < local; ++l) regions[h].push_back(base + l * region);
   }
   std::vector<std::shared_ptr<LocalWorld>> cross_worlds;
@@ -128,8 +135,8 @@ void TestingShmSequence(const std::vector<py::tuple>& raw, int64_t chunk_bytes) 
   }
   py::gil_scoped_release release;
   const int64_t region = ShmAllreduce::RegionBytes(chunk_bytes);
-  auto memory = std::make_shared<std::vector<char>>(region * n + 64, 0);
-  char* base = memory->data() + (64 - reinterpret_cast<uintptr_t>(memory->data()) % 64) % 64;
+  auto memory = std::make_shared<std::vector<char>>(region * n + kMappingAlign, 0);
+  char* base = AlignedAsMapped(memory->data());
   std::vector<char*> regions;
   for (int r = 0; r < n; ++r) regions.push_back(base + r * region);
   std::vector<std::thread> threads;
