@@ -47,7 +47,7 @@ runtime=$("$cxx" -print-file-name="$lib")
 libstdcxx=$("$cxx" -print-file-name=libstdc++.so.6)
 if [[ $runtime != /* || $libstdcxx != /* ]]; then
   echo "tests/sanitize.sh: $cxx has no $lib or libstdc++.so.6" \
-    "(-print-file-name found neither); install the compiler's sanitizer runtime" >&2
+    "(-print-file-name did not find it); install the compiler's sanitizer runtime" >&2
   exit 2
 fi
 

@@ -91,9 +91,11 @@ ShmAllreduce::ShmAllreduce(int rank, int size, std::vector<char*> regions, int64
       spin_micros_(size <= CoresAvailable() ? kSpinMicros : 0) {
   static_assert(sizeof(Control) <= kControlBytes, "control block too large");
   // Regions are consecutive in one mapping, so a page-aligned start keeps every
-  // one of them aligned for its Control block.
+  // one of them aligned for its Control block: RegionBytes is a multiple of it
+  // for every chunk size (chunks are whole multiples of kSliceAlignBytes).
   static_assert(kControlBytes % alignof(Control) == 0 &&
-                    (kStages * (kSliceAlignBytes + kPageBytes)) % alignof(Control) == 0,
+                    (kStages * kSliceAlignBytes) % alignof(Control) == 0 &&
+                    (kStages * kPageBytes) % alignof(Control) == 0,
                 "a region's size must keep the next region's Control aligned");
   HVDMX_CHECK(static_cast<int>(regions_.size()) == size_ && rank_ >= 0 && rank_ < size_,
               "one region per rank");
