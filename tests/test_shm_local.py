@@ -337,12 +337,33 @@ def mixed_sequences(draw):
     return calls
 
 
+MOVES = ("broadcast", "allgather", "alltoall")
+
+
 @settings(max_examples=120, deadline=None)
-@given(calls=mixed_sequences(), chunk=st.sampled_from([64, 128, 192, 4096]))
-def test_mixed_calls_move_every_byte(calls, chunk):
+@given(calls=mixed_sequences(), chunk=st.sampled_from([64, 128, 192, 4096]),
+       direct=st.sampled_from([-1, 0, 200]))
+def test_mixed_calls_move_every_byte(calls, chunk, direct):
     # Interleaved with allreduces, in any order and with empty streams on
-    # some ranks: the chunk numbering must stay in step on every rank.
-    _core._testing_shm_sequence([spec for spec, _, _ in calls], chunk)
+    # some ranks: the chunk numbering must stay in step on every rank, with
+    # some moves read from the peers' buffers directly (direct >= 0: those
+    # whose longest stream has at least `direct` bytes) and some staged.
+    specs = [spec for spec, _, _ in calls]
+    direct_calls = _core._testing_shm_sequence(specs, chunk, direct)
+    size = len(specs[0][1])
+    if direct < 0 or size == 1:
+        assert direct_calls == 0
+    else:
+        def longest(kind, ins, ints):
+            if kind == "broadcast":
+                return ins[ints[0]].nbytes
+            if kind == "allgather":
+                return max(ints[j + 1] - ints[j] for j in range(size))
+            return max(sum(ints[i * size:(i + 1) * size]) - ints[i * size + i]
+                       for i in range(size))
+        assert direct_calls == sum(
+            1 for kind, ins, _, ints in specs
+            if kind in MOVES and 0 < longest(kind, ins, ints) >= direct)
     for spec, wants, results in calls:
         for rank, (got, want) in enumerate(zip(results, wants)):
             assert np.array_equal(got, want), f"{spec[0]} on rank {rank}"
@@ -358,8 +379,9 @@ def test_bit_ands_in_a_row(size):
             assert np.array_equal(got, want), f"bit-and {c} on rank {rank}"
 
 
+@pytest.mark.parametrize("direct", [-1, 0], ids=["staged", "direct"])
 @pytest.mark.parametrize("size", [2, 3, 4])
-def test_large_byte_moves_over_many_chunks(size):
+def test_large_byte_moves_over_many_chunks(size, direct):
     n = 3 * 65536 + 5
     calls = [broadcast_call(size, 0, n, size - 1),
              broadcast_out_call(size, 4, n + 17, 0),
@@ -369,13 +391,16 @@ def test_large_byte_moves_over_many_chunks(size):
              allreduce_call(size, 3, n),
              reducescatter_call(size, 5, [n // 3 + j * 1001 for j in range(size)]),
              reducescatter_call(size, 6, [0] + [n // 5] * (size - 1), FLOAT64, MAX)]
-    _core._testing_shm_sequence([spec for spec, _, _ in calls], 4096 + 64)
+    direct_calls = _core._testing_shm_sequence([spec for spec, _, _ in calls], 4096 + 64,
+                                               direct)
+    assert direct_calls == (4 if direct == 0 else 0)
     for spec, wants, results in calls:
         for got, want in zip(results, wants):
             assert np.array_equal(got, want), spec[0]
 
 
-def test_allgather_in_place_block_is_left_alone():
+@pytest.mark.parametrize("direct", [-1, 0], ids=["staged", "direct"])
+def test_allgather_in_place_block_is_left_alone(direct):
     # The fused allgather passes its own block already at its place in the
     # output: it must not be copied onto itself (or lost).
     size, blocks = 3, [100, 0, 257]
@@ -387,6 +412,6 @@ def test_allgather_in_place_block_is_left_alone():
         out[starts[r]:starts[r + 1]] = want[starts[r]:starts[r + 1]]
         outs.append(out)
     ins = [out[starts[r]:starts[r + 1]] for r, out in enumerate(outs)]
-    _core._testing_shm_sequence([("allgather", ins, outs, starts)], 64)
+    _core._testing_shm_sequence([("allgather", ins, outs, starts)], 64, direct)
     for out in outs:
         assert np.array_equal(out, want)

@@ -43,7 +43,8 @@ def test_timeline_from_the_environment(tmp_path):
     assert not {"MEMCPY_IN_FUSION_BUFFER", "MEMCPY_OUT_FUSION_BUFFER"} & phases["fused.1"]
     # both ranks share this host: auto broadcasts through shared memory
     assert "SHM_BCAST" in phases["bcast"]
-    assert "RING_ALLGATHER" in phases["gather"]
+    # and gathers a small allgather through shared memory too
+    assert "SHM_ALLGATHER" in phases["gather"]
     assert "NEGOTIATE" in phases["gather#sizes"]
     assert "CYCLE_START" in phases["negotiation rounds"]
     # rank 0 saw each rank's request arrive (the first, uncached, round)

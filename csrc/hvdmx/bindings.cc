@@ -204,6 +204,8 @@ py::object TestingShmInfo() {
   d["local_size"] = shm->size();
   d["hierarchical"] = shm->hierarchical();
   d["exchanges"] = shm->exchanges();
+  d["direct_exchanges"] = shm->direct_exchanges();
+  d["direct_min_bytes"] = shm->direct_min_bytes();
   d["bit_ands"] = shm->bit_ands();
   return d;
 }

@@ -114,6 +114,9 @@ Status LoadConfig(const EnvLookup& lookup, Config* out) {
     const std::string raw = Find(lookup, "SHM_CHUNK_BYTES", &used).value_or("");
     return Invalid(used, raw, "a byte count >= 64 and <= 1073741824");
   }
+  s = ReadInt(lookup, "SHM_DIRECT_MIN_BYTES", -1, "a byte count >= 0, or -1 (never)",
+              &config.shm_direct_min_bytes);
+  if (!s.ok()) return s;
   s = ReadInt(lookup, "TESTING_RANKS_PER_HOST", 0, "an integer >= 0 (0: the real hosts)",
               &config.testing_ranks_per_host);
   if (!s.ok()) return s;
@@ -184,6 +187,7 @@ std::string Config::ToString() const {
       << " allreduce_algo=" << AllreduceAlgoName(allreduce_algo)
       << " ring_min_bytes=" << ring_min_bytes << " ring_segment_bytes=" << ring_segment_bytes
       << " shm_min_bytes=" << shm_min_bytes << " shm_chunk_bytes=" << shm_chunk_bytes
+      << " shm_direct_min_bytes=" << shm_direct_min_bytes
       << " hierarchical_allreduce=" << hierarchical_allreduce
       << " testing_ranks_per_host=" << testing_ranks_per_host
       << " stall_check_seconds=" << stall_check_seconds

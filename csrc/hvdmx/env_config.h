@@ -53,6 +53,13 @@ struct Config {
   // HVDMX_SHM_CHUNK_BYTES: the shared-memory allreduce's pipelining unit per
   // rank (rounded down to a multiple of 64).
   int64_t shm_chunk_bytes = 256 * 1024;
+  // HVDMX_SHM_DIRECT_MIN_BYTES: broadcasts, allgathers and alltoalls through
+  // shared memory whose largest block has at least this many bytes are read
+  // straight from the peers' buffers (cross-memory attach, one copy instead
+  // of two; see docs/algorithms.md) where the kernel allows it. -1: never.
+  // Off by default: whether it wins depends on the pages under MXNet's
+  // arrays and on where the ranks' cores sit (docs/benchmarks.md).
+  int64_t shm_direct_min_bytes = -1;
   // HVDMX_HIERARCHICAL_ALLREDUCE (HOROVOD_HIERARCHICAL_ALLREDUCE): 0 or 1.
   // 1: on several hosts with equal rank counts, shared memory inside each
   // host and our ring between hosts (shm_allreduce.h).

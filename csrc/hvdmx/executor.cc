@@ -164,9 +164,12 @@ bool Executor::ShmMoves(CollectiveType type, int64_t bytes) const {
   if (config_.allreduce_algo != AllreduceAlgo::kAuto) return false;
   if (type == CollectiveType::kBroadcast) return bytes >= config_.shm_min_bytes;
   if (type == CollectiveType::kReducescatter) return true;
-  // An alltoall of up to kShmAlltoallMaxBytes per rank (its share of `bytes`):
-  // above it, MPI's single-copy point-to-point wins.
-  return type == CollectiveType::kAlltoall && bytes <= kShmAlltoallMaxBytes * comm_.size();
+  // Through the stages (two copies), large allgathers and alltoalls lose to
+  // MPI's single-copy point-to-point; read directly, they do not.
+  const bool direct = shm_->direct_min_bytes() >= 0;
+  if (type == CollectiveType::kAllgather) return direct || bytes <= kShmAllgatherMaxBytes;
+  return type == CollectiveType::kAlltoall &&
+         (direct || bytes <= kShmAlltoallMaxBytes * comm_.size());
 }
 
 void Executor::RunAllreduceGroup(const FusionGroup& group, const std::vector<Response>& responses,

@@ -104,6 +104,7 @@ void CheckSettingsAgree(MPI_Comm comm, const Config& c, int size) {
       {"RING_SEGMENT_BYTES", c.ring_segment_bytes},
       {"SHM_MIN_BYTES", c.shm_min_bytes},
       {"SHM_CHUNK_BYTES", c.shm_chunk_bytes},
+      {"SHM_DIRECT_MIN_BYTES", c.shm_direct_min_bytes},
       {"HIERARCHICAL_ALLREDUCE", c.hierarchical_allreduce ? 1 : 0},
       {"TESTING_RANKS_PER_HOST", c.testing_ranks_per_host},
   };

@@ -1,6 +1,7 @@
 #include "shm_allreduce.h"
 
 #include <sched.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <chrono>
@@ -79,7 +80,8 @@ int64_t ShmAllreduce::RegionBytes(int64_t chunk_bytes) {
 }
 
 ShmAllreduce::ShmAllreduce(int rank, int size, std::vector<char*> regions, int64_t chunk_bytes,
-                           std::shared_ptr<void> owner, CrossAllreduce cross)
+                           std::shared_ptr<void> owner, CrossAllreduce cross,
+                           int64_t direct_min_bytes)
     : rank_(rank),
       size_(size),
       regions_(std::move(regions)),
@@ -88,7 +90,8 @@ ShmAllreduce::ShmAllreduce(int rank, int size, std::vector<char*> regions, int64
       cross_(std::move(cross)),
       operands_(size),
       slices_(size),
-      spin_micros_(size <= CoresAvailable() ? kSpinMicros : 0) {
+      spin_micros_(size <= CoresAvailable() ? kSpinMicros : 0),
+      direct_min_bytes_(direct_min_bytes) {
   static_assert(sizeof(Control) <= kControlBytes, "control block too large");
   // Regions are consecutive in one mapping, so a page-aligned start keeps every
   // one of them aligned for its Control block: RegionBytes is a multiple of it
@@ -103,6 +106,7 @@ ShmAllreduce::ShmAllreduce(int rank, int size, std::vector<char*> regions, int64
     HVDMX_CHECK(reinterpret_cast<uintptr_t>(region) % alignof(Control) == 0,
                 "a shared-memory region is not aligned for its control block");
   }
+  control(rank_).pid.store(getpid(), std::memory_order_relaxed);
 }
 
 ShmAllreduce::Control& ShmAllreduce::control(int j) const {

@@ -51,7 +51,9 @@
 // this rank's chunk is in its stage; done: it has read what it needs of
 // chunk seq), so these calls and Allreduce interleave in any order, the same
 // on every rank. Per rank and call: its block copied in once, what it
-// receives copied out once; nothing is allocated. ReduceScatter uses the
+// receives copied out once; nothing is allocated. A call whose longest
+// stream has at least `direct_min_bytes` skips the stages: see Note [Reading
+// peers' buffers directly] in shm_exchange.cc. ReduceScatter uses the
 // same stages and counters (see its comment). These calls are in
 // shm_exchange.cc; the allreduce and the bit-and in shm_allreduce.cc.
 //
@@ -67,6 +69,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "common.h"
@@ -96,8 +99,13 @@ class ShmAllreduce {
   // RegionBytes long, 64-byte aligned and zero before any rank's first call.
   // `owner` keeps the mapping alive as long as this object. `cross`, empty
   // on a single host, makes the allreduce hierarchical (see above).
+  // `direct_min_bytes` >= 0: byte-moving calls whose longest stream has at
+  // least that many bytes read the peers' buffers directly, which needs
+  // CrossMemoryAttachWorks() between all of them; negative: never. The
+  // same on every rank.
   ShmAllreduce(int rank, int size, std::vector<char*> regions, int64_t chunk_bytes,
-               std::shared_ptr<void> owner, CrossAllreduce cross = nullptr);
+               std::shared_ptr<void> owner, CrossAllreduce cross = nullptr,
+               int64_t direct_min_bytes = -1);
   ShmAllreduce(const ShmAllreduce&) = delete;
   ShmAllreduce& operator=(const ShmAllreduce&) = delete;
 
@@ -152,8 +160,18 @@ class ShmAllreduce {
   bool ReduceScatterFits(DataType dtype) const;
   void ReduceScatter(const void* in, void* out, const std::vector<int64_t>& starts,
                      DataType dtype, ReduceOp op, double postscale);
-  // Byte-moving calls made so far; any thread may read it.
+  // Byte-moving calls made so far, and those of them that read the peers'
+  // buffers directly; any thread may read them.
   int64_t exchanges() const { return exchanges_.load(std::memory_order_relaxed); }
+  int64_t direct_exchanges() const { return direct_exchanges_.load(std::memory_order_relaxed); }
+  int64_t direct_min_bytes() const { return direct_min_bytes_; }
+
+  // Whether this process can read `bytes` at `address` in process `pid`
+  // with cross-memory attach (process_vm_readv: Linux, the same user, and
+  // ptrace allowed between the two) and finds `expected` there. On failure,
+  // *why says what the kernel said.
+  static bool CrossMemoryAttachWorks(int64_t pid, const void* address, const void* expected,
+                                     int64_t bytes, std::string* why);
 
   // A bitwise AND of `n` words over the host's ranks, split like
   // Comm::StartBitAnd / TestBitAnd (the negotiation's one collective per
@@ -206,6 +224,8 @@ class ShmAllreduce {
   // this rank reads reads_[j] of rank j's. The caller fills both; lengths_
   // is the same on every rank.
   void Exchange(const Stream& stream);
+  // Exchange without the stages: see Note [Reading peers' buffers directly].
+  void ExchangeDirect(const Stream& stream);
   void Publish(const Stream& stream, int64_t length, uint64_t seq, int64_t k);
   void Collect(const Stream& stream, uint64_t seq, int64_t k);
 
@@ -223,6 +243,8 @@ class ShmAllreduce {
   const int64_t spin_micros_;          // see Note [Waiting in shared memory]
   std::atomic<int64_t> calls_{0};
   std::atomic<int64_t> exchanges_{0};
+  std::atomic<int64_t> direct_exchanges_{0};
+  const int64_t direct_min_bytes_;
   std::atomic<int64_t> bit_ands_{0};
   uint64_t bit_and_seq_ = 0;        // bit-ands this rank has started
   uint64_t* bit_and_words_ = nullptr;

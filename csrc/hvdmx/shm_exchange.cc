@@ -1,8 +1,12 @@
 // ShmAllreduce's byte-moving calls and its reduce-scatter: see "Moving
 // bytes" in shm_allreduce.h. The allreduce and the bit-and are in
 // shm_allreduce.cc; what both files share is in shm_internal.h.
+#include <sys/uio.h>
+
 #include <algorithm>
+#include <cerrno>
 #include <cstring>
+#include <string>
 
 #include "reduce_kernels.h"
 #include "shm_allreduce.h"
@@ -141,6 +145,10 @@ void ShmAllreduce::ReduceScatter(const void* in, void* out, const std::vector<in
 void ShmAllreduce::Exchange(const Stream& stream) {
   exchanges_.fetch_add(1, std::memory_order_relaxed);
   const int64_t longest = *std::max_element(lengths_.begin(), lengths_.end());
+  if (size_ > 1 && direct_min_bytes_ >= 0 && longest >= direct_min_bytes_ && longest > 0) {
+    ExchangeDirect(stream);
+    return;
+  }
   const int64_t chunks = size_ == 1 ? 0 : (longest + chunk_bytes_ - 1) / chunk_bytes_;
   const uint64_t first_seq = seq_;
   if (chunks > 0) Publish(stream, lengths_[rank_], first_seq, 0);
@@ -189,6 +197,88 @@ void ShmAllreduce::Collect(const Stream& stream, uint64_t seq, int64_t k) {
     std::memcpy(read.dst + (a - read.offset), Stage(j, seq) + (a - lo), b - a);
   }
   control(rank_).done.value.store(seq + 1, std::memory_order_release);
+}
+
+// Note [Reading peers' buffers directly]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+// Through the stages, every byte that moves is copied twice: into the
+// sender's stage, then out of it by each reader. Linux's cross-memory
+// attach (process_vm_readv) copies from another process's memory in one
+// go, so a reader can take what it needs straight from the sender's own
+// buffer: one copy, made by the reader, while the sender is free. MPICH
+// moves its large messages on one host this way too. It needs permission
+// to ptrace the peer (the same user, and no stricter Yama policy), which
+// CreateNodeShmAllreduce checks once, on every rank, before turning it on.
+//
+// One call takes one chunk seq, s, on every rank, and no stage:
+// - each rank writes where its stream is (address, hole) into its control
+//   block and publishes copied = s + 1;
+// - it copies its own read, then, for each peer (from the next rank on),
+//   waits for the peer's copied, reads the descriptor and copies its range
+//   with process_vm_readv; then it publishes done = s + 1;
+// - it returns only once every peer has published done: until then a peer
+//   may still be reading its buffer, which the caller owns and may reuse.
+// Staged and direct calls can follow each other in any order: both keep
+// copied and done at the count of chunks (a stage is reused only once
+// every rank is done with the chunk it last held, as before), and which one
+// a call takes depends only on lengths_, the same on every rank.
+void ShmAllreduce::ExchangeDirect(const Stream& stream) {
+  direct_exchanges_.fetch_add(1, std::memory_order_relaxed);
+  const uint64_t seq = seq_++;
+  Control& mine = control(rank_);
+  mine.stream_data.store(reinterpret_cast<uintptr_t>(stream.data), std::memory_order_relaxed);
+  mine.stream_hole_at.store(stream.hole_at, std::memory_order_relaxed);
+  mine.stream_hole_bytes.store(stream.hole_bytes, std::memory_order_relaxed);
+  mine.copied.value.store(seq + 1, std::memory_order_release);
+  const Read& self = reads_[rank_];
+  if (self.bytes > 0) std::memmove(self.dst, stream.data + self.offset, self.bytes);
+  for (int i = 1; i < size_; ++i) {
+    const int j = (rank_ + i) % size_;
+    const Read& read = reads_[j];
+    if (read.bytes == 0) continue;
+    const Control& peer = control(j);
+    WaitFor(peer.copied.value, seq + 1, spin_micros_);
+    // The read is one of the peer's blocks, wholly before its hole or
+    // wholly after it (alltoall's hole is the peer's block for itself).
+    const int64_t hole_at = peer.stream_hole_at.load(std::memory_order_relaxed);
+    const int64_t at =
+        read.offset < hole_at ? read.offset
+                              : read.offset + peer.stream_hole_bytes.load(std::memory_order_relaxed);
+    const uintptr_t from = peer.stream_data.load(std::memory_order_relaxed) + at;
+    const pid_t pid = static_cast<pid_t>(peer.pid.load(std::memory_order_relaxed));
+    for (int64_t done = 0; done < read.bytes;) {
+      iovec local{read.dst + done, static_cast<size_t>(read.bytes - done)};
+      iovec remote{reinterpret_cast<void*>(from + done), local.iov_len};
+      const ssize_t got = process_vm_readv(pid, &local, 1, &remote, 1, 0);
+      HVDMX_CHECK(got > 0, "reading local rank " + std::to_string(j) +
+                               "'s buffer with process_vm_readv failed (" +
+                               std::strerror(got < 0 ? errno : EIO) +
+                               "); HVDMX_SHM_DIRECT_MIN_BYTES=-1 moves bytes through the "
+                               "shared-memory stages instead");
+      done += got;
+    }
+  }
+  mine.done.value.store(seq + 1, std::memory_order_release);
+  for (int j = 0; j < size_; ++j) {
+    if (j != rank_) WaitFor(control(j).done.value, seq + 1, spin_micros_);
+  }
+}
+
+bool ShmAllreduce::CrossMemoryAttachWorks(int64_t pid, const void* address, const void* expected,
+                                          int64_t bytes, std::string* why) {
+  std::string got(static_cast<size_t>(bytes), '\0');
+  iovec local{got.data(), got.size()};
+  iovec remote{const_cast<void*>(address), got.size()};
+  const ssize_t n = process_vm_readv(static_cast<pid_t>(pid), &local, 1, &remote, 1, 0);
+  if (n < 0) {
+    *why = std::string("process_vm_readv: ") + std::strerror(errno);
+    return false;
+  }
+  if (n != bytes || std::memcmp(got.data(), expected, got.size()) != 0) {
+    *why = "process_vm_readv read other bytes than the peer holds";
+    return false;
+  }
+  return true;
 }
 
 }  // namespace hvdmx

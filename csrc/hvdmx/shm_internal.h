@@ -96,6 +96,13 @@ struct ShmAllreduce::Control {
   // released with seq; see StartBitAnd.
   shm_internal::PaddedCounter anded;
   alignas(128) uint64_t words[2][ShmAllreduce::kMaxBitAndWords];
+  // A direct exchange's stream, in this rank's address space (see Note
+  // [Reading peers' buffers directly]): written before `copied` is released
+  // for the call, read after acquiring it. `pid` is set by the constructor.
+  alignas(128) std::atomic<int64_t> pid;
+  std::atomic<uint64_t> stream_data;
+  std::atomic<int64_t> stream_hole_at;
+  std::atomic<int64_t> stream_hole_bytes;
 };
 
 }  // namespace hvdmx

@@ -8,6 +8,7 @@
 #include <atomic>
 #include <cerrno>
 #include <cstring>
+#include <string>
 #include <vector>
 
 #include "logging.h"
@@ -131,6 +132,48 @@ ShmAllreduce::CrossAllreduce RingAcrossHosts(MPI_Comm comm, int local_rank,
   };
 }
 
+// Whether every rank of `local` can read every other's memory with
+// cross-memory attach (Note [Reading peers' buffers directly] in
+// shm_exchange.cc): each tries a word of each peer. Collective over `comm`
+// (every rank of the job agrees). On failure *why says why, on the rank
+// that failed.
+bool CrossMemoryAttachWorksOnHost(MPI_Comm comm, MPI_Comm local, std::string* why) {
+  static const uint64_t kProbe = 0x6876646d782d636dULL;
+  int rank = 0, size = 1;
+  MPI_Comm_rank(local, &rank);
+  MPI_Comm_size(local, &size);
+  const int64_t mine[2] = {getpid(), static_cast<int64_t>(reinterpret_cast<uintptr_t>(&kProbe))};
+  std::vector<int64_t> all(2 * static_cast<size_t>(size));
+  MPI_Allgather(mine, 2, MPI_INT64_T, all.data(), 2, MPI_INT64_T, local);
+  int ok = 1;
+  for (int j = 0; j < size && ok; ++j) {
+    const void* address = reinterpret_cast<const void*>(static_cast<uintptr_t>(all[2 * j + 1]));
+    if (j != rank && !ShmAllreduce::CrossMemoryAttachWorks(all[2 * j], address, &kProbe,
+                                                           sizeof(kProbe), why)) {
+      *why = "local rank " + std::to_string(rank) + " cannot read local rank " +
+             std::to_string(j) + "'s memory: " + *why;
+      ok = 0;
+    }
+  }
+  MPI_Allreduce(MPI_IN_PLACE, &ok, 1, MPI_INT, MPI_MIN, comm);
+  if (!ok && why->empty()) *why = "a rank on another host or of this one cannot";
+  return ok != 0;
+}
+
+// Where a direct exchange starts: config.shm_direct_min_bytes, or -1
+// (never) on every rank when some rank cannot read its peers' memory.
+// Collective over `comm` when it is on.
+int64_t DirectMinBytes(MPI_Comm comm, MPI_Comm local, const Config& config) {
+  if (config.shm_direct_min_bytes < 0) return -1;
+  std::string why;
+  if (!CrossMemoryAttachWorksOnHost(comm, local, &why)) {
+    HVDMX_LOG(kWarning) << "HVDMX_SHM_DIRECT_MIN_BYTES=" << config.shm_direct_min_bytes
+                        << " ignored, shared memory moves bytes through its stages: " << why;
+    return -1;
+  }
+  return config.shm_direct_min_bytes;
+}
+
 }  // namespace
 
 std::unique_ptr<ShmAllreduce> CreateNodeShmAllreduce(MPI_Comm comm, const Config& config) {
@@ -163,6 +206,7 @@ std::unique_ptr<ShmAllreduce> CreateNodeShmAllreduce(MPI_Comm comm, const Config
   }
   const int64_t region_bytes = ShmAllreduce::RegionBytes(config.shm_chunk_bytes);
   std::string why;
+  const int64_t direct_min_bytes = DirectMinBytes(comm, local, config);
   std::shared_ptr<ShmSegment> segment = ShmSegment::Create(local, region_bytes, &why);
   MPI_Comm_free(&local);
   // Every rank must agree, across hosts too.
@@ -179,10 +223,10 @@ std::unique_ptr<ShmAllreduce> CreateNodeShmAllreduce(MPI_Comm comm, const Config
   if (hierarchical) cross = RingAcrossHosts(comm, local_rank, config);
   HVDMX_LOG(kDebug) << "shared-memory allreduce on: " << local_size << " ranks on this host"
                     << (hierarchical ? ", the ring between hosts" : "") << ", " << region_bytes
-                    << " bytes per rank";
+                    << " bytes per rank, direct reads from " << direct_min_bytes << " bytes";
   return std::make_unique<ShmAllreduce>(local_rank, local_size, std::move(regions),
                                         config.shm_chunk_bytes, std::move(segment),
-                                        std::move(cross));
+                                        std::move(cross), direct_min_bytes);
 }
 
 }  // namespace hvdmx

@@ -109,13 +109,17 @@ struct ShmTestCall {
 // Runs a sequence of mixed ShmAllreduce calls in one process, one thread per
 // rank over plain memory (one host), every rank making the same calls in
 // the same order: interleaving must keep the chunk numbering in step.
-void TestingShmSequence(const std::vector<py::tuple>& raw, int64_t chunk_bytes) {
+// Byte-moving calls of at least `direct_min_bytes` (>= 0) read the peers'
+// buffers directly (here: this process's own memory). Returns the number of
+// calls that did, as rank 0 counted them.
+int64_t TestingShmSequence(const std::vector<py::tuple>& raw, int64_t chunk_bytes,
+                           int64_t direct_min_bytes) {
   std::vector<ShmTestCall> calls;
   for (const py::tuple& t : raw) {
     calls.push_back({t[0].cast<std::string>(), t[1].cast<std::vector<py::array>>(),
                      t[2].cast<std::vector<py::array>>(), t[3].cast<std::vector<int64_t>>()});
   }
-  if (calls.empty()) return;
+  if (calls.empty()) return 0;
   const int n = static_cast<int>(calls[0].in.size());
   std::vector<std::vector<char*>> in(calls.size()), out(calls.size());
   // Sizes read here, with the GIL: nbytes() touches the array's dtype object.
@@ -140,9 +144,10 @@ void TestingShmSequence(const std::vector<py::tuple>& raw, int64_t chunk_bytes) 
   std::vector<char*> regions;
   for (int r = 0; r < n; ++r) regions.push_back(base + r * region);
   std::vector<std::thread> threads;
+  int64_t direct = 0;
   for (int r = 0; r < n; ++r) {
     threads.emplace_back([&, r] {
-      ShmAllreduce shm(r, n, regions, chunk_bytes, memory);
+      ShmAllreduce shm(r, n, regions, chunk_bytes, memory, nullptr, direct_min_bytes);
       for (size_t c = 0; c < calls.size(); ++c) {
         const ShmTestCall& call = calls[c];
         if (call.kind == "allreduce") {
@@ -166,9 +171,11 @@ void TestingShmSequence(const std::vector<py::tuple>& raw, int64_t chunk_bytes) 
           shm.Alltoall(in[c][r], out[c][r], call.ints);
         }
       }
+      if (r == 0) direct = shm.direct_exchanges();
     });
   }
   for (auto& th : threads) th.join();
+  return direct;
 }
 
 }  // namespace
@@ -178,7 +185,8 @@ void DefineTestingShmBindings(py::module_& m) {
         py::arg("op"), py::arg("chunk_bytes"), py::arg("hosts") = 1,
         py::arg("postscale") = 1.0,
         py::arg("outputs") = std::vector<std::vector<std::vector<py::array>>>{});
-  m.def("_testing_shm_sequence", &TestingShmSequence, py::arg("calls"), py::arg("chunk_bytes"));
+  m.def("_testing_shm_sequence", &TestingShmSequence, py::arg("calls"), py::arg("chunk_bytes"),
+        py::arg("direct_min_bytes") = -1);
   m.def("_testing_shm_slice_start", &ShmSliceStart);
 }
 

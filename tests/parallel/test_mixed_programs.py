@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 
 import hvdmx as hvd
+from hvdmx import _core
 from conftest import restart
 from helpers import DTYPES, my_rows, reduced
 
@@ -25,10 +26,14 @@ KINDS = ["allreduce", "allreduce_", "grouped_allreduce", "broadcast", "broadcast
 CALLS = 40
 
 
-@pytest.fixture(scope="module", params=["auto", "shm", "ring", "mpi", "auto, cache of 3"])
+@pytest.fixture(scope="module", params=["auto", "shm", "shm, direct from 512 bytes", "ring",
+                                        "mpi", "auto, cache of 3"])
 def algo(request):
-    """HVDMX_ALLREDUCE_ALGO; the last also evicts from a 3-entry response cache."""
+    """HVDMX_ALLREDUCE_ALGO; "direct" moves the larger blocks by reading the
+    peers' buffers, the others through the stages; "cache" also evicts from
+    a 3-entry response cache."""
     restart({"HVDMX_ALLREDUCE_ALGO": request.param.split(",")[0],
+             "HVDMX_SHM_DIRECT_MIN_BYTES": "512" if "direct" in request.param else "-1",
              "HVDMX_CACHE_CAPACITY": "3" if "cache" in request.param else "1024",
              "HVDMX_FUSION_THRESHOLD": "2048", "HVDMX_FUSION_PIECE_BYTES": "512",
              "HVDMX_RING_SEGMENT_BYTES": "64", "HVDMX_SHM_CHUNK_BYTES": "256",
@@ -173,8 +178,12 @@ def run_and_check(program, process_set, where):
 @pytest.mark.parametrize("seed", [1, 2, 3])
 def test_random_program_pushed_at_once(world, algo, seed):
     _, size = world
+    info = _core._testing_shm_info()
     run_and_check(draw(seed * 100 + size, size), hvd.global_process_set,
                   f"seed {seed} ({algo})")
+    if "direct" in algo and size > 1:
+        # Some of the program's moves read the peers' buffers.
+        assert _core._testing_shm_info()["direct_exchanges"] > info["direct_exchanges"]
 
 
 @pytest.mark.parametrize("seed", [4, 5])

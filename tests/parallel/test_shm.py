@@ -19,14 +19,26 @@ def check(out, want):
     assert all_equal_across_ranks(got)
 
 
-@pytest.fixture(params=[{}, {"HVDMX_SHM_CHUNK_BYTES": "4160"}], ids=["default", "chunk4160"])
-def shm(request, world):
+def shm_forced(env):
     """hvdmx restarted with the shared-memory allreduce forced on."""
-    restart({"HVDMX_ALLREDUCE_ALGO": "shm", **request.param})
+    restart({"HVDMX_ALLREDUCE_ALGO": "shm", **env})
     try:
         yield
     finally:
         restart({})
+
+
+@pytest.fixture(params=[{}, {"HVDMX_SHM_CHUNK_BYTES": "4160"}], ids=["default", "chunk4160"])
+def shm(request, world):
+    yield from shm_forced(request.param)
+
+
+@pytest.fixture(params=[{}, {"HVDMX_SHM_CHUNK_BYTES": "4160"},
+                        {"HVDMX_SHM_DIRECT_MIN_BYTES": "0"}],
+                ids=["default", "chunk4160", "direct"])
+def shm_moves(request, world):
+    """As shm, and with every byte-moving call reading peers' buffers."""
+    yield from shm_forced(request.param)
 
 
 def shm_calls():
@@ -121,17 +133,18 @@ def rows(rank, n, salt=0):
     return i + 1000 * rank + 7 * salt
 
 
-def test_broadcast_allgather_alltoall_through_shm(world, shm):
+def test_broadcast_allgather_alltoall_through_shm(world, shm_moves):
     # Interleaved with allreduces; ragged rows, 0 rows on rank 1, a grouped
     # allgather (packed in the fusion buffer), every root.
     rank, size = world
     before = shm_exchanges()
-    moves = 0
+    info = _core._testing_shm_info()
+    direct_before = info["direct_exchanges"] if info else 0
+    moves = nonempty = 0
     for step in range(3):
-        n = (rank * 40_001 + step * 7) % 90_001 if rank != 1 else 0
-        got = hvd.allgather(mx.nd.array(rows(rank, n, step))).asnumpy()
-        want = np.concatenate([rows(r, (r * 40_001 + step * 7) % 90_001 if r != 1 else 0, step)
-                               for r in range(size)])
+        ns = [(r * 40_001 + step * 7) % 90_001 if r != 1 else 0 for r in range(size)]
+        got = hvd.allgather(mx.nd.array(rows(rank, ns[rank], step))).asnumpy()
+        want = np.concatenate([rows(r, ns[r], step) for r in range(size)])
         assert np.array_equal(got, want)
         a, b = hvd.grouped_allgather([mx.nd.array(rows(rank, rank + 1, step)),
                                       mx.nd.array(rows(rank, 2, step + 1)[:, :2])])
@@ -153,12 +166,66 @@ def test_broadcast_allgather_alltoall_through_shm(world, shm):
         check(hvd.allreduce(mx.nd.array(rank_input(rank, 3001, "float32", hvd.Sum)), op=hvd.Sum),
               expected(size, 3001, "float32", hvd.Sum))
         moves += 4
+        nonempty += 3 + (max(ns) > 0)
     assert shm_exchanges() == (before + moves if size > 1 else 0)
+    if info and info["direct_min_bytes"] == 0:
+        # Every call with a non-empty block read its peers' buffers.
+        assert _core._testing_shm_info()["direct_exchanges"] == direct_before + nonempty
+
+
+@pytest.mark.parametrize("value", ["0", "65536", "-1", None])
+def test_direct_reads_are_on_when_asked(world, value):
+    # Asked for, the probe must find cross-memory attach working between the
+    # ranks of this machine (the same user, no ptrace restriction); unset, it
+    # is off.
+    rank, size = world
+    restart({"HVDMX_ALLREDUCE_ALGO": "shm"} if value is None else
+            {"HVDMX_ALLREDUCE_ALGO": "shm", "HVDMX_SHM_DIRECT_MIN_BYTES": value})
+    try:
+        info = _core._testing_shm_info()
+        if size == 1:
+            assert info is None
+            return
+        want = -1 if value is None else int(value)
+        assert info["direct_min_bytes"] == want
+        before = info["direct_exchanges"]
+        x = mx.nd.array(rows(rank, 30_000))  # 360,000 bytes
+        hvd.broadcast_(x, root_rank=size - 1)
+        assert np.array_equal(x.asnumpy(), rows(size - 1, 30_000))
+        assert _core._testing_shm_info()["direct_exchanges"] == before + (0 <= want <= 360_000)
+        hvd.barrier()
+    finally:
+        restart({})
+
+
+def test_auto_sends_large_moves_through_shm_when_read_directly(world):
+    # Read from the peers' buffers, an allgather over 32 MiB and an alltoall
+    # over 16 MiB per rank stay in shared memory, and the direct reads hold.
+    rank, size = world
+    restart({"HVDMX_SHM_DIRECT_MIN_BYTES": "1048576"})
+    try:
+        if size == 1:
+            return
+        moves, direct = shm_exchanges(), _core._testing_shm_info()["direct_exchanges"]
+        gathered = -(-(33 << 20) // (12 * size))
+        got = hvd.allgather(mx.nd.array(rows(rank, gathered))).asnumpy()
+        assert np.array_equal(got, np.concatenate([rows(r, gathered) for r in range(size)]))
+        big = 1_400_004
+        share = big // size
+        out = hvd.alltoall(mx.nd.array(rows(rank, big))).asnumpy()
+        assert np.array_equal(out, np.concatenate(
+            [rows(s, big)[rank * share:(rank + 1) * share] for s in range(size)]))
+        assert shm_exchanges() == moves + 2
+        assert _core._testing_shm_info()["direct_exchanges"] == direct + 2
+        hvd.barrier()
+    finally:
+        restart({})
 
 
 def test_auto_picks_by_size_and_stays_correct(world):
     rank, size = world
-    restart({"HVDMX_ALLREDUCE_ALGO": "auto", "HVDMX_SHM_MIN_BYTES": "4096"})
+    restart({"HVDMX_ALLREDUCE_ALGO": "auto", "HVDMX_SHM_MIN_BYTES": "4096",
+             "HVDMX_SHM_DIRECT_MIN_BYTES": "-1"})
     try:
         cases = [("float32", 10), ("float32", 1024), ("float32", 100_003),
                  ("float16", 10), ("int8", 4096), ("float64", 511)]
@@ -172,8 +239,8 @@ def test_auto_picks_by_size_and_stays_correct(world):
             # MPI below the threshold, except for float16 which MPI cannot reduce
             by_shm = count * np.dtype(dtype).itemsize >= 4096 or dtype == "float16"
             assert shm_calls() == before + by_shm, (dtype, count)
-        # Broadcast by the same threshold; allgather stays on MPI, alltoall takes
-        # shared memory up to 16 MiB per rank
+        # Broadcast by the same threshold; allgather takes shared memory up to
+        # 32 MiB of output, alltoall up to 16 MiB per rank
         for count in [10, 1024]:
             before = shm_exchanges()
             x = mx.nd.array(rank_input(rank, count, "float32", hvd.Sum))
@@ -183,17 +250,21 @@ def test_auto_picks_by_size_and_stays_correct(world):
         before = shm_exchanges()
         got = hvd.allgather(mx.nd.array(rows(rank, 2000))).asnumpy()
         assert np.array_equal(got, np.concatenate([rows(r, 2000) for r in range(size)]))
-        assert shm_exchanges() == before
+        assert shm_exchanges() == before + (size > 1)
+        gathered = -(-(33 << 20) // (12 * size))  # rows per rank: over 32 MiB in all
+        got = hvd.allgather(mx.nd.array(rows(rank, gathered))).asnumpy()
+        assert np.array_equal(got, np.concatenate([rows(r, gathered) for r in range(size)]))
+        assert shm_exchanges() == before + (size > 1)
         out = hvd.alltoall(mx.nd.array(rows(rank, 2000 * size)))
         assert out.shape == (2000 * size, 3)
         out.wait_to_read()
-        assert shm_exchanges() == before + (size > 1)
+        assert shm_exchanges() == before + 2 * (size > 1)
         big = 1_400_004  # rows of 12 bytes: 16.8 MB per rank, divisible by 1 to 4 ranks
         share = big // size
         out = hvd.alltoall(mx.nd.array(rows(rank, big))).asnumpy()
         assert np.array_equal(out, np.concatenate(
             [rows(s, big)[rank * share:(rank + 1) * share] for s in range(size)]))
-        assert shm_exchanges() == before + (size > 1)
+        assert shm_exchanges() == before + 2 * (size > 1)
         # Reducescatter: through shared memory, one call per tensor, unless it
         # has a prescale (then the ring).
         x = mx.nd.array(rows(rank, 2 * size + 1))
