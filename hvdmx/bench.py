@@ -29,7 +29,10 @@ also returns the received splits, as Horovod scripts usually call it.
 DistributedTrainer does and prints ms per iteration beside MPI_Allreduce per
 tensor and on one fused buffer, and beside the memory floor: every rank reading
 and writing its gradients once, all ranks at once. ``--plot`` draws busbw
-against size.
+against size. ``--mpi-memory mxnet`` gives MPI buffers that MXNet allocated,
+the kind of memory hvdmx's inputs have, instead of numpy arrays: numpy asks
+for huge pages for arrays of 4 MiB and up and MXNet does not, which changes
+how fast large messages move between processes.
 ``idle`` reports the CPU time an initialized process uses while it runs no
 collective.
 """
@@ -72,8 +75,10 @@ def _timed(fn, warmup: int, iters: int, comm) -> float:
     for _ in range(iters):
         fn()
     elapsed = time.perf_counter() - start
-    # the slowest rank's time is the collective's time
-    return comm.allreduce(elapsed, op=_mpi().MAX) / iters
+    # The slowest rank's time is the collective's time. (MPI is loaded by
+    # now: tools/horovod/model_allreduce.py uses this without hvdmx's core.)
+    from mpi4py import MPI
+    return comm.allreduce(elapsed, op=MPI.MAX) / iters
 
 
 def _mpi():
@@ -101,13 +106,21 @@ class _Case:
     allgather's output, and what each rank sends in alltoall.
     """
 
-    def __init__(self, kind, count, dtype, rank, n, comm, tensors=1, splits=False):
+    def __init__(self, kind, count, dtype, rank, n, comm, tensors=1, splits=False,
+                 mpi_memory="numpy"):
         import mxnet as mx
         import hvdmx as hvd
         MPI = _mpi()
         part = count // n  # per-rank elements where the op splits the vector
         inputs = [((np.arange(count) + r) % 7).astype(dtype) for r in range(n)]
         mine = inputs[rank]
+        self._kept = []  # the MXNet arrays under MPI's buffers (mpi_memory="mxnet")
+        if mpi_memory == "mxnet":
+            def np_(array):
+                return _on_mxnet_memory(array, self._kept)
+        else:
+            def np_(array):
+                return array
         name = f"bench.{kind}"
         self.hvdmx_in_place = None  # set where the op has an in-place form
         self.received = None  # alltoall --splits: the last call's received splits
@@ -119,7 +132,7 @@ class _Case:
             # allocates its output through MXNet (page faults included).
             self.hvdmx = lambda: hvd.allreduce(buf, op=hvd.Sum, name=name)
             self.hvdmx_in_place = lambda: hvd.allreduce_(buf, op=hvd.Sum, name=name)
-            mpi_recv = mine.copy()
+            mpi_recv = np_(mine.copy())
             self.mpi = lambda: comm.Allreduce(MPI.IN_PLACE, mpi_recv, op=MPI.SUM)
         elif kind == "allgather" and tensors > 1:
             # Tensor t is piece t of every rank's part; the results are
@@ -129,12 +142,13 @@ class _Case:
             self.want = np.concatenate([pieces[r][t] for t in range(tensors) for r in range(n)])
             self.hvdmx = lambda: hvd.grouped_allgather(bufs, name=name)
             # One receive buffer; tensor t's result is its t-th stretch.
-            mpi_recv = np.empty(part * n, dtype=dtype)
+            mpi_recv = np_(np.empty(part * n, dtype=dtype))
+            mpi_pieces = [np_(p) for p in pieces[rank]]
             ends = np.cumsum([len(p) * n for p in pieces[rank]])
             recvs = np.split(mpi_recv, ends[:-1])
 
             def mpi():
-                for piece, recv in zip(pieces[rank], recvs):
+                for piece, recv in zip(mpi_pieces, recvs):
                     comm.Allgather(piece, recv)
             self.mpi = mpi
         elif kind == "allgather":
@@ -142,14 +156,14 @@ class _Case:
             buf = mx.nd.array(own, dtype=dtype)
             self.want = np.concatenate([x[:part] for x in inputs])
             self.hvdmx = lambda: hvd.allgather(buf, name=name)
-            mpi_recv = np.empty(part * n, dtype=dtype)
-            self.mpi = lambda: comm.Allgather(own, mpi_recv)
+            mpi_own, mpi_recv = np_(own), np_(np.empty(part * n, dtype=dtype))
+            self.mpi = lambda: comm.Allgather(mpi_own, mpi_recv)
         elif kind == "broadcast":
             buf = mx.nd.array(mine, dtype=dtype)
             self.want = inputs[0]
             self.hvdmx = lambda: hvd.broadcast(buf, root_rank=0, name=name)
             self.hvdmx_in_place = lambda: hvd.broadcast_(buf, root_rank=0, name=name)
-            mpi_recv = mine.copy()
+            mpi_recv = np_(mine.copy())
             self.mpi = lambda: comm.Bcast(mpi_recv, root=0)
         elif kind == "alltoall":
             buf = mx.nd.array(mine[:part * n], dtype=dtype)
@@ -162,14 +176,14 @@ class _Case:
                     out, self.received = hvd.alltoall(buf, splits=given, name=name)
                     return out
                 self.hvdmx = with_splits
-            send, mpi_recv = mine[:part * n].copy(), np.empty(part * n, dtype=dtype)
+            send, mpi_recv = np_(mine[:part * n].copy()), np_(np.empty(part * n, dtype=dtype))
             self.mpi = lambda: comm.Alltoall(send, mpi_recv)
         elif kind == "reducescatter":
             buf = mx.nd.array(mine[:part * n], dtype=dtype)
             total = sum(x[:part * n].astype(np.int64) for x in inputs).astype(dtype)
             self.want = total[rank * part:(rank + 1) * part]
             self.hvdmx = lambda: hvd.reducescatter(buf, op=hvd.Sum, name=name)
-            send, mpi_recv = mine[:part * n].copy(), np.empty(part, dtype=dtype)
+            send, mpi_recv = np_(mine[:part * n].copy()), np_(np.empty(part, dtype=dtype))
             self.mpi = lambda: comm.Reduce_scatter_block(send, mpi_recv, op=MPI.SUM)
         self.mpi_out = mpi_recv
 
@@ -183,6 +197,25 @@ class _Case:
     def mpi_wrong(self) -> int:
         self.mpi()
         return int(np.count_nonzero(self.mpi_out != self.want))
+
+
+def _on_mxnet_memory(array, keep: list):
+    """A numpy array over memory that MXNet allocated, holding `array`'s
+    values; the MXNet array is appended to `keep`, which must outlive it.
+    MPI's buffers then sit on the memory hvdmx's own inputs have: numpy asks
+    the kernel for huge pages for arrays of 4 MiB and up, MXNet does not,
+    and copies between processes run at about half the speed on 4 KiB pages."""
+    import ctypes
+    import mxnet as mx
+    if array.size == 0:
+        return array
+    nd = mx.nd.array(array.reshape(-1), dtype=array.dtype)
+    nd.wait_to_read()
+    keep.append(nd)
+    ptr = ctypes.c_void_p()
+    mx.base.check_call(mx.base._LIB.MXNDArrayGetData(nd.handle, ctypes.byref(ptr)))
+    raw = (ctypes.c_uint8 * array.nbytes).from_address(ptr.value)
+    return np.frombuffer(raw, dtype=array.dtype).reshape(array.shape)
 
 
 def _outputs(result) -> list:
@@ -214,11 +247,11 @@ def run_collective(args) -> list:
         nbytes = count * dtype.itemsize
         iters = args.iters or max(5, min(1000, int(2e9 / max(nbytes, 1) / 100)))
         warmup = max(2, iters // 10)
-        case = _Case(kind, count, dtype, rank, n, comm, tensors, splits)
+        case = _Case(kind, count, dtype, rank, n, comm, tensors, splits, args.mpi_memory)
         factor = BUS_FACTOR[kind](n) if n > 1 else 0.0
         row = {"op": kind, "bytes": nbytes, "count": count, "type": args.dtype,
                "redop": REDOP.get(kind, "none"), "iters": iters,
-               "tensors": tensors, "splits": splits}
+               "tensors": tensors, "splits": splits, "mpi_memory": args.mpi_memory}
 
         def measure(prefix, step, timed):
             wrong = 0
@@ -254,7 +287,8 @@ def print_collective(rows: list, n: int, kind: str) -> None:
             if tensors > 1 else f"{kind} vs {MPI_CALL[kind]}")
     if rows and rows[0].get("splits"):
         what = f"{kind} with splits (and received splits back) vs {MPI_CALL[kind]}"
-    print(f"# hvdmx {what} (mpi4py), {n} ranks; time = mean per call "
+    memory = "MXNet's memory" if rows and rows[0].get("mpi_memory") == "mxnet" else "numpy"
+    print(f"# hvdmx {what} (mpi4py on {memory} buffers), {n} ranks; time = mean per call "
           "incl. result read; GB/s = 1e9 B/s; MPI/hvdmx compares in place where hvdmx has it")
     group = f"{'':>10} {'':>7} {'':>7} {'':>6}"
     print(f"{'':>12} {'':>11} {'':>8} {'':>5} | {'hvdmx out-of-place':<{len(group)}} | "
@@ -392,6 +426,10 @@ def main(argv=None) -> int:
                         help=f"also time {MPI_CALL[kind]} in the same run (default: on)")
         ar.add_argument("--json", action="store_true", help="print JSON instead of a table")
         ar.add_argument("--plot", metavar="FILE", help="also draw busbw against size (matplotlib)")
+        ar.add_argument("--mpi-memory", choices=["numpy", "mxnet"], default="numpy",
+                        help="what MPI's buffers are: numpy arrays (which get huge pages "
+                             "from 4 MiB up), or memory that MXNet allocated, like hvdmx's "
+                             "(4 KiB pages unless the kernel or malloc give huge ones)")
         if kind == "allgather":
             ar.add_argument("--tensors", type=_number("tensors", integer=True, minimum=1),
                             default=1, metavar="K",

@@ -90,3 +90,32 @@ def test_model_table():
                                 "fused"]
     hvdmx_ms, floor_ms, per_tensor, fused = lines[2].split()
     assert float(hvdmx_ms) > 0 and float(floor_ms) > 0 and per_tensor == fused == "nan"
+
+
+@pytest.mark.parametrize("kind,extra", [("allreduce", []), ("allgather", []),
+                                        ("allgather", ["--tensors", "2"]), ("broadcast", []),
+                                        ("alltoall", []), ("reducescatter", [])])
+def test_mpi_on_mxnet_memory(kind, extra):
+    # MPI's buffers on memory MXNet allocated: its results are still checked.
+    rows = json.loads(bench(kind, *extra, "--min-bytes", "2K", "--max-bytes", "8M",
+                            "--factor", "64", "--iters", "3", "--json", "--mpi-memory", "mxnet",
+                            n=3))
+    assert len(rows) == 3 and rows[-1]["bytes"] > 4 << 20  # numpy would advise huge pages
+    for r in rows:
+        assert r["mpi_memory"] == "mxnet" and r["mpi_wrong"] == 0 and r["hvdmx_wrong"] == 0
+    out = bench(kind, "--min-bytes", "1K", "--max-bytes", "1K", "--iters", "3",
+                "--mpi-memory", "mxnet")
+    assert "(mpi4py on MXNet's memory buffers)" in out
+
+
+def test_mxnet_memory_is_shared_with_the_mxnet_array():
+    import mxnet as mx
+    import numpy as np
+    from hvdmx.bench import _on_mxnet_memory
+    keep = []
+    view = _on_mxnet_memory(np.arange(12, dtype=np.float32).reshape(3, 4), keep)
+    assert view.shape == (3, 4) and view.dtype == np.float32
+    assert len(keep) == 1 and isinstance(keep[0], mx.nd.NDArray)
+    view[1, 2] = 99
+    assert keep[0].asnumpy()[6] == 99 and view.sum() == np.arange(12).sum() - 6 + 99
+    assert _on_mxnet_memory(np.zeros(0), keep).size == 0 and len(keep) == 1
