@@ -13,7 +13,10 @@ interleaved rounds, each round in the same order:
 - "N ranks in step": one job of N ranks that exchange no gradients but wait
   for each other after every batch (synthetic_benchmark.py --sync-only): what
   training in lockstep costs before any byte moves;
-- "N ranks, hvdmx": one job of N ranks training data-parallel.
+- "N ranks, hvdmx": one job of N ranks training data-parallel;
+- "N ranks, Horovod" (with --horovod-python): the same job with horovod.mxnet,
+  run by that Python and the mpiexec beside it (tools/horovod/build.sh makes
+  such an environment).
 
 and prints a table of the median total images/sec of each over the rounds,
 with the scaling efficiency (total / (N x one process)) and the ratio to the
@@ -39,10 +42,13 @@ def parse_args(argv=None):
                     "synthetic_benchmark.py.",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     parser.add_argument("--np", type=int, default=2, help="ranks of the data-parallel job")
-    parser.add_argument("--rounds", type=int, default=3, help="rounds of the four runs")
+    parser.add_argument("--rounds", type=int, default=3, help="rounds of the runs (each round runs every row once)")
     parser.add_argument("--mpiexec", default=os.path.join(os.path.dirname(sys.executable),
                                                           "mpiexec"),
                         help="the launcher (default: the one beside this Python)")
+    parser.add_argument("--horovod-python", metavar="PYTHON",
+                        help="also run the job with horovod.mxnet, by this interpreter "
+                             "(one that has Horovod) and the mpiexec beside it")
     parser.add_argument("benchmark_args", nargs="*",
                         default=["--model", "resnet18_v1", "--image-size", "64",
                                  "--batch-size", "32"],
@@ -52,15 +58,21 @@ def parse_args(argv=None):
         parser.error(f"--np must be >= 2 (got {args.np}): scaling compares N ranks with one")
     if args.rounds < 1:
         parser.error(f"--rounds must be >= 1 (got {args.rounds})")
+    if args.horovod_python and not os.access(args.horovod_python, os.X_OK):
+        parser.error(f"--horovod-python {args.horovod_python!r} is not an executable file: "
+                     "give the python of an environment with Horovod, e.g. the one "
+                     "tools/horovod/build.sh makes")
     return args
 
 
-def launch(args, nranks, *extra):
-    """Starts synthetic_benchmark.py under mpiexec -n nranks, with extra arguments."""
+def launch(args, nranks, *extra, python=None):
+    """Starts synthetic_benchmark.py under mpiexec -n nranks, with extra
+    arguments; by `python` and the mpiexec beside it when given."""
     env = dict(os.environ)
     env.setdefault("OMP_NUM_THREADS", "1")
     env.setdefault("MXNET_CPU_WORKER_NTHREADS", "1")
-    command = [args.mpiexec, "-n", str(nranks), sys.executable,
+    mpiexec = os.path.join(os.path.dirname(python), "mpiexec") if python else args.mpiexec
+    command = [mpiexec, "-n", str(nranks), python or sys.executable,
                os.path.join(HERE, "synthetic_benchmark.py"), *args.benchmark_args, *extra]
     return subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             text=True)
@@ -82,15 +94,20 @@ def main(argv=None):
     n = args.np
     rows = {"1 process": [], f"{n} independent": [], f"{n} ranks in step": [],
             f"{n} ranks, hvdmx": []}
+    if args.horovod_python:
+        rows[f"{n} ranks, Horovod"] = []
     for r in range(args.rounds):
-        alone = total_img_sec(launch(args, 1))
-        side_by_side = sum(total_img_sec(p) for p in [launch(args, 1) for _ in range(n)])
-        in_step = total_img_sec(launch(args, n, "--sync-only"))
-        hvdmx = total_img_sec(launch(args, n))
-        for row, value in zip(rows, (alone, side_by_side, in_step, hvdmx)):
+        values = [total_img_sec(launch(args, 1)),
+                  sum(total_img_sec(p) for p in [launch(args, 1) for _ in range(n)]),
+                  total_img_sec(launch(args, n, "--sync-only")),
+                  total_img_sec(launch(args, n))]
+        if args.horovod_python:
+            values.append(total_img_sec(launch(args, n, "--horovod",
+                                               python=args.horovod_python)))
+        for row, value in zip(rows, values):
             rows[row].append(value)
-        print(f"round {r + 1}/{args.rounds}: {alone:.1f}, {side_by_side:.1f}, {in_step:.1f}, "
-              f"{hvdmx:.1f} img/sec", flush=True)
+        print(f"round {r + 1}/{args.rounds}: {', '.join(f'{v:.1f}' for v in values)} img/sec",
+              flush=True)
     medians = {row: statistics.median(values) for row, values in rows.items()}
     one = medians["1 process"]
     independent = medians[f"{n} independent"]

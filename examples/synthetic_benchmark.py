@@ -18,16 +18,18 @@ the two phases of a batch (forward+backward; allreduce+update) separately.
 --sync-only exchanges no gradients at all (each rank updates from its own) but
 keeps the ranks in step after every batch: it measures what training in
 lockstep costs on a machine, apart from moving the gradients.
+--horovod runs the same program with `import horovod.mxnet as hvd` instead
+of hvdmx, for comparison, from an environment that has Horovod (see
+tools/horovod/build.sh).
 """
 import argparse
+import importlib
 import time
 
 import mxnet as mx
 import numpy as np
 from mxnet import autograd, gluon
 from mxnet.gluon.model_zoo import vision
-
-import hvdmx as hvd
 
 
 def parse_args(argv=None):
@@ -60,6 +62,9 @@ def parse_args(argv=None):
                              "plain gluon.Trainer, and the ranks only wait for each other "
                              "after every batch (mx.nd.waitall, then hvd.barrier). What "
                              "training in step costs here, apart from moving the gradients")
+    parser.add_argument("--horovod", action="store_true",
+                        help="train with horovod.mxnet instead of hvdmx (the same script, "
+                             "as a Horovod user would run it), for comparison")
     args = parser.parse_args(argv)
     for name in ("image_size", "batch_size", "num_classes", "num_batches_per_iter",
                  "num_iters"):
@@ -67,6 +72,9 @@ def parse_args(argv=None):
             parser.error(f"--{name.replace('_', '-')} must be >= 1")
     if args.num_warmup_batches < 0:
         parser.error("--num-warmup-batches must be >= 0")
+    if args.sync_only and args.horovod:
+        parser.error("--sync-only needs hvd.barrier(), which horovod.mxnet does not have: "
+                     "give one of --sync-only and --horovod")
     for flag in ("fp16_allreduce", "no_overlap"):
         if args.sync_only and getattr(args, flag):
             parser.error(f"--{flag.replace('_', '-')} is about the gradients' allreduce, "
@@ -78,6 +86,7 @@ def main(argv=None):
     """Runs the benchmark; returns (mean, half width of the 95% interval) of
     the job's total images per second."""
     args = parse_args(argv)
+    hvd = importlib.import_module("horovod.mxnet" if args.horovod else "hvdmx")
     hvd.init()
     rank, size = hvd.rank(), hvd.size()
     ctx = mx.gpu(hvd.local_rank()) if hvd.cuda_built() and mx.context.num_gpus() \

@@ -66,18 +66,33 @@ def test_synthetic_benchmark_rejects_sync_only_with_allreduce_flags(flag):
         in result.stderr
 
 
-def test_scaling_benchmark():
+def stand_in_horovod_python(directory):
+    """A `python` whose `import horovod.mxnet` gives hvdmx (hvdmx.as_horovod),
+    with the launcher beside it, as tools/horovod/build.sh's environment has."""
+    python = directory / "python"
+    python.write_text(f'#!/bin/sh\nexec "{sys.executable}" -m hvdmx.as_horovod "$@"\n')
+    python.chmod(0o755)
+    # A script, not a link: Hydra finds its proxy beside the path it runs from.
+    mpiexec = directory / "mpiexec"
+    mpiexec.write_text(f'#!/bin/sh\nexec "{MPIEXEC}" "$@"\n')
+    mpiexec.chmod(0o755)
+    return str(python)
+
+
+def test_scaling_benchmark(tmp_path):
     script = os.path.join(ROOT, "examples", "scaling_benchmark.py")
     result = subprocess.run(
-        [sys.executable, script, "--rounds", "1", "--", "--model", "resnet18_v1",
+        [sys.executable, script, "--rounds", "1",
+         "--horovod-python", stand_in_horovod_python(tmp_path), "--", "--model", "resnet18_v1",
          "--image-size", "16", "--batch-size", "2", "--num-classes", "10",
          "--num-warmup-batches", "1", "--num-batches-per-iter", "1", "--num-iters", "2"],
         env=ENV, capture_output=True, text=True, timeout=240)
     assert result.returncode == 0, result.stderr
-    rows = re.findall(r"^ *(1 process|2 independent|2 ranks in step|2 ranks, hvdmx) "
-                      r"+([\d.]+) +([\d.]+) +([\d.]+) +([\d.]+)$", result.stdout, re.M)
+    rows = re.findall(r"^ *(1 process|2 independent|2 ranks in step|2 ranks, hvdmx|"
+                      r"2 ranks, Horovod) +([\d.]+) +([\d.]+) +([\d.]+) +([\d.]+)$",
+                      result.stdout, re.M)
     assert [r[0] for r in rows] == ["1 process", "2 independent", "2 ranks in step",
-                                    "2 ranks, hvdmx"], result.stdout
+                                    "2 ranks, hvdmx", "2 ranks, Horovod"], result.stdout
     one = float(rows[0][1])
     assert float(rows[0][3]) == 1.0 and float(rows[1][4]) == 1.0
     for row in rows[2:]:
@@ -85,8 +100,36 @@ def test_scaling_benchmark():
         assert abs(float(row[3]) - total / (2 * one)) < 0.01
 
 
+def test_synthetic_benchmark_rejects_sync_only_with_horovod():
+    result = run_example("synthetic_benchmark.py", "--sync-only", "--horovod", timeout=60)
+    assert result.returncode != 0
+    assert "--sync-only needs hvd.barrier(), which horovod.mxnet does not have" \
+        in result.stderr
+
+
+def test_scaling_benchmark_rejects_a_missing_horovod_python(tmp_path):
+    script = os.path.join(ROOT, "examples", "scaling_benchmark.py")
+    missing = str(tmp_path / "nothing" / "python")
+    result = subprocess.run([sys.executable, script, "--horovod-python", missing], env=ENV,
+                            capture_output=True, text=True, timeout=60)
+    assert result.returncode == 2
+    assert f"--horovod-python {missing!r} is not an executable file" in result.stderr
+
+
 def test_scaling_benchmark_rejects_one_rank():
     script = os.path.join(ROOT, "examples", "scaling_benchmark.py")
     result = subprocess.run([sys.executable, script, "--np", "1"], env=ENV,
                             capture_output=True, text=True, timeout=60)
     assert result.returncode == 2 and "--np must be >= 2 (got 1)" in result.stderr
+
+
+def test_horovod_model_allreduce_script():
+    # tools/horovod/model_allreduce.py, run here with hvdmx standing in for
+    # horovod.mxnet (hvdmx.as_horovod): it builds the gradient set and times it.
+    script = os.path.join(ROOT, "tools", "horovod", "model_allreduce.py")
+    result = subprocess.run([MPIEXEC, "-n", "2", sys.executable, "-m", "hvdmx.as_horovod",
+                             script, "--model", "resnet18_v1", "--iters", "2"], env=ENV,
+                            capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    assert "# resnet18_v1 gradients: 62 tensors, 46.8 MB, 2 ranks" in result.stdout
+    assert re.search(r"^horovod [\d.]+$", result.stdout, re.M), result.stdout
