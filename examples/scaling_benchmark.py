@@ -42,7 +42,8 @@ def parse_args(argv=None):
                     "synthetic_benchmark.py.",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     parser.add_argument("--np", type=int, default=2, help="ranks of the data-parallel job")
-    parser.add_argument("--rounds", type=int, default=3, help="rounds of the runs (each round runs every row once)")
+    parser.add_argument("--rounds", type=int, default=3,
+                        help="rounds; each runs every row once")
     parser.add_argument("--mpiexec", default=os.path.join(os.path.dirname(sys.executable),
                                                           "mpiexec"),
                         help="the launcher (default: the one beside this Python)")
