@@ -163,13 +163,11 @@ bool Executor::ShmMoves(CollectiveType type, int64_t bytes) const {
   if (config_.allreduce_algo == AllreduceAlgo::kShm) return true;
   if (config_.allreduce_algo != AllreduceAlgo::kAuto) return false;
   if (type == CollectiveType::kBroadcast) return bytes >= config_.shm_min_bytes;
-  if (type == CollectiveType::kReducescatter) return true;
-  // Through the stages (two copies), large allgathers and alltoalls lose to
-  // MPI's single-copy point-to-point; read directly, they do not.
-  const bool direct = shm_->direct_min_bytes() >= 0;
-  if (type == CollectiveType::kAllgather) return direct || bytes <= kShmAllgatherMaxBytes;
-  return type == CollectiveType::kAlltoall &&
-         (direct || bytes <= kShmAlltoallMaxBytes * comm_.size());
+  if (type == CollectiveType::kAlltoall || type == CollectiveType::kReducescatter) return true;
+  // Through the stages (two copies), large allgathers lose to MPI's
+  // single-copy point-to-point; read directly, they do not.
+  return type == CollectiveType::kAllgather &&
+         (shm_->direct_min_bytes() >= 0 || bytes <= kShmAllgatherMaxBytes);
 }
 
 void Executor::RunAllreduceGroup(const FusionGroup& group, const std::vector<Response>& responses,

@@ -52,14 +52,13 @@ class Executor {
   const char* RunReducescatter(const Response& response, TensorEntry& entry);
   // Whether a unit of `type` moving `bytes` in all takes shared memory:
   // every rank is on this host and HVDMX_ALLREDUCE_ALGO is shm, or auto for
-  // a broadcast of at least HVDMX_SHM_MIN_BYTES, any reducescatter, and an
-  // allgather of at most kShmAllgatherMaxBytes or alltoall of at most
-  // kShmAlltoallMaxBytes per rank unless the large blocks are read from the
-  // peers' buffers directly, which takes any size (measured: see
-  // docs/algorithms.md). The same answer on every rank.
+  // a broadcast of at least HVDMX_SHM_MIN_BYTES, any alltoall or
+  // reducescatter, and an allgather of at most kShmAllgatherMaxBytes unless
+  // the large blocks are read from the peers' buffers directly, which takes
+  // any size (measured: see docs/algorithms.md). The same answer on every
+  // rank.
   bool ShmMoves(CollectiveType type, int64_t bytes) const;
   static constexpr int64_t kShmAllgatherMaxBytes = int64_t{32} << 20;
-  static constexpr int64_t kShmAlltoallMaxBytes = int64_t{16} << 20;
   // Whether an allreduce of `bytes` in all takes shared memory (then a
   // fused group needs no fusion buffer).
   bool ShmReduces(int64_t bytes) const;
