@@ -8,12 +8,18 @@
 # Then DIR/venv/bin/python has horovod.mxnet, and DIR/venv/bin/mpiexec runs it:
 #   python examples/scaling_benchmark.py --horovod-python DIR/venv/bin/python
 #   DIR/venv/bin/mpiexec -n 2 DIR/venv/bin/python tools/horovod/model_allreduce.py
-# About two minutes on two cores once the packages are cached; HVDMX_BUILD_JOBS
-# sets the compile jobs (default 2).
+# Under a minute on this project's machine once pip's cache is warm;
+# HVDMX_BUILD_JOBS sets the compile jobs (default 2). DIR must be new, empty
+# or made by this script: it replaces DIR/venv and DIR/src.
 set -euo pipefail
 dir=$(realpath -m "${1:-/tmp/hvdmx-horovod}")
 jobs=${HVDMX_BUILD_JOBS:-2}
+if [[ -d $dir && -n $(ls -A "$dir") && ! -e $dir/.hvdmx-horovod ]]; then
+  echo "build.sh: $dir is not empty and was not made by this script; give a new directory" >&2
+  exit 2
+fi
 mkdir -p "$dir"
+touch "$dir/.hvdmx-horovod"
 cd "$dir"
 rm -rf venv src
 python3 -m venv venv
