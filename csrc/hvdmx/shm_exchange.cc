@@ -199,6 +199,24 @@ void ShmAllreduce::Collect(const Stream& stream, uint64_t seq, int64_t k) {
   control(rank_).done.value.store(seq + 1, std::memory_order_release);
 }
 
+namespace {
+
+// Copies `bytes` at `from` in process `pid` to `to` with cross-memory attach,
+// in as many calls as the kernel needs (it may stop early). Returns 0, or the
+// errno of the call that failed (EIO if one read nothing).
+int ReadPeerMemory(int64_t pid, uintptr_t from, char* to, int64_t bytes) {
+  for (int64_t done = 0; done < bytes;) {
+    iovec local{to + done, static_cast<size_t>(bytes - done)};
+    iovec remote{reinterpret_cast<void*>(from + done), local.iov_len};
+    const ssize_t got = process_vm_readv(static_cast<pid_t>(pid), &local, 1, &remote, 1, 0);
+    if (got <= 0) return got < 0 ? errno : EIO;
+    done += got;
+  }
+  return 0;
+}
+
+}  // namespace
+
 // Note [Reading peers' buffers directly]
 // ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
 // Through the stages, every byte that moves is copied twice: into the
@@ -245,18 +263,12 @@ void ShmAllreduce::ExchangeDirect(const Stream& stream) {
         read.offset < hole_at ? read.offset
                               : read.offset + peer.stream_hole_bytes.load(std::memory_order_relaxed);
     const uintptr_t from = peer.stream_data.load(std::memory_order_relaxed) + at;
-    const pid_t pid = static_cast<pid_t>(peer.pid.load(std::memory_order_relaxed));
-    for (int64_t done = 0; done < read.bytes;) {
-      iovec local{read.dst + done, static_cast<size_t>(read.bytes - done)};
-      iovec remote{reinterpret_cast<void*>(from + done), local.iov_len};
-      const ssize_t got = process_vm_readv(pid, &local, 1, &remote, 1, 0);
-      HVDMX_CHECK(got > 0, "reading local rank " + std::to_string(j) +
-                               "'s buffer with process_vm_readv failed (" +
-                               std::strerror(got < 0 ? errno : EIO) +
-                               "); HVDMX_SHM_DIRECT_MIN_BYTES=-1 moves bytes through the "
-                               "shared-memory stages instead");
-      done += got;
-    }
+    const int err = ReadPeerMemory(peer.pid.load(std::memory_order_relaxed), from, read.dst,
+                                   read.bytes);
+    HVDMX_CHECK(err == 0, "reading local rank " + std::to_string(j) +
+                              "'s buffer with process_vm_readv failed (" + std::strerror(err) +
+                              "); HVDMX_SHM_DIRECT_MIN_BYTES=-1 moves bytes through the "
+                              "shared-memory stages instead");
   }
   mine.done.value.store(seq + 1, std::memory_order_release);
   for (int j = 0; j < size_; ++j) {
@@ -267,14 +279,12 @@ void ShmAllreduce::ExchangeDirect(const Stream& stream) {
 bool ShmAllreduce::CrossMemoryAttachWorks(int64_t pid, const void* address, const void* expected,
                                           int64_t bytes, std::string* why) {
   std::string got(static_cast<size_t>(bytes), '\0');
-  iovec local{got.data(), got.size()};
-  iovec remote{const_cast<void*>(address), got.size()};
-  const ssize_t n = process_vm_readv(static_cast<pid_t>(pid), &local, 1, &remote, 1, 0);
-  if (n < 0) {
-    *why = std::string("process_vm_readv: ") + std::strerror(errno);
+  const int err = ReadPeerMemory(pid, reinterpret_cast<uintptr_t>(address), got.data(), bytes);
+  if (err != 0) {
+    *why = std::string("process_vm_readv: ") + std::strerror(err);
     return false;
   }
-  if (n != bytes || std::memcmp(got.data(), expected, got.size()) != 0) {
+  if (std::memcmp(got.data(), expected, got.size()) != 0) {
     *why = "process_vm_readv read other bytes than the peer holds";
     return false;
   }

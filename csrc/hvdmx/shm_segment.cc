@@ -206,7 +206,8 @@ std::unique_ptr<ShmAllreduce> CreateNodeShmAllreduce(MPI_Comm comm, const Config
   }
   const int64_t region_bytes = ShmAllreduce::RegionBytes(config.shm_chunk_bytes);
   std::string why;
-  const int64_t direct_min_bytes = DirectMinBytes(comm, local, config);
+  // Direct reads are for one host's byte moves: no probe when hierarchical.
+  const int64_t direct_min_bytes = hierarchical ? -1 : DirectMinBytes(comm, local, config);
   std::shared_ptr<ShmSegment> segment = ShmSegment::Create(local, region_bytes, &why);
   MPI_Comm_free(&local);
   // Every rank must agree, across hosts too.
