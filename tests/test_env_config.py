@@ -87,7 +87,16 @@ def test_direct_reads_between_ranks():
         assert c["shm_direct_min_bytes"] == want
 
 
+def test_streaming_stores():
+    assert _core._testing_load_config({})["shm_streaming_stores"] == "auto"
+    for value in ["auto", "0", "1"]:
+        c = _core._testing_load_config({"HOROVOD_SHM_STREAMING_STORES": value})
+        assert c["shm_streaming_stores"] == value
+
+
 @pytest.mark.parametrize("name,value,accepted", [
+    ("HVDMX_SHM_STREAMING_STORES", "yes", "auto, 0 (cached stores) or 1 (streaming stores)"),
+    ("HOROVOD_SHM_STREAMING_STORES", "on", "auto, 0 (cached stores) or 1 (streaming stores)"),
     ("HVDMX_SHM_DIRECT_MIN_BYTES", "-2", "a byte count >= 0, or -1 (never)"),
     ("HVDMX_SHM_DIRECT_MIN_BYTES", "auto", "a byte count >= 0, or -1 (never)"),
     ("HVDMX_SHM_MIN_BYTES", "-1", "a byte count >= 0"),

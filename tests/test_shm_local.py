@@ -16,6 +16,9 @@ SUM, MIN, MAX, PRODUCT = 1, 3, 4, 5
 # multiples of it, one page, and the default.
 CHUNKS = [64, 128, 192, 4096, 256 * 1024]
 MAX_BIT_AND_WORDS = 192  # ShmAllreduce::kMaxBitAndWords
+# How the allreduce writes its stages (StageStores): auto, cached, streaming.
+AUTO, CACHED, STREAMING = 0, 1, 2
+STORES = [AUTO, CACHED, STREAMING]
 
 
 def to_holder(values, code):
@@ -44,21 +47,33 @@ def reference(arrays, code, op):
     return to_holder(fn(stacked, axis=0), code)
 
 
-def run(calls, code, op, chunk, hosts=1):
-    """Reduces calls[c][r] (rank r's array in call c) in place, call by call."""
-    _core._testing_shm_allreduce([[[a] for a in arrays] for arrays in calls], code, op, chunk,
-                                 hosts)
+def run(calls, code, op, chunk, hosts=1, stores=AUTO):
+    """Reduces calls[c][r] (rank r's array in call c) in place, call by call;
+    returns the calls each rank streamed."""
+    return _core._testing_shm_allreduce([[[a] for a in arrays] for arrays in calls], code, op,
+                                        chunk, hosts, stores=stores)
+
+
+def streamed_calls_wanted(stores, size, hosts, counts):
+    """What each rank's streamed-calls count must be: forced streaming streams
+    every call that reduces something (on one host, of more than one rank);
+    the tests' calls are all below StageStoreChooser::kMinBytes (64 KiB),
+    which auto keeps cached."""
+    if stores != STREAMING or hosts > 1 or size == 1:
+        return [0] * size
+    return [sum(1 for count in counts if count > 0)] * size
 
 
 @settings(max_examples=80, deadline=None)
 @given(size=st.integers(1, 7), counts=st.lists(st.integers(0, 300), min_size=1, max_size=4),
        chunk=st.sampled_from(CHUNKS), code=st.sampled_from(sorted(HOLDER)),
-       op=st.sampled_from([SUM, MIN, MAX, PRODUCT]))
-def test_matches_reference_over_several_calls(size, counts, chunk, code, op):
+       op=st.sampled_from([SUM, MIN, MAX, PRODUCT]), stores=st.sampled_from(STORES))
+def test_matches_reference_over_several_calls(size, counts, chunk, code, op, stores):
     # Several calls in a row: chunk numbering and stage reuse carry over.
     calls = [inputs(size, count, code, op, seed=c) for c, count in enumerate(counts)]
     wants = [reference(arrays, code, op) for arrays in calls]
-    run(calls, code, op, chunk)
+    assert run(calls, code, op, chunk, stores=stores) == streamed_calls_wanted(
+        stores, size, 1, counts)
     for arrays, want in zip(calls, wants):
         for a in arrays:
             assert np.array_equal(a, want)
@@ -69,8 +84,9 @@ def test_matches_reference_over_several_calls(size, counts, chunk, code, op):
        counts=st.lists(st.lists(st.integers(0, 300), min_size=1, max_size=3), min_size=1,
                        max_size=3),
        chunk=st.sampled_from(CHUNKS), code=st.sampled_from(sorted(HOLDER)),
-       op=st.sampled_from([SUM, MIN, MAX, PRODUCT]))
-def test_out_of_place_reads_inputs_and_writes_outputs(hosts, local, counts, chunk, code, op):
+       op=st.sampled_from([SUM, MIN, MAX, PRODUCT]), stores=st.sampled_from(STORES))
+def test_out_of_place_reads_inputs_and_writes_outputs(hosts, local, counts, chunk, code, op,
+                                                      stores):
     # Fused calls of several spans, each reading its input where it is and
     # writing its own output; inputs must come back untouched.
     size = hosts * local
@@ -81,7 +97,8 @@ def test_out_of_place_reads_inputs_and_writes_outputs(hosts, local, counts, chun
         outs.append([[np.full(n, 99, HOLDER[code]) for n in spans] for _ in range(size)])
         wants.append([reference(arrays, code, op) for arrays in per_span])
     kept = [[[a.copy() for a in rank] for rank in call] for call in calls]
-    _core._testing_shm_allreduce(calls, code, op, chunk, hosts, 1.0, outs)
+    streamed = _core._testing_shm_allreduce(calls, code, op, chunk, hosts, 1.0, outs, stores)
+    assert streamed == streamed_calls_wanted(stores, size, hosts, [sum(c) for c in counts])
     for c in range(len(calls)):
         for r in range(size):
             for i, want in enumerate(wants[c]):
@@ -101,10 +118,11 @@ def test_large_counts_not_divisible_by_anything(size, code):
             assert np.array_equal(a, want)
 
 
+@pytest.mark.parametrize("stores", [CACHED, STREAMING], ids=["cached", "streaming"])
 @pytest.mark.parametrize("size", [2, 3, 5])
-def test_float_sums_in_rank_order_and_bitwise_identical(size):
+def test_float_sums_in_rank_order_and_bitwise_identical(size, stores):
     # Sums whose value depends on the order of additions: every rank must get
-    # the bits of ((x0 + x1) + x2) + ..., whatever the chunking.
+    # the bits of ((x0 + x1) + x2) + ..., whatever the chunking and stores.
     rng = np.random.default_rng(size)
     count = 50_001
     for chunk in [64, 4096, 1 << 20]:
@@ -113,7 +131,7 @@ def test_float_sums_in_rank_order_and_bitwise_identical(size):
         want = arrays[0].copy()
         for a in arrays[1:]:
             want = want + a  # float32 adds, in rank order
-        run([arrays], FLOAT32, SUM, chunk)
+        run([arrays], FLOAT32, SUM, chunk, stores=stores)
         for a in arrays:
             assert a.tobytes() == want.tobytes()
 
@@ -146,7 +164,8 @@ def test_hierarchical_float_sums_are_bitwise_identical(hosts, local):
     assert np.allclose(arrays[0], exact, rtol=1e-4, atol=1e-2)
 
 
-def test_unaligned_buffers():
+@pytest.mark.parametrize("stores", [CACHED, STREAMING], ids=["cached", "streaming"])
+def test_unaligned_buffers(stores):
     # Buffers at odd addresses (views one element into a larger array) and at
     # different page offsets on different ranks.
     count = 20_000
@@ -155,7 +174,7 @@ def test_unaligned_buffers():
     for r, a in enumerate(arrays):
         a[:] = (np.arange(count) * 7 + r * 3) % 11
     want = reference(arrays, FLOAT32, SUM)
-    run([arrays], FLOAT32, SUM, 4096)
+    run([arrays], FLOAT32, SUM, 4096, stores=stores)
     for a in arrays:
         assert np.array_equal(a, want)
 
@@ -173,11 +192,11 @@ def scatter(array, counts, shift):
     return pieces
 
 
-def run_fused(calls, counts, code, op, chunk, hosts=1, postscale=1.0):
+def run_fused(calls, counts, code, op, chunk, hosts=1, postscale=1.0, stores=AUTO):
     """Like run(), but each rank's array travels as separate pieces in one
     fused call (ShmAllreduce::Span); returns the results joined again."""
     scattered = [[scatter(a, counts, shift=r) for r, a in enumerate(arrays)] for arrays in calls]
-    _core._testing_shm_allreduce(scattered, code, op, chunk, hosts, postscale)
+    _core._testing_shm_allreduce(scattered, code, op, chunk, hosts, postscale, stores=stores)
     return [[np.concatenate(pieces) for pieces in ranks] for ranks in scattered]
 
 
@@ -192,8 +211,8 @@ def scaled(array, code, factor):
 @given(local=st.integers(1, 4), hosts=st.integers(1, 2),
        counts=st.lists(st.integers(0, 200), min_size=1, max_size=6), rest=st.integers(0, 200),
        chunk=st.sampled_from(CHUNKS), code=st.sampled_from(sorted(HOLDER)),
-       op=st.sampled_from([SUM, MIN, MAX, PRODUCT]))
-def test_fused_pieces_match_reference(local, hosts, counts, rest, chunk, code, op):
+       op=st.sampled_from([SUM, MIN, MAX, PRODUCT]), stores=st.sampled_from(STORES))
+def test_fused_pieces_match_reference(local, hosts, counts, rest, chunk, code, op, stores):
     # Chunks and slices cut across pieces, empty pieces, pieces at unrelated
     # addresses; two calls in a row keep the chunk numbering in step; the
     # result scaled block by block (Average's 1/size) has ScaleBuffer's bits.
@@ -201,14 +220,16 @@ def test_fused_pieces_match_reference(local, hosts, counts, rest, chunk, code, o
     calls = [inputs(size, sum(counts) + rest, code, op, seed=c) for c in range(2)]
     factor = 1.0 / size if op == SUM else 1.0
     wants = [scaled(reference(arrays, code, op), code, factor) for arrays in calls]
-    for results, want in zip(run_fused(calls, counts, code, op, chunk, hosts, factor), wants):
+    for results, want in zip(run_fused(calls, counts, code, op, chunk, hosts, factor, stores),
+                             wants):
         for got in results:
             assert got.tobytes() == want.tobytes()
 
 
+@pytest.mark.parametrize("stores", [CACHED, STREAMING], ids=["cached", "streaming"])
 @pytest.mark.parametrize("size", [2, 3])
 @pytest.mark.parametrize("chunk", [64, 4096, 1 << 20])
-def test_fused_pieces_give_the_bits_of_one_buffer(size, chunk):
+def test_fused_pieces_give_the_bits_of_one_buffer(size, chunk, stores):
     # Sums whose value depends on who adds what: the fused call must give
     # the bits of one call on the whole buffer.
     rng = np.random.default_rng(size * chunk)
@@ -216,11 +237,121 @@ def test_fused_pieces_give_the_bits_of_one_buffer(size, chunk):
     arrays = [(rng.standard_normal(count) * 10 ** rng.uniform(-3, 3, count)).astype(np.float32)
               for _ in range(size)]
     counts = [1, 0, 999, 5000, 17, 0, 12_345]
-    fused = run_fused([arrays], counts, FLOAT32, SUM, chunk, postscale=1 / 3)[0]
-    run([arrays], FLOAT32, SUM, chunk)
+    fused = run_fused([arrays], counts, FLOAT32, SUM, chunk, postscale=1 / 3, stores=stores)[0]
+    run([arrays], FLOAT32, SUM, chunk)  # auto: cached below 1 MiB
     want = scaled(arrays[0], FLOAT32, 1 / 3)
     for got in fused:
         assert got.tobytes() == want.tobytes()
+
+
+@pytest.mark.parametrize("size", [2, 3])
+def test_auto_stores_try_both_kinds_from_64_kib(size):
+    # Ten calls of 64 KiB: a warm-up and three calls cached, three streamed,
+    # then whichever was faster here (StageStoreChooser); every result exact.
+    count = (64 << 10) // 4
+    calls = [inputs(size, count, FLOAT32, SUM, seed=c) for c in range(10)]
+    wants = [reference(arrays, FLOAT32, SUM) for arrays in calls]
+    streamed = run(calls, FLOAT32, SUM, 256 * 1024, stores=AUTO)
+    assert all(3 <= s <= 6 for s in streamed), streamed
+    for arrays, want in zip(calls, wants):
+        for a in arrays:
+            assert np.array_equal(a, want)
+
+
+MIB = 1 << 20
+# StageStoreChooser::kExploreEvery, kTrials, kSamples
+EXPLORE_EVERY, TRIALS, SAMPLES = 64, 3, 5
+
+
+def choices(stores, calls):
+    """StageStoreChooser's picks for calls of (bytes, seconds cached, seconds
+    streaming), as a string: c cached, s streamed."""
+    return "".join("s" if s else "c" for s in _core._testing_stage_store_chooser(stores, calls))
+
+
+def test_chooser_keeps_the_faster_kind_and_looks_at_the_other_now_and_then():
+    # Streaming twice as fast: after the warm-up, three cached and three
+    # streamed calls, it streams, except for the last three calls of every 64.
+    picks = choices(AUTO, [(4 * MIB, 2e-3, 1e-3)] * 200)
+    assert picks[:7] == "ccccsss"
+    for i in range(7, 200):
+        exploring = i % EXPLORE_EVERY >= EXPLORE_EVERY - TRIALS
+        assert picks[i] == ("c" if exploring else "s"), i
+    # Cached faster: the mirror image.
+    picks = choices(AUTO, [(4 * MIB, 1e-3, 2e-3)] * 200)
+    assert picks[:7] == "ccccsss"
+    for i in range(7, 200):
+        exploring = i % EXPLORE_EVERY >= EXPLORE_EVERY - TRIALS
+        assert picks[i] == ("s" if exploring else "c"), i
+
+
+def test_chooser_follows_a_change_of_phase():
+    # Streaming wins for 100 calls, then cached does. Once five streamed
+    # calls in a row were slow, streaming is no faster than the cached calls
+    # it remembers (a tie stays cached); the explorations (calls 125-127,
+    # 189-191) confirm it.
+    calls = [(4 * MIB, 2e-3, 1e-3)] * 100 + [(4 * MIB, 1e-3, 2e-3)] * 200
+    picks = choices(AUTO, calls)
+    assert set(picks[7:61]) == {"s"} and picks[61:64] == "ccc"
+    assert picks[100:100 + SAMPLES] == "s" * SAMPLES
+    assert set(picks[100 + SAMPLES:125]) == {"c"}
+    assert picks[125:128] == "sss"
+    assert set(picks[128:189]) == {"c"}
+    # Cached wins first, then streaming. Slow cached calls only bring cached
+    # level with the streaming calls it remembers, so the next exploration
+    # (calls 61-63) finds streaming faster.
+    calls = [(4 * MIB, 1e-3, 2e-3)] * 30 + [(4 * MIB, 2e-3, 1e-3)] * 100
+    picks = choices(AUTO, calls)
+    assert set(picks[7:61]) == {"c"}
+    assert set(picks[61:125]) == {"s"}
+
+
+def test_chooser_is_not_moved_by_a_burst_of_slow_calls():
+    # Four streamed calls in a row 100x slower (a late peer, a preemption)
+    # among fast ones: the fastest of the last five is still fast.
+    calls = ([(4 * MIB, 2e-3, 1e-3)] * 20 + [(4 * MIB, 2e-3, 1e-1)] * (SAMPLES - 1)
+             + [(4 * MIB, 2e-3, 1e-3)] * 30)
+    picks = choices(AUTO, calls)
+    assert set(picks[7:]) == {"s"}
+
+
+def test_chooser_sizes_are_chosen_for_apart():
+    # Below 64 KiB: always cached, whatever the times. 1 MiB and 3 MiB are in
+    # different classes (factors of 2), each with its own warm-up and trials.
+    picks = choices(AUTO, [((64 << 10) - 1, 1.0, 1e-9)] * 20)
+    assert picks == "c" * 20
+    calls = [(MIB, 2e-3, 1e-3), (3 * MIB, 1e-3, 2e-3)] * 30
+    picks = choices(AUTO, calls)
+    assert picks[0::2][:7] == "ccccsss" and set(picks[0::2][7:]) == {"s"}
+    assert picks[1::2][:7] == "ccccsss" and set(picks[1::2][7:]) == {"c"}
+
+
+@pytest.mark.parametrize("stores,want", [(CACHED, "c"), (STREAMING, "s")])
+def test_chooser_forced_kinds_never_change(stores, want):
+    calls = [(b, 1e-3 if want == "s" else 2e-3, 2e-3 if want == "s" else 1e-3)
+             for b in [1, (64 << 10) - 1, MIB, 100 * MIB, 1 << 40]] * 30
+    assert choices(stores, calls) == want * len(calls)
+
+
+def test_chooser_refuses_an_unknown_kind():
+    with pytest.raises(ValueError, match="stores must be"):
+        _core._testing_stage_store_chooser(3, [])
+
+
+@pytest.mark.parametrize("length", [0, 1, 15, 16, 17, 63, 64, 65, 127, 200, 4096 + 33])
+def test_streaming_copy_copies_every_byte_at_every_alignment(length):
+    # Heads and tails around the 16-byte aligned streaming part, at every
+    # offset of source and destination; the bytes around dst stay untouched.
+    src_base = ((np.arange(length + 64) * 37 + 11) % 251).astype(np.uint8)
+    for dst_offset in range(17):
+        for src_offset in (0, 1, 8, 31):
+            dst_base = np.full(length + 64, 0xEE, np.uint8)
+            dst = dst_base[dst_offset:dst_offset + length]
+            src = src_base[src_offset:src_offset + length]
+            _core._testing_streaming_copy(dst, src)
+            assert np.array_equal(dst, src), (dst_offset, src_offset)
+            assert (dst_base[:dst_offset] == 0xEE).all()
+            assert (dst_base[dst_offset + length:] == 0xEE).all()
 
 
 @settings(max_examples=200, deadline=None)
@@ -342,14 +473,15 @@ MOVES = ("broadcast", "allgather", "alltoall")
 
 @settings(max_examples=120, deadline=None)
 @given(calls=mixed_sequences(), chunk=st.sampled_from([64, 128, 192, 4096]),
-       direct=st.sampled_from([-1, 0, 200]))
-def test_mixed_calls_move_every_byte(calls, chunk, direct):
+       direct=st.sampled_from([-1, 0, 200]), stores=st.sampled_from([CACHED, STREAMING]))
+def test_mixed_calls_move_every_byte(calls, chunk, direct, stores):
     # Interleaved with allreduces, in any order and with empty streams on
     # some ranks: the chunk numbering must stay in step on every rank, with
     # some moves read from the peers' buffers directly (direct >= 0: those
-    # whose longest stream has at least `direct` bytes) and some staged.
+    # whose longest stream has at least `direct` bytes) and some staged, and
+    # the allreduces' stages written with either kind of store.
     specs = [spec for spec, _, _ in calls]
-    direct_calls = _core._testing_shm_sequence(specs, chunk, direct)
+    direct_calls = _core._testing_shm_sequence(specs, chunk, direct, stores)
     size = len(specs[0][1])
     if direct < 0 or size == 1:
         assert direct_calls == 0
@@ -392,7 +524,7 @@ def test_large_byte_moves_over_many_chunks(size, direct):
              reducescatter_call(size, 5, [n // 3 + j * 1001 for j in range(size)]),
              reducescatter_call(size, 6, [0] + [n // 5] * (size - 1), FLOAT64, MAX)]
     direct_calls = _core._testing_shm_sequence([spec for spec, _, _ in calls], 4096 + 64,
-                                               direct)
+                                               direct, STREAMING if direct == 0 else CACHED)
     assert direct_calls == (4 if direct == 0 else 0)
     for spec, wants, results in calls:
         for got, want in zip(results, wants):

@@ -162,6 +162,17 @@ Status LoadConfig(const EnvLookup& lookup, Config* out) {
       return Invalid(name, *value, "one of auto, ring, mpi, shm");
     }
   }
+  if (auto value = Find(lookup, "SHM_STREAMING_STORES", &name)) {
+    if (*value == "auto") {
+      config.shm_streaming_stores = StageStores::kAuto;
+    } else if (*value == "0") {
+      config.shm_streaming_stores = StageStores::kCached;
+    } else if (*value == "1") {
+      config.shm_streaming_stores = StageStores::kStreaming;
+    } else {
+      return Invalid(name, *value, "auto, 0 (cached stores) or 1 (streaming stores)");
+    }
+  }
   if (auto value = Find(lookup, "HIERARCHICAL_ALLREDUCE", &name)) {
     if (*value != "0" && *value != "1") return Invalid(name, *value, "0 or 1");
     config.hierarchical_allreduce = *value == "1";
@@ -188,6 +199,7 @@ std::string Config::ToString() const {
       << " ring_min_bytes=" << ring_min_bytes << " ring_segment_bytes=" << ring_segment_bytes
       << " shm_min_bytes=" << shm_min_bytes << " shm_chunk_bytes=" << shm_chunk_bytes
       << " shm_direct_min_bytes=" << shm_direct_min_bytes
+      << " shm_streaming_stores=" << StageStoresName(shm_streaming_stores)
       << " hierarchical_allreduce=" << hierarchical_allreduce
       << " testing_ranks_per_host=" << testing_ranks_per_host
       << " stall_check_seconds=" << stall_check_seconds

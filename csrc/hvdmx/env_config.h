@@ -13,6 +13,7 @@
 
 #include "common.h"
 #include "logging.h"
+#include "stage_stores.h"
 
 namespace hvdmx {
 
@@ -60,6 +61,11 @@ struct Config {
   // Off by default: whether it wins depends on the pages under MXNet's
   // arrays and on where the ranks' cores sit (docs/benchmarks.md).
   int64_t shm_direct_min_bytes = -1;
+  // HVDMX_SHM_STREAMING_STORES: auto, 0 or 1. How the shared-memory
+  // allreduce writes what peers read: 1 streams it to memory, 0 leaves it in
+  // this core's caches, auto measures both as the job runs and keeps the
+  // faster (Note [Streaming stores into the stages]). May differ per rank.
+  StageStores shm_streaming_stores = StageStores::kAuto;
   // HVDMX_HIERARCHICAL_ALLREDUCE (HOROVOD_HIERARCHICAL_ALLREDUCE): 0 or 1.
   // 1: on several hosts with equal rank counts, shared memory inside each
   // host and our ring between hosts (shm_allreduce.h).

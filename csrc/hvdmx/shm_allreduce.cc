@@ -17,6 +17,7 @@ using shm_internal::kBlockBytes;
 using shm_internal::kControlBytes;
 using shm_internal::kPageBytes;
 using shm_internal::kSliceAlignBytes;
+using shm_internal::Clock;
 using shm_internal::kSpinMicros;
 using shm_internal::WaitFor;
 
@@ -81,7 +82,7 @@ int64_t ShmAllreduce::RegionBytes(int64_t chunk_bytes) {
 
 ShmAllreduce::ShmAllreduce(int rank, int size, std::vector<char*> regions, int64_t chunk_bytes,
                            std::shared_ptr<void> owner, CrossAllreduce cross,
-                           int64_t direct_min_bytes)
+                           int64_t direct_min_bytes, StageStores stores)
     : rank_(rank),
       size_(size),
       regions_(std::move(regions)),
@@ -91,7 +92,9 @@ ShmAllreduce::ShmAllreduce(int rank, int size, std::vector<char*> regions, int64
       operands_(size),
       slices_(size),
       spin_micros_(size <= CoresAvailable() ? kSpinMicros : 0),
-      direct_min_bytes_(direct_min_bytes) {
+      direct_min_bytes_(direct_min_bytes),
+      stores_(stores),
+      scratch_(kBlockBytes + kSliceAlignBytes) {
   static_assert(sizeof(Control) <= kControlBytes, "control block too large");
   // Regions are consecutive in one mapping, so a page-aligned start keeps every
   // one of them aligned for its Control block: RegionBytes is a multiple of it
@@ -154,6 +157,9 @@ void ShmAllreduce::Allreduce(const std::vector<Span>& spans, DataType dtype, Red
   call.unit = std::max<int64_t>(1, kSliceAlignBytes / call.elem);
   call.first_seq = seq_;
   const int64_t chunks = (count + call.chunk_elems - 1) / call.chunk_elems;
+  const int64_t bytes = count * call.elem;
+  streaming_ = !cross_ && stores_.Streams(bytes);
+  const Clock::time_point start = Clock::now();
 
   CopyIn(call, 0);
   for (int64_t k = 0; k < chunks; ++k) {
@@ -162,6 +168,20 @@ void ShmAllreduce::Allreduce(const std::vector<Span>& spans, DataType dtype, Red
     CopyOut(call, k);
   }
   seq_ += static_cast<uint64_t>(chunks);
+  if (!cross_) {
+    stores_.Took(bytes, streaming_,
+                 std::chrono::duration<double>(Clock::now() - start).count());
+  }
+  if (streaming_) streamed_calls_.fetch_add(1, std::memory_order_relaxed);
+  streaming_ = false;
+}
+
+void ShmAllreduce::StageCopy(char* dst, const char* src, int64_t bytes) const {
+  if (streaming_) {
+    StreamingCopy(dst, src, bytes);
+  } else {
+    std::memcpy(dst, src, bytes);
+  }
 }
 
 template <typename F>
@@ -211,9 +231,10 @@ void ShmAllreduce::CopyIn(const Call& call, int64_t k) {
     char* to = stage + lo * call.elem;
     ForPieces(call, begin + lo, begin + hi,
               [&](char*, const char* in, int64_t at, int64_t bytes) {
-                std::memcpy(to + at, in, bytes);
+                StageCopy(to + at, in, bytes);
               });
   }
+  if (streaming_) StreamingStoresFence();
   control(rank_).copied.value.store(seq + 1, std::memory_order_release);
 }
 
@@ -228,6 +249,8 @@ void ShmAllreduce::Reduce(const Call& call, int64_t k) {
   // Slice `rank_` of every rank's stage (this rank's: where the result goes).
   for (int j = 0; j < size_; ++j) slices_[j] = Stage(j, seq) + lo * call.elem;
   char* out = slices_[rank_];
+  char* scratch = scratch_.data() + (kSliceAlignBytes - reinterpret_cast<uintptr_t>(
+                                         scratch_.data()) % kSliceAlignBytes) % kSliceAlignBytes;
   ForPieces(call, begin + lo, begin + hi, [&](char* mine, const char* in, int64_t at0,
                                               int64_t bytes) {
     for (int64_t b = 0; b < bytes; b += kBlockBytes) {
@@ -237,9 +260,17 @@ void ShmAllreduce::Reduce(const Call& call, int64_t k) {
       for (int j = 0; j < size_; ++j) operands_[j] = j == rank_ ? in + b : slices_[j] + at;
       // Rank order, the same on every rank: out = ((x0 OP x1) OP x2) ...,
       // scaled and copied while the block is in cache, unless other hosts
-      // come first (then the scale is applied after them).
-      ReduceOperands(out + at, n, call.dtype, call.op, cross_ ? 1.0 : call.postscale);
-      if (!cross_) std::memcpy(mine + b, out + at, block);
+      // come first (then the scale is applied after them). Streaming
+      // (never hierarchical): reduced into the scratch block, which is then
+      // read twice from the first-level cache.
+      if (streaming_) {
+        ReduceOperands(scratch, n, call.dtype, call.op, call.postscale);
+        std::memcpy(mine + b, scratch, block);
+        StreamingCopy(out + at, scratch, block);
+      } else {
+        ReduceOperands(out + at, n, call.dtype, call.op, cross_ ? 1.0 : call.postscale);
+        if (!cross_) std::memcpy(mine + b, out + at, block);
+      }
     }
   });
   if (cross_) {
@@ -251,6 +282,7 @@ void ShmAllreduce::Reduce(const Call& call, int64_t k) {
       std::memcpy(mine, out + at, bytes);
     });
   }
+  if (streaming_) StreamingStoresFence();
   control(rank_).reduced.value.store(seq + 1, std::memory_order_release);
 }
 

@@ -32,6 +32,12 @@
 // bytes stay in the caches and memory sees about one read and one write of
 // the buffer.
 //
+// Stores. A call of at least StageStoreChooser::kMinBytes may write its
+// stages with streaming stores (copy in, and the reduced slice: reduced
+// into a scratch block, then copied to the buffer and streamed to the
+// stage); see Note [Streaming stores into the stages] in stage_stores.h.
+// A hierarchical allreduce always uses cached stores.
+//
 // Bitwise identical results: every element is reduced once, by one rank, in
 // one fixed order (rank 0 first), with the kernels of reduce_kernels.h, and
 // then copied; every rank ends with the same bits.
@@ -73,6 +79,7 @@
 #include <vector>
 
 #include "common.h"
+#include "stage_stores.h"
 
 namespace hvdmx {
 
@@ -102,10 +109,11 @@ class ShmAllreduce {
   // `direct_min_bytes` >= 0: byte-moving calls whose longest stream has at
   // least that many bytes read the peers' buffers directly, which needs
   // CrossMemoryAttachWorks() between all of them; negative: never. The
-  // same on every rank.
+  // same on every rank. `stores`: how the allreduce writes its stages (may
+  // differ between ranks).
   ShmAllreduce(int rank, int size, std::vector<char*> regions, int64_t chunk_bytes,
                std::shared_ptr<void> owner, CrossAllreduce cross = nullptr,
-               int64_t direct_min_bytes = -1);
+               int64_t direct_min_bytes = -1, StageStores stores = StageStores::kAuto);
   ShmAllreduce(const ShmAllreduce&) = delete;
   ShmAllreduce& operator=(const ShmAllreduce&) = delete;
 
@@ -113,8 +121,11 @@ class ShmAllreduce {
   int size() const { return size_; }
   int64_t chunk_bytes() const { return chunk_bytes_; }
   bool hierarchical() const { return static_cast<bool>(cross_); }
-  // Calls made so far; any thread may read it.
+  // Calls made so far, and those of them that wrote their stages with
+  // streaming stores; any thread may read them.
   int64_t calls() const { return calls_.load(std::memory_order_relaxed); }
+  int64_t streamed_calls() const { return streamed_calls_.load(std::memory_order_relaxed); }
+  StageStores stage_stores() const { return stores_.stores(); }
 
   // Allreduces `buf` (count elements of dtype) in place with `op` (kAverage
   // reduces as kSum), then multiplies the result by `postscale`: each block
@@ -206,6 +217,8 @@ class ShmAllreduce {
   // operands_[0..size) reduced in rank order into `out` (n elements),
   // multiplied by `scale`.
   void ReduceOperands(char* out, int64_t n, DataType dtype, ReduceOp op, double scale);
+  // A copy into this rank's stage, with the current call's stores.
+  void StageCopy(char* dst, const char* src, int64_t bytes) const;
   // What a rank reads of one rank's stream: bytes [offset, offset + bytes)
   // of it, to dst. Its own read is of the stream's bytes, hole included.
   struct Read {
@@ -242,9 +255,13 @@ class ShmAllreduce {
   std::vector<int64_t> span_starts_;   // first element of each span, then the total
   const int64_t spin_micros_;          // see Note [Waiting in shared memory]
   std::atomic<int64_t> calls_{0};
+  std::atomic<int64_t> streamed_calls_{0};
   std::atomic<int64_t> exchanges_{0};
   std::atomic<int64_t> direct_exchanges_{0};
   const int64_t direct_min_bytes_;
+  StageStoreChooser stores_;
+  bool streaming_ = false;     // the current allreduce's stores
+  std::vector<char> scratch_;  // Reduce's block when streaming (one block, aligned)
   std::atomic<int64_t> bit_ands_{0};
   uint64_t bit_and_seq_ = 0;        // bit-ands this rank has started
   uint64_t* bit_and_words_ = nullptr;

@@ -227,7 +227,8 @@ std::unique_ptr<ShmAllreduce> CreateNodeShmAllreduce(MPI_Comm comm, const Config
                     << " bytes per rank, direct reads from " << direct_min_bytes << " bytes";
   return std::make_unique<ShmAllreduce>(local_rank, local_size, std::move(regions),
                                         config.shm_chunk_bytes, std::move(segment),
-                                        std::move(cross), direct_min_bytes);
+                                        std::move(cross), direct_min_bytes,
+                                        config.shm_streaming_stores);
 }
 
 }  // namespace hvdmx

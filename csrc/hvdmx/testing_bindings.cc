@@ -117,6 +117,7 @@ py::dict TestingLoadConfig(const std::map<std::string, std::string>& env) {
   d["shm_min_bytes"] = c.shm_min_bytes;
   d["shm_chunk_bytes"] = c.shm_chunk_bytes;
   d["shm_direct_min_bytes"] = c.shm_direct_min_bytes;
+  d["shm_streaming_stores"] = StageStoresName(c.shm_streaming_stores);
   d["hierarchical_allreduce"] = c.hierarchical_allreduce;
   d["testing_ranks_per_host"] = c.testing_ranks_per_host;
   d["log_level"] = static_cast<int>(c.log_level);

@@ -7,11 +7,13 @@
 #include <memory>
 #include <string>
 #include <thread>
+#include <tuple>
 #include <vector>
 
 #include "local_comm.h"
 #include "ring.h"
 #include "shm_allreduce.h"
+#include "stage_stores.h"
 #include "testing_bindings.h"
 
 namespace py = pybind11;
@@ -27,17 +29,50 @@ char* AlignedAsMapped(char* p) {
   return p + (kMappingAlign - reinterpret_cast<uintptr_t>(p) % kMappingAlign) % kMappingAlign;
 }
 
+StageStores CheckedStores(int stores) {
+  if (stores < 0 || stores > static_cast<int>(StageStores::kStreaming)) {
+    throw py::value_error("stores must be 0 (auto), 1 (cached) or 2 (streaming)");
+  }
+  return static_cast<StageStores>(stores);
+}
+
+// StageStoreChooser on made-up timings: calls[i] = (bytes, seconds if
+// cached, seconds if streaming); returns whether each call streamed.
+std::vector<bool> TestingStageStoreChooser(int stores,
+                                           const std::vector<std::tuple<int64_t, double, double>>& calls) {
+  StageStoreChooser chooser(CheckedStores(stores));
+  std::vector<bool> streamed;
+  for (const auto& [bytes, cached, streaming] : calls) {
+    const bool s = chooser.Streams(bytes);
+    chooser.Took(bytes, s, s ? streaming : cached);
+    streamed.push_back(s);
+  }
+  return streamed;
+}
+
+// StreamingCopy from src to dst (arrays of equal byte length), then the fence.
+void TestingStreamingCopy(py::array dst, const py::array& src) {
+  if (dst.nbytes() != src.nbytes()) throw py::value_error("dst and src differ in length");
+  StreamingCopy(dst.mutable_data(), src.data(), dst.nbytes());
+  StreamingStoresFence();
+}
+
 // Runs ShmAllreduce in one process, one thread per rank over plain memory:
 // calls[c][r] is rank r's list of arrays in call c, reduced in place as one
 // fused allreduce of their concatenation (ShmAllreduce::Span), calls in order,
 // each result multiplied by `postscale` inside the allreduce.
 // With hosts > 1, runs of size/hosts consecutive ranks are hosts, each with
 // its own memory, and the ring over LocalComm joins them (hierarchical).
-void TestingShmAllreduce(std::vector<std::vector<std::vector<py::array>>> calls, int dtype,
-                         int op, int64_t chunk_bytes, int hosts, double postscale,
-                         std::vector<std::vector<std::vector<py::array>>> outputs) {
+// `stores` (0 auto, 1 cached, 2 streaming) sets every rank's StageStores;
+// returns the calls each rank streamed.
+std::vector<int64_t> TestingShmAllreduce(std::vector<std::vector<std::vector<py::array>>> calls,
+                                         int dtype, int op, int64_t chunk_bytes, int hosts,
+                                         double postscale,
+                                         std::vector<std::vector<std::vector<py::array>>> outputs,
+                                         int stores) {
   DataType t = CheckedType(dtype);
-  if (calls.empty()) return;
+  const StageStores stage_stores = CheckedStores(stores);
+  if (calls.empty()) return {};
   const int n = static_cast<int>(calls[0].size());
   if (hosts < 1 || n % hosts != 0) throw py::value_error("hosts must divide the rank count");
   const int local = n / hosts;
@@ -74,6 +109,7 @@ void TestingShmAllreduce(std::vector<std::vector<std::vector<py::array>>> calls,
   std::vector<std::shared_ptr<LocalWorld>> cross_worlds;
   for (int l = 0; l < local; ++l) cross_worlds.push_back(std::make_shared<LocalWorld>(hosts));
   std::vector<std::thread> threads;
+  std::vector<int64_t> streamed(n);
   for (int r = 0; r < n; ++r) {
     threads.emplace_back([&, r] {
       const int h = r / local, l = r % local;
@@ -85,13 +121,15 @@ void TestingShmAllreduce(std::vector<std::vector<std::vector<py::array>>> calls,
           RingAllreduce(*comm, buf, count, dtype, op, 4096, scratch.get());
         };
       }
-      ShmAllreduce shm(l, local, regions[h], chunk_bytes, memory[h], cross);
+      ShmAllreduce shm(l, local, regions[h], chunk_bytes, memory[h], cross, -1, stage_stores);
       for (size_t c = 0; c < calls.size(); ++c) {
         shm.Allreduce(spans[c][r], t, static_cast<ReduceOp>(op), postscale);
       }
+      streamed[r] = shm.streamed_calls();
     });
   }
   for (auto& th : threads) th.join();
+  return streamed;
 }
 
 // One call of a mixed sequence for TestingShmSequence.
@@ -111,9 +149,10 @@ struct ShmTestCall {
 // the same order: interleaving must keep the chunk numbering in step.
 // Byte-moving calls of at least `direct_min_bytes` (>= 0) read the peers'
 // buffers directly (here: this process's own memory). Returns the number of
-// calls that did, as rank 0 counted them.
+// calls that did, as rank 0 counted them. `stores` as in TestingShmAllreduce.
 int64_t TestingShmSequence(const std::vector<py::tuple>& raw, int64_t chunk_bytes,
-                           int64_t direct_min_bytes) {
+                           int64_t direct_min_bytes, int stores) {
+  const StageStores stage_stores = CheckedStores(stores);
   std::vector<ShmTestCall> calls;
   for (const py::tuple& t : raw) {
     calls.push_back({t[0].cast<std::string>(), t[1].cast<std::vector<py::array>>(),
@@ -147,7 +186,8 @@ int64_t TestingShmSequence(const std::vector<py::tuple>& raw, int64_t chunk_byte
   int64_t direct = 0;
   for (int r = 0; r < n; ++r) {
     threads.emplace_back([&, r] {
-      ShmAllreduce shm(r, n, regions, chunk_bytes, memory, nullptr, direct_min_bytes);
+      ShmAllreduce shm(r, n, regions, chunk_bytes, memory, nullptr, direct_min_bytes,
+                       stage_stores);
       for (size_t c = 0; c < calls.size(); ++c) {
         const ShmTestCall& call = calls[c];
         if (call.kind == "allreduce") {
@@ -184,9 +224,13 @@ void DefineTestingShmBindings(py::module_& m) {
   m.def("_testing_shm_allreduce", &TestingShmAllreduce, py::arg("calls"), py::arg("dtype"),
         py::arg("op"), py::arg("chunk_bytes"), py::arg("hosts") = 1,
         py::arg("postscale") = 1.0,
-        py::arg("outputs") = std::vector<std::vector<std::vector<py::array>>>{});
+        py::arg("outputs") = std::vector<std::vector<std::vector<py::array>>>{},
+        py::arg("stores") = 0);
   m.def("_testing_shm_sequence", &TestingShmSequence, py::arg("calls"), py::arg("chunk_bytes"),
-        py::arg("direct_min_bytes") = -1);
+        py::arg("direct_min_bytes") = -1, py::arg("stores") = 0);
+  m.def("_testing_stage_store_chooser", &TestingStageStoreChooser, py::arg("stores"),
+        py::arg("calls"));
+  m.def("_testing_streaming_copy", &TestingStreamingCopy, py::arg("dst"), py::arg("src"));
   m.def("_testing_shm_slice_start", &ShmSliceStart);
 }
 

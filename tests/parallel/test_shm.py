@@ -173,6 +173,41 @@ def test_broadcast_allgather_alltoall_through_shm(world, shm_moves):
         assert _core._testing_shm_info()["direct_exchanges"] == direct_before + nonempty
 
 
+@pytest.mark.parametrize("value", ["0", "1", "auto", None])
+def test_streaming_stores_as_asked(world, value):
+    # 1 streams every allreduce, 0 none, auto (the default) times both kinds
+    # on calls of 64 KiB and up: of ten 1 MiB calls, the warm-up and three
+    # more are cached, three stream, and the last three take the faster kind;
+    # the 4,000-byte call is cached.
+    rank, size = world
+    restart({"HVDMX_ALLREDUCE_ALGO": "shm"} if value is None else
+            {"HVDMX_ALLREDUCE_ALGO": "shm", "HVDMX_SHM_STREAMING_STORES": value})
+    try:
+        info = _core._testing_shm_info()
+        if size == 1:
+            assert info is None
+            return
+        assert info["streaming_stores"] == (value or "auto")
+        before = info["streamed_calls"]
+        count = (1 << 20) // 4
+        for step in range(10):
+            x = mx.nd.array(rank_input(rank + step, count, "float32", hvd.Sum))
+            want = sum(rank_input(r + step, count, "float32", hvd.Sum) for r in range(size))
+            check(hvd.allreduce(x, op=hvd.Sum), want.astype(np.float32))
+        small = hvd.allreduce(mx.nd.array(rank_input(rank, 1000, "float32", hvd.Sum)), op=hvd.Sum)
+        check(small, expected(size, 1000, "float32", hvd.Sum))
+        streamed = _core._testing_shm_info()["streamed_calls"] - before
+        if value == "1":
+            assert streamed == 11
+        elif value == "0":
+            assert streamed == 0
+        else:
+            assert 3 <= streamed <= 6, streamed
+        hvd.barrier()
+    finally:
+        restart({})
+
+
 @pytest.mark.parametrize("value", ["0", "65536", "-1", None])
 def test_direct_reads_are_on_when_asked(world, value):
     # Asked for, the probe must find cross-memory attach working between the
