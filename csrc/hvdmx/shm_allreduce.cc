@@ -17,7 +17,6 @@ using shm_internal::kBlockBytes;
 using shm_internal::kControlBytes;
 using shm_internal::kPageBytes;
 using shm_internal::kSliceAlignBytes;
-using shm_internal::Clock;
 using shm_internal::kSpinMicros;
 using shm_internal::WaitFor;
 
@@ -94,6 +93,8 @@ ShmAllreduce::ShmAllreduce(int rank, int size, std::vector<char*> regions, int64
       spin_micros_(size <= CoresAvailable() ? kSpinMicros : 0),
       direct_min_bytes_(direct_min_bytes),
       stores_(stores),
+      move_stores_{{StageStoreChooser(stores), StageStoreChooser(stores),
+                     StageStoreChooser(stores), StageStoreChooser(stores)}},
       scratch_(kBlockBytes + kSliceAlignBytes) {
   static_assert(sizeof(Control) <= kControlBytes, "control block too large");
   // Regions are consecutive in one mapping, so a page-aligned start keeps every
@@ -157,23 +158,15 @@ void ShmAllreduce::Allreduce(const std::vector<Span>& spans, DataType dtype, Red
   call.unit = std::max<int64_t>(1, kSliceAlignBytes / call.elem);
   call.first_seq = seq_;
   const int64_t chunks = (count + call.chunk_elems - 1) / call.chunk_elems;
-  const int64_t bytes = count * call.elem;
-  streaming_ = !cross_ && stores_.Streams(bytes);
-  const Clock::time_point start = Clock::now();
-
-  CopyIn(call, 0);
-  for (int64_t k = 0; k < chunks; ++k) {
-    Reduce(call, k);
-    if (k + 1 < chunks) CopyIn(call, k + 1);
-    CopyOut(call, k);
-  }
+  WithStores(stores_, count * call.elem, !cross_, [&] {
+    CopyIn(call, 0);
+    for (int64_t k = 0; k < chunks; ++k) {
+      Reduce(call, k);
+      if (k + 1 < chunks) CopyIn(call, k + 1);
+      CopyOut(call, k);
+    }
+  });
   seq_ += static_cast<uint64_t>(chunks);
-  if (!cross_) {
-    stores_.Took(bytes, streaming_,
-                 std::chrono::duration<double>(Clock::now() - start).count());
-  }
-  if (streaming_) streamed_calls_.fetch_add(1, std::memory_order_relaxed);
-  streaming_ = false;
 }
 
 void ShmAllreduce::StageCopy(char* dst, const char* src, int64_t bytes) const {

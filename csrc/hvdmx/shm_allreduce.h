@@ -33,10 +33,12 @@
 // the buffer.
 //
 // Stores. A call of at least StageStoreChooser::kMinBytes may write its
-// stages with streaming stores (copy in, and the reduced slice: reduced
-// into a scratch block, then copied to the buffer and streamed to the
-// stage); see Note [Streaming stores into the stages] in stage_stores.h.
-// A hierarchical allreduce always uses cached stores.
+// stages with streaming stores (the allreduce's copy in, and its reduced
+// slice: reduced into a scratch block, then copied to the buffer and
+// streamed to the stage; the byte-moving calls' and the reduce-scatter's
+// copy in); see Note [Streaming stores into the stages] in stage_stores.h.
+// The allreduce and each kind of byte-moving call choose apart. A
+// hierarchical allreduce always uses cached stores.
 //
 // Bitwise identical results: every element is reduced once, by one rank, in
 // one fixed order (rank 0 first), with the kernels of reduce_kernels.h, and
@@ -71,6 +73,7 @@
 #ifndef HVDMX_SHM_ALLREDUCE_H_
 #define HVDMX_SHM_ALLREDUCE_H_
 
+#include <array>
 #include <atomic>
 #include <cstdint>
 #include <functional>
@@ -121,8 +124,8 @@ class ShmAllreduce {
   int size() const { return size_; }
   int64_t chunk_bytes() const { return chunk_bytes_; }
   bool hierarchical() const { return static_cast<bool>(cross_); }
-  // Calls made so far, and those of them that wrote their stages with
-  // streaming stores; any thread may read them.
+  // Calls made so far, and the calls of every kind (exchanges too) that
+  // wrote their stages with streaming stores; any thread may read them.
   int64_t calls() const { return calls_.load(std::memory_order_relaxed); }
   int64_t streamed_calls() const { return streamed_calls_.load(std::memory_order_relaxed); }
   StageStores stage_stores() const { return stores_.stores(); }
@@ -219,6 +222,11 @@ class ShmAllreduce {
   void ReduceOperands(char* out, int64_t n, DataType dtype, ReduceOp op, double scale);
   // A copy into this rank's stage, with the current call's stores.
   void StageCopy(char* dst, const char* src, int64_t bytes) const;
+  // Runs body() (one call's chunks) with the stores `chooser` picks for a
+  // call of `bytes`, and tells it how long that took; with !choose, with
+  // cached stores and untimed. Defined in shm_internal.h.
+  template <typename F>
+  void WithStores(StageStoreChooser& chooser, int64_t bytes, bool choose, F&& body);
   // What a rank reads of one rank's stream: bytes [offset, offset + bytes)
   // of it, to dst. Its own read is of the stream's bytes, hole included.
   struct Read {
@@ -236,7 +244,9 @@ class ShmAllreduce {
   // Rank j publishes lengths_[j] bytes (this rank: `stream`, hole removed);
   // this rank reads reads_[j] of rank j's. The caller fills both; lengths_
   // is the same on every rank.
-  void Exchange(const Stream& stream);
+  // Which call an exchange serves: each kind has its own StageStoreChooser.
+  enum Move { kBroadcast = 0, kAllgather, kAlltoall, kReduceScatter, kMoves };
+  void Exchange(Move move, const Stream& stream);
   // Exchange without the stages: see Note [Reading peers' buffers directly].
   void ExchangeDirect(const Stream& stream);
   void Publish(const Stream& stream, int64_t length, uint64_t seq, int64_t k);
@@ -259,8 +269,9 @@ class ShmAllreduce {
   std::atomic<int64_t> exchanges_{0};
   std::atomic<int64_t> direct_exchanges_{0};
   const int64_t direct_min_bytes_;
-  StageStoreChooser stores_;
-  bool streaming_ = false;     // the current allreduce's stores
+  StageStoreChooser stores_;  // the allreduce's
+  std::array<StageStoreChooser, kMoves> move_stores_;
+  bool streaming_ = false;     // the current call's stores
   std::vector<char> scratch_;  // Reduce's block when streaming (one block, aligned)
   std::atomic<int64_t> bit_ands_{0};
   uint64_t bit_and_seq_ = 0;        // bit-ands this rank has started

@@ -24,7 +24,7 @@ void ShmAllreduce::Broadcast(const void* in, void* out, int64_t bytes, int root)
   if (rank_ != root || in != out) reads_[root] = {0, bytes, static_cast<char*>(out)};
   lengths_.assign(size_, 0);
   lengths_[root] = bytes;
-  Exchange({static_cast<const char*>(rank_ == root ? in : out), 0, 0});
+  Exchange(kBroadcast, {static_cast<const char*>(rank_ == root ? in : out), 0, 0});
 }
 
 void ShmAllreduce::Allgather(const void* in, void* out, const std::vector<int64_t>& starts) {
@@ -38,7 +38,7 @@ void ShmAllreduce::Allgather(const void* in, void* out, const std::vector<int64_
     // A block that is already in place is not copied onto itself.
     if (j != rank_ || in != dst + starts[j]) reads_[j] = {0, lengths_[j], dst + starts[j]};
   }
-  Exchange({static_cast<const char*>(in), 0, 0});
+  Exchange(kAllgather, {static_cast<const char*>(in), 0, 0});
 }
 
 void ShmAllreduce::Alltoall(const void* in, void* out, const std::vector<int64_t>& bytes) {
@@ -59,7 +59,7 @@ void ShmAllreduce::Alltoall(const void* in, void* out, const std::vector<int64_t
     reads_[j] = {before_me, bytes[j * size_ + rank_], dst};
     dst += bytes[j * size_ + rank_];
   }
-  Exchange(mine);
+  Exchange(kAlltoall, mine);
 }
 
 bool ShmAllreduce::ReduceScatterFits(DataType dtype) const {
@@ -102,8 +102,9 @@ void ShmAllreduce::ReduceScatter(const void* in, void* out, const std::vector<in
     char* stage = ClaimStage(seq, src + (starts[rank_] + lo) * elem);
     for (int j = 0; j < size_; ++j) {
       const int64_t n = j == rank_ ? 0 : piece(j, k, &lo);
-      if (n > 0) std::memcpy(stage + j * slot * elem, src + (starts[j] + lo) * elem, n * elem);
+      if (n > 0) StageCopy(stage + j * slot * elem, src + (starts[j] + lo) * elem, n * elem);
     }
+    if (streaming_) StreamingStoresFence();
     control(rank_).copied.value.store(seq + 1, std::memory_order_release);
   };
   auto reduce = [&](int64_t k) {
@@ -129,11 +130,14 @@ void ShmAllreduce::ReduceScatter(const void* in, void* out, const std::vector<in
     return;
   }
   const int64_t chunks = (longest + slot - 1) / slot;
-  if (chunks > 0) copy_in(0);
-  for (int64_t k = 0; k < chunks; ++k) {
-    if (k + 1 < chunks) copy_in(k + 1);
-    reduce(k);
-  }
+  const int64_t total = (starts[size_] - starts[0]) * elem;  // a rank's input
+  WithStores(move_stores_[kReduceScatter], total, chunks > 0, [&] {
+    if (chunks > 0) copy_in(0);
+    for (int64_t k = 0; k < chunks; ++k) {
+      if (k + 1 < chunks) copy_in(k + 1);
+      reduce(k);
+    }
+  });
   seq_ += static_cast<uint64_t>(chunks);
 }
 
@@ -142,7 +146,7 @@ void ShmAllreduce::ReduceScatter(const void* in, void* out, const std::vector<in
 // ones too, so that seq stays the same everywhere. This rank's own read
 // comes from its stream's bytes, hole included, a chunk's worth per chunk
 // and the rest at the end.
-void ShmAllreduce::Exchange(const Stream& stream) {
+void ShmAllreduce::Exchange(Move move, const Stream& stream) {
   exchanges_.fetch_add(1, std::memory_order_relaxed);
   const int64_t longest = *std::max_element(lengths_.begin(), lengths_.end());
   if (size_ > 1 && direct_min_bytes_ >= 0 && longest >= direct_min_bytes_ && longest > 0) {
@@ -151,11 +155,15 @@ void ShmAllreduce::Exchange(const Stream& stream) {
   }
   const int64_t chunks = size_ == 1 ? 0 : (longest + chunk_bytes_ - 1) / chunk_bytes_;
   const uint64_t first_seq = seq_;
-  if (chunks > 0) Publish(stream, lengths_[rank_], first_seq, 0);
-  for (int64_t k = 0; k < chunks; ++k) {
-    if (k + 1 < chunks) Publish(stream, lengths_[rank_], first_seq + k + 1, k + 1);
-    Collect(stream, first_seq + k, k);
-  }
+  int64_t total = 0;  // the chooser's size: every byte that crosses the stages
+  for (int64_t length : lengths_) total += length;
+  WithStores(move_stores_[move], total, chunks > 0, [&] {
+    if (chunks > 0) Publish(stream, lengths_[rank_], first_seq, 0);
+    for (int64_t k = 0; k < chunks; ++k) {
+      if (k + 1 < chunks) Publish(stream, lengths_[rank_], first_seq + k + 1, k + 1);
+      Collect(stream, first_seq + k, k);
+    }
+  });
   seq_ += static_cast<uint64_t>(chunks);
   const Read& self = reads_[rank_];
   const int64_t done = std::min(self.bytes, chunks * chunk_bytes_);
@@ -171,10 +179,11 @@ void ShmAllreduce::Publish(const Stream& stream, int64_t length, uint64_t seq, i
   const int64_t before = std::max<int64_t>(0, std::min(n, stream.hole_at - lo));
   const char* first = stream.data + lo + (before > 0 ? 0 : stream.hole_bytes);
   char* stage = ClaimStage(seq, n > 0 ? first : stream.data);
-  if (before > 0) std::memcpy(stage, stream.data + lo, before);
+  if (before > 0) StageCopy(stage, stream.data + lo, before);
   if (n > before) {
-    std::memcpy(stage + before, stream.data + lo + before + stream.hole_bytes, n - before);
+    StageCopy(stage + before, stream.data + lo + before + stream.hole_bytes, n - before);
   }
+  if (streaming_) StreamingStoresFence();
   control(rank_).copied.value.store(seq + 1, std::memory_order_release);
 }
 

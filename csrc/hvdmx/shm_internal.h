@@ -84,6 +84,19 @@ static_assert(std::atomic<uint64_t>::is_always_lock_free,
 
 }  // namespace shm_internal
 
+template <typename F>
+void ShmAllreduce::WithStores(StageStoreChooser& chooser, int64_t bytes, bool choose, F&& body) {
+  streaming_ = choose && chooser.Streams(bytes);
+  const shm_internal::Clock::time_point start = shm_internal::Clock::now();
+  body();
+  if (choose) {
+    chooser.Took(bytes, streaming_,
+                 std::chrono::duration<double>(shm_internal::Clock::now() - start).count());
+  }
+  if (streaming_) streamed_calls_.fetch_add(1, std::memory_order_relaxed);
+  streaming_ = false;
+}
+
 // Lives at the start of each rank's region; only its owner writes it.
 struct ShmAllreduce::Control {
   shm_internal::PaddedCounter copied;   // chunks whose copy-in this rank has finished

@@ -203,6 +203,25 @@ def test_streaming_stores_as_asked(world, value):
             assert streamed == 0
         else:
             assert 3 <= streamed <= 6, streamed
+        # The byte-moving calls and the reduce-scatter choose too (each kind
+        # apart): forced, they stream; under auto, a first call warms up.
+        before = _core._testing_shm_info()["streamed_calls"]
+        x = mx.nd.array(rows(rank, 30_000))  # 360,000 bytes
+        hvd.broadcast_(x, root_rank=0)
+        assert np.array_equal(x.asnumpy(), rows(0, 30_000))
+        got = hvd.allgather(mx.nd.array(rows(rank, 30_000))).asnumpy()
+        assert np.array_equal(got, np.concatenate([rows(r, 30_000) for r in range(size)]))
+        share = 30_000 // size
+        out = hvd.alltoall(mx.nd.array(rows(rank, share * size))).asnumpy()
+        assert np.array_equal(out, np.concatenate(
+            [rows(s, share * size)[rank * share:(rank + 1) * share] for s in range(size)]))
+        y = mx.nd.array(rank_input(rank, count, "float32", hvd.Sum))
+        got = hvd.reducescatter(y, op=hvd.Sum).asnumpy()
+        total = sum(rank_input(r, count, "float32", hvd.Sum) for r in range(size))
+        cut = np.array_split(np.arange(count), size)[rank]
+        assert np.array_equal(got, total[cut[0]:cut[-1] + 1].astype(np.float32))
+        moves = _core._testing_shm_info()["streamed_calls"] - before
+        assert moves == (4 if value == "1" else 0)
         hvd.barrier()
     finally:
         restart({})
