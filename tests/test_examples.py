@@ -133,3 +133,27 @@ def test_horovod_model_allreduce_script():
     assert result.returncode == 0, result.stderr
     assert "# resnet18_v1 gradients: 62 tensors, 46.8 MB, 2 ranks" in result.stdout
     assert re.search(r"^horovod [\d.]+$", result.stdout, re.M), result.stdout
+
+
+def test_streaming_stores_script():
+    # tools/streaming_stores.py: one round of each value, a small model.
+    script = os.path.join(ROOT, "tools", "streaming_stores.py")
+    result = subprocess.run([MPIEXEC, "-n", "2", sys.executable, script, "--model",
+                             "resnet18_v1", "--rounds", "2", "--iters", "1", "--warmup", "0"],
+                            env=ENV, capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    lines = result.stdout.splitlines()
+    assert lines[0].startswith("# resnet18_v1 gradients: 62 tensors, 46.8 MB, 2 ranks")
+    assert lines[1].split() == ["round", "floor", "0", "1", "auto", "floor"]
+    for r, line in enumerate(lines[2:], 1):
+        cells = line.split()
+        assert int(cells[0]) == r and len(cells) == 6
+        assert all(float(c) > 0 for c in cells[1:])
+    assert len(lines) == 4
+
+
+def test_streaming_stores_script_rejects_a_bad_value():
+    script = os.path.join(ROOT, "tools", "streaming_stores.py")
+    result = subprocess.run([sys.executable, script, "--values", "0,2"], env=ENV,
+                            capture_output=True, text=True, timeout=60)
+    assert result.returncode == 2 and "--values: '2' is not one of 0, 1, auto" in result.stderr
