@@ -32,13 +32,14 @@
 // bytes stay in the caches and memory sees about one read and one write of
 // the buffer.
 //
-// Stores. A call of at least StageStoreChooser::kMinBytes may write its
-// stages with streaming stores (the allreduce's copy in, and its reduced
-// slice: reduced into a scratch block, then copied to the buffer and
-// streamed to the stage; the byte-moving calls' and the reduce-scatter's
-// copy in); see Note [Streaming stores into the stages] in stage_stores.h.
-// The allreduce and each kind of byte-moving call choose apart. A
-// hierarchical allreduce always uses cached stores.
+// Stores. A call may write its stages with streaming stores: the
+// allreduce's copy in and its reduced slice (reduced into a scratch block,
+// then copied to the buffer and streamed to the stage), the byte-moving
+// calls' and the reduce-scatter's copy in. Under StageStores::kAuto only
+// calls of at least StageStoreChooser::kMinBytes may, the allreduce and
+// each kind of byte-moving call choosing apart; see Note [Streaming stores
+// into the stages] in stage_stores.h. A hierarchical allreduce always uses
+// cached stores.
 //
 // Bitwise identical results: every element is reduced once, by one rank, in
 // one fixed order (rank 0 first), with the kernels of reduce_kernels.h, and
@@ -112,7 +113,7 @@ class ShmAllreduce {
   // `direct_min_bytes` >= 0: byte-moving calls whose longest stream has at
   // least that many bytes read the peers' buffers directly, which needs
   // CrossMemoryAttachWorks() between all of them; negative: never. The
-  // same on every rank. `stores`: how the allreduce writes its stages (may
+  // same on every rank. `stores`: how the calls write their stages (may
   // differ between ranks).
   ShmAllreduce(int rank, int size, std::vector<char*> regions, int64_t chunk_bytes,
                std::shared_ptr<void> owner, CrossAllreduce cross = nullptr,
@@ -241,11 +242,11 @@ class ShmAllreduce {
     int64_t hole_at = 0;
     int64_t hole_bytes = 0;
   };
+  // Which call an exchange serves: each kind has its own StageStoreChooser.
+  enum Move { kBroadcast = 0, kAllgather, kAlltoall, kReduceScatter, kMoves };
   // Rank j publishes lengths_[j] bytes (this rank: `stream`, hole removed);
   // this rank reads reads_[j] of rank j's. The caller fills both; lengths_
   // is the same on every rank.
-  // Which call an exchange serves: each kind has its own StageStoreChooser.
-  enum Move { kBroadcast = 0, kAllgather, kAlltoall, kReduceScatter, kMoves };
   void Exchange(Move move, const Stream& stream);
   // Exchange without the stages: see Note [Reading peers' buffers directly].
   void ExchangeDirect(const Stream& stream);

@@ -38,8 +38,8 @@ StageStores CheckedStores(int stores) {
 
 // StageStoreChooser on made-up timings: calls[i] = (bytes, seconds if
 // cached, seconds if streaming); returns whether each call streamed.
-std::vector<bool> TestingStageStoreChooser(int stores,
-                                           const std::vector<std::tuple<int64_t, double, double>>& calls) {
+std::vector<bool> TestingStageStoreChooser(
+    int stores, const std::vector<std::tuple<int64_t, double, double>>& calls) {
   StageStoreChooser chooser(CheckedStores(stores));
   std::vector<bool> streamed;
   for (const auto& [bytes, cached, streaming] : calls) {
