@@ -12,7 +12,6 @@ Prints one row per round, ms per iteration (mean over --iters, slowest rank).
 import argparse
 import os
 import sys
-import time
 
 import numpy as np
 
@@ -43,7 +42,7 @@ def main(argv=None):
     import mxnet as mx
     from mpi4py import MPI
     import hvdmx as hvd
-    from hvdmx.bench import model_gradients
+    from hvdmx.bench import _timed, model_gradients
     from hvdmx.ops import _allreduce_each_
 
     comm = MPI.COMM_WORLD
@@ -52,14 +51,6 @@ def main(argv=None):
     arrays = [np.ones(s, dtype=d) for s, d in shapes]
     names = [f"model.{i}" for i in range(len(grads))]
     priorities = [-i for i in range(len(grads))]
-
-    def timed(step, iters):
-        comm.Barrier()
-        start = time.perf_counter()
-        for _ in range(iters):
-            step()
-        comm.Barrier()
-        return comm.allreduce((time.perf_counter() - start) / iters * 1e3, op=MPI.MAX)
 
     def floor():
         for a in arrays:
@@ -77,15 +68,13 @@ def main(argv=None):
         print(f"{'round':>5} {'floor':>6} " + " ".join(f"{v:>6}" for v in values)
               + f" {'floor':>6}")
     for r in range(args.rounds):
-        row = [timed(floor, 5)]
+        row = [_timed(floor, 0, 5, comm) * 1e3]
         for value in values:
             os.environ["HVDMX_SHM_STREAMING_STORES"] = value
             hvd.init()
-            if args.warmup:
-                timed(step, args.warmup)
-            row.append(timed(step, args.iters))
+            row.append(_timed(step, args.warmup, args.iters, comm) * 1e3)
             hvd.shutdown()
-        row.append(timed(floor, 5))
+        row.append(_timed(floor, 0, 5, comm) * 1e3)
         if comm.rank == 0:
             print(f"{r + 1:>5} " + " ".join(f"{t:>6.1f}" for t in row), flush=True)
     return 0

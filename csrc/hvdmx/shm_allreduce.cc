@@ -95,7 +95,7 @@ ShmAllreduce::ShmAllreduce(int rank, int size, std::vector<char*> regions, int64
       stores_(stores),
       move_stores_{{StageStoreChooser(stores), StageStoreChooser(stores),
                      StageStoreChooser(stores), StageStoreChooser(stores)}},
-      scratch_(kBlockBytes + kSliceAlignBytes) {
+      scratch_(kBlockBytes) {
   static_assert(sizeof(Control) <= kControlBytes, "control block too large");
   // Regions are consecutive in one mapping, so a page-aligned start keeps every
   // one of them aligned for its Control block: RegionBytes is a multiple of it
@@ -169,6 +169,11 @@ void ShmAllreduce::Allreduce(const std::vector<Span>& spans, DataType dtype, Red
   seq_ += static_cast<uint64_t>(chunks);
 }
 
+void ShmAllreduce::PublishOwn(std::atomic<uint64_t>& counter, uint64_t value) const {
+  if (streaming_) StreamingStoresFence();
+  counter.store(value, std::memory_order_release);
+}
+
 void ShmAllreduce::StageCopy(char* dst, const char* src, int64_t bytes) const {
   if (streaming_) {
     StreamingCopy(dst, src, bytes);
@@ -227,8 +232,7 @@ void ShmAllreduce::CopyIn(const Call& call, int64_t k) {
                 StageCopy(to + at, in, bytes);
               });
   }
-  if (streaming_) StreamingStoresFence();
-  control(rank_).copied.value.store(seq + 1, std::memory_order_release);
+  PublishOwn(control(rank_).copied.value, seq + 1);
 }
 
 void ShmAllreduce::Reduce(const Call& call, int64_t k) {
@@ -242,8 +246,6 @@ void ShmAllreduce::Reduce(const Call& call, int64_t k) {
   // Slice `rank_` of every rank's stage (this rank's: where the result goes).
   for (int j = 0; j < size_; ++j) slices_[j] = Stage(j, seq) + lo * call.elem;
   char* out = slices_[rank_];
-  char* scratch = scratch_.data() + (kSliceAlignBytes - reinterpret_cast<uintptr_t>(
-                                         scratch_.data()) % kSliceAlignBytes) % kSliceAlignBytes;
   ForPieces(call, begin + lo, begin + hi, [&](char* mine, const char* in, int64_t at0,
                                               int64_t bytes) {
     for (int64_t b = 0; b < bytes; b += kBlockBytes) {
@@ -257,9 +259,9 @@ void ShmAllreduce::Reduce(const Call& call, int64_t k) {
       // (never hierarchical): reduced into the scratch block, which is then
       // read twice from the first-level cache.
       if (streaming_) {
-        ReduceOperands(scratch, n, call.dtype, call.op, call.postscale);
-        std::memcpy(mine + b, scratch, block);
-        StreamingCopy(out + at, scratch, block);
+        ReduceOperands(scratch_.data(), n, call.dtype, call.op, call.postscale);
+        std::memcpy(mine + b, scratch_.data(), block);
+        StreamingCopy(out + at, scratch_.data(), block);
       } else {
         ReduceOperands(out + at, n, call.dtype, call.op, cross_ ? 1.0 : call.postscale);
         if (!cross_) std::memcpy(mine + b, out + at, block);
@@ -275,8 +277,7 @@ void ShmAllreduce::Reduce(const Call& call, int64_t k) {
       std::memcpy(mine, out + at, bytes);
     });
   }
-  if (streaming_) StreamingStoresFence();
-  control(rank_).reduced.value.store(seq + 1, std::memory_order_release);
+  PublishOwn(control(rank_).reduced.value, seq + 1);
 }
 
 void ShmAllreduce::ReduceOperands(char* out, int64_t n, DataType dtype, ReduceOp op,

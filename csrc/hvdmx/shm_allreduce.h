@@ -223,6 +223,9 @@ class ShmAllreduce {
   void ReduceOperands(char* out, int64_t n, DataType dtype, ReduceOp op, double scale);
   // A copy into this rank's stage, with the current call's stores.
   void StageCopy(char* dst, const char* src, int64_t bytes) const;
+  // Releases `value` in one of this rank's counters, after the current
+  // call's streaming stores (weakly ordered) if it streams.
+  void PublishOwn(std::atomic<uint64_t>& counter, uint64_t value) const;
   // Runs body() (one call's chunks) with the stores `chooser` picks for a
   // call of `bytes`, and tells it how long that took; with !choose, with
   // cached stores and untimed. Defined in shm_internal.h.
@@ -273,7 +276,7 @@ class ShmAllreduce {
   StageStoreChooser stores_;  // the allreduce's
   std::array<StageStoreChooser, kMoves> move_stores_;
   bool streaming_ = false;     // the current call's stores
-  std::vector<char> scratch_;  // Reduce's block when streaming (one block, aligned)
+  std::vector<char> scratch_;  // Reduce's block when streaming
   std::atomic<int64_t> bit_ands_{0};
   uint64_t bit_and_seq_ = 0;        // bit-ands this rank has started
   uint64_t* bit_and_words_ = nullptr;

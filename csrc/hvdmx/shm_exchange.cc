@@ -104,8 +104,7 @@ void ShmAllreduce::ReduceScatter(const void* in, void* out, const std::vector<in
       const int64_t n = j == rank_ ? 0 : piece(j, k, &lo);
       if (n > 0) StageCopy(stage + j * slot * elem, src + (starts[j] + lo) * elem, n * elem);
     }
-    if (streaming_) StreamingStoresFence();
-    control(rank_).copied.value.store(seq + 1, std::memory_order_release);
+    PublishOwn(control(rank_).copied.value, seq + 1);
   };
   auto reduce = [&](int64_t k) {
     const uint64_t seq = first_seq + static_cast<uint64_t>(k);
@@ -183,8 +182,7 @@ void ShmAllreduce::Publish(const Stream& stream, int64_t length, uint64_t seq, i
   if (n > before) {
     StageCopy(stage + before, stream.data + lo + before + stream.hole_bytes, n - before);
   }
-  if (streaming_) StreamingStoresFence();
-  control(rank_).copied.value.store(seq + 1, std::memory_order_release);
+  PublishOwn(control(rank_).copied.value, seq + 1);
 }
 
 void ShmAllreduce::Collect(const Stream& stream, uint64_t seq, int64_t k) {
