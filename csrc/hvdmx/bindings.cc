@@ -206,6 +206,7 @@ py::object TestingShmInfo() {
   d["exchanges"] = shm->exchanges();
   d["direct_exchanges"] = shm->direct_exchanges();
   d["direct_min_bytes"] = shm->direct_min_bytes();
+  d["collapsed_huge_pages"] = shm->collapsed_huge_pages();
   d["streamed_calls"] = shm->streamed_calls();
   d["streaming_stores"] = StageStoresName(shm->stage_stores());
   d["bit_ands"] = shm->bit_ands();

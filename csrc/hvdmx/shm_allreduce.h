@@ -83,6 +83,7 @@
 #include <vector>
 
 #include "common.h"
+#include "huge_pages.h"
 #include "stage_stores.h"
 
 namespace hvdmx {
@@ -179,6 +180,11 @@ class ShmAllreduce {
   // buffers directly; any thread may read them.
   int64_t exchanges() const { return exchanges_.load(std::memory_order_relaxed); }
   int64_t direct_exchanges() const { return direct_exchanges_.load(std::memory_order_relaxed); }
+  // Huge pages this rank has collapsed under the streams its peers read
+  // directly; any thread may read it.
+  int64_t collapsed_huge_pages() const {
+    return collapsed_huge_pages_.load(std::memory_order_relaxed);
+  }
   int64_t direct_min_bytes() const { return direct_min_bytes_; }
 
   // Whether this process can read `bytes` at `address` in process `pid`
@@ -272,6 +278,8 @@ class ShmAllreduce {
   std::atomic<int64_t> streamed_calls_{0};
   std::atomic<int64_t> exchanges_{0};
   std::atomic<int64_t> direct_exchanges_{0};
+  std::atomic<int64_t> collapsed_huge_pages_{0};
+  HugePageCollapser huge_pages_;  // under direct exchanges' streams
   const int64_t direct_min_bytes_;
   StageStoreChooser stores_;  // the allreduce's
   std::array<StageStoreChooser, kMoves> move_stores_;

@@ -249,6 +249,12 @@ int ReadPeerMemory(int64_t pid, uintptr_t from, char* to, int64_t bytes) {
 // a call takes depends only on lengths_, the same on every rank.
 void ShmAllreduce::ExchangeDirect(const Stream& stream) {
   direct_exchanges_.fetch_add(1, std::memory_order_relaxed);
+  // Peers read the stream faster from huge pages: see Note [Huge pages
+  // under what peers read] in huge_pages.h. Its hole is this rank's too.
+  if (lengths_[rank_] > 0) {
+    huge_pages_.Collapse(stream.data, lengths_[rank_] + stream.hole_bytes);
+    collapsed_huge_pages_.store(huge_pages_.collapsed(), std::memory_order_relaxed);
+  }
   const uint64_t seq = seq_++;
   Control& mine = control(rank_);
   mine.stream_data.store(reinterpret_cast<uintptr_t>(stream.data), std::memory_order_relaxed);

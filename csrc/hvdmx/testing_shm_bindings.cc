@@ -10,6 +10,7 @@
 #include <tuple>
 #include <vector>
 
+#include "huge_pages.h"
 #include "local_comm.h"
 #include "ring.h"
 #include "shm_allreduce.h"
@@ -55,6 +56,14 @@ void TestingStreamingCopy(py::array dst, const py::array& src) {
   if (dst.nbytes() != src.nbytes()) throw py::value_error("dst and src differ in length");
   StreamingCopy(dst.mutable_data(), src.data(), dst.nbytes());
   StreamingStoresFence();
+}
+
+// HugePageCollapser::Collapse over each array in turn, with one collapser;
+// returns the huge pages it collapsed and those the kernel refused.
+std::pair<int64_t, int64_t> TestingCollapseHugePages(const std::vector<py::array>& arrays) {
+  HugePageCollapser collapser;
+  for (const py::array& a : arrays) collapser.Collapse(a.data(), a.nbytes());
+  return {collapser.collapsed(), collapser.refused()};
 }
 
 // Runs ShmAllreduce in one process, one thread per rank over plain memory:
@@ -232,6 +241,7 @@ void DefineTestingShmBindings(py::module_& m) {
         py::arg("calls"));
   m.def("_testing_streaming_copy", &TestingStreamingCopy, py::arg("dst"), py::arg("src"));
   m.def("_testing_shm_slice_start", &ShmSliceStart);
+  m.def("_testing_collapse_huge_pages", &TestingCollapseHugePages, py::arg("arrays"));
 }
 
 }  // namespace hvdmx

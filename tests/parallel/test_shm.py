@@ -254,16 +254,22 @@ def test_direct_reads_are_on_when_asked(world, value):
 
 def test_auto_sends_large_moves_through_shm_when_read_directly(world):
     # Read from the peers' buffers, an allgather over 32 MiB stays in shared
-    # memory, and the direct reads hold for it and for a large alltoall.
+    # memory, and the direct reads hold for it and for a large alltoall. The
+    # blocks peers read (at least 8 MiB each) are put on huge pages, where
+    # the kernel can (Note [Huge pages under what peers read]).
     rank, size = world
     restart({"HVDMX_SHM_DIRECT_MIN_BYTES": "1048576"})
     try:
         if size == 1:
             return
-        moves, direct = shm_exchanges(), _core._testing_shm_info()["direct_exchanges"]
+        info = _core._testing_shm_info()
+        moves, direct = shm_exchanges(), info["direct_exchanges"]
+        huge = info["collapsed_huge_pages"]
+        kernel_collapses = _core._testing_collapse_huge_pages([np.ones(8 << 20, np.uint8)])[0] > 0
         gathered = -(-(33 << 20) // (12 * size))
         got = hvd.allgather(mx.nd.array(rows(rank, gathered))).asnumpy()
         assert np.array_equal(got, np.concatenate([rows(r, gathered) for r in range(size)]))
+        assert (_core._testing_shm_info()["collapsed_huge_pages"] > huge) == kernel_collapses
         big = 1_400_004
         share = big // size
         out = hvd.alltoall(mx.nd.array(rows(rank, big))).asnumpy()

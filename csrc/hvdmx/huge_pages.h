@@ -1,0 +1,53 @@
+// Backing memory that peers read with cross-memory attach by huge pages.
+//
+// Note [Huge pages under what peers read]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+// A peer reading this process's memory with process_vm_readv makes the
+// kernel pin every page it reads. On 4 KiB pages that costs as much as the
+// copy: MPI_Alltoall of 64 MiB at np=2 took 5.5-5.9 ms from MXNet's arrays
+// (4 KiB pages) and 3.2-3.7 ms from numpy's (which asks for transparent
+// huge pages from 4 MiB up), and 3.4-3.6 ms from MXNet's arrays once
+// madvise(MADV_COLLAPSE) had put them on huge pages (docs/benchmarks.md).
+// MXNet never asks for huge pages, and its arrays are allocated once and
+// reused (its storage pool, a model's parameters and gradients), so before
+// a rank publishes a buffer for its peers to read directly it collapses
+// the whole 2 MiB pages inside it, once per page: the first call pays
+// about 0.3 ms per MiB, later ones a set lookup per page. Collapsing keeps
+// the bytes; it may fail (no memory for a huge page, a kernel before 6.1,
+// transparent huge pages off), which only leaves the pages as they were.
+// A page that was unmapped and mapped again stays in the set and is not
+// collapsed again: slower reads, never wrong ones.
+//
+// Threading: one thread at a time.
+#ifndef HVDMX_HUGE_PAGES_H_
+#define HVDMX_HUGE_PAGES_H_
+
+#include <cstddef>
+#include <cstdint>
+#include <unordered_set>
+
+namespace hvdmx {
+
+class HugePageCollapser {
+ public:
+  static constexpr int64_t kHugePageBytes = int64_t{2} << 20;
+  // Pages remembered before the set starts again (2 TiB of them).
+  static constexpr size_t kMaxPages = size_t{1} << 20;
+
+  // Collapses the whole huge pages inside [data, data + bytes) not asked
+  // about before.
+  void Collapse(const void* data, int64_t bytes);
+  // Huge pages collapsed so far, and those the kernel refused.
+  int64_t collapsed() const { return collapsed_; }
+  int64_t refused() const { return refused_; }
+
+ private:
+  std::unordered_set<uintptr_t> seen_;
+  bool unsupported_ = false;  // the kernel does not know MADV_COLLAPSE
+  int64_t collapsed_ = 0;
+  int64_t refused_ = 0;
+};
+
+}  // namespace hvdmx
+
+#endif  // HVDMX_HUGE_PAGES_H_
