@@ -81,8 +81,8 @@ def test_shared_memory_and_hierarchical_variables():
 
 
 def test_direct_reads_between_ranks():
-    assert _core._testing_load_config({})["shm_direct_min_bytes"] == -1
-    for value, want in [("0", 0), ("-1", -1), ("1048576", 1 << 20)]:
+    assert _core._testing_load_config({})["shm_direct_min_bytes"] == "auto"
+    for value, want in [("0", 0), ("-1", -1), ("1048576", 1 << 20), ("auto", "auto")]:
         c = _core._testing_load_config({"HOROVOD_SHM_DIRECT_MIN_BYTES": value})
         assert c["shm_direct_min_bytes"] == want
 
@@ -97,8 +97,8 @@ def test_streaming_stores():
 @pytest.mark.parametrize("name,value,accepted", [
     ("HVDMX_SHM_STREAMING_STORES", "yes", "auto, 0 (cached stores) or 1 (streaming stores)"),
     ("HOROVOD_SHM_STREAMING_STORES", "on", "auto, 0 (cached stores) or 1 (streaming stores)"),
-    ("HVDMX_SHM_DIRECT_MIN_BYTES", "-2", "a byte count >= 0, or -1 (never)"),
-    ("HVDMX_SHM_DIRECT_MIN_BYTES", "auto", "a byte count >= 0, or -1 (never)"),
+    ("HVDMX_SHM_DIRECT_MIN_BYTES", "-2", "auto, a byte count >= 0, or -1 (never)"),
+    ("HVDMX_SHM_DIRECT_MIN_BYTES", "Auto", "auto, a byte count >= 0, or -1 (never)"),
     ("HVDMX_SHM_MIN_BYTES", "-1", "a byte count >= 0"),
     ("HVDMX_SHM_CHUNK_BYTES", "32", "a byte count >= 64 and <= 1073741824"),
     ("HOROVOD_SHM_CHUNK_BYTES", "2147483648", "a byte count >= 64 and <= 1073741824"),

@@ -152,6 +152,36 @@ def test_streaming_stores_script():
     assert len(lines) == 4
 
 
+def test_direct_reads_script():
+    # tools/direct_reads.py: one round of two collectives at two sizes.
+    script = os.path.join(ROOT, "tools", "direct_reads.py")
+    result = subprocess.run([MPIEXEC, "-n", "2", sys.executable, script, "--rounds", "1",
+                             "--iters", "1", "--warmup", "0", "--sizes", "64K,1M",
+                             "--kinds", "alltoall,broadcast"],
+                            env=ENV, capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    lines = result.stdout.splitlines()
+    assert lines[0].startswith("# 2 ranks; us per call")
+    assert lines[1].split() == ["round", "collective", "size(B)", "off", "direct", "MPI"]
+    rows = [line.split() for line in lines[2:]]
+    assert [(r[0], r[1], r[2]) for r in rows] == [
+        ("1", "alltoall", "65536"), ("1", "alltoall", "1048576"),
+        ("1", "broadcast", "65536"), ("1", "broadcast", "1048576")]
+    assert all(float(c) > 0 for r in rows for c in r[3:])
+
+
+@pytest.mark.parametrize("args,message", [
+    (["--kinds", "alltoall,gather"], "--kinds: 'gather' is not one of broadcast, allgather, alltoall"),
+    (["--sizes", "4M,lots"], "--sizes: '4M,lots' is not a list of byte counts"),
+    (["--rounds", "0"], "--rounds must be >= 1 (got 0)"),
+])
+def test_direct_reads_script_rejects_bad_input(args, message):
+    script = os.path.join(ROOT, "tools", "direct_reads.py")
+    result = subprocess.run([sys.executable, script] + args, env=ENV, capture_output=True,
+                            text=True, timeout=60)
+    assert result.returncode == 2 and message in result.stderr
+
+
 def test_streaming_stores_script_rejects_a_bad_value():
     script = os.path.join(ROOT, "tools", "streaming_stores.py")
     result = subprocess.run([sys.executable, script, "--values", "0,2"], env=ENV,

@@ -205,8 +205,13 @@ py::object TestingShmInfo() {
   d["hierarchical"] = shm->hierarchical();
   d["exchanges"] = shm->exchanges();
   d["direct_exchanges"] = shm->direct_exchanges();
-  d["direct_min_bytes"] = shm->direct_min_bytes();
+  if (shm->direct_min_bytes() == ShmAllreduce::kDirectAuto) {
+    d["direct_min_bytes"] = "auto";
+  } else {
+    d["direct_min_bytes"] = shm->direct_min_bytes();
+  }
   d["collapsed_huge_pages"] = shm->collapsed_huge_pages();
+  d["refused_huge_pages"] = shm->refused_huge_pages();
   d["streamed_calls"] = shm->streamed_calls();
   d["streaming_stores"] = StageStoresName(shm->stage_stores());
   d["bit_ands"] = shm->bit_ands();

@@ -114,9 +114,17 @@ Status LoadConfig(const EnvLookup& lookup, Config* out) {
     const std::string raw = Find(lookup, "SHM_CHUNK_BYTES", &used).value_or("");
     return Invalid(used, raw, "a byte count >= 64 and <= 1073741824");
   }
-  s = ReadInt(lookup, "SHM_DIRECT_MIN_BYTES", -1, "a byte count >= 0, or -1 (never)",
-              &config.shm_direct_min_bytes);
-  if (!s.ok()) return s;
+  {
+    std::string name;
+    const auto value = Find(lookup, "SHM_DIRECT_MIN_BYTES", &name);
+    if (value && *value == "auto") {
+      config.shm_direct_min_bytes = kShmDirectAuto;
+    } else {
+      s = ReadInt(lookup, "SHM_DIRECT_MIN_BYTES", -1, "auto, a byte count >= 0, or -1 (never)",
+                  &config.shm_direct_min_bytes);
+      if (!s.ok()) return s;
+    }
+  }
   s = ReadInt(lookup, "TESTING_RANKS_PER_HOST", 0, "an integer >= 0 (0: the real hosts)",
               &config.testing_ranks_per_host);
   if (!s.ok()) return s;
@@ -198,7 +206,9 @@ std::string Config::ToString() const {
       << " allreduce_algo=" << AllreduceAlgoName(allreduce_algo)
       << " ring_min_bytes=" << ring_min_bytes << " ring_segment_bytes=" << ring_segment_bytes
       << " shm_min_bytes=" << shm_min_bytes << " shm_chunk_bytes=" << shm_chunk_bytes
-      << " shm_direct_min_bytes=" << shm_direct_min_bytes
+      << " shm_direct_min_bytes="
+      << (shm_direct_min_bytes == kShmDirectAuto ? std::string("auto")
+                                                 : std::to_string(shm_direct_min_bytes))
       << " shm_streaming_stores=" << StageStoresName(shm_streaming_stores)
       << " hierarchical_allreduce=" << hierarchical_allreduce
       << " testing_ranks_per_host=" << testing_ranks_per_host

@@ -20,6 +20,9 @@ namespace hvdmx {
 enum class AllreduceAlgo : int { kAuto = 0, kRing, kMpi, kShm };
 std::string AllreduceAlgoName(AllreduceAlgo algo);
 
+// Config::shm_direct_min_bytes under HVDMX_SHM_DIRECT_MIN_BYTES=auto.
+constexpr int64_t kShmDirectAuto = -2;
+
 struct Config {
   // HVDMX_FUSION_THRESHOLD: bytes of one fusion buffer; 0 disables fusion.
   int64_t fusion_threshold = 64 * 1024 * 1024;
@@ -58,9 +61,10 @@ struct Config {
   // shared memory whose largest block has at least this many bytes are read
   // straight from the peers' buffers (cross-memory attach, one copy instead
   // of two; see docs/algorithms.md) where the kernel allows it. -1: never.
-  // Off by default: whether it wins depends on the pages under MXNet's
-  // arrays and on where the ranks' cores sit (docs/benchmarks.md).
-  int64_t shm_direct_min_bytes = -1;
+  // auto (kShmDirectAuto, the default): alltoalls from
+  // ShmAllreduce::kAutoAlltoallDirectMinBytes, the others never, as measured
+  // in docs/benchmarks.md.
+  int64_t shm_direct_min_bytes = kShmDirectAuto;
   // HVDMX_SHM_STREAMING_STORES: auto, 0 or 1. How the shared-memory
   // allreduce writes what peers read: 1 streams it to memory, 0 leaves it in
   // this core's caches, auto measures both as the job runs and keeps the

@@ -96,6 +96,11 @@ int64_t ShmSliceStart(int64_t len, int n, int j, int64_t unit);
 class ShmAllreduce {
  public:
   static constexpr int kStages = 4;
+  static constexpr int64_t kDirectAuto = -2;
+  // Under kDirectAuto: alltoalls read directly from 16 MiB at np=2, where
+  // they were 1.2-1.35x faster than through the stages (docs/benchmarks.md);
+  // at 4 MiB the stages were level or ahead.
+  static constexpr int64_t kAutoAlltoallDirectMinBytes = int64_t{8} << 20;
   // An in-place allreduce of `count` elements among the ranks of one local
   // rank on every host (the same calls on all of them).
   using CrossAllreduce = std::function<void(void* buf, int64_t count, DataType dtype, ReduceOp op)>;
@@ -113,7 +118,8 @@ class ShmAllreduce {
   // on a single host, makes the allreduce hierarchical (see above).
   // `direct_min_bytes` >= 0: byte-moving calls whose longest stream has at
   // least that many bytes read the peers' buffers directly, which needs
-  // CrossMemoryAttachWorks() between all of them; negative: never. The
+  // CrossMemoryAttachWorks() between all of them; kDirectAuto: alltoalls
+  // from kAutoAlltoallDirectMinBytes, the others never; -1: never. The
   // same on every rank. `stores`: how the calls write their stages (may
   // differ between ranks).
   ShmAllreduce(int rank, int size, std::vector<char*> regions, int64_t chunk_bytes,
@@ -181,10 +187,11 @@ class ShmAllreduce {
   int64_t exchanges() const { return exchanges_.load(std::memory_order_relaxed); }
   int64_t direct_exchanges() const { return direct_exchanges_.load(std::memory_order_relaxed); }
   // Huge pages this rank has collapsed under the streams its peers read
-  // directly; any thread may read it.
+  // directly, and those the kernel refused; any thread may read them.
   int64_t collapsed_huge_pages() const {
     return collapsed_huge_pages_.load(std::memory_order_relaxed);
   }
+  int64_t refused_huge_pages() const { return refused_huge_pages_.load(std::memory_order_relaxed); }
   int64_t direct_min_bytes() const { return direct_min_bytes_; }
 
   // Whether this process can read `bytes` at `address` in process `pid`
@@ -257,6 +264,8 @@ class ShmAllreduce {
   // this rank reads reads_[j] of rank j's. The caller fills both; lengths_
   // is the same on every rank.
   void Exchange(Move move, const Stream& stream);
+  // Where `move`'s direct reads start (-1: never); see the constructor.
+  int64_t DirectMinBytes(Move move) const;
   // Exchange without the stages: see Note [Reading peers' buffers directly].
   void ExchangeDirect(const Stream& stream);
   void Publish(const Stream& stream, int64_t length, uint64_t seq, int64_t k);
@@ -279,6 +288,7 @@ class ShmAllreduce {
   std::atomic<int64_t> exchanges_{0};
   std::atomic<int64_t> direct_exchanges_{0};
   std::atomic<int64_t> collapsed_huge_pages_{0};
+  std::atomic<int64_t> refused_huge_pages_{0};
   HugePageCollapser huge_pages_;  // under direct exchanges' streams
   const int64_t direct_min_bytes_;
   StageStoreChooser stores_;  // the allreduce's

@@ -148,7 +148,8 @@ void ShmAllreduce::ReduceScatter(const void* in, void* out, const std::vector<in
 void ShmAllreduce::Exchange(Move move, const Stream& stream) {
   exchanges_.fetch_add(1, std::memory_order_relaxed);
   const int64_t longest = *std::max_element(lengths_.begin(), lengths_.end());
-  if (size_ > 1 && direct_min_bytes_ >= 0 && longest >= direct_min_bytes_ && longest > 0) {
+  const int64_t direct = DirectMinBytes(move);
+  if (size_ > 1 && direct >= 0 && longest >= direct && longest > 0) {
     ExchangeDirect(stream);
     return;
   }
@@ -169,6 +170,11 @@ void ShmAllreduce::Exchange(Move move, const Stream& stream) {
   if (self.bytes > done) {
     std::memmove(self.dst + done, stream.data + self.offset + done, self.bytes - done);
   }
+}
+
+int64_t ShmAllreduce::DirectMinBytes(Move move) const {
+  if (direct_min_bytes_ != kDirectAuto) return direct_min_bytes_;
+  return move == kAlltoall ? kAutoAlltoallDirectMinBytes : -1;
 }
 
 void ShmAllreduce::Publish(const Stream& stream, int64_t length, uint64_t seq, int64_t k) {
@@ -254,6 +260,7 @@ void ShmAllreduce::ExchangeDirect(const Stream& stream) {
   if (lengths_[rank_] > 0) {
     huge_pages_.Collapse(stream.data, lengths_[rank_] + stream.hole_bytes);
     collapsed_huge_pages_.store(huge_pages_.collapsed(), std::memory_order_relaxed);
+    refused_huge_pages_.store(huge_pages_.refused(), std::memory_order_relaxed);
   }
   const uint64_t seq = seq_++;
   Control& mine = control(rank_);

@@ -160,15 +160,20 @@ bool CrossMemoryAttachWorksOnHost(MPI_Comm comm, MPI_Comm local, std::string* wh
   return ok != 0;
 }
 
-// Where a direct exchange starts: config.shm_direct_min_bytes, or -1
-// (never) on every rank when some rank cannot read its peers' memory.
-// Collective over `comm` when it is on.
+// Where direct exchanges start: config.shm_direct_min_bytes (kShmDirectAuto
+// included), or -1 (never) on every rank when some rank cannot read its
+// peers' memory. Collective over `comm` unless it is -1.
 int64_t DirectMinBytes(MPI_Comm comm, MPI_Comm local, const Config& config) {
-  if (config.shm_direct_min_bytes < 0) return -1;
+  static_assert(kShmDirectAuto == ShmAllreduce::kDirectAuto, "one value for auto");
+  if (config.shm_direct_min_bytes == -1) return -1;
   std::string why;
   if (!CrossMemoryAttachWorksOnHost(comm, local, &why)) {
-    HVDMX_LOG(kWarning) << "HVDMX_SHM_DIRECT_MIN_BYTES=" << config.shm_direct_min_bytes
-                        << " ignored, shared memory moves bytes through its stages: " << why;
+    if (config.shm_direct_min_bytes == kShmDirectAuto) {
+      HVDMX_LOG(kDebug) << "shared memory moves bytes through its stages only: " << why;
+    } else {
+      HVDMX_LOG(kWarning) << "HVDMX_SHM_DIRECT_MIN_BYTES=" << config.shm_direct_min_bytes
+                          << " ignored, shared memory moves bytes through its stages: " << why;
+    }
     return -1;
   }
   return config.shm_direct_min_bytes;

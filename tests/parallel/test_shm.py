@@ -227,11 +227,11 @@ def test_streaming_stores_as_asked(world, value):
         restart({})
 
 
-@pytest.mark.parametrize("value", ["0", "65536", "-1", None])
+@pytest.mark.parametrize("value", ["0", "65536", "-1", "auto", None])
 def test_direct_reads_are_on_when_asked(world, value):
     # Asked for, the probe must find cross-memory attach working between the
     # ranks of this machine (the same user, no ptrace restriction); unset, it
-    # is off.
+    # is auto, which reads only large alltoalls directly.
     rank, size = world
     restart({"HVDMX_ALLREDUCE_ALGO": "shm"} if value is None else
             {"HVDMX_ALLREDUCE_ALGO": "shm", "HVDMX_SHM_DIRECT_MIN_BYTES": value})
@@ -240,13 +240,14 @@ def test_direct_reads_are_on_when_asked(world, value):
         if size == 1:
             assert info is None
             return
-        want = -1 if value is None else int(value)
+        want = "auto" if value in ("auto", None) else int(value)
         assert info["direct_min_bytes"] == want
         before = info["direct_exchanges"]
         x = mx.nd.array(rows(rank, 30_000))  # 360,000 bytes
         hvd.broadcast_(x, root_rank=size - 1)
         assert np.array_equal(x.asnumpy(), rows(size - 1, 30_000))
-        assert _core._testing_shm_info()["direct_exchanges"] == before + (0 <= want <= 360_000)
+        direct = want != "auto" and 0 <= want <= 360_000
+        assert _core._testing_shm_info()["direct_exchanges"] == before + direct
         hvd.barrier()
     finally:
         restart({})
@@ -255,8 +256,9 @@ def test_direct_reads_are_on_when_asked(world, value):
 def test_auto_sends_large_moves_through_shm_when_read_directly(world):
     # Read from the peers' buffers, an allgather over 32 MiB stays in shared
     # memory, and the direct reads hold for it and for a large alltoall. The
-    # blocks peers read (at least 8 MiB each) are put on huge pages, where
-    # the kernel can (Note [Huge pages under what peers read]).
+    # blocks peers read (at least 8 MiB each) are put on huge pages (Note
+    # [Huge pages under what peers read]): each rank asks the kernel, which
+    # may refuse (no free huge page, or no MADV_COLLAPSE).
     rank, size = world
     restart({"HVDMX_SHM_DIRECT_MIN_BYTES": "1048576"})
     try:
@@ -264,12 +266,12 @@ def test_auto_sends_large_moves_through_shm_when_read_directly(world):
             return
         info = _core._testing_shm_info()
         moves, direct = shm_exchanges(), info["direct_exchanges"]
-        huge = info["collapsed_huge_pages"]
-        kernel_collapses = _core._testing_collapse_huge_pages([np.ones(8 << 20, np.uint8)])[0] > 0
+        asked = info["collapsed_huge_pages"] + info["refused_huge_pages"]
         gathered = -(-(33 << 20) // (12 * size))
         got = hvd.allgather(mx.nd.array(rows(rank, gathered))).asnumpy()
         assert np.array_equal(got, np.concatenate([rows(r, gathered) for r in range(size)]))
-        assert (_core._testing_shm_info()["collapsed_huge_pages"] > huge) == kernel_collapses
+        info = _core._testing_shm_info()
+        assert info["collapsed_huge_pages"] + info["refused_huge_pages"] > asked
         big = 1_400_004
         share = big // size
         out = hvd.alltoall(mx.nd.array(rows(rank, big))).asnumpy()
@@ -277,6 +279,37 @@ def test_auto_sends_large_moves_through_shm_when_read_directly(world):
             [rows(s, big)[rank * share:(rank + 1) * share] for s in range(size)]))
         assert shm_exchanges() == moves + 2
         assert _core._testing_shm_info()["direct_exchanges"] == direct + 2
+        hvd.barrier()
+    finally:
+        restart({})
+
+
+def test_auto_reads_large_alltoalls_directly(world):
+    # HVDMX_SHM_DIRECT_MIN_BYTES unset (auto): an alltoall whose longest stream
+    # (what one rank sends to the others) has 8 MiB or more reads the peers'
+    # buffers; a smaller one, and broadcasts and allgathers of any size, go
+    # through the stages.
+    rank, size = world
+    restart({})
+    try:
+        if size == 1:
+            return
+        limit = 8 << 20  # ShmAllreduce::kAutoAlltoallDirectMinBytes; rows are 12 bytes
+        for share, direct in [((limit - 1) // (12 * (size - 1)), False),
+                              (-(-limit // (12 * (size - 1))), True)]:
+            before = _core._testing_shm_info()["direct_exchanges"]
+            out = hvd.alltoall(mx.nd.array(rows(rank, share * size))).asnumpy()
+            assert np.array_equal(out, np.concatenate(
+                [rows(s, share * size)[rank * share:(rank + 1) * share] for s in range(size)]))
+            assert _core._testing_shm_info()["direct_exchanges"] == before + direct, share
+        before = _core._testing_shm_info()["direct_exchanges"]
+        big = limit // 12 + 1
+        x = mx.nd.array(rows(rank, big))
+        hvd.broadcast_(x, root_rank=size - 1)
+        assert np.array_equal(x.asnumpy(), rows(size - 1, big))
+        got = hvd.allgather(mx.nd.array(rows(rank, big // size))).asnumpy()
+        assert np.array_equal(got, np.concatenate([rows(r, big // size) for r in range(size)]))
+        assert _core._testing_shm_info()["direct_exchanges"] == before
         hvd.barrier()
     finally:
         restart({})
