@@ -42,8 +42,7 @@ class HugePageCollapser {
   int64_t refused() const { return refused_; }
 
  private:
-  std::unordered_set<uintptr_t> seen_;
-  bool unsupported_ = false;  // the kernel does not know MADV_COLLAPSE
+  std::unordered_set<uintptr_t> seen_;  // pages asked about
   int64_t collapsed_ = 0;
   int64_t refused_ = 0;
 };
