@@ -4,8 +4,8 @@
 // ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
 // A peer reading this process's memory with process_vm_readv makes the
 // kernel pin every page it reads. On 4 KiB pages that costs as much as the
-// copy: MPI_Alltoall of 64 MiB at np=2 took 5.5-5.9 ms from MXNet's arrays
-// (4 KiB pages) and 3.2-3.7 ms from numpy's (which asks for transparent
+// copy: MPI_Alltoall of 64 MiB at np=2 took 5.5-6.1 ms from MXNet's arrays
+// (4 KiB pages) and 3.1-3.7 ms from numpy's (which asks for transparent
 // huge pages from 4 MiB up), and 3.4-3.6 ms from MXNet's arrays once
 // madvise(MADV_COLLAPSE) had put them on huge pages (docs/benchmarks.md).
 // MXNet never asks for huge pages, and its arrays are allocated once and

@@ -98,7 +98,7 @@ class ShmAllreduce {
   static constexpr int kStages = 4;
   static constexpr int64_t kDirectAuto = -2;
   // Under kDirectAuto: alltoalls read directly from 16 MiB at np=2, where
-  // they were 1.2-1.35x faster than through the stages (docs/benchmarks.md);
+  // they were 1.1-1.4x faster than through the stages (docs/benchmarks.md);
   // at 4 MiB the stages were level or ahead.
   static constexpr int64_t kAutoAlltoallDirectMinBytes = int64_t{8} << 20;
   // An in-place allreduce of `count` elements among the ranks of one local
