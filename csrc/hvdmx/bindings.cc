@@ -205,11 +205,7 @@ py::object TestingShmInfo() {
   d["hierarchical"] = shm->hierarchical();
   d["exchanges"] = shm->exchanges();
   d["direct_exchanges"] = shm->direct_exchanges();
-  if (shm->direct_min_bytes() == ShmAllreduce::kDirectAuto) {
-    d["direct_min_bytes"] = "auto";
-  } else {
-    d["direct_min_bytes"] = shm->direct_min_bytes();
-  }
+  d["direct_min_bytes"] = DirectMinBytesValue(shm->direct_min_bytes());
   d["collapsed_huge_pages"] = shm->collapsed_huge_pages();
   d["refused_huge_pages"] = shm->refused_huge_pages();
   d["streamed_calls"] = shm->streamed_calls();

@@ -3,7 +3,9 @@
 #include <cerrno>
 #include <cmath>
 #include <cstdlib>
+#include <initializer_list>
 #include <sstream>
+#include <utility>
 
 namespace hvdmx {
 namespace {
@@ -42,6 +44,24 @@ Status ReadInt(const EnvLookup& lookup, const std::string& suffix, int64_t min_v
   }
   *out = parsed;
   return Status::Ok();
+}
+
+// A variable that takes one of a few words: *out gets the value paired with
+// it; any other word is refused with `accepted`.
+template <typename T>
+Status ReadWord(const EnvLookup& lookup, const std::string& suffix,
+                std::initializer_list<std::pair<const char*, T>> words,
+                const std::string& accepted, T* out) {
+  std::string name;
+  auto value = Find(lookup, suffix, &name);
+  if (!value) return Status::Ok();
+  for (const auto& [word, meaning] : words) {
+    if (*value == word) {
+      *out = meaning;
+      return Status::Ok();
+    }
+  }
+  return Invalid(name, *value, accepted);
 }
 
 Status ReadDouble(const EnvLookup& lookup, const std::string& suffix,
@@ -114,16 +134,13 @@ Status LoadConfig(const EnvLookup& lookup, Config* out) {
     const std::string raw = Find(lookup, "SHM_CHUNK_BYTES", &used).value_or("");
     return Invalid(used, raw, "a byte count >= 64 and <= 1073741824");
   }
-  {
-    std::string name;
-    const auto value = Find(lookup, "SHM_DIRECT_MIN_BYTES", &name);
-    if (value && *value == "auto") {
-      config.shm_direct_min_bytes = kShmDirectAuto;
-    } else {
-      s = ReadInt(lookup, "SHM_DIRECT_MIN_BYTES", -1, "auto, a byte count >= 0, or -1 (never)",
-                  &config.shm_direct_min_bytes);
-      if (!s.ok()) return s;
-    }
+  std::string used;
+  if (Find(lookup, "SHM_DIRECT_MIN_BYTES", &used) == "auto") {
+    config.shm_direct_min_bytes = kShmDirectAuto;
+  } else {
+    s = ReadInt(lookup, "SHM_DIRECT_MIN_BYTES", -1, "auto, a byte count >= 0, or -1 (never)",
+                &config.shm_direct_min_bytes);
+    if (!s.ok()) return s;
   }
   s = ReadInt(lookup, "TESTING_RANKS_PER_HOST", 0, "an integer >= 0 (0: the real hosts)",
               &config.testing_ranks_per_host);
@@ -156,31 +173,17 @@ Status LoadConfig(const EnvLookup& lookup, Config* out) {
       return Invalid(name, *value, "1 or 0");
     }
   }
-  if (auto value = Find(lookup, "ALLREDUCE_ALGO", &name)) {
-    config.allreduce_algo_fixed = true;
-    if (*value == "auto") {
-      config.allreduce_algo = AllreduceAlgo::kAuto;
-    } else if (*value == "ring") {
-      config.allreduce_algo = AllreduceAlgo::kRing;
-    } else if (*value == "mpi") {
-      config.allreduce_algo = AllreduceAlgo::kMpi;
-    } else if (*value == "shm") {
-      config.allreduce_algo = AllreduceAlgo::kShm;
-    } else {
-      return Invalid(name, *value, "one of auto, ring, mpi, shm");
-    }
-  }
-  if (auto value = Find(lookup, "SHM_STREAMING_STORES", &name)) {
-    if (*value == "auto") {
-      config.shm_streaming_stores = StageStores::kAuto;
-    } else if (*value == "0") {
-      config.shm_streaming_stores = StageStores::kCached;
-    } else if (*value == "1") {
-      config.shm_streaming_stores = StageStores::kStreaming;
-    } else {
-      return Invalid(name, *value, "auto, 0 (cached stores) or 1 (streaming stores)");
-    }
-  }
+  s = ReadWord(lookup, "ALLREDUCE_ALGO",
+               {{"auto", AllreduceAlgo::kAuto}, {"ring", AllreduceAlgo::kRing},
+                {"mpi", AllreduceAlgo::kMpi}, {"shm", AllreduceAlgo::kShm}},
+               "one of auto, ring, mpi, shm", &config.allreduce_algo);
+  if (!s.ok()) return s;
+  config.allreduce_algo_fixed = Find(lookup, "ALLREDUCE_ALGO", &name).has_value();
+  s = ReadWord(lookup, "SHM_STREAMING_STORES",
+               {{"auto", StageStores::kAuto}, {"0", StageStores::kCached},
+                {"1", StageStores::kStreaming}},
+               "auto, 0 (cached stores) or 1 (streaming stores)", &config.shm_streaming_stores);
+  if (!s.ok()) return s;
   if (auto value = Find(lookup, "HIERARCHICAL_ALLREDUCE", &name)) {
     if (*value != "0" && *value != "1") return Invalid(name, *value, "0 or 1");
     config.hierarchical_allreduce = *value == "1";

@@ -20,9 +20,9 @@ void HugePageCollapser::Collapse(const void* data, int64_t bytes) {
     // does a page it cannot collapse now (ENOMEM, EAGAIN): one system call
     // per page, never repeated.
     if (madvise(reinterpret_cast<void*>(page), kHugePageBytes, MADV_COLLAPSE) == 0) {
-      ++collapsed_;
+      collapsed_.fetch_add(1, std::memory_order_relaxed);
     } else {
-      ++refused_;
+      refused_.fetch_add(1, std::memory_order_relaxed);
     }
   }
 }

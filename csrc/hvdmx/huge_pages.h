@@ -18,10 +18,12 @@
 // A page that was unmapped and mapped again stays in the set and is not
 // collapsed again: slower reads, never wrong ones.
 //
-// Threading: one thread at a time.
+// Threading: one thread at a time calls Collapse; any thread may read the
+// counts.
 #ifndef HVDMX_HUGE_PAGES_H_
 #define HVDMX_HUGE_PAGES_H_
 
+#include <atomic>
 #include <cstddef>
 #include <cstdint>
 #include <unordered_set>
@@ -38,13 +40,13 @@ class HugePageCollapser {
   // about before.
   void Collapse(const void* data, int64_t bytes);
   // Huge pages collapsed so far, and those the kernel refused.
-  int64_t collapsed() const { return collapsed_; }
-  int64_t refused() const { return refused_; }
+  int64_t collapsed() const { return collapsed_.load(std::memory_order_relaxed); }
+  int64_t refused() const { return refused_.load(std::memory_order_relaxed); }
 
  private:
   std::unordered_set<uintptr_t> seen_;  // pages asked about
-  int64_t collapsed_ = 0;
-  int64_t refused_ = 0;
+  std::atomic<int64_t> collapsed_{0};
+  std::atomic<int64_t> refused_{0};
 };
 
 }  // namespace hvdmx

@@ -188,10 +188,8 @@ class ShmAllreduce {
   int64_t direct_exchanges() const { return direct_exchanges_.load(std::memory_order_relaxed); }
   // Huge pages this rank has collapsed under the streams its peers read
   // directly, and those the kernel refused; any thread may read them.
-  int64_t collapsed_huge_pages() const {
-    return collapsed_huge_pages_.load(std::memory_order_relaxed);
-  }
-  int64_t refused_huge_pages() const { return refused_huge_pages_.load(std::memory_order_relaxed); }
+  int64_t collapsed_huge_pages() const { return huge_pages_.collapsed(); }
+  int64_t refused_huge_pages() const { return huge_pages_.refused(); }
   int64_t direct_min_bytes() const { return direct_min_bytes_; }
 
   // Whether this process can read `bytes` at `address` in process `pid`
@@ -287,8 +285,6 @@ class ShmAllreduce {
   std::atomic<int64_t> streamed_calls_{0};
   std::atomic<int64_t> exchanges_{0};
   std::atomic<int64_t> direct_exchanges_{0};
-  std::atomic<int64_t> collapsed_huge_pages_{0};
-  std::atomic<int64_t> refused_huge_pages_{0};
   HugePageCollapser huge_pages_;  // under direct exchanges' streams
   const int64_t direct_min_bytes_;
   StageStoreChooser stores_;  // the allreduce's

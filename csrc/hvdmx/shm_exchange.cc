@@ -257,11 +257,7 @@ void ShmAllreduce::ExchangeDirect(const Stream& stream) {
   direct_exchanges_.fetch_add(1, std::memory_order_relaxed);
   // Peers read the stream faster from huge pages: see Note [Huge pages
   // under what peers read] in huge_pages.h. Its hole is this rank's too.
-  if (lengths_[rank_] > 0) {
-    huge_pages_.Collapse(stream.data, lengths_[rank_] + stream.hole_bytes);
-    collapsed_huge_pages_.store(huge_pages_.collapsed(), std::memory_order_relaxed);
-    refused_huge_pages_.store(huge_pages_.refused(), std::memory_order_relaxed);
-  }
+  if (lengths_[rank_] > 0) huge_pages_.Collapse(stream.data, lengths_[rank_] + stream.hole_bytes);
   const uint64_t seq = seq_++;
   Control& mine = control(rank_);
   mine.stream_data.store(reinterpret_cast<uintptr_t>(stream.data), std::memory_order_relaxed);

@@ -35,6 +35,11 @@ DataType CheckedType(int code) {
   return static_cast<DataType>(code);
 }
 
+py::object DirectMinBytesValue(int64_t direct_min_bytes) {
+  if (direct_min_bytes == kShmDirectAuto) return py::str("auto");
+  return py::int_(direct_min_bytes);
+}
+
 namespace {
 
 void TestingReduceInto(py::array dst, py::array src, int dtype, int op, bool scalar) {
@@ -116,11 +121,7 @@ py::dict TestingLoadConfig(const std::map<std::string, std::string>& env) {
   d["ring_segment_bytes"] = c.ring_segment_bytes;
   d["shm_min_bytes"] = c.shm_min_bytes;
   d["shm_chunk_bytes"] = c.shm_chunk_bytes;
-  if (c.shm_direct_min_bytes == kShmDirectAuto) {
-    d["shm_direct_min_bytes"] = "auto";
-  } else {
-    d["shm_direct_min_bytes"] = c.shm_direct_min_bytes;
-  }
+  d["shm_direct_min_bytes"] = DirectMinBytesValue(c.shm_direct_min_bytes);
   d["shm_streaming_stores"] = StageStoresName(c.shm_streaming_stores);
   d["hierarchical_allreduce"] = c.hierarchical_allreduce;
   d["testing_ranks_per_host"] = c.testing_ranks_per_host;

@@ -28,6 +28,10 @@ Request MakeRequest(CollectiveType type, const std::string& name,
 // A dtype code from a test as a DataType; ValueError if unsupported.
 DataType CheckedType(int code);
 
+// A direct-read threshold (HVDMX_SHM_DIRECT_MIN_BYTES) as the tests see it:
+// "auto" for kShmDirectAuto, else the byte count (-1: never).
+pybind11::object DirectMinBytesValue(int64_t direct_min_bytes);
+
 // Adds the _testing_* functions and _TestingLocalJob to the module.
 void DefineTestingBindings(pybind11::module_& m);
 

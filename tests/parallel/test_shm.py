@@ -173,6 +173,12 @@ def test_broadcast_allgather_alltoall_through_shm(world, shm_moves):
         assert _core._testing_shm_info()["direct_exchanges"] == direct_before + nonempty
 
 
+def shm_with(name, value):
+    """Every collective through shared memory, and `name` set to `value`
+    (None: left unset)."""
+    return {"HVDMX_ALLREDUCE_ALGO": "shm", **({} if value is None else {name: value})}
+
+
 @pytest.mark.parametrize("value", ["0", "1", "auto", None])
 def test_streaming_stores_as_asked(world, value):
     # 1 streams every allreduce, 0 none, auto (the default) times both kinds
@@ -180,8 +186,7 @@ def test_streaming_stores_as_asked(world, value):
     # more are cached, three stream, and the last three take the faster kind;
     # the 4,000-byte call is cached.
     rank, size = world
-    restart({"HVDMX_ALLREDUCE_ALGO": "shm"} if value is None else
-            {"HVDMX_ALLREDUCE_ALGO": "shm", "HVDMX_SHM_STREAMING_STORES": value})
+    restart(shm_with("HVDMX_SHM_STREAMING_STORES", value))
     try:
         info = _core._testing_shm_info()
         if size == 1:
@@ -233,8 +238,7 @@ def test_direct_reads_are_on_when_asked(world, value):
     # ranks of this machine (the same user, no ptrace restriction); unset, it
     # is auto, which reads only large alltoalls directly.
     rank, size = world
-    restart({"HVDMX_ALLREDUCE_ALGO": "shm"} if value is None else
-            {"HVDMX_ALLREDUCE_ALGO": "shm", "HVDMX_SHM_DIRECT_MIN_BYTES": value})
+    restart(shm_with("HVDMX_SHM_DIRECT_MIN_BYTES", value))
     try:
         info = _core._testing_shm_info()
         if size == 1:
