@@ -182,6 +182,42 @@ def test_direct_reads_script_rejects_bad_input(args, message):
     assert result.returncode == 2 and message in result.stderr
 
 
+def test_interleave_script():
+    # tools/interleave.py: one round, two values of a variable, a fixed one.
+    script = os.path.join(ROOT, "tools", "interleave.py")
+    result = subprocess.run([MPIEXEC, "-n", "2", sys.executable, script, "HVDMX_HUGE_PAGES=0,1",
+                             "--set", "HVDMX_ALLREDUCE_ALGO=ring", "--rounds", "1", "--iters",
+                             "1", "--warmup", "0", "--sizes", "64K,4M",
+                             "--kinds", "allreduce,alltoall"],
+                            env=ENV, capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    lines = result.stdout.splitlines()
+    assert lines[0] == ("# 2 ranks; us per call: HVDMX_HUGE_PAGES=0, =1, and the MPI call on "
+                        "numpy arrays; with HVDMX_ALLREDUCE_ALGO=ring")
+    assert lines[1].split() == ["round", "collective", "size(B)", "0", "1", "MPI"]
+    rows = [line.split() for line in lines[2:]]
+    assert [(r[0], r[1], r[2]) for r in rows] == [
+        ("1", "allreduce", "65536"), ("1", "allreduce", "4194304"),
+        ("1", "alltoall", "65536"), ("1", "alltoall", "4194304")]
+    assert all(float(c) > 0 for r in rows for c in r[3:])
+
+
+@pytest.mark.parametrize("args,message", [
+    (["HVDMX_HUGE_PAGES"], "'HVDMX_HUGE_PAGES' is not NAME=VALUE[,VALUE...]"),
+    (["HVDMX_HUGE_PAGES=0,,1"], "'HVDMX_HUGE_PAGES=0,,1' is not NAME=VALUE[,VALUE...]"),
+    (["X=1", "--set", "HVDMX_ALLREDUCE_ALGO=ring,mpi"],
+     "--set HVDMX_ALLREDUCE_ALGO: give one value, got ring,mpi"),
+    (["X=1", "--kinds", "reducescatter"],
+     "--kinds: 'reducescatter' is not one of allreduce, broadcast, allgather, alltoall"),
+    (["X=1", "--warmup", "-1"], "--warmup must be >= 0 (got -1)"),
+])
+def test_interleave_script_rejects_bad_input(args, message):
+    script = os.path.join(ROOT, "tools", "interleave.py")
+    result = subprocess.run([sys.executable, script] + args, env=ENV, capture_output=True,
+                            text=True, timeout=60)
+    assert result.returncode == 2 and message in result.stderr
+
+
 def test_streaming_stores_script_rejects_a_bad_value():
     script = os.path.join(ROOT, "tools", "streaming_stores.py")
     result = subprocess.run([sys.executable, script, "--values", "0,2"], env=ENV,
