@@ -53,6 +53,7 @@ def test_hvdmx_names_and_horovod_twins():
     ("HVDMX_LOG_LEVEL", "loud", "one of trace"),
     ("HVDMX_STALL_CHECK_TIME_SECONDS", "inf", "seconds"),
     ("HOROVOD_STALL_SHUTDOWN_TIME_SECONDS", "-2", "seconds >= 0"),
+    ("HVDMX_HUGE_PAGES", "yes", "1 or 0"),
 ])
 def test_bad_values_name_the_variable_the_value_and_the_fix(name, value, accepted):
     with pytest.raises(ValueError) as info:
@@ -78,6 +79,12 @@ def test_shared_memory_and_hierarchical_variables():
     c = _core._testing_load_config({"HOROVOD_HIERARCHICAL_ALLREDUCE": "1",
                                     "HVDMX_HIERARCHICAL_ALLREDUCE": "0"})
     assert c["hierarchical_allreduce"] is False
+
+
+def test_huge_pages_variable():
+    assert _core._testing_load_config({})["huge_pages"] is True
+    assert _core._testing_load_config({"HVDMX_HUGE_PAGES": "0"})["huge_pages"] is False
+    assert _core._testing_load_config({"HVDMX_HUGE_PAGES": "1"})["huge_pages"] is True
 
 
 def test_direct_reads_between_ranks():

@@ -216,6 +216,17 @@ py::object TestingShmInfo() {
 
 int64_t TestingFusionBufferBytes() { return RunningRuntime()->fusion_buffer_bytes(); }
 
+// The running runtime's collapsing of what it hands to MPI: whether it is
+// on, and the huge pages collapsed and refused so far.
+py::dict TestingMpiHugePages() {
+  const HugePageCollapser& pages = RunningRuntime()->mpi_pages();
+  py::dict d;
+  d["enabled"] = pages.enabled();
+  d["collapsed"] = pages.collapsed();
+  d["refused"] = pages.refused();
+  return d;
+}
+
 }  // namespace
 }  // namespace hvdmx
 
@@ -307,5 +318,6 @@ PYBIND11_MODULE(_core, m) {
 
   m.def("_testing_shm_info", &TestingShmInfo);
   m.def("_testing_fusion_buffer_bytes", &TestingFusionBufferBytes);
+  m.def("_testing_mpi_huge_pages", &TestingMpiHugePages);
   DefineTestingBindings(m);
 }

@@ -70,6 +70,10 @@ struct Config {
   // this core's caches, auto measures both as the job runs and keeps the
   // faster (Note [Streaming stores into the stages]). May differ per rank.
   StageStores shm_streaming_stores = StageStores::kAuto;
+  // HVDMX_HUGE_PAGES: 1 puts the whole 2 MiB pages of buffers that peers on
+  // this host read with cross-memory attach onto transparent huge pages,
+  // once per page (Note [Huge pages under what peers read]); 0 never.
+  bool huge_pages = true;
   // HVDMX_HIERARCHICAL_ALLREDUCE (HOROVOD_HIERARCHICAL_ALLREDUCE): 0 or 1.
   // 1: on several hosts with equal rank counts, shared memory inside each
   // host and our ring between hosts (shm_allreduce.h).

@@ -31,6 +31,7 @@ const char* Executor::Allreduce(void* buf, int64_t count, DataType dtype, Reduce
   if (comm_.size() == 1 || count == 0) return "LOCAL_ALLREDUCE";
   const int64_t bytes = count * static_cast<int64_t>(DataTypeSize(dtype));
   AllreduceAlgo algo = ChooseAllreduce(config_, bytes, shm_ != nullptr);
+  if (algo != AllreduceAlgo::kShm) mpi_pages_.Collapse(buf, bytes);
   if (algo == AllreduceAlgo::kMpi) {
     if (comm_.NativeAllreduce(buf, count, dtype, op)) return "MPI_ALLREDUCE";
     // MPI has no float16/bfloat16 reductions: those take shared memory

@@ -16,6 +16,7 @@
 #include "env_config.h"
 #include "fusion_buffer.h"
 #include "fusion_plan.h"
+#include "huge_pages.h"
 #include "message.h"
 #include "ring.h"
 #include "shm_allreduce.h"
@@ -26,9 +27,13 @@ namespace hvdmx {
 class Executor {
  public:
   // `shm`, when given, is the shared-memory allreduce over the same ranks as
-  // `comm` (all on one host); it must outlive the executor.
-  Executor(Comm& comm, const Config& config, ShmAllreduce* shm = nullptr)
-      : comm_(comm), config_(config), shm_(shm) {}
+  // `comm` (all on one host); it must outlive the executor. `peers_on_host`:
+  // another rank of `comm` runs on this host, so MPI may copy this rank's
+  // buffers with cross-memory attach (see mpi_pages_).
+  Executor(Comm& comm, const Config& config, ShmAllreduce* shm = nullptr,
+           bool peers_on_host = false)
+      : comm_(comm), config_(config), mpi_pages_(config.huge_pages && peers_on_host),
+        shm_(shm) {}
 
   void Run(const std::vector<Response>& responses, TensorQueue* queue);
 
@@ -37,6 +42,7 @@ class Executor {
   const char* Allreduce(void* buf, int64_t count, DataType dtype, ReduceOp op);
 
   int64_t fusion_buffer_bytes() const { return fusion_.capacity(); }
+  const HugePageCollapser& mpi_pages() const { return mpi_pages_; }
 
  private:
   void RunAllreduceGroup(const FusionGroup& group, const std::vector<Response>& responses,
@@ -74,6 +80,11 @@ class Executor {
 
   Comm& comm_;
   const Config& config_;
+  // Collapses the buffers this rank hands to MPI to move (Note [Huge pages
+  // under what peers read]): on one host MPICH copies large messages
+  // straight from the sender's memory, pinning its pages as it goes. Off
+  // unless a peer shares the host and HVDMX_HUGE_PAGES is 1.
+  HugePageCollapser mpi_pages_;
   FusionBuffer fusion_;
   RingScratch ring_scratch_;
   std::vector<int64_t> starts_;             // chunk boundaries, reused

@@ -51,6 +51,7 @@ const char* Executor::RunBroadcast(const Response& response, TensorEntry& entry)
     if (comm_.rank() == response.root && entry.outputs[t] != entry.inputs[t]) {
       std::memcpy(entry.outputs[t], entry.inputs[t], bytes);
     }
+    mpi_pages_.Collapse(entry.outputs[t], bytes);
     comm_.Bcast(entry.outputs[t], bytes, response.root);
   }
   return shm ? "SHM_BCAST" : "MPI_BCAST";
@@ -103,6 +104,7 @@ const char* Executor::RunAllgather(const Response& response, TensorEntry& entry)
       continue;
     }
     if (block(t, me)) std::memcpy(out + tensor_starts_[me], entry.inputs[t], block(t, me));
+    mpi_pages_.Collapse(out, tensor_starts_[n]);
     RingAllgather(comm_, out, tensor_starts_, DataType::kUInt8, &ring_scratch_);
   }
   if (packed_.empty()) return algorithm;
@@ -121,6 +123,7 @@ const char* Executor::RunAllgather(const Response& response, TensorEntry& entry)
   if (shm) {
     shm_->Allgather(buffer + starts_[me], buffer, starts_);
   } else {
+    mpi_pages_.Collapse(buffer, starts_[n]);
     RingAllgather(comm_, buffer, starts_, DataType::kUInt8, &ring_scratch_);
   }
   // Unpack: tensor_starts_[i] counts what packed tensor i has received.
@@ -176,6 +179,9 @@ const char* Executor::RunAlltoall(const Response& response, TensorEntry& entry) 
     }
     return self;
   };
+  int64_t sent = 0;  // the bytes of `in`
+  for (int j = 0; j < n; ++j) sent += m[me * n + j] * row_bytes;
+  mpi_pages_.Collapse(in, sent);
   requests_.clear();
   const int64_t self_recv = post_all(/*send=*/false, out, [&](int j) { return m[j * n + me]; });
   const int64_t self_send = post_all(/*send=*/true, in, [&](int j) { return m[me * n + j]; });

@@ -9,7 +9,7 @@
 namespace hvdmx {
 
 void HugePageCollapser::Collapse(const void* data, int64_t bytes) {
-  if (bytes < kHugePageBytes) return;
+  if (!enabled_ || bytes < kHugePageBytes) return;
   const uintptr_t begin = reinterpret_cast<uintptr_t>(data);
   const uintptr_t first = (begin + kHugePageBytes - 1) / kHugePageBytes * kHugePageBytes;
   const uintptr_t end = (begin + static_cast<uintptr_t>(bytes)) / kHugePageBytes * kHugePageBytes;

@@ -18,6 +18,13 @@
 // A page that was unmapped and mapped again stays in the set and is not
 // collapsed again: slower reads, never wrong ones.
 //
+// hvdmx collapses what peers read in two places: the streams of direct
+// exchanges (ShmAllreduce::ExchangeDirect), and the buffers it hands to MPI
+// when a peer of the communicator is on this host (Executor): MPICH moves
+// large messages between ranks of one host with the same cross-memory
+// attach, so the peer's reads pin these pages too. HVDMX_HUGE_PAGES=0 turns
+// both off.
+//
 // Threading: one thread at a time calls Collapse; any thread may read the
 // counts.
 #ifndef HVDMX_HUGE_PAGES_H_
@@ -36,6 +43,10 @@ class HugePageCollapser {
   // Pages remembered before the set starts again (2 TiB of them).
   static constexpr size_t kMaxPages = size_t{1} << 20;
 
+  // An `enabled` of false makes Collapse do nothing.
+  explicit HugePageCollapser(bool enabled = true) : enabled_(enabled) {}
+
+  bool enabled() const { return enabled_; }
   // Collapses the whole huge pages inside [data, data + bytes) not asked
   // about before.
   void Collapse(const void* data, int64_t bytes);
@@ -44,6 +55,7 @@ class HugePageCollapser {
   int64_t refused() const { return refused_.load(std::memory_order_relaxed); }
 
  private:
+  const bool enabled_;
   std::unordered_set<uintptr_t> seen_;  // pages asked about
   std::atomic<int64_t> collapsed_{0};
   std::atomic<int64_t> refused_{0};

@@ -61,12 +61,23 @@ Topology ComputeTopology(MPI_Comm comm) {
   return t;
 }
 
+// Whether another rank of `comm` runs on this host. Collective over `comm`.
+bool PeersOnThisHost(MPI_Comm comm) {
+  int rank = 0, local_size = 1;
+  MPI_Comm_rank(comm, &rank);
+  MPI_Comm local;
+  MPI_Comm_split_type(comm, MPI_COMM_TYPE_SHARED, rank, MPI_INFO_NULL, &local);
+  MPI_Comm_size(local, &local_size);
+  MPI_Comm_free(&local);
+  return local_size > 1;
+}
+
 // Collective over `comm`.
 std::shared_ptr<Runtime> StartRuntime(MPI_Comm comm) {
   std::unique_ptr<ShmAllreduce> shm = CreateNodeShmAllreduce(comm, G().config);
   auto runtime = std::make_shared<Runtime>(std::make_unique<MpiComm>(comm),
                                            std::make_unique<MpiComm>(comm), G().config,
-                                           std::move(shm));
+                                           std::move(shm), PeersOnThisHost(comm));
   runtime->Start();
   return runtime;
 }

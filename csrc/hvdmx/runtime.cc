@@ -76,13 +76,13 @@ std::unique_ptr<Comm> ControlComm(std::unique_ptr<Comm> control, ShmAllreduce* s
 }  // namespace
 
 Runtime::Runtime(std::unique_ptr<Comm> control, std::unique_ptr<Comm> data, const Config& config,
-                 std::unique_ptr<ShmAllreduce> shm)
+                 std::unique_ptr<ShmAllreduce> shm, bool peers_on_host)
     : shm_(std::move(shm)),
       control_(ControlComm(std::move(control), shm_.get(), config)),
       data_(std::move(data)),
       config_(config),
       controller_(*control_, config.cache_capacity, config.stall_shutdown_seconds),
-      executor_(*data_, config_, shm_.get()) {
+      executor_(*data_, config_, shm_.get(), peers_on_host) {
   if (config_.autotune && control_->rank() == 0) {
     tuner_ = std::make_unique<Autotuner>(config_, /*leader=*/true);
   }

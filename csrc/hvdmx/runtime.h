@@ -56,8 +56,9 @@ class Runtime {
   // the same ranks. `shm`, optional, is a shared-memory allreduce over those
   // ranks when they share one host (shm_segment.h); when it spans all of
   // them, each round's bit-and goes through it instead of `control`.
+  // `peers_on_host`: another of the ranks runs on this host (see Executor).
   Runtime(std::unique_ptr<Comm> control, std::unique_ptr<Comm> data, const Config& config,
-          std::unique_ptr<ShmAllreduce> shm = nullptr);
+          std::unique_ptr<ShmAllreduce> shm = nullptr, bool peers_on_host = false);
   ~Runtime();
 
   // Starts the background thread.
@@ -71,6 +72,7 @@ class Runtime {
   // For tests: bytes the fusion buffer holds (it grows on the background
   // thread; read it only once the collectives that grew it are done).
   int64_t fusion_buffer_bytes() const { return executor_.fusion_buffer_bytes(); }
+  const HugePageCollapser& mpi_pages() const { return executor_.mpi_pages(); }
 
   // Any thread (MXNet engine threads). Refuses, returning the error and
   // leaving the callback unfired, an entry whose name is already queued on

@@ -81,7 +81,7 @@ int64_t ShmAllreduce::RegionBytes(int64_t chunk_bytes) {
 
 ShmAllreduce::ShmAllreduce(int rank, int size, std::vector<char*> regions, int64_t chunk_bytes,
                            std::shared_ptr<void> owner, CrossAllreduce cross,
-                           int64_t direct_min_bytes, StageStores stores)
+                           int64_t direct_min_bytes, StageStores stores, bool huge_pages)
     : rank_(rank),
       size_(size),
       regions_(std::move(regions)),
@@ -91,6 +91,7 @@ ShmAllreduce::ShmAllreduce(int rank, int size, std::vector<char*> regions, int64
       operands_(size),
       slices_(size),
       spin_micros_(size <= CoresAvailable() ? kSpinMicros : 0),
+      huge_pages_(huge_pages),
       direct_min_bytes_(direct_min_bytes),
       stores_(stores),
       move_stores_{{StageStoreChooser(stores), StageStoreChooser(stores),

@@ -121,10 +121,12 @@ class ShmAllreduce {
   // CrossMemoryAttachWorks() between all of them; kDirectAuto: alltoalls
   // from kAutoAlltoallDirectMinBytes, the others never; -1: never. The
   // same on every rank. `stores`: how the calls write their stages (may
-  // differ between ranks).
+  // differ between ranks). `huge_pages`: whether direct exchanges collapse
+  // their streams first (Note [Huge pages under what peers read]).
   ShmAllreduce(int rank, int size, std::vector<char*> regions, int64_t chunk_bytes,
                std::shared_ptr<void> owner, CrossAllreduce cross = nullptr,
-               int64_t direct_min_bytes = -1, StageStores stores = StageStores::kAuto);
+               int64_t direct_min_bytes = -1, StageStores stores = StageStores::kAuto,
+               bool huge_pages = true);
   ShmAllreduce(const ShmAllreduce&) = delete;
   ShmAllreduce& operator=(const ShmAllreduce&) = delete;
 

@@ -233,7 +233,7 @@ std::unique_ptr<ShmAllreduce> CreateNodeShmAllreduce(MPI_Comm comm, const Config
   return std::make_unique<ShmAllreduce>(local_rank, local_size, std::move(regions),
                                         config.shm_chunk_bytes, std::move(segment),
                                         std::move(cross), direct_min_bytes,
-                                        config.shm_streaming_stores);
+                                        config.shm_streaming_stores, config.huge_pages);
 }
 
 }  // namespace hvdmx

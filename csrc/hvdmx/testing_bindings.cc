@@ -124,6 +124,7 @@ py::dict TestingLoadConfig(const std::map<std::string, std::string>& env) {
   d["shm_direct_min_bytes"] = DirectMinBytesValue(c.shm_direct_min_bytes);
   d["shm_streaming_stores"] = StageStoresName(c.shm_streaming_stores);
   d["hierarchical_allreduce"] = c.hierarchical_allreduce;
+  d["huge_pages"] = c.huge_pages;
   d["testing_ranks_per_host"] = c.testing_ranks_per_host;
   d["log_level"] = static_cast<int>(c.log_level);
   d["stall_check_seconds"] = c.stall_check_seconds;
