@@ -5,6 +5,7 @@ the other ranks never wait for a collective that will not come.
 """
 import os
 import sys
+import traceback
 
 import pytest
 from mpi4py import MPI
@@ -13,7 +14,12 @@ import hvdmx as hvd
 from hvdmx import _core
 
 
+_config = None
+
+
 def pytest_configure(config):
+    global _config
+    _config = config
     hvd.init()
 
 
@@ -22,11 +28,18 @@ def pytest_runtest_makereport(item, call):
     outcome = yield
     report = outcome.get_result()
     if report.failed:
-        rank = MPI.COMM_WORLD.Get_rank()
-        sys.stderr.write(f"\n[rank {rank}] {item.nodeid} FAILED ({report.when}):\n"
-                         f"{report.longreprtext}\n[rank {rank}] aborting the job\n")
-        sys.stderr.flush()
-        MPI.COMM_WORLD.Abort(1)
+        _abort(f"{item.nodeid} FAILED ({report.when}):\n{report.longreprtext}")
+
+
+def _abort(why):
+    rank = MPI.COMM_WORLD.Get_rank()
+    # Inside a test pytest captures stderr, and MPI_Abort would lose it.
+    capture = _config.pluginmanager.getplugin("capturemanager")
+    if capture is not None:
+        capture.suspend_global_capture(in_=True)
+    sys.stderr.write(f"\n[rank {rank}] {why}\n[rank {rank}] aborting the job\n")
+    sys.stderr.flush()
+    MPI.COMM_WORLD.Abort(1)
 
 
 @pytest.fixture
@@ -41,7 +54,13 @@ def restart(env):
     Every rank first waits for the others to get here: a rank's shutdown
     stops every rank's runtime at the next negotiation round, and a slower
     rank may still be running the previous test's last asynchronous call.
+    Called from a `finally` that a failure is passing through, it aborts the
+    job instead: the other ranks may be waiting in a collective this rank
+    will not make, and would meet the barrier only at the test's timeout.
     """
+    failure = sys.exc_info()[1]
+    if failure is not None and not isinstance(failure, pytest.skip.Exception):
+        _abort("failed before restart():\n" + "".join(traceback.format_exception(failure)))
     MPI.COMM_WORLD.Barrier()
     _retired["exchanges"] += shm_exchanges()
     hvd.shutdown()

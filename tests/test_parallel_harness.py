@@ -1,0 +1,45 @@
+"""The multi-rank test harness itself (tests/parallel/conftest.py): a rank
+that fails ends the whole job at once, even when the failure passes through
+a `finally` that restarts hvdmx while the other ranks wait in a collective."""
+import os
+import shutil
+import subprocess
+import sys
+
+ROOT = os.path.join(os.path.dirname(__file__), "..")
+MPIEXEC = os.path.join(os.path.dirname(sys.executable), "mpiexec")
+ENV = dict(os.environ, OMP_NUM_THREADS="1", MXNET_CPU_WORKER_NTHREADS="1",
+           PYTHONPATH=os.pathsep.join([os.path.abspath(ROOT)]
+                                      + os.environ.get("PYTHONPATH", "").split(os.pathsep)))
+
+FAILS_MID_LOOP = '''
+import mxnet as mx
+import hvdmx as hvd
+from conftest import restart
+
+
+def test_rank_1_fails_while_rank_0_waits():
+    restart({})
+    try:
+        for step in range(3):
+            assert not (hvd.rank() == 1 and step == 1), "rank 1 gives up at step 1"
+            # At step 1 rank 0 waits here for rank 1's allreduce.
+            hvd.allreduce(mx.nd.ones((4,)), name=f"step{step}").wait_to_read()
+    finally:
+        restart({})
+'''
+
+
+def test_a_failure_in_a_restarting_finally_aborts_the_job(tmp_path):
+    shutil.copy(os.path.join(ROOT, "tests", "parallel", "conftest.py"), tmp_path)
+    (tmp_path / "test_fails.py").write_text(FAILS_MID_LOOP)
+    # Without the abort, rank 1 would wait in restart()'s barrier and rank 0
+    # in its allreduce until pytest's 100 s timeout, past this run's limit.
+    result = subprocess.run([MPIEXEC, "-n", "2", sys.executable, "-m", "pytest", "-q",
+                             "-p", "no:cacheprovider", "--timeout=100",
+                             "--timeout-method=thread", str(tmp_path / "test_fails.py")],
+                            env=ENV, cwd=tmp_path, capture_output=True, text=True, timeout=60)
+    assert result.returncode != 0
+    assert "[rank 1] failed before restart()" in result.stderr, result.stderr
+    assert "rank 1 gives up at step 1" in result.stderr
+    assert "[rank 1] aborting the job" in result.stderr
