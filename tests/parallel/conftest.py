@@ -5,6 +5,7 @@ the other ranks never wait for a collective that will not come.
 """
 import os
 import sys
+import time
 import traceback
 
 import pytest
@@ -39,6 +40,8 @@ def _abort(why):
         capture.suspend_global_capture(in_=True)
     sys.stderr.write(f"\n[rank {rank}] {why}\n[rank {rank}] aborting the job\n")
     sys.stderr.flush()
+    # mpiexec stops forwarding a rank's output once the abort kills it.
+    time.sleep(0.5)
     MPI.COMM_WORLD.Abort(1)
 
 
