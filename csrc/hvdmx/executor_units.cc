@@ -285,6 +285,7 @@ const char* Executor::RunReducescatter(const Response& response, TensorEntry& en
         });
       }
       ScaleBuffer(buffer, piece_starts_[n], dtype, response.prescale);
+      mpi_pages_.Collapse(buffer, piece_starts_[n] * elem);
       RingReduceScatter(comm_, buffer, piece_starts_, dtype, response.op,
                         config_.ring_segment_bytes, &ring_scratch_);
       char* mine = buffer + piece_starts_[me] * elem;

@@ -81,6 +81,23 @@ def test_each_whole_page_is_asked_about_once(mpi_paths):
     assert asked() == before + whole_huge_pages(out) * peers
 
 
+def test_reducescatter_pieces_on_the_ring(world):
+    # Its pieces go through the fusion buffer, whose pages hold whole huge
+    # pages once a piece is larger than one.
+    rank, size = world
+    restart({"HVDMX_ALLREDUCE_ALGO": "ring", "HVDMX_FUSION_PIECE_BYTES": str(8 << 20)})
+    try:
+        x = mx.nd.array(rank_input(rank, ROWS, "float32", hvd.Sum))
+        before = asked()
+        got = hvd.reducescatter(x, op=hvd.Sum).asnumpy()
+        share = ROWS // size
+        want = expected(size, ROWS, "float32", hvd.Sum)[rank * share:(rank + 1) * share]
+        assert np.array_equal(got, want)
+        assert (asked() > before) == (size > 1)
+    finally:
+        restart({})
+
+
 def test_off_with_huge_pages_0(world):
     # Neither what MPI moves nor what shared memory's direct exchanges read.
     rank, size = world
