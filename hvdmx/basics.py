@@ -152,8 +152,8 @@ def is_initialized() -> bool:
 
 def _topology() -> tuple:
     if not _core.is_initialized():
-        raise ValueError("hvdmx has not been initialized, or has been shut down; call "
-                         "hvd.init() first")
+        raise ValueError(_core.stop_reason() or "hvdmx has not been initialized, or has been "
+                         "shut down; call hvd.init() first")
     return _core.topology()
 
 

@@ -20,6 +20,11 @@ Status ShutdownStatus() {
       "collective could run; call hvd.init() again before submitting collectives");
 }
 
+constexpr char kShutDownByPeer[] =
+    "hvdmx has been shut down by another rank (hvd.shutdown() ran there), which stops it on "
+    "every rank; no collective can run until every rank calls hvd.init() again. Call "
+    "hvd.shutdown() on a rank only once every rank is done with its collectives";
+
 std::string JoinNames(const std::vector<std::string>& names, size_t limit) {
   std::string out;
   for (size_t i = 0; i < names.size() && i < limit; ++i) out += (i ? ", " : "") + names[i];
@@ -277,8 +282,13 @@ bool Runtime::LoopOnce() {
   }
   MaybeWarnStall();
   if (round.shutdown) {
+    if (!want_shutdown) {
+      // Say so to this rank's later calls: its user did not shut hvdmx down.
+      std::lock_guard<std::mutex> lock(stop_mu_);
+      if (stop_reason_.empty()) stop_reason_ = kShutDownByPeer;
+    }
     stopped_ = true;
-    FailAll(ShutdownStatus());
+    FailAll(StoppedStatus());
     return false;
   }
   return true;

@@ -94,7 +94,8 @@ class Runtime {
   // See Note [Shutdown]. Idempotent. Any thread but the background thread.
   void Shutdown();
   bool stopped() const { return stopped_; }
-  // Why the runtime stopped on its own (a stall shutdown); empty otherwise.
+  // Why the runtime stopped when this rank's Shutdown() did not stop it (a
+  // stall shutdown, or another rank's Shutdown()); empty otherwise.
   std::string stop_reason() {
     std::lock_guard<std::mutex> lock(stop_mu_);
     return stop_reason_;

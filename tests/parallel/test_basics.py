@@ -121,11 +121,18 @@ def test_shutdown_on_one_rank_stops_every_rank(world):
         pytest.skip("needs a second rank")
     if rank == 0:
         hvd.shutdown()
+        with pytest.raises(ValueError, match="has not been initialized, or has been shut down"):
+            hvd.rank()
     else:
         out = hvd.allreduce(mx.nd.ones((1,)), name="after-peer-shutdown")
-        with pytest.raises(mx.base.MXNetError, match="has been shut down"):
+        with pytest.raises(mx.base.MXNetError, match="has been shut down by another rank"):
             out.wait_to_read()
         assert not hvd.is_initialized()
+        # Later calls say who stopped hvdmx, not that this rank never started it.
+        with pytest.raises(ValueError, match="shut down by another rank.*hvd.init\\(\\) again"):
+            hvd.allgather(mx.nd.ones((1,)))
+        with pytest.raises(ValueError, match="shut down by another rank"):
+            hvd.rank()
     hvd.init()
     out = hvd.allreduce(mx.nd.ones((1,)), name="after-restart", op=hvd.Sum)
     assert out.asnumpy().tolist() == [size]
