@@ -21,9 +21,9 @@ Status ShutdownStatus() {
 }
 
 constexpr char kShutDownByPeer[] =
-    "hvdmx has been shut down by another rank (hvd.shutdown() ran there), which stops it on "
-    "every rank; no collective can run until every rank calls hvd.init() again. Call "
-    "hvd.shutdown() on a rank only once every rank is done with its collectives";
+    "hvdmx has been shut down by another rank (it called hvd.shutdown(), or its process "
+    "ended, which calls it), which stops hvdmx on every rank; look at the other ranks' "
+    "output for why. No collective can run until every rank calls hvd.init() again";
 
 std::string JoinNames(const std::vector<std::string>& names, size_t limit) {
   std::string out;
