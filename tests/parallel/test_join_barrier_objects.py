@@ -1,4 +1,6 @@
 """join, barrier, broadcast_object and allgather_object."""
+import threading
+
 import mxnet as mx
 import numpy as np
 import pytest
@@ -135,3 +137,27 @@ def test_object_bad_input():
         hvd.broadcast_object(1, root_rank=-1)
     with pytest.raises(TypeError, match="'name' must be a str"):
         hvd.allgather_object(1, name=3)
+
+
+def test_an_object_that_cannot_be_pickled_fails_every_rank(world):
+    # A lock cannot be pickled. The rank holding it raises TypeError; its
+    # peers, instead of waiting for bytes that never come, raise ValueError
+    # naming it. The job goes on.
+    rank, size = world
+    lock = threading.Lock()
+    for root in range(size):
+        if rank == root:
+            with pytest.raises(TypeError, match="argument 'obj' cannot be pickled.*_thread.lock"):
+                hvd.broadcast_object(lock, root_rank=root, name=f"unpicklable.{root}")
+        else:
+            with pytest.raises(ValueError, match=f"the root, rank {root}, could not pickle"):
+                hvd.broadcast_object(lock, root_rank=root, name=f"unpicklable.{root}")
+    for bad in range(size):
+        if rank == bad:
+            with pytest.raises(TypeError, match="argument 'obj' cannot be pickled"):
+                hvd.allgather_object(lock)
+        else:
+            with pytest.raises(ValueError, match=rf"rank\(s\) \[{bad}\] could not pickle"):
+                hvd.allgather_object({"rank": rank})
+    assert hvd.allgather_object(rank) == list(range(size))
+    assert hvd.broadcast_object(("after", rank), root_rank=size - 1) == ("after", size - 1)
