@@ -20,14 +20,9 @@ import sys
 
 import numpy as np
 
+from hvdmx.bench import _timed, parse_size
+
 KINDS = ("allreduce", "broadcast", "allgather", "alltoall")
-
-
-def parse_size(text):
-    units = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
-    if text and text[-1].upper() in units:
-        return int(text[:-1]) * units[text[-1].upper()]
-    return int(text)
 
 
 def _assignment(text):
@@ -84,7 +79,6 @@ def main(argv=None, *, variable=None, labels=None, kinds=KINDS, description=__do
     import mxnet as mx
     from mpi4py import MPI
     import hvdmx as hvd
-    from hvdmx.bench import _timed
 
     comm = MPI.COMM_WORLD
     n = comm.size
