@@ -170,13 +170,22 @@ def test_direct_reads_script():
     assert all(float(c) > 0 for r in rows for c in r[3:])
 
 
-@pytest.mark.parametrize("args,message", [
-    (["--kinds", "alltoall,gather"], "--kinds: 'gather' is not one of broadcast, allgather, alltoall"),
-    (["--sizes", "4M,lots"], "--sizes: '4M,lots' is not a list of byte counts"),
-    (["--rounds", "0"], "--rounds must be >= 1 (got 0)"),
+@pytest.mark.parametrize("tool,args,message", [
+    ("direct_reads.py", ["--kinds", "alltoall,gather"],
+     "--kinds: 'gather' is not one of broadcast, allgather, alltoall"),
+    ("direct_reads.py", ["--sizes", "4M,lots"], "--sizes: '4M,lots' is not a list of byte counts"),
+    ("direct_reads.py", ["--rounds", "0"], "--rounds must be >= 1 (got 0)"),
+    ("interleave.py", ["HVDMX_HUGE_PAGES"], "'HVDMX_HUGE_PAGES' is not NAME=VALUE[,VALUE...]"),
+    ("interleave.py", ["HVDMX_HUGE_PAGES=0,,1"],
+     "'HVDMX_HUGE_PAGES=0,,1' is not NAME=VALUE[,VALUE...]"),
+    ("interleave.py", ["X=1", "--set", "HVDMX_ALLREDUCE_ALGO=ring,mpi"],
+     "--set HVDMX_ALLREDUCE_ALGO: give one value, got ring,mpi"),
+    ("interleave.py", ["X=1", "--kinds", "reducescatter"],
+     "--kinds: 'reducescatter' is not one of allreduce, broadcast, allgather, alltoall"),
+    ("interleave.py", ["X=1", "--warmup", "-1"], "--warmup must be >= 0 (got -1)"),
 ])
-def test_direct_reads_script_rejects_bad_input(args, message):
-    script = os.path.join(ROOT, "tools", "direct_reads.py")
+def test_timing_tools_reject_bad_input(tool, args, message):
+    script = os.path.join(ROOT, "tools", tool)
     result = subprocess.run([sys.executable, script] + args, env=ENV, capture_output=True,
                             text=True, timeout=60)
     assert result.returncode == 2 and message in result.stderr
@@ -200,22 +209,6 @@ def test_interleave_script():
         ("1", "allreduce", "65536"), ("1", "allreduce", "4194304"),
         ("1", "alltoall", "65536"), ("1", "alltoall", "4194304")]
     assert all(float(c) > 0 for r in rows for c in r[3:])
-
-
-@pytest.mark.parametrize("args,message", [
-    (["HVDMX_HUGE_PAGES"], "'HVDMX_HUGE_PAGES' is not NAME=VALUE[,VALUE...]"),
-    (["HVDMX_HUGE_PAGES=0,,1"], "'HVDMX_HUGE_PAGES=0,,1' is not NAME=VALUE[,VALUE...]"),
-    (["X=1", "--set", "HVDMX_ALLREDUCE_ALGO=ring,mpi"],
-     "--set HVDMX_ALLREDUCE_ALGO: give one value, got ring,mpi"),
-    (["X=1", "--kinds", "reducescatter"],
-     "--kinds: 'reducescatter' is not one of allreduce, broadcast, allgather, alltoall"),
-    (["X=1", "--warmup", "-1"], "--warmup must be >= 0 (got -1)"),
-])
-def test_interleave_script_rejects_bad_input(args, message):
-    script = os.path.join(ROOT, "tools", "interleave.py")
-    result = subprocess.run([sys.executable, script] + args, env=ENV, capture_output=True,
-                            text=True, timeout=60)
-    assert result.returncode == 2 and message in result.stderr
 
 
 def test_streaming_stores_script_rejects_a_bad_value():
