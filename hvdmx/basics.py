@@ -150,10 +150,16 @@ def is_initialized() -> bool:
     return _core.is_initialized()
 
 
+def _not_running() -> ValueError:
+    """The error for a call made while hvdmx is not running: why it stopped,
+    when it stopped on its own or by another rank's shutdown."""
+    return ValueError(_core.stop_reason() or "hvdmx has not been initialized, or has been "
+                      "shut down; call hvd.init() first")
+
+
 def _topology() -> tuple:
     if not _core.is_initialized():
-        raise ValueError(_core.stop_reason() or "hvdmx has not been initialized, or has been "
-                         "shut down; call hvd.init() first")
+        raise _not_running()
     return _core.topology()
 
 
