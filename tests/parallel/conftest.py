@@ -79,6 +79,15 @@ def restart(env):
                 os.environ[k] = v
 
 
+def shutdown_together():
+    """hvd.shutdown() once every rank has got here. One rank's shutdown stops
+    every rank's runtime at its next negotiation round, so without the
+    barrier a slower rank still in the previous test (an hvd.rank(), a call
+    not yet submitted) would find hvdmx stopped under it."""
+    MPI.COMM_WORLD.Barrier()
+    hvd.shutdown()
+
+
 def all_equal_across_ranks(array) -> bool:
     """True when every rank holds the same bytes."""
     data = array.tobytes()

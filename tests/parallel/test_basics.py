@@ -5,6 +5,7 @@ import pytest
 from mpi4py import MPI
 
 import hvdmx as hvd
+from conftest import shutdown_together
 
 
 def test_rank_and_size_match_mpi():
@@ -38,7 +39,7 @@ def test_build_flags():
 
 
 def test_init_after_shutdown_works():
-    hvd.shutdown()
+    shutdown_together()
     assert not hvd.is_initialized()
     with pytest.raises(ValueError, match="not been initialized"):
         hvd.rank()
@@ -51,7 +52,7 @@ def test_init_after_shutdown_works():
 
 
 def test_init_with_mpi4py_communicator():
-    hvd.shutdown()
+    shutdown_together()
     hvd.init(comm=MPI.COMM_WORLD)
     assert hvd.size() == MPI.COMM_WORLD.Get_size()
     out = hvd.allreduce(mx.nd.ones((2,)), op=hvd.Sum)
@@ -62,7 +63,7 @@ def test_init_with_split_communicator():
     # Even and odd world ranks each form a job of their own.
     world = MPI.COMM_WORLD
     sub = world.Split(world.Get_rank() % 2, world.Get_rank())
-    hvd.shutdown()
+    shutdown_together()
     hvd.init(comm=sub)
     try:
         assert hvd.size() == sub.Get_size()
@@ -77,7 +78,7 @@ def test_init_with_split_communicator():
 
 
 def test_init_rejects_bad_comm():
-    hvd.shutdown()
+    shutdown_together()
     try:
         with pytest.raises(TypeError, match="'comm'"):
             hvd.init(comm="world")
@@ -104,7 +105,7 @@ def test_shutdown_fails_pending_ops_and_joins_the_thread(world):
     assert runtime_threads() == 1
     # With two or more ranks, a name no other rank submits stays pending.
     lonely = hvd.allreduce(mx.nd.ones((2,)), name=f"lonely.{rank}") if size > 1 else None
-    hvd.shutdown()
+    shutdown_together()
     assert runtime_threads() == 0
     if lonely is not None:
         with pytest.raises(mx.base.MXNetError, match="has been shut down"):
@@ -119,12 +120,14 @@ def test_shutdown_on_one_rank_stops_every_rank(world):
     rank, size = world
     if size == 1:
         pytest.skip("needs a second rank")
+    # Rank 0 shuts down once the others have submitted a call it never makes.
     if rank == 0:
-        hvd.shutdown()
+        shutdown_together()
         with pytest.raises(ValueError, match="has not been initialized, or has been shut down"):
             hvd.rank()
     else:
         out = hvd.allreduce(mx.nd.ones((1,)), name="after-peer-shutdown")
+        MPI.COMM_WORLD.Barrier()
         with pytest.raises(mx.base.MXNetError, match="has been shut down by another rank"):
             out.wait_to_read()
         assert not hvd.is_initialized()

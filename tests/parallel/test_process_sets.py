@@ -6,6 +6,7 @@ import pytest
 from mpi4py import MPI
 
 import hvdmx as hvd
+from conftest import shutdown_together
 
 
 @pytest.fixture
@@ -122,7 +123,7 @@ def test_ranks_differ_between_processes(world):
 
 def test_init_with_process_sets(world):
     rank, size = world
-    hvd.shutdown()
+    shutdown_together()
     ps = hvd.ProcessSet([size - 1])
     hvd.init(process_sets=[ps])
     try:
