@@ -276,8 +276,8 @@ def test_auto_sends_large_moves_through_shm_when_read_directly(world):
         assert np.array_equal(got, np.concatenate([rows(r, gathered) for r in range(size)]))
         info = _core._testing_shm_info()
         assert info["collapsed_huge_pages"] + info["refused_huge_pages"] > asked
-        big = 1_400_004
-        share = big // size
+        share = -(-1_400_000 // size)
+        big = share * size
         out = hvd.alltoall(mx.nd.array(rows(rank, big))).asnumpy()
         assert np.array_equal(out, np.concatenate(
             [rows(s, big)[rank * share:(rank + 1) * share] for s in range(size)]))
@@ -356,8 +356,8 @@ def test_auto_picks_by_size_and_stays_correct(world):
         assert out.shape == (2000 * size, 3)
         out.wait_to_read()
         assert shm_exchanges() == before + 2 * (size > 1)
-        big = 1_400_004  # rows of 12 bytes: 16.8 MB per rank, divisible by 1 to 4 ranks
-        share = big // size
+        share = -(-1_400_000 // size)  # rows of 12 bytes: 16.8 MB per rank
+        big = share * size
         out = hvd.alltoall(mx.nd.array(rows(rank, big))).asnumpy()
         assert np.array_equal(out, np.concatenate(
             [rows(s, big)[rank * share:(rank + 1) * share] for s in range(size)]))
