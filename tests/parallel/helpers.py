@@ -20,7 +20,7 @@ def counts_for(size):
 def rank_input(rank, count, dtype, op):
     i = np.arange(count)
     if op == hvd.Product:
-        values = 1 + (i + rank) % 2  # products stay <= 2**size
+        values = 1 + (i + rank) % 2  # products stay <= 2**ceil(size / 2)
     else:
         values = (i * 7 + rank * 3) % 11  # sums stay <= 10 * size
     return values.astype(dtype)
@@ -43,6 +43,11 @@ def reduced(arrays, dtype, op, postscale=1.0):
         out = np.max(inputs, axis=0)
     else:
         out = np.prod(inputs, axis=0)
+    dt = np.dtype(dtype)
+    if dt.kind in "iu" and op not in (hvd.Min, hvd.Max):
+        # Integer sums and products wrap around in the dtype, as in the core
+        # (products with a prescale overflow int8 and uint8 from 5 ranks on).
+        out = out.astype(np.int64).astype(dt).astype(np.float64)
     factor = postscale / len(inputs) if op == hvd.Average else postscale
     return scaled(out, dtype, factor)
 
