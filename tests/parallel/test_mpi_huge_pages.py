@@ -13,7 +13,7 @@ import pytest
 import hvdmx as hvd
 from hvdmx import _core
 from conftest import all_equal_across_ranks, restart
-from helpers import expected, rank_input
+from helpers import expected, my_rows, rank_input
 
 HUGE = 2 << 20
 ROWS = 3 << 20  # float32 elements: 12 MiB, five or six whole huge pages
@@ -90,8 +90,8 @@ def test_reducescatter_pieces_on_the_ring(world):
         x = mx.nd.array(rank_input(rank, ROWS, "float32", hvd.Sum))
         before = asked()
         got = hvd.reducescatter(x, op=hvd.Sum).asnumpy()
-        share = ROWS // size
-        want = expected(size, ROWS, "float32", hvd.Sum)[rank * share:(rank + 1) * share]
+        start, end = my_rows(ROWS, size, rank)
+        want = expected(size, ROWS, "float32", hvd.Sum)[start:end]
         assert np.array_equal(got, want)
         assert (asked() > before) == (size > 1)
     finally:
