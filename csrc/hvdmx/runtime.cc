@@ -183,6 +183,20 @@ void Runtime::MaybeWarnStall() {
       std::chrono::duration<double>(config_.stall_check_seconds));
   next_stall_check_ = now + std::min(period, std::chrono::steady_clock::duration(
                                                  std::chrono::seconds(1)));
+  if (shutdown_wait_started_ != std::chrono::steady_clock::time_point() &&
+      now - shutdown_wait_started_ >= period && now >= last_stall_warning_ + period) {
+    // Shutdown() waits for a round that every rank takes part in, and an
+    // idle rank takes none until it calls hvdmx again or exits.
+    last_stall_warning_ = now;
+    HVDMX_LOG(kWarning)
+        << "hvd.shutdown() on this rank has waited "
+        << std::chrono::duration_cast<std::chrono::seconds>(now - shutdown_wait_started_).count()
+        << " s for the other ranks. hvdmx stops on every rank at once, in a negotiation round "
+           "that each other rank joins when it next submits a collective, calls hvd.shutdown() "
+           "or exits; a rank may be busy outside hvdmx (the wait then ends when it gets there) "
+           "or stuck. See docs/errors.md.";
+    return;
+  }
   size_t total = 0;
   const std::vector<std::string> stalled = queue_.EnqueuedBefore(now - period, 8, &total);
   if (stalled.empty() || now < last_stall_warning_ + period) return;
@@ -224,6 +238,9 @@ bool Runtime::LoopOnce() {
     }
     want_shutdown = shutdown_requested_;
   }
+  if (want_shutdown && shutdown_wait_started_ == std::chrono::steady_clock::time_point()) {
+    shutdown_wait_started_ = std::chrono::steady_clock::now();
+  }
   if (config_.cycle_time_ms > 0 && !want_shutdown) {
     std::this_thread::sleep_for(std::chrono::duration<double, std::milli>(config_.cycle_time_ms));
   }
@@ -248,8 +265,9 @@ bool Runtime::LoopOnce() {
     std::ostringstream why;
     why << "hvdmx: the other ranks have not taken part in negotiation for "
         << config_.stall_shutdown_seconds
-        << " s (HVDMX_STALL_SHUTDOWN_TIME_SECONDS) while this rank waited for "
-        << JoinNames(pending, 8)
+        << " s (HVDMX_STALL_SHUTDOWN_TIME_SECONDS) while this rank waited "
+        << (pending.empty() ? std::string("in hvd.shutdown() for them to stop with it")
+                            : "for " + JoinNames(pending, 8))
         << "; a rank may have died or be stuck outside hvdmx. hvdmx has stopped on this "
            "rank: end the job and look at the other ranks' output (see docs/errors.md).";
     HVDMX_LOG(kError) << why.str();

@@ -141,6 +141,9 @@ class Runtime {
   std::chrono::steady_clock::time_point wait_started_;
   std::chrono::steady_clock::time_point next_stall_check_;
   std::chrono::steady_clock::time_point last_stall_warning_;
+  // When this rank's Shutdown() began to wait for the others (see
+  // MaybeWarnStall); the epoch until then.
+  std::chrono::steady_clock::time_point shutdown_wait_started_;
 
   std::thread thread_;
 };
