@@ -44,3 +44,14 @@ def test_a_failure_in_a_restarting_finally_aborts_the_job(tmp_path):
     assert "[rank 1] failed before restart()" in output, output
     assert "rank 1 gives up at step 1" in output
     assert "[rank 1] aborting the job" in output
+
+
+def test_run_all_rejects_bad_rank_counts():
+    # Checked before any test runs: a run_all.sh that went on would spend
+    # minutes on the single-process tests, past this call's limit.
+    for value in ["2 x", "0", " ", "-1"]:
+        result = subprocess.run(["bash", os.path.join(ROOT, "tests", "run_all.sh")],
+                                env=dict(ENV, HVDMX_TEST_RANKS=value), capture_output=True,
+                                text=True, timeout=30)
+        assert result.returncode == 2, (value, result.stdout, result.stderr)
+        assert f"HVDMX_TEST_RANKS='{value}' must list rank counts" in result.stderr
