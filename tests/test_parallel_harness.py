@@ -1,6 +1,7 @@
 """The multi-rank test harness itself (tests/parallel/conftest.py): a rank
 that fails ends the whole job at once, even when the failure passes through
-a `finally` that restarts hvdmx while the other ranks wait in a collective."""
+a `finally` that restarts hvdmx while the other ranks wait in a collective;
+and run_all.sh's check of the rank counts it is given."""
 import os
 import shutil
 import subprocess
