@@ -119,19 +119,21 @@ def test_stall_shutdown_stops_waiting_for_a_rank_outside_hvdmx():
     assert "initialized after: False" in result.stderr
 
 
+# hvdmx stops on every rank together, in a round that rank 1 joins only when it
+# calls hvdmx again or exits: rank 0's shutdown waits for that.
+SHUTDOWN_WHILE_RANK_1_IS_BUSY = """
+    import time
+    hvd.allreduce(mx.nd.ones((1,))).wait_to_read()
+    if rank == 0:
+        hvd.shutdown()
+        sys.stderr.write("rank 0 shut down\\n")
+    else:
+        time.sleep(3)  # busy outside hvdmx; its exit ends rank 0's wait
+"""
+
+
 def test_shutdown_waiting_for_a_busy_rank_says_so():
-    # hvdmx stops on every rank together, in a round that rank 1 joins only
-    # when it calls hvdmx again or exits: rank 0's shutdown waits for that,
-    # and says so instead of waiting in silence.
-    result = run_job(2, """
-        import time
-        hvd.allreduce(mx.nd.ones((1,))).wait_to_read()
-        if rank == 0:
-            hvd.shutdown()
-            sys.stderr.write("rank 0 shut down\\n")
-        else:
-            time.sleep(3)  # busy outside hvdmx; its exit ends rank 0's wait
-    """, HVDMX_STALL_CHECK_TIME_SECONDS="1")
+    result = run_job(2, SHUTDOWN_WHILE_RANK_1_IS_BUSY, HVDMX_STALL_CHECK_TIME_SECONDS="1")
     assert result.returncode == 0, result.stderr
     assert "hvdmx WARNING rank 0" in result.stderr
     assert re.search(r"hvd.shutdown\(\) on this rank has waited \d+ s for the other ranks",
@@ -141,15 +143,7 @@ def test_shutdown_waiting_for_a_busy_rank_says_so():
 
 
 def test_stall_shutdown_bounds_the_wait_in_shutdown():
-    result = run_job(2, """
-        import time
-        hvd.allreduce(mx.nd.ones((1,))).wait_to_read()
-        if rank == 0:
-            hvd.shutdown()
-            sys.stderr.write("rank 0 shut down\\n")
-        else:
-            time.sleep(4)
-    """, HVDMX_STALL_SHUTDOWN_TIME_SECONDS="1")
+    result = run_job(2, SHUTDOWN_WHILE_RANK_1_IS_BUSY, HVDMX_STALL_SHUTDOWN_TIME_SECONDS="1")
     assert result.returncode == 0, result.stderr
     assert ("the other ranks have not taken part in negotiation for 1 s "
             "(HVDMX_STALL_SHUTDOWN_TIME_SECONDS) while this rank waited in hvd.shutdown() for "
