@@ -80,9 +80,9 @@ def allgather_object(obj: Any, name=None, process_set=global_process_set) -> Lis
     data = ops.allgather(mx.nd.array(payload, dtype="uint8"), name=name + ".data",
                          process_set=process_set)
     lengths = lengths.asnumpy().tolist()
-    failed = [set_ranks[i] for i, n in enumerate(lengths) if n < 0]
     if error is not None:
         raise _unpicklable(fn, error) from error
+    failed = [set_ranks[i] for i, n in enumerate(lengths) if n < 0]
     if failed:
         raise ValueError(f"hvdmx.{fn}: rank(s) {failed} could not pickle their object (their "
                          "own errors say why); nothing was gathered")

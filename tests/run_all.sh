@@ -27,6 +27,7 @@ read -r -a mpiexec_flags <<<"${MPIEXEC_FLAGS:-}"
 test_timeout=${HVDMX_TEST_TIMEOUT:-120}
 run_timeout=${HVDMX_TEST_RUN_TIMEOUT:-1200}
 read -r -a rank_counts <<<"${HVDMX_TEST_RANKS:-1 2 3 4}"
+# An empty list (only spaces) is checked as the word "none", and fails.
 for n in "${rank_counts[@]:-none}"; do
   if [[ ! $n =~ ^[1-9][0-9]*$ ]]; then
     echo "hvdmx tests: HVDMX_TEST_RANKS='${HVDMX_TEST_RANKS:-}' must list rank counts (whole" \
