@@ -147,6 +147,10 @@ def shutdown() -> None:
 
 
 def is_initialized() -> bool:
+    """True while collectives can run: from ``init`` until this rank's
+    ``shutdown``, or until another rank's shutdown (or a stall, see
+    docs/errors.md) stops hvdmx here. ``rank()`` and the other topology calls
+    answer for longer: until this rank's own ``shutdown``."""
     return _core.is_initialized()
 
 
@@ -157,10 +161,21 @@ def _not_running() -> ValueError:
                       "shut down; call hvd.init() first")
 
 
-def _topology() -> tuple:
+def _check_running() -> None:
+    """Raises unless collectives can run: before init, after this rank's
+    shutdown, and after a peer's shutdown or a stall stopped hvdmx here."""
     if not _core.is_initialized():
         raise _not_running()
-    return _core.topology()
+
+
+def _topology() -> tuple:
+    """(rank, size, local_rank, local_size, cross_rank, cross_size, MPI thread
+    multiple). Answers from this rank's init until its own shutdown, also
+    after a peer's shutdown stopped the collectives (as Horovod does)."""
+    topology = _core.topology()
+    if topology is None:
+        raise _not_running()
+    return topology
 
 
 def rank() -> int:
@@ -195,8 +210,7 @@ def cross_size() -> int:
 
 def mpi_threads_supported() -> bool:
     """True when MPI runs with MPI_THREAD_MULTIPLE."""
-    _topology()
-    return _core.mpi_threads_supported()
+    return _topology()[6]
 
 
 def mpi_built() -> bool:
@@ -243,7 +257,7 @@ def start_timeline(file_path: str, mark_cycles: bool = False) -> None:
     if not isinstance(file_path, str) or not file_path:
         raise TypeError("hvdmx.start_timeline: argument 'file_path' must be a non-empty str, "
                         f"got {file_path!r}")
-    _topology()
+    _check_running()
     _core.start_timeline(file_path, bool(mark_cycles))
 
 

@@ -22,7 +22,7 @@ import mxnet as mx
 import numpy as np
 
 from hvdmx import _core
-from hvdmx.basics import _not_running, _topology
+from hvdmx.basics import _check_running, _topology
 from hvdmx.process_sets import _set_for_call, global_process_set
 
 # Reduction ops; the values are Horovod's.
@@ -93,8 +93,7 @@ def _int32_array(values):
 
 
 def _check_common(fn: str, name, priority) -> None:
-    if not _core.is_initialized():
-        raise _not_running()
+    _check_running()
     if name is not None and not isinstance(name, str):
         raise TypeError(f"hvdmx.{fn}: argument 'name' must be a str or None, got "
                         f"{type(name).__name__}")

@@ -113,6 +113,11 @@ def test_built_flags_work_before_init():
     lambda: hvd.grouped_allreduce([mx.nd.ones((1,))]),
     lambda: hvd.broadcast(mx.nd.ones((1,)), 0),
     lambda: hvd.broadcast_(mx.nd.ones((1,)), 0),
+    lambda: hvd.add_process_set([0]),
+    lambda: hvd.start_timeline("never-written.json"),
+    lambda: hvd.global_process_set.ranks,
+    lambda: hvd.ProcessSet([0]).included(),
+    lambda: hvd.ProcessSet([0]).rank(),
 ])
 def test_calls_before_init_raise(call):
     with pytest.raises(ValueError, match="not been initialized, or has been shut down; call hvd.init\\(\\) first"):

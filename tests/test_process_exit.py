@@ -109,14 +109,19 @@ def test_stall_shutdown_stops_waiting_for_a_rank_outside_hvdmx():
         except mx.base.MXNetError as e:
             sys.stderr.write("rank 0 failed: " + str(e).splitlines()[0] + "\\n")
             later = hvd.is_initialized()
-            sys.stderr.write(f"initialized after: {later}\\n")
+            sys.stderr.write(f"initialized after: {later}, rank {hvd.rank()} of {hvd.size()}\\n")
+            try:
+                hvd.broadcast(mx.nd.ones((1,)), root_rank=0)
+            except ValueError as again:
+                sys.stderr.write("later call: " + str(again).splitlines()[0] + "\\n")
             os._exit(3)
     """, timeout=60, HVDMX_STALL_SHUTDOWN_TIME_SECONDS="2")
     assert result.returncode != 0
     assert "rank 0 failed:" in result.stderr
     assert "the other ranks have not taken part in negotiation for 2 s" in result.stderr
     assert "lonely" in result.stderr
-    assert "initialized after: False" in result.stderr
+    assert "initialized after: False, rank 0 of 2" in result.stderr
+    assert "later call: hvdmx: the other ranks have not taken part in negotiation" in result.stderr
 
 
 # hvdmx stops on every rank together, in a round that rank 1 joins only when it
