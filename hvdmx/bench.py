@@ -33,6 +33,9 @@ against size. ``--mpi-memory mxnet`` gives MPI buffers that MXNet allocated,
 the kind of memory hvdmx's inputs have, instead of numpy arrays: numpy asks
 for huge pages for arrays of 4 MiB and up and MXNet does not, which changes
 how fast large messages move between processes.
+``--rounds R`` times every column R times, one after another in turn (hvdmx
+out of place, in place, MPI, then again), and prints each column's median:
+a slow phase of a shared machine then falls on hvdmx and MPI alike.
 ``idle`` reports the CPU time an initialized process uses while it runs no
 collective.
 """
@@ -41,6 +44,7 @@ from __future__ import annotations
 import argparse
 import json
 import resource
+import statistics
 import sys
 import time
 
@@ -79,6 +83,16 @@ def _timed(fn, warmup: int, iters: int, comm) -> float:
     # now: tools/horovod/model_allreduce.py uses this without hvdmx's core.)
     from mpi4py import MPI
     return comm.allreduce(elapsed, op=MPI.MAX) / iters
+
+
+def _rounds(steps: dict, rounds: int, warmup: int, iters: int, comm) -> dict:
+    """Times each step (name -> callable) in turn, ``rounds`` times over:
+    name -> seconds per call, one figure per round."""
+    times = {name: [] for name in steps}
+    for _ in range(rounds):
+        for name, step in steps.items():
+            times[name].append(_timed(step, warmup, iters, comm))
+    return times
 
 
 def _mpi():
@@ -250,27 +264,32 @@ def run_collective(args) -> list:
         case = _Case(kind, count, dtype, rank, n, comm, tensors, splits, args.mpi_memory)
         factor = BUS_FACTOR[kind](n) if n > 1 else 0.0
         row = {"op": kind, "bytes": nbytes, "count": count, "type": args.dtype,
-               "redop": REDOP.get(kind, "none"), "iters": iters,
+               "redop": REDOP.get(kind, "none"), "iters": iters, "rounds": args.rounds,
                "tensors": tensors, "splits": splits, "mpi_memory": args.mpi_memory}
 
-        def measure(prefix, step, timed):
-            wrong = 0
-            t = float("nan")
-            if timed:
-                wrong = case.hvdmx_wrong(step) if prefix != "mpi" else case.mpi_wrong()
-                t = _timed(step if prefix == "mpi" else lambda: _read(step()),
-                           warmup, iters, comm)
+        runs = [("oop", case.hvdmx), ("ip", case.hvdmx_in_place), ("mpi", case.mpi)]
+        runs = [(prefix, step) for prefix, step in runs
+                if step is not None and (prefix != "mpi" or mpi_runs)]
+        for prefix, step in runs:
+            row[f"{prefix}_wrong"] = (case.mpi_wrong() if prefix == "mpi"
+                                      else case.hvdmx_wrong(step))
+        # Round after round of each column in turn, so that a slow phase of
+        # the machine falls on hvdmx and MPI alike; each column's figure is
+        # the median of its rounds.
+        times = _rounds({prefix: (step if prefix == "mpi" else
+                                  (lambda step=step: _read(step())))
+                         for prefix, step in runs}, args.rounds, warmup, iters, comm)
+        for prefix in ("oop", "ip", "mpi"):
+            t = statistics.median(times[prefix]) if prefix in times else float("nan")
             row.update({f"{prefix}_us": t * 1e6, f"{prefix}_algbw": nbytes / t / 1e9,
-                        f"{prefix}_busbw": nbytes / t / 1e9 * factor, f"{prefix}_wrong": wrong})
-
-        measure("oop", case.hvdmx, True)
-        measure("ip", case.hvdmx_in_place, case.hvdmx_in_place is not None)
+                        f"{prefix}_busbw": nbytes / t / 1e9 * factor,
+                        f"{prefix}_rounds_us": [x * 1e6 for x in times.get(prefix, [])]})
+            row.setdefault(f"{prefix}_wrong", 0)
         # The figure set beside MPI's (in place where the op has that form).
         best = "ip" if case.hvdmx_in_place is not None else "oop"
         for field in ("us", "algbw", "busbw"):
             row[f"hvdmx_{field}"] = row[f"{best}_{field}"]
         row["hvdmx_wrong"] = row["oop_wrong"] + row["ip_wrong"]
-        measure("mpi", case.mpi, mpi_runs)
         rows.append(row)
     hvd.shutdown()
     return rows
@@ -281,6 +300,10 @@ MPI_CALL = {"allreduce": "MPI_Allreduce", "allgather": "MPI_Allgather",
             "reducescatter": "MPI_Reduce_scatter_block"}
 
 
+def _of_rounds(rounds: int) -> str:
+    return f", median of {rounds} rounds taken in turn" if rounds > 1 else ""
+
+
 def print_collective(rows: list, n: int, kind: str) -> None:
     tensors = rows[0]["tensors"] if rows else 1
     what = (f"grouped_{kind} of {tensors} tensors vs {tensors} x {MPI_CALL[kind]}"
@@ -288,8 +311,10 @@ def print_collective(rows: list, n: int, kind: str) -> None:
     if rows and rows[0].get("splits"):
         what = f"{kind} with splits (and received splits back) vs {MPI_CALL[kind]}"
     memory = "MXNet's memory" if rows and rows[0].get("mpi_memory") == "mxnet" else "numpy"
+    rounds = _of_rounds(rows[0]["rounds"]) if rows else ""
     print(f"# hvdmx {what} (mpi4py on {memory} buffers), {n} ranks; time = mean per call "
-          "incl. result read; GB/s = 1e9 B/s; MPI/hvdmx compares in place where hvdmx has it")
+          f"incl. result read{rounds}; GB/s = 1e9 B/s; MPI/hvdmx compares in place where "
+          "hvdmx has it")
     group = f"{'':>10} {'':>7} {'':>7} {'':>6}"
     print(f"{'':>12} {'':>11} {'':>8} {'':>5} | {'hvdmx out-of-place':<{len(group)}} | "
           f"{'hvdmx in-place':<{len(group)}} | {MPI_CALL[kind]:<{len(group)}} |")
@@ -361,13 +386,15 @@ def run_model(args) -> dict:
             np.multiply(b, 1, out=b)
 
     warmup = args.warmup if args.warmup is not None else max(2, args.iters // 10)
-    row = {"model": args.model, "tensors": len(shapes), "bytes": total, "ranks": hvd.size(),
-           "iters": args.iters, "warmup": warmup,
-           "hvdmx_ms": _timed(hvdmx_step, warmup, args.iters, comm) * 1e3,
-           "floor_ms": _timed(memory_floor, warmup, args.iters, comm) * 1e3}
+    steps = {"hvdmx": hvdmx_step, "floor": memory_floor}
     if args.vs_mpi:
-        row["mpi_per_tensor_ms"] = _timed(mpi_per_tensor, warmup, args.iters, comm) * 1e3
-        row["mpi_fused_ms"] = _timed(mpi_fused, warmup, args.iters, comm) * 1e3
+        steps.update({"mpi_per_tensor": mpi_per_tensor, "mpi_fused": mpi_fused})
+    times = _rounds(steps, args.rounds, warmup, args.iters, comm)
+    row = {"model": args.model, "tensors": len(shapes), "bytes": total, "ranks": hvd.size(),
+           "iters": args.iters, "warmup": warmup, "rounds": args.rounds}
+    for name, seconds in times.items():
+        row[f"{name}_ms"] = statistics.median(seconds) * 1e3
+        row[f"{name}_rounds_ms"] = [x * 1e3 for x in seconds]
     hvd.shutdown()
     return row
 
@@ -422,6 +449,9 @@ def main(argv=None) -> int:
         ar.add_argument("--factor", type=int, default=4, help="size multiplier between rows")
         ar.add_argument("--dtype", choices=sorted(DTYPES), default="float32")
         ar.add_argument("--iters", type=int, default=0, help="timed iterations (0: by size)")
+        ar.add_argument("--rounds", type=_number("rounds", integer=True, minimum=1), default=1,
+                        help="time every column this many times, in turn, and print each "
+                             "one's median (default: 1)")
         ar.add_argument("--vs-mpi", action=argparse.BooleanOptionalAction, default=True,
                         help=f"also time {MPI_CALL[kind]} in the same run (default: on)")
         ar.add_argument("--json", action="store_true", help="print JSON instead of a table")
@@ -443,6 +473,9 @@ def main(argv=None) -> int:
                                 "iteration, beside MPI and the memory floor")
     model.add_argument("--model", default="resnet50_v1", help="mx.gluon.model_zoo.vision name")
     model.add_argument("--iters", type=int, default=20, help="timed iterations")
+    model.add_argument("--rounds", type=_number("rounds", integer=True, minimum=1), default=1,
+                       help="time every column this many times, in turn, and print each "
+                            "one's median (default: 1)")
     model.add_argument("--warmup", type=int, default=None,
                        help="untimed iterations first (default: iters/10, at least 2); "
                             "with HVDMX_AUTOTUNE=1, give it time to tune")
@@ -474,8 +507,8 @@ def main(argv=None) -> int:
             else:
                 print(f"# {row['model']} gradients: {row['tensors']} tensors, "
                       f"{row['bytes'] / 1e6:.1f} MB, {n} ranks; ms per iteration "
-                      f"(mean of {row['iters']}); memory floor: every rank reads and "
-                      "writes its gradients once, all at once")
+                      f"(mean of {row['iters']}{_of_rounds(row['rounds'])}); memory floor: "
+                      "every rank reads and writes its gradients once, all at once")
                 print(f"{'hvdmx':>10} {'memory floor':>13} {'MPI per tensor':>15} "
                       f"{'MPI fused':>10}")
                 print(f"{row['hvdmx_ms']:>10.1f} {row['floor_ms']:>13.1f} "

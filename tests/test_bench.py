@@ -3,6 +3,7 @@ prints what it promises. Times are printed, never asserted."""
 import json
 import math
 import os
+import statistics
 import subprocess
 import sys
 
@@ -90,6 +91,32 @@ def test_model_table():
                                 "fused"]
     hvdmx_ms, floor_ms, per_tensor, fused = lines[2].split()
     assert float(hvdmx_ms) > 0 and float(floor_ms) > 0 and per_tensor == fused == "nan"
+
+
+def test_rounds_give_each_column_its_median():
+    rows = json.loads(bench("allreduce", "--min-bytes", "1K", "--max-bytes", "1K", "--iters", "2",
+                            "--rounds", "3", "--json"))
+    r = rows[0]
+    assert r["rounds"] == 3 and r["hvdmx_wrong"] == 0 and r["mpi_wrong"] == 0
+    for prefix in ("oop", "ip", "mpi"):
+        assert len(r[f"{prefix}_rounds_us"]) == 3
+        assert r[f"{prefix}_us"] == pytest.approx(statistics.median(r[f"{prefix}_rounds_us"]))
+    out = bench("alltoall", "--min-bytes", "1K", "--max-bytes", "1K", "--iters", "2",
+                "--rounds", "2")
+    assert "median of 2 rounds taken in turn" in out.splitlines()[0]
+    row = json.loads(bench("model", "--model", "resnet18_v1", "--iters", "1", "--warmup", "0",
+                           "--rounds", "2", "--json"))
+    for name in ("hvdmx", "floor", "mpi_per_tensor", "mpi_fused"):
+        assert len(row[f"{name}_rounds_ms"]) == 2
+        assert row[f"{name}_ms"] == pytest.approx(statistics.median(row[f"{name}_rounds_ms"]))
+
+
+def test_bad_rounds_is_refused():
+    result = subprocess.run([sys.executable, "-m", "hvdmx.bench", "allgather", "--rounds", "0"],
+                            env=ENV, capture_output=True, text=True, timeout=120)
+    assert result.returncode == 2
+    assert "argument --rounds: invalid value '0': expected an integer >= 1 (rounds)" \
+        in result.stderr
 
 
 @pytest.mark.parametrize("kind,extra", [("allreduce", []), ("allgather", []),
