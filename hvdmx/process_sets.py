@@ -18,16 +18,6 @@ from hvdmx import _core  # before mpi4py.MPI: see basics.py
 from mpi4py import MPI
 
 
-def _rank_and_size() -> tuple:
-    """This rank and the job's size; the not-initialized error before init
-    and after this rank's shutdown."""
-    topology = _core.topology()
-    if topology is None:
-        from hvdmx.basics import _not_running
-        raise _not_running()
-    return topology[:2]
-
-
 class ProcessSet:
     """A set of ranks of the job, given as a list of ranks or an mpi4py
     communicator (its ranks in the communicator hvdmx was initialized on).
@@ -66,11 +56,11 @@ class ProcessSet:
 
     def included(self) -> bool:
         """True when this process belongs to the set."""
-        return _rank_and_size()[0] in self.ranks
+        return _core.topology()[0] in self.ranks
 
     def rank(self) -> int:
         """This process's rank within the set."""
-        me = _rank_and_size()[0]
+        me = _core.topology()[0]
         if me not in self.ranks:
             raise ValueError(f"hvdmx: this process (rank {me}) is not in {self!r}")
         return self.ranks.index(me)
@@ -90,7 +80,7 @@ class _GlobalProcessSet(ProcessSet):
 
     @property
     def ranks(self) -> List[int]:
-        return list(range(_rank_and_size()[1]))
+        return list(range(_core.topology()[1]))
 
     def __repr__(self) -> str:
         return "global_process_set"
@@ -202,7 +192,7 @@ def _set_for_call(fn: str, process_set) -> tuple:
     """(set id, the set's ranks as a sequence, this rank's index in them) for
     a collective on ``process_set``, or a clear error."""
     if process_set is global_process_set:  # every call's default: nothing to build or search
-        rank, size = _rank_and_size()
+        rank, size = _core.topology()[:2]
         return 0, range(size), rank
     if not isinstance(process_set, ProcessSet):
         raise TypeError(f"hvdmx.{fn}: argument 'process_set' must be a ProcessSet (e.g. "
@@ -211,7 +201,7 @@ def _set_for_call(fn: str, process_set) -> tuple:
         raise ValueError(f"hvdmx.{fn}: {process_set!r} is not registered; call "
                          "hvd.add_process_set(process_set) on every rank first")
     ranks = process_set.ranks
-    me = _rank_and_size()[0]
+    me = _core.topology()[0]
     if me not in ranks:
         raise ValueError(f"hvdmx.{fn}: this process (rank {me}) is not in process set "
                          f"{process_set.process_set_id} (ranks {ranks}); only its ranks may "

@@ -253,16 +253,11 @@ PYBIND11_MODULE(_core, m) {
     std::lock_guard<std::mutex> lock(G().mu);
     return G().runtime ? G().runtime->stop_reason() : std::string();
   });
-  // This rank's place in the job, or None before init and after this rank's
-  // own shutdown. A runtime stopped by a peer's shutdown (or a stall) still
-  // answers, as Horovod's do until their own shutdown: a rank handling that
-  // error can still log which rank it is.
-  m.def("topology", []() -> py::object {
-    std::lock_guard<std::mutex> lock(G().mu);
-    if (!G().runtime) return py::none();
-    const Topology& t = G().topo;
+  m.def("topology", [] {
+    int thread_level = 0;
+    const Topology t = JobTopology(&thread_level);
     return py::make_tuple(t.rank, t.size, t.local_rank, t.local_size, t.cross_rank, t.cross_size,
-                          G().thread_level >= MPI_THREAD_MULTIPLE);
+                          thread_level >= MPI_THREAD_MULTIPLE);
   });
   // The timeline is rank 0's (as in Horovod): on other ranks these do nothing.
   m.def("start_timeline", [](const std::string& path, bool mark_cycles) {

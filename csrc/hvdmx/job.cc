@@ -145,6 +145,13 @@ void CheckSettingsAgree(MPI_Comm comm, const Config& c, int size) {
 
 }  // namespace
 
+Topology JobTopology(int* thread_level) {
+  std::lock_guard<std::mutex> lock(G().mu);
+  if (!G().runtime) throw py::value_error(kNotInitialized);
+  *thread_level = G().thread_level;
+  return G().topo;
+}
+
 std::shared_ptr<Runtime> RunningRuntime(int set_id) {
   std::lock_guard<std::mutex> lock(G().mu);
   return SetRuntimeLocked(set_id);

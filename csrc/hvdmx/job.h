@@ -42,6 +42,12 @@ Global& G();
 // Whether the global runtime runs. Callers hold G().mu.
 bool Running();
 
+// This rank's place in the job and MPI's thread level, from Init until this
+// rank's own Shutdown(): also after a peer's shutdown (or a stall) stopped
+// the runtime, as Horovod's answer until their own shutdown, so a rank
+// handling that error can still say which rank it is. ValueError otherwise.
+Topology JobTopology(int* thread_level);
+
 // The runtime of process set `set_id` (0: the global set); raises
 // RuntimeError before init and ValueError for a set this rank is not in.
 std::shared_ptr<Runtime> RunningRuntime(int set_id = 0);
