@@ -54,6 +54,7 @@ def test_hvdmx_names_and_horovod_twins():
     ("HVDMX_STALL_CHECK_TIME_SECONDS", "inf", "seconds"),
     ("HOROVOD_STALL_SHUTDOWN_TIME_SECONDS", "-2", "seconds >= 0"),
     ("HVDMX_HUGE_PAGES", "yes", "1 or 0"),
+    ("HVDMX_SHM_PUSH", "on", "1 or 0"),
 ])
 def test_bad_values_name_the_variable_the_value_and_the_fix(name, value, accepted):
     with pytest.raises(ValueError) as info:
@@ -92,6 +93,12 @@ def test_direct_reads_between_ranks():
     for value, want in [("0", 0), ("-1", -1), ("1048576", 1 << 20), ("auto", "auto")]:
         c = _core._testing_load_config({"HOROVOD_SHM_DIRECT_MIN_BYTES": value})
         assert c["shm_direct_min_bytes"] == want
+
+
+def test_writing_into_peers_outputs():
+    assert _core._testing_load_config({})["shm_push"] is True
+    assert _core._testing_load_config({"HVDMX_SHM_PUSH": "0"})["shm_push"] is False
+    assert _core._testing_load_config({"HOROVOD_SHM_PUSH": "1"})["shm_push"] is True
 
 
 def test_streaming_stores():

@@ -471,18 +471,35 @@ def mixed_sequences(draw):
 MOVES = ("broadcast", "allgather", "alltoall")
 
 
-@settings(max_examples=120, deadline=None)
+def smallest_output(kind, ints, size):
+    """The fewest bytes any rank's allgather or alltoall output has."""
+    if kind == "allgather":
+        return ints[-1]
+    return min(sum(ints[i * size + j] for i in range(size)) for j in range(size))
+
+
+@settings(max_examples=150, deadline=None)
 @given(calls=mixed_sequences(), chunk=st.sampled_from([64, 128, 192, 4096]),
-       direct=st.sampled_from([-1, 0, 200]), stores=st.sampled_from([CACHED, STREAMING]))
-def test_mixed_calls_move_every_byte(calls, chunk, direct, stores):
+       direct=st.sampled_from([-1, 0, 200]), stores=st.sampled_from([CACHED, STREAMING]),
+       push=st.sampled_from(["off", "every rank", "all but the last"]))
+def test_mixed_calls_move_every_byte(calls, chunk, direct, stores, push):
     # Interleaved with allreduces, in any order and with empty streams on
     # some ranks: the chunk numbering must stay in step on every rank, with
     # some moves read from the peers' buffers directly (direct >= 0: those
     # whose longest stream has at least `direct` bytes) and some staged, and
-    # the allreduces' stages written with either kind of store.
+    # the allreduces' stages written with either kind of store. With push,
+    # allgathers and alltoalls write into the peers' outputs where every
+    # rank's output is in the shared file and has a byte or more; where one
+    # rank's is not, every rank falls back to the stages or direct reads.
     specs = [spec for spec, _, _ in calls]
-    direct_calls = _core._testing_shm_sequence(specs, chunk, direct, stores)
     size = len(specs[0][1])
+    flags = {"off": [], "every rank": [True] * size,
+             "all but the last": [True] * (size - 1) + [False]}[push]
+    direct_calls, pushed_calls = _core._testing_shm_sequence(specs, chunk, direct, stores,
+                                                             flags)
+    pushed = [push == "every rank" and size > 1 and kind in ("allgather", "alltoall")
+              and smallest_output(kind, ints, size) > 0 for kind, _, _, ints in specs]
+    assert pushed_calls == sum(pushed)
     if direct < 0 or size == 1:
         assert direct_calls == 0
     else:
@@ -494,8 +511,8 @@ def test_mixed_calls_move_every_byte(calls, chunk, direct, stores):
             return max(sum(ints[i * size:(i + 1) * size]) - ints[i * size + i]
                        for i in range(size))
         assert direct_calls == sum(
-            1 for kind, ins, _, ints in specs
-            if kind in MOVES and 0 < longest(kind, ins, ints) >= direct)
+            1 for (kind, ins, _, ints), p in zip(specs, pushed)
+            if kind in MOVES and not p and 0 < longest(kind, ins, ints) >= direct)
     for spec, wants, results in calls:
         for rank, (got, want) in enumerate(zip(results, wants)):
             assert np.array_equal(got, want), f"{spec[0]} on rank {rank}"
@@ -511,9 +528,10 @@ def test_bit_ands_in_a_row(size):
             assert np.array_equal(got, want), f"bit-and {c} on rank {rank}"
 
 
-@pytest.mark.parametrize("direct", [-1, 0], ids=["staged", "direct"])
+@pytest.mark.parametrize("direct, push", [(-1, False), (0, False), (-1, True)],
+                         ids=["staged", "direct", "pushed"])
 @pytest.mark.parametrize("size", [2, 3, 4])
-def test_large_byte_moves_over_many_chunks(size, direct):
+def test_large_byte_moves_over_many_chunks(size, direct, push):
     n = 3 * 65536 + 5
     calls = [broadcast_call(size, 0, n, size - 1),
              broadcast_out_call(size, 4, n + 17, 0),
@@ -523,16 +541,19 @@ def test_large_byte_moves_over_many_chunks(size, direct):
              allreduce_call(size, 3, n),
              reducescatter_call(size, 5, [n // 3 + j * 1001 for j in range(size)]),
              reducescatter_call(size, 6, [0] + [n // 5] * (size - 1), FLOAT64, MAX)]
-    direct_calls = _core._testing_shm_sequence([spec for spec, _, _ in calls], 4096 + 64,
-                                               direct, STREAMING if direct == 0 else CACHED)
-    assert direct_calls == (4 if direct == 0 else 0)
+    direct_calls, pushed_calls = _core._testing_shm_sequence(
+        [spec for spec, _, _ in calls], 4096 + 64, direct,
+        STREAMING if direct == 0 else CACHED, [push] * size)
+    # Broadcasts never push: an in-place one writes the caller's own array.
+    assert (direct_calls, pushed_calls) == ((4 if direct == 0 else 0), (2 if push else 0))
     for spec, wants, results in calls:
         for got, want in zip(results, wants):
             assert np.array_equal(got, want), spec[0]
 
 
-@pytest.mark.parametrize("direct", [-1, 0], ids=["staged", "direct"])
-def test_allgather_in_place_block_is_left_alone(direct):
+@pytest.mark.parametrize("direct, push", [(-1, False), (0, False), (-1, True)],
+                         ids=["staged", "direct", "pushed"])
+def test_allgather_in_place_block_is_left_alone(direct, push):
     # The fused allgather passes its own block already at its place in the
     # output: it must not be copied onto itself (or lost).
     size, blocks = 3, [100, 0, 257]
@@ -544,6 +565,8 @@ def test_allgather_in_place_block_is_left_alone(direct):
         out[starts[r]:starts[r + 1]] = want[starts[r]:starts[r + 1]]
         outs.append(out)
     ins = [out[starts[r]:starts[r + 1]] for r, out in enumerate(outs)]
-    _core._testing_shm_sequence([("allgather", ins, outs, starts)], 64, direct)
+    counts = _core._testing_shm_sequence([("allgather", ins, outs, starts)], 64, direct, 0,
+                                         [push] * size)
+    assert counts == ((0, 1) if push else (int(direct == 0), 0))
     for out in outs:
         assert np.array_equal(out, want)

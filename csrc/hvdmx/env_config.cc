@@ -187,6 +187,8 @@ Status LoadConfig(const EnvLookup& lookup, Config* out) {
   s = ReadWord(lookup, "HUGE_PAGES", {{"1", true}, {"0", false}}, "1 or 0",
                &config.huge_pages);
   if (!s.ok()) return s;
+  s = ReadWord(lookup, "SHM_PUSH", {{"1", true}, {"0", false}}, "1 or 0", &config.shm_push);
+  if (!s.ok()) return s;
   if (auto value = Find(lookup, "HIERARCHICAL_ALLREDUCE", &name)) {
     if (*value != "0" && *value != "1") return Invalid(name, *value, "0 or 1");
     config.hierarchical_allreduce = *value == "1";
@@ -216,7 +218,7 @@ std::string Config::ToString() const {
       << (shm_direct_min_bytes == kShmDirectAuto ? std::string("auto")
                                                  : std::to_string(shm_direct_min_bytes))
       << " shm_streaming_stores=" << StageStoresName(shm_streaming_stores)
-      << " huge_pages=" << huge_pages
+      << " huge_pages=" << huge_pages << " shm_push=" << shm_push
       << " hierarchical_allreduce=" << hierarchical_allreduce
       << " testing_ranks_per_host=" << testing_ranks_per_host
       << " stall_check_seconds=" << stall_check_seconds

@@ -74,6 +74,11 @@ struct Config {
   // this host read with cross-memory attach onto transparent huge pages,
   // once per page (Note [Huge pages under what peers read]); 0 never.
   bool huge_pages = true;
+  // HVDMX_SHM_PUSH: 1 lets allgathers and alltoalls through shared memory
+  // write each rank's rows straight into its peers' outputs, which then come
+  // from a shared-memory file (Note [Writing into peers' outputs] in
+  // shm_exchange.cc); 0 never. Needs the output pool on every rank.
+  bool shm_push = true;
   // HVDMX_HIERARCHICAL_ALLREDUCE (HOROVOD_HIERARCHICAL_ALLREDUCE): 0 or 1.
   // 1: on several hosts with equal rank counts, shared memory inside each
   // host and our ring between hosts (shm_allreduce.h).

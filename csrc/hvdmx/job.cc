@@ -116,6 +116,7 @@ void CheckSettingsAgree(MPI_Comm comm, const Config& c, int size) {
       {"SHM_MIN_BYTES", c.shm_min_bytes},
       {"SHM_CHUNK_BYTES", c.shm_chunk_bytes},
       {"SHM_DIRECT_MIN_BYTES", c.shm_direct_min_bytes},
+      {"SHM_PUSH", c.shm_push ? 1 : 0},
       {"HIERARCHICAL_ALLREDUCE", c.hierarchical_allreduce ? 1 : 0},
       {"TESTING_RANKS_PER_HOST", c.testing_ranks_per_host},
   };

@@ -24,11 +24,29 @@
 // The pool outlives hvd.shutdown() and the interpreter's own teardown (an
 // NDArray may be freed after both), so it is never destroyed. Any thread may
 // call any method.
+//
+// Note [Outputs in shared memory]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+// Once ShareFromNow() has run (hvd.init() calls it when shared memory moves
+// this host's bytes), new blocks are cut from one shared-memory file (a
+// memfd of kArenaBytes, sparse until used) instead of fresh private
+// mappings. The ranks of the host map each other's file, so an allgather or
+// alltoall can write each rank's rows straight into its peers' outputs: one
+// copy per byte, where the stages make two (Note [Writing into peers'
+// outputs] in shm_exchange.cc). A block cut from the file keeps its place
+// in it; trimmed, its pages go back to the kernel (a hole is punched) and
+// its place waits for a block of the same class. When the file is full,
+// blocks are private mappings again. A process that forks shares the
+// file's pages with its child instead of copying them on write.
 #ifndef HVDMX_OUTPUT_POOL_H_
 #define HVDMX_OUTPUT_POOL_H_
 
+#include <sys/types.h>
+
+#include <atomic>
 #include <cstdint>
 #include <mutex>
+#include <string>
 #include <vector>
 
 namespace hvdmx {
@@ -52,6 +70,21 @@ class OutputPool {
   // Bytes the pool may keep; 0 keeps none. Surplus blocks are unmapped now.
   void SetLimit(int64_t limit);
 
+  // Address space of the shared file: blocks are cut from it until it is full.
+  static constexpr int64_t kArenaBytes = int64_t{64} << 30;
+  static constexpr int64_t kPageBytes = 4096;
+  static constexpr int64_t kHugeBytes = int64_t{2} << 20;
+  // Cuts new blocks from a shared-memory file from now on (see Note [Outputs
+  // in shared memory]); once per process, later calls return the same.
+  // Returns the file's descriptor, or -1 with *why when it cannot be made.
+  int ShareFromNow(std::string* why);
+  // Where the shared file is mapped in this process (nullptr before
+  // ShareFromNow succeeds); its first 8 bytes hold this process's pid.
+  char* arena() const { return arena_.load(std::memory_order_acquire); }
+  // Whether [data, data + bytes) lies in the shared file; *offset is then
+  // its distance from arena().
+  bool InArena(const void* data, int64_t bytes, int64_t* offset) const;
+
   struct Stats {
     int64_t limit = 0;
     int64_t kept_bytes = 0;  // in blocks waiting to be taken again
@@ -59,6 +92,7 @@ class OutputPool {
     int64_t out_bytes = 0;   // in blocks an NDArray holds now
     int64_t reused = 0;      // Takes served by a kept block
     int64_t mapped = 0;      // Takes that mapped a new block
+    int64_t arena_used = 0;  // bytes of the shared file cut into blocks
   };
   Stats stats();
 
@@ -69,10 +103,19 @@ class OutputPool {
     int64_t bytes;
   };
   void TrimLocked();
+  // A new block of `size` from the shared file, or nullptr when there is
+  // none or it is full.
+  void* CutLocked(int64_t size);
+  // Whether this process is a fork of the one that made the shared file.
+  bool Forked() const;
 
   std::mutex mu_;
   std::vector<Block> kept_;  // in the order they were given back
+  std::vector<Block> holes_;  // places in the shared file with no pages
   Stats stats_;
+  int arena_fd_ = -1;
+  pid_t arena_pid_ = -1;  // the process that made the shared file
+  std::atomic<char*> arena_{nullptr};
 };
 
 }  // namespace hvdmx

@@ -194,6 +194,18 @@ class ShmAllreduce {
   int64_t refused_huge_pages() const { return huge_pages_.refused(); }
   int64_t direct_min_bytes() const { return direct_min_bytes_; }
 
+  // Lets allgathers and alltoalls write each rank's rows straight into its
+  // peers' outputs (Note [Writing into peers' outputs] in shm_exchange.cc)
+  // when every rank's output lies in its shared output file: `arenas[j]` is
+  // local rank j's file as mapped in this process, `arena_bytes` long.
+  // Tried only by calls where every rank's output has at least
+  // `min_output_bytes` (smaller outputs are never in the file). Called on
+  // every rank or none, before the first call.
+  void WriteIntoPeers(std::vector<char*> arenas, int64_t arena_bytes, int64_t min_output_bytes);
+  bool writes_into_peers() const { return !arenas_.empty(); }
+  // Byte-moving calls that wrote into the peers' outputs; any thread may read it.
+  int64_t push_exchanges() const { return push_exchanges_.load(std::memory_order_relaxed); }
+
   // Whether this process can read `bytes` at `address` in process `pid`
   // with cross-memory attach (process_vm_readv: Linux, the same user, and
   // ptrace allowed between the two) and finds `expected` there. On failure,
@@ -268,6 +280,24 @@ class ShmAllreduce {
   int64_t DirectMinBytes(Move move) const;
   // Exchange without the stages: see Note [Reading peers' buffers directly].
   void ExchangeDirect(const Stream& stream);
+  // What this rank writes into rank j's output in a push: `bytes` from
+  // `src`, at `at` in the output. sends_[rank] is its own rows.
+  struct Send {
+    const char* src = nullptr;
+    int64_t bytes = 0;
+    int64_t at = 0;
+  };
+  // The current call's output on this rank, and the smallest on any rank;
+  // data is nullptr for calls that never push.
+  struct Output {
+    char* data = nullptr;
+    int64_t bytes = 0;
+    int64_t min_bytes = 0;
+  };
+  // Exchange by writing into the peers' outputs (sends_, out_): see Note
+  // [Writing into peers' outputs]. Returns false, having moved nothing,
+  // when some rank's output is not in its shared file.
+  bool ExchangePush();
   void Publish(const Stream& stream, int64_t length, uint64_t seq, int64_t k);
   void Collect(const Stream& stream, uint64_t seq, int64_t k);
 
@@ -299,6 +329,12 @@ class ShmAllreduce {
   int bit_and_count_ = 0;
   std::vector<Read> reads_;        // Exchange's input, one per rank
   std::vector<int64_t> lengths_;   // Exchange's input: the streams' lengths
+  std::vector<Send> sends_;        // Exchange's input for a push, one per rank
+  Output out_;                     // Exchange's input for a push
+  std::vector<char*> arenas_;      // see WriteIntoPeers; empty: no push
+  int64_t arena_bytes_ = 0;
+  int64_t push_min_output_bytes_ = 0;
+  std::atomic<int64_t> push_exchanges_{0};
 };
 
 }  // namespace hvdmx

@@ -116,6 +116,10 @@ struct ShmAllreduce::Control {
   std::atomic<uint64_t> stream_data;
   std::atomic<int64_t> stream_hole_at;
   std::atomic<int64_t> stream_hole_bytes;
+  // A push's output: its offset in this rank's shared output file, or -1
+  // (Note [Writing into peers' outputs]). Written before `copied` is
+  // released for the call, read after acquiring it.
+  std::atomic<int64_t> out_offset;
 };
 
 }  // namespace hvdmx

@@ -13,6 +13,7 @@
 
 #include "logging.h"
 #include "mpi_comm.h"
+#include "output_pool.h"
 #include "ring.h"
 
 namespace hvdmx {
@@ -179,6 +180,79 @@ int64_t DirectMinBytes(MPI_Comm comm, MPI_Comm local, const Config& config) {
   return config.shm_direct_min_bytes;
 }
 
+// Every local rank's shared output file (Note [Outputs in shared memory] in
+// output_pool.h) as mapped in this process: bases[j] is local rank j's.
+struct OutputFiles {
+  std::vector<char*> bases;
+  std::vector<void*> mapped;  // the peers' files, unmapped with this object
+  ~OutputFiles() {
+    for (void* p : mapped) munmap(p, static_cast<size_t>(OutputPool::kArenaBytes));
+  }
+};
+
+// Makes this rank's output pool cut new blocks from its shared file and
+// maps every peer's, opened through /proc/<pid>/fd (which needs the same
+// user). Collective over `comm`: every rank of the job gets the files, or
+// none does (nullptr, with *why on the rank that failed).
+std::shared_ptr<OutputFiles> MapOutputFiles(MPI_Comm comm, MPI_Comm local, const Config& config,
+                                            std::string* why) {
+  int rank = 0, size = 1;
+  MPI_Comm_rank(local, &rank);
+  MPI_Comm_size(local, &size);
+  int fd = -1;
+  if (config.output_pool_bytes == 0) {
+    *why = "HVDMX_OUTPUT_POOL_BYTES=0 keeps outputs out of the shared file";
+  } else {
+    fd = OutputPool::Get().ShareFromNow(why);
+  }
+  const int64_t mine[2] = {fd >= 0 ? static_cast<int64_t>(getpid()) : -1, fd};
+  std::vector<int64_t> all(2 * static_cast<size_t>(size));
+  MPI_Allgather(mine, 2, MPI_INT64_T, all.data(), 2, MPI_INT64_T, local);
+  auto files = std::make_shared<OutputFiles>();
+  int ok = fd >= 0 ? 1 : 0;
+  for (int j = 0; j < size && ok; ++j) {
+    if (j == rank) {
+      files->bases.push_back(OutputPool::Get().arena());
+      continue;
+    }
+    if (all[2 * j] < 0) {
+      *why = "local rank " + std::to_string(j) + " has no shared output file";
+      ok = 0;
+      break;
+    }
+    const std::string path = "/proc/" + std::to_string(all[2 * j]) + "/fd/" +
+                             std::to_string(all[2 * j + 1]);
+    const int peer_fd = open(path.c_str(), O_RDWR | O_CLOEXEC);
+    if (peer_fd < 0) {
+      *why = ErrnoText("opening local rank " + std::to_string(j) + "'s output file " + path,
+                       errno);
+      ok = 0;
+      break;
+    }
+    void* base = mmap(nullptr, static_cast<size_t>(OutputPool::kArenaBytes),
+                      PROT_READ | PROT_WRITE, MAP_SHARED | MAP_NORESERVE, peer_fd, 0);
+    const int err = errno;
+    close(peer_fd);
+    if (base == MAP_FAILED) {
+      *why = ErrnoText("mapping local rank " + std::to_string(j) + "'s output file", err);
+      ok = 0;
+      break;
+    }
+    files->mapped.push_back(base);
+    files->bases.push_back(static_cast<char*>(base));
+    if (*static_cast<const int64_t*>(base) != all[2 * j]) {
+      *why = path + " is not local rank " + std::to_string(j) + "'s output file";
+      ok = 0;
+    }
+  }
+  MPI_Allreduce(MPI_IN_PLACE, &ok, 1, MPI_INT, MPI_MIN, comm);
+  if (!ok) {
+    if (why->empty()) *why = "another rank could not map its peers' output files";
+    return nullptr;
+  }
+  return files;
+}
+
 }  // namespace
 
 std::unique_ptr<ShmAllreduce> CreateNodeShmAllreduce(MPI_Comm comm, const Config& config) {
@@ -214,6 +288,14 @@ std::unique_ptr<ShmAllreduce> CreateNodeShmAllreduce(MPI_Comm comm, const Config
   // Direct reads are for one host's byte moves: no probe when hierarchical.
   const int64_t direct_min_bytes = hierarchical ? -1 : DirectMinBytes(comm, local, config);
   std::shared_ptr<ShmSegment> segment = ShmSegment::Create(local, region_bytes, &why);
+  std::string push_why;
+  std::shared_ptr<OutputFiles> files;
+  // Writing into peers' outputs is for one host's byte moves too.
+  if (config.shm_push && !hierarchical) files = MapOutputFiles(comm, local, config, &push_why);
+  if (config.shm_push && !hierarchical && files == nullptr) {
+    HVDMX_LOG(kDebug) << "allgathers and alltoalls do not write into peers' outputs: "
+                      << push_why;
+  }
   MPI_Comm_free(&local);
   // Every rank must agree, across hosts too.
   int ok = segment != nullptr ? 1 : 0;
@@ -229,11 +311,16 @@ std::unique_ptr<ShmAllreduce> CreateNodeShmAllreduce(MPI_Comm comm, const Config
   if (hierarchical) cross = RingAcrossHosts(comm, local_rank, config);
   HVDMX_LOG(kDebug) << "shared-memory allreduce on: " << local_size << " ranks on this host"
                     << (hierarchical ? ", the ring between hosts" : "") << ", " << region_bytes
-                    << " bytes per rank, direct reads from " << direct_min_bytes << " bytes";
-  return std::make_unique<ShmAllreduce>(local_rank, local_size, std::move(regions),
-                                        config.shm_chunk_bytes, std::move(segment),
-                                        std::move(cross), direct_min_bytes,
-                                        config.shm_streaming_stores, config.huge_pages);
+                    << " bytes per rank, direct reads from " << direct_min_bytes << " bytes"
+                    << (files ? ", writes into peers' outputs" : "");
+  auto owner = std::make_shared<std::pair<std::shared_ptr<ShmSegment>,
+                                          std::shared_ptr<OutputFiles>>>(segment, files);
+  auto shm = std::make_unique<ShmAllreduce>(local_rank, local_size, std::move(regions),
+                                            config.shm_chunk_bytes, std::move(owner),
+                                            std::move(cross), direct_min_bytes,
+                                            config.shm_streaming_stores, config.huge_pages);
+  if (files) shm->WriteIntoPeers(files->bases, OutputPool::kArenaBytes, OutputPool::kMinBytes);
+  return shm;
 }
 
 }  // namespace hvdmx

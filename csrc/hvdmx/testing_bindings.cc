@@ -5,6 +5,9 @@
 // Nothing here is used by hvdmx itself.
 #include "testing_bindings.h"
 
+#include <sys/wait.h>
+#include <unistd.h>
+
 #include <pybind11/functional.h>
 #include <pybind11/numpy.h>
 #include <pybind11/stl.h>
@@ -12,6 +15,7 @@
 #include <algorithm>
 #include <chrono>
 #include <condition_variable>
+#include <cstring>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -125,6 +129,7 @@ py::dict TestingLoadConfig(const std::map<std::string, std::string>& env) {
   d["shm_streaming_stores"] = StageStoresName(c.shm_streaming_stores);
   d["hierarchical_allreduce"] = c.hierarchical_allreduce;
   d["huge_pages"] = c.huge_pages;
+  d["shm_push"] = c.shm_push;
   d["testing_ranks_per_host"] = c.testing_ranks_per_host;
   d["log_level"] = static_cast<int>(c.log_level);
   d["stall_check_seconds"] = c.stall_check_seconds;
@@ -291,8 +296,36 @@ py::dict TestingOutputPool() {
   d["out_bytes"] = s.out_bytes;
   d["reused"] = s.reused;
   d["mapped"] = s.mapped;
+  d["arena_used"] = s.arena_used;
   d["min_bytes"] = OutputPool::kMinBytes;
   return d;
+}
+
+// Takes a block of `bytes` from the output pool and fills it, then forks;
+// the child gives the block back and trims the pool to nothing, as a
+// forked child that drops its copy of the parent's array may, and exits.
+// Returns whether the block lies in the shared output file, and whether it
+// still holds its bytes here once the child is gone.
+std::pair<bool, bool> TestingOutputPoolForkedChildDrops(int64_t bytes) {
+  OutputPool& pool = OutputPool::Get();
+  char* block = static_cast<char*>(pool.Take(bytes));
+  if (block == nullptr) throw py::value_error("the output pool is off");
+  std::memset(block, 0x5a, static_cast<size_t>(bytes));
+  int64_t offset = 0;
+  const bool shared = pool.InArena(block, bytes, &offset);
+  const pid_t child = fork();
+  if (child < 0) throw py::value_error("fork failed");
+  if (child == 0) {
+    pool.Give(block, bytes);
+    pool.SetLimit(0);
+    _exit(0);
+  }
+  int status = 0;
+  waitpid(child, &status, 0);
+  bool intact = true;
+  for (int64_t i = 0; i < bytes; ++i) intact = intact && block[i] == 0x5a;
+  pool.Give(block, bytes);
+  return {shared, intact};
 }
 
 }  // namespace
@@ -300,6 +333,7 @@ py::dict TestingOutputPool() {
 void DefineTestingBindings(py::module_& m) {
   m.def("_testing_output_pool", &TestingOutputPool);
   m.def("_testing_output_pool_class", &OutputPool::ClassBytes);
+  m.def("_testing_output_pool_forked_child_drops", &TestingOutputPoolForkedChildDrops);
   m.def("_testing_reduce_into", &TestingReduceInto);
   m.def("_testing_scale", &TestingScale);
   m.def("_testing_reduce3_scaled", &TestingReduce3Scaled);

@@ -4,6 +4,7 @@
 #include <pybind11/numpy.h>
 #include <pybind11/stl.h>
 
+#include <cstring>
 #include <memory>
 #include <string>
 #include <thread>
@@ -157,34 +158,59 @@ struct ShmTestCall {
 // rank over plain memory (one host), every rank making the same calls in
 // the same order: interleaving must keep the chunk numbering in step.
 // Byte-moving calls of at least `direct_min_bytes` (>= 0) read the peers'
-// buffers directly (here: this process's own memory). Returns the number of
-// calls that did, as rank 0 counted them. `stores` as in TestingShmAllreduce.
-int64_t TestingShmSequence(const std::vector<py::tuple>& raw, int64_t chunk_bytes,
-                           int64_t direct_min_bytes, int stores) {
+// buffers directly (here: this process's own memory). With `push` (one
+// flag per rank), the ranks may write into each other's outputs
+// (WriteIntoPeers, outputs of a byte or more), and rank r's allgather and
+// alltoall outputs lie in the one plain "file" all ranks share here when
+// push[r]: copied there before the call (an input inside the output goes
+// with it) and back after. Returns the calls that read directly and those
+// that wrote into peers' outputs, as rank 0 counted them. `stores` as in
+// TestingShmAllreduce.
+std::pair<int64_t, int64_t> TestingShmSequence(const std::vector<py::tuple>& raw,
+                                               int64_t chunk_bytes, int64_t direct_min_bytes,
+                                               int stores, const std::vector<bool>& push) {
   const StageStores stage_stores = CheckedStores(stores);
   std::vector<ShmTestCall> calls;
   for (const py::tuple& t : raw) {
     calls.push_back({t[0].cast<std::string>(), t[1].cast<std::vector<py::array>>(),
                      t[2].cast<std::vector<py::array>>(), t[3].cast<std::vector<int64_t>>()});
   }
-  if (calls.empty()) return 0;
+  if (calls.empty()) return {0, 0};
   const int n = static_cast<int>(calls[0].in.size());
+  if (!push.empty() && static_cast<int>(push.size()) != n) {
+    throw py::value_error("one push flag per rank");
+  }
   std::vector<std::vector<char*>> in(calls.size()), out(calls.size());
   // Sizes read here, with the GIL: nbytes() touches the array's dtype object.
-  std::vector<std::vector<int64_t>> in_bytes(calls.size());
+  std::vector<std::vector<int64_t>> in_bytes(calls.size()), out_bytes(calls.size());
   for (size_t c = 0; c < calls.size(); ++c) {
     if (static_cast<int>(calls[c].in.size()) != n) throw py::value_error("one input per rank");
     for (auto& a : calls[c].in) {
       in[c].push_back(static_cast<char*>(a.mutable_data()));
       in_bytes[c].push_back(a.nbytes());
     }
-    for (auto& a : calls[c].out) out[c].push_back(static_cast<char*>(a.mutable_data()));
+    for (auto& a : calls[c].out) {
+      out[c].push_back(static_cast<char*>(a.mutable_data()));
+      out_bytes[c].push_back(a.nbytes());
+    }
     const std::string& k = calls[c].kind;
     if (k != "allreduce" && k != "broadcast" && k != "allgather" && k != "alltoall" &&
         k != "bitand" && k != "reducescatter") {
       throw py::value_error("unknown kind " + k);
     }
   }
+  // Where each pushing rank's allgather and alltoall outputs lie in the file.
+  std::vector<std::vector<int64_t>> at(calls.size(), std::vector<int64_t>(n, -1));
+  int64_t file_bytes = 64;
+  for (size_t c = 0; c < calls.size() && !push.empty(); ++c) {
+    if (calls[c].kind != "allgather" && calls[c].kind != "alltoall") continue;
+    for (int r = 0; r < n; ++r) {
+      if (!push[r]) continue;
+      at[c][r] = file_bytes;
+      file_bytes += out_bytes[c][r] + 64;
+    }
+  }
+  std::vector<char> file(static_cast<size_t>(file_bytes));
   py::gil_scoped_release release;
   const int64_t region = ShmAllreduce::RegionBytes(chunk_bytes);
   auto memory = std::make_shared<std::vector<char>>(region * n + kMappingAlign, 0);
@@ -192,13 +218,23 @@ int64_t TestingShmSequence(const std::vector<py::tuple>& raw, int64_t chunk_byte
   std::vector<char*> regions;
   for (int r = 0; r < n; ++r) regions.push_back(base + r * region);
   std::vector<std::thread> threads;
-  int64_t direct = 0;
+  int64_t direct = 0, pushed = 0;
   for (int r = 0; r < n; ++r) {
     threads.emplace_back([&, r] {
       ShmAllreduce shm(r, n, regions, chunk_bytes, memory, nullptr, direct_min_bytes,
                        stage_stores);
+      if (!push.empty()) shm.WriteIntoPeers(std::vector<char*>(n, file.data()), file_bytes, 1);
       for (size_t c = 0; c < calls.size(); ++c) {
         const ShmTestCall& call = calls[c];
+        char* const given_out = out[c].empty() ? nullptr : out[c][r];
+        char* const given_in = in[c][r];
+        if (at[c][r] >= 0) {  // the output moves into the file, an input inside it too
+          out[c][r] = file.data() + at[c][r];
+          std::memcpy(out[c][r], given_out, out_bytes[c][r]);
+          if (given_in >= given_out && given_in < given_out + out_bytes[c][r]) {
+            in[c][r] = out[c][r] + (given_in - given_out);
+          }
+        }
         if (call.kind == "allreduce") {
           const DataType t = static_cast<DataType>(call.ints[0]);
           shm.Allreduce(in[c][r], in_bytes[c][r] / static_cast<int64_t>(DataTypeSize(t)), t,
@@ -219,12 +255,20 @@ int64_t TestingShmSequence(const std::vector<py::tuple>& raw, int64_t chunk_byte
         } else {
           shm.Alltoall(in[c][r], out[c][r], call.ints);
         }
+        if (at[c][r] >= 0) {
+          std::memcpy(given_out, out[c][r], out_bytes[c][r]);
+          out[c][r] = given_out;
+          in[c][r] = given_in;
+        }
       }
-      if (r == 0) direct = shm.direct_exchanges();
+      if (r == 0) {
+        direct = shm.direct_exchanges();
+        pushed = shm.push_exchanges();
+      }
     });
   }
   for (auto& th : threads) th.join();
-  return direct;
+  return {direct, pushed};
 }
 
 }  // namespace
@@ -236,7 +280,8 @@ void DefineTestingShmBindings(py::module_& m) {
         py::arg("outputs") = std::vector<std::vector<std::vector<py::array>>>{},
         py::arg("stores") = 0);
   m.def("_testing_shm_sequence", &TestingShmSequence, py::arg("calls"), py::arg("chunk_bytes"),
-        py::arg("direct_min_bytes") = -1, py::arg("stores") = 0);
+        py::arg("direct_min_bytes") = -1, py::arg("stores") = 0,
+        py::arg("push") = std::vector<bool>{});
   m.def("_testing_stage_store_chooser", &TestingStageStoreChooser, py::arg("stores"),
         py::arg("calls"));
   m.def("_testing_streaming_copy", &TestingStreamingCopy, py::arg("dst"), py::arg("src"));

@@ -101,7 +101,9 @@ def test_reducescatter_pieces_on_the_ring(world):
 def test_off_with_huge_pages_0(world):
     # Neither what MPI moves nor what shared memory's direct exchanges read.
     rank, size = world
-    for env in [{"HVDMX_ALLREDUCE_ALGO": "ring"}, {"HVDMX_SHM_DIRECT_MIN_BYTES": "0"}]:
+    # (Direct reads only where the alltoall does not write into the peers' outputs.)
+    for env in [{"HVDMX_ALLREDUCE_ALGO": "ring"},
+                {"HVDMX_SHM_DIRECT_MIN_BYTES": "0", "HVDMX_SHM_PUSH": "0"}]:
         restart({"HVDMX_HUGE_PAGES": "0", **env})
         try:
             assert not _core._testing_mpi_huge_pages()["enabled"]

@@ -199,3 +199,15 @@ def test_pooled_outputs_behave_as_mxnet_arrays(world, tmp_path):
     del weight, out, got
     mx.nd.waitall()
     wait_for(lambda: pool()["kept_blocks"] >= before + 2)
+
+
+def test_a_forked_child_leaves_the_parents_outputs_alone(world):
+    # With two or more ranks on a host, new outputs are cut from a shared
+    # file (Note [Outputs in shared memory]), whose pages a forked child
+    # shares instead of copying. A child that drops its copy of an output
+    # and trims the pool must neither give those pages back to the kernel
+    # nor keep the block for itself: the parent's bytes stay.
+    rank, size = world
+    shared, intact = _core._testing_output_pool_forked_child_drops(1 << 20)
+    assert shared == (size > 1)
+    assert intact

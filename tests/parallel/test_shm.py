@@ -34,10 +34,12 @@ def shm(request, world):
 
 
 @pytest.fixture(params=[{}, {"HVDMX_SHM_CHUNK_BYTES": "4160"},
-                        {"HVDMX_SHM_DIRECT_MIN_BYTES": "0"}],
-                ids=["default", "chunk4160", "direct"])
+                        {"HVDMX_SHM_DIRECT_MIN_BYTES": "0", "HVDMX_SHM_PUSH": "0"},
+                        {"HVDMX_SHM_PUSH": "0"}],
+                ids=["default", "chunk4160", "direct", "no-push"])
 def shm_moves(request, world):
-    """As shm, and with every byte-moving call reading peers' buffers."""
+    """As shm, and with every byte-moving call reading peers' buffers, or
+    none writing into peers' outputs."""
     yield from shm_forced(request.param)
 
 
@@ -140,7 +142,8 @@ def test_broadcast_allgather_alltoall_through_shm(world, shm_moves):
     before = shm_exchanges()
     info = _core._testing_shm_info()
     direct_before = info["direct_exchanges"] if info else 0
-    moves = nonempty = 0
+    pushed_before = info["push_exchanges"] if info else 0
+    moves = nonempty = pushes = 0
     for step in range(3):
         ns = [(r * 40_001 + step * 7) % 90_001 if r != 1 else 0 for r in range(size)]
         got = hvd.allgather(mx.nd.array(rows(rank, ns[rank], step))).asnumpy()
@@ -167,10 +170,17 @@ def test_broadcast_allgather_alltoall_through_shm(world, shm_moves):
               expected(size, 3001, "float32", hvd.Sum))
         moves += 4
         nonempty += 3 + (max(ns) > 0)
+        # Outputs of 64 KiB and more on every rank come from the shared file
+        # (12-byte rows); the grouped allgather's are packed, and small.
+        receives = [sum((s + r + step) * 1000 for s in range(size)) for r in range(size)]
+        pushes += (sum(ns) * 12 >= 65536) + (min(receives) * 12 >= 65536)
     assert shm_exchanges() == (before + moves if size > 1 else 0)
     if info and info["direct_min_bytes"] == 0:
         # Every call with a non-empty block read its peers' buffers.
         assert _core._testing_shm_info()["direct_exchanges"] == direct_before + nonempty
+    if info:
+        pushed = _core._testing_shm_info()["push_exchanges"] - pushed_before
+        assert pushed == (pushes if info["writes_into_peers"] else 0)
 
 
 def shm_with(name, value):
@@ -184,9 +194,10 @@ def test_streaming_stores_as_asked(world, value):
     # 1 streams every allreduce, 0 none, auto (the default) times both kinds
     # on calls of 64 KiB and up: of ten 1 MiB calls, the warm-up and three
     # more are cached, three stream, and the last three take the faster kind;
-    # the 4,000-byte call is cached.
+    # the 4,000-byte call is cached. (Allgathers and alltoalls that write
+    # into the peers' outputs use no stage: that is off here.)
     rank, size = world
-    restart(shm_with("HVDMX_SHM_STREAMING_STORES", value))
+    restart({**shm_with("HVDMX_SHM_STREAMING_STORES", value), "HVDMX_SHM_PUSH": "0"})
     try:
         info = _core._testing_shm_info()
         if size == 1:
@@ -264,7 +275,7 @@ def test_auto_sends_large_moves_through_shm_when_read_directly(world):
     # [Huge pages under what peers read]): each rank asks the kernel, which
     # may refuse (no free huge page, or no MADV_COLLAPSE).
     rank, size = world
-    restart({"HVDMX_SHM_DIRECT_MIN_BYTES": "1048576"})
+    restart({"HVDMX_SHM_DIRECT_MIN_BYTES": "1048576", "HVDMX_SHM_PUSH": "0"})
     try:
         if size == 1:
             return
@@ -289,12 +300,12 @@ def test_auto_sends_large_moves_through_shm_when_read_directly(world):
 
 
 def test_auto_reads_large_alltoalls_directly(world):
-    # HVDMX_SHM_DIRECT_MIN_BYTES unset (auto): an alltoall whose longest stream
-    # (what one rank sends to the others) has 8 MiB or more reads the peers'
-    # buffers; a smaller one, and broadcasts and allgathers of any size, go
-    # through the stages.
+    # HVDMX_SHM_DIRECT_MIN_BYTES unset (auto), and no writing into peers'
+    # outputs: an alltoall whose longest stream (what one rank sends to the
+    # others) has 8 MiB or more reads the peers' buffers; a smaller one, and
+    # broadcasts and allgathers of any size, go through the stages.
     rank, size = world
-    restart({})
+    restart({"HVDMX_SHM_PUSH": "0"})
     try:
         if size == 1:
             return
@@ -422,5 +433,50 @@ def test_hierarchical_on_pretend_hosts(world, per_host):
         assert np.array_equal(got, rows(size - 1, 30_001))
         one_host = info is not None and not info["hierarchical"]
         assert shm_exchanges() == before + (2 if one_host else 0)
+    finally:
+        restart({})
+
+
+@pytest.mark.parametrize("env", [{}, {"HVDMX_SHM_PUSH": "0"}, {"HVDMX_OUTPUT_POOL_BYTES": "0"}],
+                         ids=["default", "push-off", "pool-off"])
+def test_allgathers_and_alltoalls_write_into_peers_outputs(world, env):
+    # By default, every rank's output from 64 KiB up comes from its shared
+    # output file, and the peers write their rows straight into it; a call
+    # where some rank's output is smaller takes the stages. Off when asked,
+    # and when the output pool is off (outputs are MXNet's own memory).
+    rank, size = world
+    restart(env)
+    try:
+        info = _core._testing_shm_info()
+        if size == 1:
+            assert info is None
+            return
+        on = not env
+        assert info["writes_into_peers"] == on
+        if on:
+            assert _core._testing_output_pool()["arena_used"] > 0
+        # (share rows per rank, whether every output reaches 64 KiB): 12-byte rows
+        for share, whole in [(-(-65536 // (12 * size)), True), (65536 // (12 * size) - 1, False),
+                             (300_001, True)]:
+            before = _core._testing_shm_info()
+            got = hvd.allgather(mx.nd.array(rows(rank, share, 1))).asnumpy()
+            assert np.array_equal(got, np.concatenate([rows(r, share, 1) for r in range(size)]))
+            out = hvd.alltoall(mx.nd.array(rows(rank, share * size, 2))).asnumpy()
+            assert np.array_equal(out, np.concatenate(
+                [rows(s, share * size, 2)[rank * share:(rank + 1) * share]
+                 for s in range(size)]))
+            assert all_equal_across_ranks(got)
+            after = _core._testing_shm_info()
+            assert after["exchanges"] == before["exchanges"] + 2
+            pushed = after["push_exchanges"] - before["push_exchanges"]
+            assert pushed == (2 if on and whole else 0), share
+        # Ragged: rank 0 receives nothing from an alltoall, so no rank writes.
+        splits = [0] + [3000] * (size - 1)
+        before = _core._testing_shm_info()["push_exchanges"]
+        out, received = hvd.alltoall(mx.nd.array(rows(rank, 3000 * (size - 1), 3)),
+                                     splits=splits)
+        assert received.asnumpy().tolist() == ([0] * size if rank == 0 else [3000] * size)
+        assert _core._testing_shm_info()["push_exchanges"] == before
+        hvd.barrier()
     finally:
         restart({})
