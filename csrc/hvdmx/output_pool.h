@@ -67,7 +67,8 @@ class OutputPool {
   void* Take(int64_t bytes);
   // Returns a block from Take (of ClassBytes(bytes)) to the pool.
   void Give(void* block, int64_t bytes);
-  // Bytes the pool may keep; 0 keeps none. Surplus blocks are unmapped now.
+  // Bytes the pool may keep; 0 keeps none. Surplus blocks are unmapped (or,
+  // in the shared file, their pages given back) now.
   void SetLimit(int64_t limit);
 
   // Address space of the shared file: blocks are cut from it until it is full.
@@ -91,7 +92,7 @@ class OutputPool {
     int64_t kept_blocks = 0; // how many (filled in by stats())
     int64_t out_bytes = 0;   // in blocks an NDArray holds now
     int64_t reused = 0;      // Takes served by a kept block
-    int64_t mapped = 0;      // Takes that mapped a new block
+    int64_t mapped = 0;      // Takes that mapped or cut a new block
     int64_t arena_used = 0;  // bytes of the shared file cut into blocks
   };
   Stats stats();
