@@ -199,7 +199,7 @@ class ShmAllreduce {
   // when every rank's output lies in its shared output file: `arenas[j]` is
   // local rank j's file as mapped in this process, `arena_bytes` long.
   // Tried only by calls where every rank's output has at least
-  // `min_output_bytes` (smaller outputs are never in the file). Called on
+  // `min_output_bytes` (> 0; smaller outputs are never in the file). Called on
   // every rank or none, before the first call.
   void WriteIntoPeers(std::vector<char*> arenas, int64_t arena_bytes, int64_t min_output_bytes);
   bool writes_into_peers() const { return !arenas_.empty(); }

@@ -167,7 +167,7 @@ void ShmAllreduce::ReduceScatter(const void* in, void* out, const std::vector<in
 void ShmAllreduce::Exchange(Move move, const Stream& stream) {
   exchanges_.fetch_add(1, std::memory_order_relaxed);
   // Every rank knows every rank's output size, so all try a push or none.
-  if (size_ > 1 && !arenas_.empty() && out_.data != nullptr && out_.min_bytes > 0 &&
+  if (size_ > 1 && !arenas_.empty() && out_.data != nullptr &&
       out_.min_bytes >= push_min_output_bytes_ && ExchangePush()) {
     return;
   }
@@ -318,8 +318,10 @@ void ShmAllreduce::ExchangeDirect(const Stream& stream) {
 
 void ShmAllreduce::WriteIntoPeers(std::vector<char*> arenas, int64_t arena_bytes,
                                   int64_t min_output_bytes) {
-  HVDMX_CHECK(!cross_ && static_cast<int>(arenas.size()) == size_ && arena_bytes > 0,
-              "writing into peers' outputs: one host, one output file per rank");
+  HVDMX_CHECK(!cross_ && static_cast<int>(arenas.size()) == size_ && arena_bytes > 0 &&
+                  min_output_bytes > 0,
+              "writing into peers' outputs: one host, one output file per rank, outputs of "
+              "a byte or more");
   arenas_ = std::move(arenas);
   arena_bytes_ = arena_bytes;
   push_min_output_bytes_ = min_output_bytes;

@@ -288,13 +288,15 @@ std::unique_ptr<ShmAllreduce> CreateNodeShmAllreduce(MPI_Comm comm, const Config
   // Direct reads are for one host's byte moves: no probe when hierarchical.
   const int64_t direct_min_bytes = hierarchical ? -1 : DirectMinBytes(comm, local, config);
   std::shared_ptr<ShmSegment> segment = ShmSegment::Create(local, region_bytes, &why);
-  std::string push_why;
   std::shared_ptr<OutputFiles> files;
   // Writing into peers' outputs is for one host's byte moves too.
-  if (config.shm_push && !hierarchical) files = MapOutputFiles(comm, local, config, &push_why);
-  if (config.shm_push && !hierarchical && files == nullptr) {
-    HVDMX_LOG(kDebug) << "allgathers and alltoalls do not write into peers' outputs: "
-                      << push_why;
+  if (config.shm_push && !hierarchical) {
+    std::string push_why;
+    files = MapOutputFiles(comm, local, config, &push_why);
+    if (files == nullptr) {
+      HVDMX_LOG(kDebug) << "allgathers and alltoalls do not write into peers' outputs: "
+                        << push_why;
+    }
   }
   MPI_Comm_free(&local);
   // Every rank must agree, across hosts too.

@@ -226,40 +226,36 @@ std::pair<int64_t, int64_t> TestingShmSequence(const std::vector<py::tuple>& raw
       if (!push.empty()) shm.WriteIntoPeers(std::vector<char*>(n, file.data()), file_bytes, 1);
       for (size_t c = 0; c < calls.size(); ++c) {
         const ShmTestCall& call = calls[c];
-        char* const given_out = out[c].empty() ? nullptr : out[c][r];
-        char* const given_in = in[c][r];
+        char* src = in[c][r];
+        char* dst = out[c].empty() ? nullptr : out[c][r];
         if (at[c][r] >= 0) {  // the output moves into the file, an input inside it too
-          out[c][r] = file.data() + at[c][r];
-          std::memcpy(out[c][r], given_out, out_bytes[c][r]);
-          if (given_in >= given_out && given_in < given_out + out_bytes[c][r]) {
-            in[c][r] = out[c][r] + (given_in - given_out);
+          dst = file.data() + at[c][r];
+          std::memcpy(dst, out[c][r], out_bytes[c][r]);
+          if (src >= out[c][r] && src < out[c][r] + out_bytes[c][r]) {
+            src = dst + (src - out[c][r]);
           }
         }
         if (call.kind == "allreduce") {
           const DataType t = static_cast<DataType>(call.ints[0]);
-          shm.Allreduce(in[c][r], in_bytes[c][r] / static_cast<int64_t>(DataTypeSize(t)), t,
+          shm.Allreduce(src, in_bytes[c][r] / static_cast<int64_t>(DataTypeSize(t)), t,
                         static_cast<ReduceOp>(call.ints[1]));
         } else if (call.kind == "broadcast") {
-          char* dst = out[c].empty() ? in[c][r] : out[c][r];  // in place without outputs
-          shm.Broadcast(in[c][r], dst, in_bytes[c][r], static_cast<int>(call.ints[0]));
+          // In place without outputs.
+          shm.Broadcast(src, dst ? dst : src, in_bytes[c][r], static_cast<int>(call.ints[0]));
         } else if (call.kind == "allgather") {
-          shm.Allgather(in[c][r], out[c][r], call.ints);
+          shm.Allgather(src, dst, call.ints);
         } else if (call.kind == "reducescatter") {
           const std::vector<int64_t> starts(call.ints.begin() + 2, call.ints.end());
-          shm.ReduceScatter(in[c][r], out[c][r], starts, static_cast<DataType>(call.ints[0]),
+          shm.ReduceScatter(src, dst, starts, static_cast<DataType>(call.ints[0]),
                             static_cast<ReduceOp>(call.ints[1]), 1.0);
         } else if (call.kind == "bitand") {
-          shm.StartBitAnd(reinterpret_cast<uint64_t*>(in[c][r]),
+          shm.StartBitAnd(reinterpret_cast<uint64_t*>(src),
                           static_cast<int>(in_bytes[c][r] / sizeof(uint64_t)));
           while (!shm.TestBitAnd()) std::this_thread::yield();
         } else {
-          shm.Alltoall(in[c][r], out[c][r], call.ints);
+          shm.Alltoall(src, dst, call.ints);
         }
-        if (at[c][r] >= 0) {
-          std::memcpy(given_out, out[c][r], out_bytes[c][r]);
-          out[c][r] = given_out;
-          in[c][r] = given_in;
-        }
+        if (at[c][r] >= 0) std::memcpy(out[c][r], dst, out_bytes[c][r]);
       }
       if (r == 0) {
         direct = shm.direct_exchanges();
