@@ -335,9 +335,9 @@ void ShmAllreduce::WriteIntoPeers(std::vector<char*> arenas, int64_t arena_bytes
 // then write its rows for rank j straight into j's output: each byte is
 // copied once, by its sender, with plain stores into memory mapped in both
 // processes (no system call, no pages to pin), where the stages copy it
-// twice. At np=2 that made allgathers and alltoalls of 1-4 MiB 1.2-2.5x
-// faster than the stages in a quiet run, and level from 16 MiB
-// (docs/benchmarks.md, "Writing into peers' outputs").
+// twice. At np=2 that made alltoalls of 1-4 MiB 1.2-2.5x and allgathers of
+// 1-2 MiB 1.04-1.17x faster than the stages in one run (mixed in another),
+// and level from 16 MiB (docs/benchmarks.md, "Writing into peers' outputs").
 //
 // One call takes one chunk seq, s, and no stage:
 // - each rank writes its output's offset in its file (or -1 when the
