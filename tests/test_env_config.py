@@ -55,6 +55,7 @@ def test_hvdmx_names_and_horovod_twins():
     ("HOROVOD_STALL_SHUTDOWN_TIME_SECONDS", "-2", "seconds >= 0"),
     ("HVDMX_HUGE_PAGES", "yes", "1 or 0"),
     ("HVDMX_SHM_PUSH", "on", "1 or 0"),
+    ("HVDMX_CPU_BIND", "socket", "one of auto, core, none"),
 ])
 def test_bad_values_name_the_variable_the_value_and_the_fix(name, value, accepted):
     with pytest.raises(ValueError) as info:
@@ -99,6 +100,31 @@ def test_writing_into_peers_outputs():
     assert _core._testing_load_config({})["shm_push"] is True
     assert _core._testing_load_config({"HVDMX_SHM_PUSH": "0"})["shm_push"] is False
     assert _core._testing_load_config({"HOROVOD_SHM_PUSH": "1"})["shm_push"] is True
+
+
+def test_cpu_binding_variable():
+    assert _core._testing_load_config({})["cpu_bind"] == "auto"
+    for value in ("auto", "core", "none"):
+        assert _core._testing_load_config({"HVDMX_CPU_BIND": value})["cpu_bind"] == value
+
+
+@pytest.mark.parametrize("mode,cpus,local_rank,local_size,same,want", [
+    # auto: once the host's ranks are at least as many as their CPUs
+    ("auto", [0, 1], 0, 2, True, 0),
+    ("auto", [0, 1], 1, 2, True, 1),
+    ("auto", [4, 6, 9], 4, 5, True, 6),
+    ("auto", [0, 1, 2, 3], 1, 3, True, -1),   # fewer ranks than CPUs
+    ("auto", [0, 1], 1, 2, False, -1),        # the launcher bound them differently
+    ("auto", [3], 0, 2, True, -1),            # bound to one CPU already
+    ("auto", [], 0, 2, True, -1),             # the kernel did not say
+    # core: whatever the counts; none: never
+    ("core", [0, 1, 2, 3], 1, 3, True, 1),
+    ("core", [2, 5], 3, 4, False, 5),
+    ("core", [7], 0, 1, True, -1),
+    ("none", [0, 1], 1, 2, True, -1),
+])
+def test_the_cpu_a_rank_binds_to(mode, cpus, local_rank, local_size, same, want):
+    assert _core._testing_choose_cpu(mode, cpus, local_rank, local_size, same) == want
 
 
 def test_streaming_stores():

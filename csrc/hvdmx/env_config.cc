@@ -189,6 +189,10 @@ Status LoadConfig(const EnvLookup& lookup, Config* out) {
   if (!s.ok()) return s;
   s = ReadWord(lookup, "SHM_PUSH", {{"1", true}, {"0", false}}, "1 or 0", &config.shm_push);
   if (!s.ok()) return s;
+  s = ReadWord(lookup, "CPU_BIND",
+               {{"auto", CpuBind::kAuto}, {"core", CpuBind::kCore}, {"none", CpuBind::kNone}},
+               "one of auto, core, none", &config.cpu_bind);
+  if (!s.ok()) return s;
   if (auto value = Find(lookup, "HIERARCHICAL_ALLREDUCE", &name)) {
     if (*value != "0" && *value != "1") return Invalid(name, *value, "0 or 1");
     config.hierarchical_allreduce = *value == "1";
@@ -219,6 +223,7 @@ std::string Config::ToString() const {
                                                  : std::to_string(shm_direct_min_bytes))
       << " shm_streaming_stores=" << StageStoresName(shm_streaming_stores)
       << " huge_pages=" << huge_pages << " shm_push=" << shm_push
+      << " cpu_bind=" << CpuBindName(cpu_bind)
       << " hierarchical_allreduce=" << hierarchical_allreduce
       << " testing_ranks_per_host=" << testing_ranks_per_host
       << " stall_check_seconds=" << stall_check_seconds

@@ -12,6 +12,7 @@
 #include <string>
 
 #include "common.h"
+#include "cpu_binding.h"
 #include "logging.h"
 #include "stage_stores.h"
 
@@ -79,6 +80,11 @@ struct Config {
   // from a shared-memory file (Note [Writing into peers' outputs] in
   // shm_exchange.cc); 0 never. Needs the output pool on every rank.
   bool shm_push = true;
+  // HVDMX_CPU_BIND: auto, core or none. Whether hvd.init() binds every
+  // thread of the process to one CPU (Note [Binding a rank's threads to one
+  // CPU] in cpu_binding.h); auto: when the host's ranks are at least as many
+  // as their CPUs. May differ per rank.
+  CpuBind cpu_bind = CpuBind::kAuto;
   // HVDMX_HIERARCHICAL_ALLREDUCE (HOROVOD_HIERARCHICAL_ALLREDUCE): 0 or 1.
   // 1: on several hosts with equal rank counts, shared memory inside each
   // host and our ring between hosts (shm_allreduce.h).

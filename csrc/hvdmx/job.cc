@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <string>
 
+#include "cpu_binding.h"
 #include "logging.h"
 #include "mpi_comm.h"
 #include "output_pool.h"
@@ -72,6 +73,34 @@ bool PeersOnThisHost(MPI_Comm comm) {
   return local_size > 1;
 }
 
+// Binds this process's threads to one CPU where HVDMX_CPU_BIND says so (see
+// Note [Binding a rank's threads to one CPU]). Collective over `comm`: the
+// ranks of this host compare their CPUs.
+void MaybeBindToCpu(MPI_Comm comm, CpuBind mode) {
+  int rank = 0, local_rank = 0, local_size = 1;
+  MPI_Comm_rank(comm, &rank);
+  MPI_Comm local;
+  MPI_Comm_split_type(comm, MPI_COMM_TYPE_SHARED, rank, MPI_INFO_NULL, &local);
+  MPI_Comm_rank(local, &local_rank);
+  MPI_Comm_size(local, &local_size);
+  const std::vector<int> cpus = CurrentCpus();
+  uint64_t print = 1469598103934665603ULL;
+  for (int c : cpus) print = (print ^ static_cast<uint64_t>(c + 1)) * 1099511628211ULL;
+  // The least of every rank's fingerprint and of its complement: both are
+  // this rank's own only if every rank of the host has the same.
+  uint64_t mine[2] = {print, ~print};
+  uint64_t least[2] = {0, 0};
+  MPI_Allreduce(mine, least, 2, MPI_UINT64_T, MPI_MIN, local);
+  MPI_Comm_free(&local);
+  const bool same = least[0] == mine[0] && least[1] == mine[1];
+  const int cpu = ChooseCpu(mode, cpus, local_rank, local_size, same);
+  if (cpu < 0) return;
+  const int threads = BindAllThreads(cpu);
+  HVDMX_LOG(kDebug) << "init: bound " << threads << " threads to CPU " << cpu << " (local rank "
+                    << local_rank << " of " << local_size << ", " << cpus.size()
+                    << " CPUs; HVDMX_CPU_BIND=" << CpuBindName(mode) << ")";
+}
+
 // Collective over `comm`.
 std::shared_ptr<Runtime> StartRuntime(MPI_Comm comm) {
   std::unique_ptr<ShmAllreduce> shm = CreateNodeShmAllreduce(comm, G().config);
@@ -93,6 +122,7 @@ void StopAllLocked() {
   G().runtime.reset();
   if (G().world != MPI_COMM_NULL) MPI_Comm_free(&G().world);
   ProcessTimeline().Stop();
+  UnbindAllThreads();
 }
 
 // Every rank must plan the same collectives, so the settings that decide
@@ -184,6 +214,8 @@ void Init(uintptr_t comm_address) {
   if (!config.timeline_path.empty() && G().topo.rank == 0) {
     ThrowIfError(ProcessTimeline().Start(config.timeline_path, config.timeline_mark_cycles));
   }
+  // Before the runtime starts, so that its thread starts bound.
+  MaybeBindToCpu(comm, config.cpu_bind);
   G().runtime = StartRuntime(comm);
 }
 

@@ -1,13 +1,12 @@
 #include "shm_allreduce.h"
 
-#include <sched.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <chrono>
 #include <cstring>
-#include <thread>
 
+#include "cpu_binding.h"
 #include "reduce_kernels.h"
 #include "shm_internal.h"
 
@@ -19,17 +18,6 @@ using shm_internal::kPageBytes;
 using shm_internal::kSliceAlignBytes;
 using shm_internal::kSpinMicros;
 using shm_internal::WaitFor;
-
-namespace {
-
-// The cores this process may run on.
-int CoresAvailable() {
-  cpu_set_t set;
-  if (sched_getaffinity(0, sizeof(set), &set) == 0) return CPU_COUNT(&set);
-  return static_cast<int>(std::thread::hardware_concurrency());
-}
-
-}  // namespace
 
 // Note [Where a chunk sits in its stage]
 // ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
@@ -90,7 +78,7 @@ ShmAllreduce::ShmAllreduce(int rank, int size, std::vector<char*> regions, int64
       cross_(std::move(cross)),
       operands_(size),
       slices_(size),
-      spin_micros_(size <= CoresAvailable() ? kSpinMicros : 0),
+      spin_micros_(size <= UsableCpuCount() ? kSpinMicros : 0),
       huge_pages_(huge_pages),
       direct_min_bytes_(direct_min_bytes),
       stores_(stores),

@@ -22,6 +22,7 @@
 #include <thread>
 
 #include "autotune.h"
+#include "cpu_binding.h"
 #include "env_config.h"
 #include "fusion_plan.h"
 #include "local_comm.h"
@@ -130,6 +131,7 @@ py::dict TestingLoadConfig(const std::map<std::string, std::string>& env) {
   d["hierarchical_allreduce"] = c.hierarchical_allreduce;
   d["huge_pages"] = c.huge_pages;
   d["shm_push"] = c.shm_push;
+  d["cpu_bind"] = CpuBindName(c.cpu_bind);
   d["testing_ranks_per_host"] = c.testing_ranks_per_host;
   d["log_level"] = static_cast<int>(c.log_level);
   d["stall_check_seconds"] = c.stall_check_seconds;
@@ -339,6 +341,21 @@ void DefineTestingBindings(py::module_& m) {
   m.def("_testing_reduce3_scaled", &TestingReduce3Scaled);
   m.def("_testing_ring_allreduce", &TestingRingAllreduce);
   m.def("_testing_load_config", &TestingLoadConfig);
+  m.def("_testing_choose_cpu", [](const std::string& mode, const std::vector<int>& cpus,
+                                  int local_rank, int local_size, bool same_cpus_on_host) {
+    const std::map<std::string, std::string> env = {{"HVDMX_CPU_BIND", mode}};
+    Config c;
+    ThrowIfError(LoadConfig(MapLookup(env), &c));
+    return ChooseCpu(c.cpu_bind, cpus, local_rank, local_size, same_cpus_on_host);
+  });
+  // The CPU hvd.init() bound this process to (-1: none) and the CPUs the
+  // shared-memory waits count.
+  m.def("_testing_cpu_binding", [] {
+    py::dict d;
+    d["cpu"] = BoundCpu();
+    d["usable_cpus"] = UsableCpuCount();
+    return d;
+  });
   m.def("_testing_autotune", &TestingAutotune);
   m.def("_testing_plan_fusion", &TestingPlanFusion);
   DefineTestingShmBindings(m);

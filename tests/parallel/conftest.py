@@ -16,6 +16,9 @@ from hvdmx import _core
 
 
 _config = None
+# The CPUs the launcher let this rank run on, before hvd.init() could bind it
+# (test_cpu_binding.py).
+launch_cpus = sorted(os.sched_getaffinity(0))
 
 
 def pytest_configure(config):
