@@ -313,7 +313,12 @@ std::unique_ptr<ShmAllreduce> CreateNodeShmAllreduce(MPI_Comm comm, const Config
   if (hierarchical) cross = RingAcrossHosts(comm, local_rank, config);
   HVDMX_LOG(kDebug) << "shared-memory allreduce on: " << local_size << " ranks on this host"
                     << (hierarchical ? ", the ring between hosts" : "") << ", " << region_bytes
-                    << " bytes per rank, direct reads from " << direct_min_bytes << " bytes"
+                    << " bytes per rank, direct reads "
+                    << (direct_min_bytes == kShmDirectAuto
+                            ? std::string("auto")
+                            : direct_min_bytes < 0 ? std::string("never")
+                                                   : "from " + std::to_string(direct_min_bytes) +
+                                                         " bytes")
                     << (files ? ", writes into peers' outputs" : "");
   auto owner = std::make_shared<std::pair<std::shared_ptr<ShmSegment>,
                                           std::shared_ptr<OutputFiles>>>(segment, files);
