@@ -191,6 +191,31 @@ def test_timing_tools_reject_bad_input(tool, args, message):
     assert result.returncode == 2 and message in result.stderr
 
 
+def test_placement_script():
+    # tools/placement.py, with binding forced: every busy thread of a rank stays
+    # on one CPU, each rank on its own if there are two.
+    script = os.path.join(ROOT, "tools", "placement.py")
+    result = subprocess.run([MPIEXEC, "-n", "2", sys.executable, script, "--kind", "allreduce",
+                             "--bytes", "4096", "--iters", "20000", "--label", "core"],
+                            env={**ENV, "HVDMX_CPU_BIND": "core"}, capture_output=True,
+                            text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    head, rank0, rank1 = result.stdout.strip().split(" | ")
+    label, kind, nbytes, unit, us, micro = head.split()
+    assert (label, kind, nbytes, unit, micro) == ("core", "allreduce", "4096", "B:", "us")
+    assert float(us) > 0
+    cpus = []
+    for r, part in enumerate([rank0, rank1]):
+        assert part.startswith(f"rank {r}: ")
+        threads = dict(t.split("@") for t in part[len(f"rank {r}: "):].split(", "))
+        assert "python" in threads  # the thread that made the calls
+        seen = {c for where in threads.values() for c in where.split(",") if c}
+        assert len(seen) == 1, threads
+        cpus.append(seen.pop())
+    if len(os.sched_getaffinity(0)) >= 2:
+        assert cpus[0] != cpus[1]
+
+
 def test_interleave_script():
     # tools/interleave.py: one round, two values of a variable, a fixed one.
     script = os.path.join(ROOT, "tools", "interleave.py")

@@ -10,9 +10,10 @@
 // CPU costs a wake-up across CPUs, which on a virtual machine takes tens of
 // microseconds. With two ranks on two CPUs, where each rank's threads land
 // is up to the scheduler and stays put for a whole run: in one run out of
-// three or four here, a 1 MiB allgather took 80-150 us instead of 47, and it
-// took 47 in every run with all of a rank's threads on one CPU (mpiexec
-// -bind-to core, or these threads bound by hand; docs/benchmarks.md).
+// three or four here, a 1 MiB allgather (512 KiB from each rank) took
+// 80-150 us instead of 47, and it took 47 in every run with all of a rank's
+// threads on one CPU (mpiexec -bind-to core, or these threads bound by
+// hand; docs/benchmarks.md).
 //
 // So hvd.init() binds every thread of the process to one CPU when a rank
 // could not count on more than one anyway: the host's ranks are at least as
