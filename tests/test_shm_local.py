@@ -495,8 +495,8 @@ def test_mixed_calls_move_every_byte(calls, chunk, direct, stores, push):
     size = len(specs[0][1])
     flags = {"off": [], "every rank": [True] * size,
              "all but the last": [True] * (size - 1) + [False]}[push]
-    direct_calls, pushed_calls = _core._testing_shm_sequence(specs, chunk, direct, stores,
-                                                             flags)
+    direct_calls, pushed_calls, root_writes = _core._testing_shm_sequence(
+        specs, chunk, direct, stores, flags)
     pushed = [push == "every rank" and size > 1 and kind in ("allgather", "alltoall")
               and smallest_output(kind, ints, size) > 0 for kind, _, _, ints in specs]
     assert pushed_calls == sum(pushed)
@@ -510,9 +510,17 @@ def test_mixed_calls_move_every_byte(calls, chunk, direct, stores, push):
                 return max(ints[j + 1] - ints[j] for j in range(size))
             return max(sum(ints[i * size:(i + 1) * size]) - ints[i * size + i]
                        for i in range(size))
-        assert direct_calls == sum(
-            1 for (kind, ins, _, ints), p in zip(specs, pushed)
-            if kind in MOVES and not p and 0 < longest(kind, ins, ints) >= direct)
+        taken = [kind in MOVES and not p and 0 < longest(kind, ins, ints) >= direct
+                 for (kind, ins, _, ints), p in zip(specs, pushed)]
+        assert direct_calls == sum(taken)
+        # A direct broadcast's root writes the last 1/size of each peer's
+        # read, in whole 64-byte lines, when that is a line or more, if it
+        # broadcasts in place (out of place it copies its own output).
+        assert root_writes == sum(
+            1 for (kind, ins, outs, ints), t in zip(specs, taken)
+            if t and kind == "broadcast" and not outs and ins[ints[0]].nbytes // size // 64 > 0)
+    if direct < 0 or size == 1:
+        assert root_writes == 0
     for spec, wants, results in calls:
         for rank, (got, want) in enumerate(zip(results, wants)):
             assert np.array_equal(got, want), f"{spec[0]} on rank {rank}"
@@ -528,10 +536,12 @@ def test_bit_ands_in_a_row(size):
             assert np.array_equal(got, want), f"bit-and {c} on rank {rank}"
 
 
-@pytest.mark.parametrize("direct, push", [(-1, False), (0, False), (-1, True)],
-                         ids=["staged", "direct", "pushed"])
+@pytest.mark.parametrize("direct, push", [(-1, False), (0, False), (-1, True), (0, True)],
+                         ids=["staged", "direct", "pushed", "direct and pushed"])
 @pytest.mark.parametrize("size", [2, 3, 4])
 def test_large_byte_moves_over_many_chunks(size, direct, push):
+    # Direct and pushed: the out-of-place broadcast's outputs lie in the
+    # shared file (its root writes into none: it copies its own output).
     n = 3 * 65536 + 5
     calls = [broadcast_call(size, 0, n, size - 1),
              broadcast_out_call(size, 4, n + 17, 0),
@@ -541,11 +551,14 @@ def test_large_byte_moves_over_many_chunks(size, direct, push):
              allreduce_call(size, 3, n),
              reducescatter_call(size, 5, [n // 3 + j * 1001 for j in range(size)]),
              reducescatter_call(size, 6, [0] + [n // 5] * (size - 1), FLOAT64, MAX)]
-    direct_calls, pushed_calls = _core._testing_shm_sequence(
+    direct_calls, pushed_calls, root_writes = _core._testing_shm_sequence(
         [spec for spec, _, _ in calls], 4096 + 64, direct,
         STREAMING if direct == 0 else CACHED, [push] * size)
     # Broadcasts never push: an in-place one writes the caller's own array.
-    assert (direct_calls, pushed_calls) == ((4 if direct == 0 else 0), (2 if push else 0))
+    # Read directly, the in-place one's root writes part of every peer's output.
+    assert (direct_calls, pushed_calls) == ((2 if push else 4) if direct == 0 else 0,
+                                            (2 if push else 0))
+    assert root_writes == (1 if direct == 0 else 0)
     for spec, wants, results in calls:
         for got, want in zip(results, wants):
             assert np.array_equal(got, want), spec[0]
@@ -567,6 +580,6 @@ def test_allgather_in_place_block_is_left_alone(direct, push):
     ins = [out[starts[r]:starts[r + 1]] for r, out in enumerate(outs)]
     counts = _core._testing_shm_sequence([("allgather", ins, outs, starts)], 64, direct, 0,
                                          [push] * size)
-    assert counts == ((0, 1) if push else (int(direct == 0), 0))
+    assert counts == ((0, 1, 0) if push else (int(direct == 0), 0, 0))
     for out in outs:
         assert np.array_equal(out, want)

@@ -205,6 +205,7 @@ py::object TestingShmInfo() {
   d["hierarchical"] = shm->hierarchical();
   d["exchanges"] = shm->exchanges();
   d["direct_exchanges"] = shm->direct_exchanges();
+  d["root_writes"] = shm->root_writes();
   d["writes_into_peers"] = shm->writes_into_peers();
   d["push_exchanges"] = shm->push_exchanges();
   d["direct_min_bytes"] = DirectMinBytesValue(shm->direct_min_bytes());

@@ -62,9 +62,9 @@ struct Config {
   // shared memory whose largest block has at least this many bytes are read
   // straight from the peers' buffers (cross-memory attach, one copy instead
   // of two; see docs/algorithms.md) where the kernel allows it. -1: never.
-  // auto (kShmDirectAuto, the default): alltoalls from
-  // ShmAllreduce::kAutoAlltoallDirectMinBytes, the others never, as measured
-  // in docs/benchmarks.md.
+  // auto (kShmDirectAuto, the default): alltoalls and broadcasts from
+  // ShmAllreduce::kAutoDirectMinBytes, allgathers never, as measured in
+  // docs/benchmarks.md.
   int64_t shm_direct_min_bytes = kShmDirectAuto;
   // HVDMX_SHM_STREAMING_STORES: auto, 0 or 1. How the shared-memory
   // allreduce writes what peers read: 1 streams it to memory, 0 leaves it in

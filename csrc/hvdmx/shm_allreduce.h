@@ -97,10 +97,14 @@ class ShmAllreduce {
  public:
   static constexpr int kStages = 4;
   static constexpr int64_t kDirectAuto = -2;
-  // Under kDirectAuto: alltoalls read directly from 16 MiB at np=2, where
-  // they were 1.1-1.4x faster than through the stages (docs/benchmarks.md);
-  // at 4 MiB the stages were level or ahead.
-  static constexpr int64_t kAutoAlltoallDirectMinBytes = int64_t{8} << 20;
+  // Under kDirectAuto, alltoalls and broadcasts whose longest stream has at
+  // least this many bytes are read directly. At np=2, alltoalls of 16 MiB
+  // and up were 1.1-1.4x faster than through the stages, broadcasts
+  // (the root writing half of the peer's output, Note [Reading peers'
+  // buffers directly]) 1.1-1.5x; at 4 MiB both were mixed
+  // (docs/benchmarks.md). Allgathers were mixed read directly; most write
+  // into the peers' outputs instead.
+  static constexpr int64_t kAutoDirectMinBytes = int64_t{8} << 20;
   // An in-place allreduce of `count` elements among the ranks of one local
   // rank on every host (the same calls on all of them).
   using CrossAllreduce = std::function<void(void* buf, int64_t count, DataType dtype, ReduceOp op)>;
@@ -119,7 +123,7 @@ class ShmAllreduce {
   // `direct_min_bytes` >= 0: byte-moving calls whose longest stream has at
   // least that many bytes read the peers' buffers directly, which needs
   // CrossMemoryAttachWorks() between all of them; kDirectAuto: alltoalls
-  // from kAutoAlltoallDirectMinBytes, the others never; -1: never. The
+  // and broadcasts from kAutoDirectMinBytes, allgathers never; -1: never. The
   // same on every rank. `stores`: how the calls write their stages (may
   // differ between ranks). `huge_pages`: whether direct exchanges collapse
   // their streams first (Note [Huge pages under what peers read]).
@@ -188,6 +192,9 @@ class ShmAllreduce {
   // buffers directly; any thread may read them.
   int64_t exchanges() const { return exchanges_.load(std::memory_order_relaxed); }
   int64_t direct_exchanges() const { return direct_exchanges_.load(std::memory_order_relaxed); }
+  // Direct broadcasts in which this rank, their root, wrote part of the
+  // peers' outputs (Note [Reading peers' buffers directly]).
+  int64_t root_writes() const { return root_writes_.load(std::memory_order_relaxed); }
   // Huge pages this rank has collapsed under the streams its peers read
   // directly, and those the kernel refused; any thread may read them.
   int64_t collapsed_huge_pages() const { return huge_pages_.collapsed(); }
@@ -208,10 +215,11 @@ class ShmAllreduce {
 
   // Whether this process can read `bytes` at `address` in process `pid`
   // with cross-memory attach (process_vm_readv: Linux, the same user, and
-  // ptrace allowed between the two) and finds `expected` there. On failure,
-  // *why says what the kernel said.
+  // ptrace allowed between the two) and finds `expected` there, and can
+  // write those bytes to `writable` there (process_vm_writev, which direct
+  // broadcasts use). On failure, *why says what the kernel said.
   static bool CrossMemoryAttachWorks(int64_t pid, const void* address, const void* expected,
-                                     int64_t bytes, std::string* why);
+                                     void* writable, int64_t bytes, std::string* why);
 
   // A bitwise AND of `n` words over the host's ranks, split like
   // Comm::StartBitAnd / TestBitAnd (the negotiation's one collective per
@@ -279,7 +287,11 @@ class ShmAllreduce {
   // Where `move`'s direct reads start (-1: never); see the constructor.
   int64_t DirectMinBytes(Move move) const;
   // Exchange without the stages: see Note [Reading peers' buffers directly].
-  void ExchangeDirect(const Stream& stream);
+  void ExchangeDirect(Move move, const Stream& stream);
+  // The bytes at the end of a peer's `read_bytes`-long read of a direct
+  // broadcast that the root writes into it: 1/size of it, in whole cache
+  // lines.
+  int64_t RootWrittenBytes(int64_t read_bytes) const;
   // What this rank writes into rank j's output in a push: `bytes` from
   // `src`, at `at` in the output. sends_[rank] is its own rows.
   struct Send {
@@ -298,6 +310,9 @@ class ShmAllreduce {
   // [Writing into peers' outputs]. Returns false, having moved nothing,
   // when some rank's output is not in its shared file.
   bool ExchangePush();
+  // Where `bytes` at `data` lie in this rank's shared output file, or -1
+  // (also when there is none).
+  int64_t OffsetInFile(const char* data, int64_t bytes) const;
   void Publish(const Stream& stream, int64_t length, uint64_t seq, int64_t k);
   void Collect(const Stream& stream, uint64_t seq, int64_t k);
 
@@ -317,6 +332,7 @@ class ShmAllreduce {
   std::atomic<int64_t> streamed_calls_{0};
   std::atomic<int64_t> exchanges_{0};
   std::atomic<int64_t> direct_exchanges_{0};
+  std::atomic<int64_t> root_writes_{0};
   HugePageCollapser huge_pages_;  // under direct exchanges' streams
   const int64_t direct_min_bytes_;
   StageStoreChooser stores_;  // the allreduce's

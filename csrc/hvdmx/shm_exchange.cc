@@ -174,7 +174,7 @@ void ShmAllreduce::Exchange(Move move, const Stream& stream) {
   const int64_t longest = *std::max_element(lengths_.begin(), lengths_.end());
   const int64_t direct = DirectMinBytes(move);
   if (size_ > 1 && direct >= 0 && longest >= direct && longest > 0) {
-    ExchangeDirect(stream);
+    ExchangeDirect(move, stream);
     return;
   }
   const int64_t chunks = size_ == 1 ? 0 : (longest + chunk_bytes_ - 1) / chunk_bytes_;
@@ -198,7 +198,7 @@ void ShmAllreduce::Exchange(Move move, const Stream& stream) {
 
 int64_t ShmAllreduce::DirectMinBytes(Move move) const {
   if (direct_min_bytes_ != kDirectAuto) return direct_min_bytes_;
-  return move == kAlltoall ? kAutoAlltoallDirectMinBytes : -1;
+  return move == kAlltoall || move == kBroadcast ? kAutoDirectMinBytes : -1;
 }
 
 void ShmAllreduce::Publish(const Stream& stream, int64_t length, uint64_t seq, int64_t k) {
@@ -238,14 +238,17 @@ void ShmAllreduce::Collect(const Stream& stream, uint64_t seq, int64_t k) {
 
 namespace {
 
-// Copies `bytes` at `from` in process `pid` to `to` with cross-memory attach,
-// in as many calls as the kernel needs (it may stop early). Returns 0, or the
-// errno of the call that failed (EIO if one read nothing).
-int ReadPeerMemory(int64_t pid, uintptr_t from, char* to, int64_t bytes) {
+// Copies `bytes` between `local` in this process and `remote` in process
+// `pid` with cross-memory attach (process_vm_readv, or process_vm_writev
+// when `write`), in as many calls as the kernel needs (it may stop early).
+// Returns 0, or the errno of the call that failed (EIO if one moved nothing).
+int CopyPeerMemory(bool write, int64_t pid, uintptr_t remote, char* local, int64_t bytes) {
   for (int64_t done = 0; done < bytes;) {
-    iovec local{to + done, static_cast<size_t>(bytes - done)};
-    iovec remote{reinterpret_cast<void*>(from + done), local.iov_len};
-    const ssize_t got = process_vm_readv(static_cast<pid_t>(pid), &local, 1, &remote, 1, 0);
+    iovec here{local + done, static_cast<size_t>(bytes - done)};
+    iovec there{reinterpret_cast<void*>(remote + done), here.iov_len};
+    const pid_t p = static_cast<pid_t>(pid);
+    const ssize_t got = write ? process_vm_writev(p, &here, 1, &there, 1, 0)
+                              : process_vm_readv(p, &here, 1, &there, 1, 0);
     if (got <= 0) return got < 0 ? errno : EIO;
     done += got;
   }
@@ -253,6 +256,10 @@ int ReadPeerMemory(int64_t pid, uintptr_t from, char* to, int64_t bytes) {
 }
 
 }  // namespace
+
+int64_t ShmAllreduce::RootWrittenBytes(int64_t read_bytes) const {
+  return read_bytes / size_ / kSliceAlignBytes * kSliceAlignBytes;
+}
 
 // Note [Reading peers' buffers directly]
 // ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
@@ -273,11 +280,25 @@ int ReadPeerMemory(int64_t pid, uintptr_t from, char* to, int64_t bytes) {
 //   with process_vm_readv; then it publishes done = s + 1;
 // - it returns only once every peer has published done: until then a peer
 //   may still be reading its buffer, which the caller owns and may reuse.
+// In place, a broadcast's root reads nothing and would sit idle while every
+// peer copies the whole message, so it copies part of it itself: each peer
+// publishes where its read lands (read_dst, read_bytes) with copied and
+// reads all but the last RootWrittenBytes of it; the root writes that end
+// into each peer's output, with a plain copy where the output lies in the
+// peer's shared output file (out_offset, as in Note [Writing into peers'
+// outputs]), else with process_vm_writev (the same permission as reading),
+// then publishes done. A peer's output is whole once the root's done is
+// in, which every rank waits for anyway. At np=2 the two halves move at
+// once: 16 MiB in 555-590 us against 745-800 for one whole read, 64 MiB in
+// 2.8-3.1 ms against 3.2-3.9 (docs/benchmarks.md). Out of place, the root
+// copies the whole message into its own output, as much as each peer
+// reads, so it writes nothing for them (root_writes = 0 in its control
+// block).
 // Staged and direct calls can follow each other in any order: both keep
 // copied and done at the count of chunks (a stage is reused only once
 // every rank is done with the chunk it last held, as before), and which one
 // a call takes depends only on lengths_, the same on every rank.
-void ShmAllreduce::ExchangeDirect(const Stream& stream) {
+void ShmAllreduce::ExchangeDirect(Move move, const Stream& stream) {
   direct_exchanges_.fetch_add(1, std::memory_order_relaxed);
   // Peers read the stream faster from huge pages: see Note [Huge pages
   // under what peers read] in huge_pages.h. Its hole is this rank's too.
@@ -287,14 +308,61 @@ void ShmAllreduce::ExchangeDirect(const Stream& stream) {
   mine.stream_data.store(reinterpret_cast<uintptr_t>(stream.data), std::memory_order_relaxed);
   mine.stream_hole_at.store(stream.hole_at, std::memory_order_relaxed);
   mine.stream_hole_bytes.store(stream.hole_bytes, std::memory_order_relaxed);
+  // A broadcast: the root (the one rank with a stream) writes the end of
+  // every other rank's read. A broadcast's read is the root's whole stream.
+  const bool broadcast = move == kBroadcast;
+  const bool root = broadcast && lengths_[rank_] > 0;
+  // Out of place, the root copies the message into its own output: as much
+  // as a peer reads, so it has no time to write for them.
+  const bool root_writes = root && reads_[rank_].bytes == 0;
+  if (root) mine.root_writes.store(root_writes ? 1 : 0, std::memory_order_relaxed);
+  if (broadcast && !root) {
+    int64_t bytes = 0;
+    char* dst = nullptr;
+    for (const Read& read : reads_) {
+      if (read.bytes > 0) bytes = read.bytes, dst = read.dst;
+    }
+    const int64_t written = RootWrittenBytes(bytes);
+    const int64_t offset = OffsetInFile(dst, bytes);
+    // Outside the shared file, the root's writes pin these pages as peers'
+    // reads pin the stream's.
+    if (written > 0 && offset < 0) huge_pages_.Collapse(dst + bytes - written, written);
+    mine.read_dst.store(reinterpret_cast<uintptr_t>(dst), std::memory_order_relaxed);
+    mine.read_bytes.store(bytes, std::memory_order_relaxed);
+    mine.out_offset.store(offset, std::memory_order_relaxed);
+  }
   mine.copied.value.store(seq + 1, std::memory_order_release);
   const Read& self = reads_[rank_];
   if (self.bytes > 0) std::memmove(self.dst, stream.data + self.offset, self.bytes);
+  bool wrote = false;
   for (int i = 1; i < size_; ++i) {
     const int j = (rank_ + i) % size_;
+    const Control& peer = control(j);
+    if (root) {
+      if (!root_writes) continue;
+      WaitFor(peer.copied.value, seq + 1, spin_micros_);
+      const int64_t pid = peer.pid.load(std::memory_order_relaxed);
+      const int64_t bytes = peer.read_bytes.load(std::memory_order_relaxed);
+      const int64_t written = RootWrittenBytes(bytes);
+      if (written == 0) continue;
+      const int64_t at = bytes - written;
+      const int64_t offset = peer.out_offset.load(std::memory_order_relaxed);
+      wrote = true;
+      if (offset >= 0) {  // the peer's output is in its shared file, mapped here
+        std::memcpy(arenas_[j] + offset + at, stream.data + at, written);
+        continue;
+      }
+      const int err = CopyPeerMemory(true, pid, peer.read_dst.load(std::memory_order_relaxed) + at,
+                                     const_cast<char*>(stream.data) + at, written);
+      HVDMX_CHECK(err == 0, "writing into local rank " + std::to_string(j) +
+                                "'s output with process_vm_writev failed (" +
+                                std::strerror(err) +
+                                "); HVDMX_SHM_DIRECT_MIN_BYTES=-1 moves bytes through the "
+                                "shared-memory stages instead");
+      continue;
+    }
     const Read& read = reads_[j];
     if (read.bytes == 0) continue;
-    const Control& peer = control(j);
     WaitFor(peer.copied.value, seq + 1, spin_micros_);
     // The read is one of the peer's blocks, wholly before its hole or
     // wholly after it (alltoall's hole is the peer's block for itself).
@@ -303,13 +371,16 @@ void ShmAllreduce::ExchangeDirect(const Stream& stream) {
         read.offset < hole_at ? read.offset
                               : read.offset + peer.stream_hole_bytes.load(std::memory_order_relaxed);
     const uintptr_t from = peer.stream_data.load(std::memory_order_relaxed) + at;
-    const int err = ReadPeerMemory(peer.pid.load(std::memory_order_relaxed), from, read.dst,
-                                   read.bytes);
+    const bool helped = broadcast && peer.root_writes.load(std::memory_order_relaxed) != 0;
+    const int64_t bytes = read.bytes - (helped ? RootWrittenBytes(read.bytes) : 0);
+    const int err = CopyPeerMemory(false, peer.pid.load(std::memory_order_relaxed), from,
+                                   read.dst, bytes);
     HVDMX_CHECK(err == 0, "reading local rank " + std::to_string(j) +
                               "'s buffer with process_vm_readv failed (" + std::strerror(err) +
                               "); HVDMX_SHM_DIRECT_MIN_BYTES=-1 moves bytes through the "
                               "shared-memory stages instead");
   }
+  if (wrote) root_writes_.fetch_add(1, std::memory_order_relaxed);
   mine.done.value.store(seq + 1, std::memory_order_release);
   for (int j = 0; j < size_; ++j) {
     if (j != rank_) WaitFor(control(j).done.value, seq + 1, spin_micros_);
@@ -325,6 +396,14 @@ void ShmAllreduce::WriteIntoPeers(std::vector<char*> arenas, int64_t arena_bytes
   arenas_ = std::move(arenas);
   arena_bytes_ = arena_bytes;
   push_min_output_bytes_ = min_output_bytes;
+}
+
+int64_t ShmAllreduce::OffsetInFile(const char* data, int64_t bytes) const {
+  if (arenas_.empty()) return -1;
+  const uintptr_t at = reinterpret_cast<uintptr_t>(data);
+  const uintptr_t file = reinterpret_cast<uintptr_t>(arenas_[rank_]);
+  const int64_t offset = static_cast<int64_t>(at - file);
+  return at < file || offset > arena_bytes_ - bytes ? -1 : offset;
 }
 
 // Note [Writing into peers' outputs]
@@ -355,10 +434,7 @@ void ShmAllreduce::WriteIntoPeers(std::vector<char*> arenas, int64_t arena_bytes
 bool ShmAllreduce::ExchangePush() {
   const uint64_t seq = seq_++;
   Control& mine = control(rank_);
-  const uintptr_t data = reinterpret_cast<uintptr_t>(out_.data);
-  const uintptr_t file = reinterpret_cast<uintptr_t>(arenas_[rank_]);
-  int64_t offset = static_cast<int64_t>(data - file);
-  if (data < file || offset > arena_bytes_ - out_.bytes) offset = -1;
+  const int64_t offset = OffsetInFile(out_.data, out_.bytes);
   mine.out_offset.store(offset, std::memory_order_relaxed);
   mine.copied.value.store(seq + 1, std::memory_order_release);
   bool all = offset >= 0;
@@ -387,15 +463,20 @@ bool ShmAllreduce::ExchangePush() {
 }
 
 bool ShmAllreduce::CrossMemoryAttachWorks(int64_t pid, const void* address, const void* expected,
-                                          int64_t bytes, std::string* why) {
+                                          void* writable, int64_t bytes, std::string* why) {
   std::string got(static_cast<size_t>(bytes), '\0');
-  const int err = ReadPeerMemory(pid, reinterpret_cast<uintptr_t>(address), got.data(), bytes);
+  int err = CopyPeerMemory(false, pid, reinterpret_cast<uintptr_t>(address), got.data(), bytes);
   if (err != 0) {
     *why = std::string("process_vm_readv: ") + std::strerror(err);
     return false;
   }
   if (std::memcmp(got.data(), expected, got.size()) != 0) {
     *why = "process_vm_readv read other bytes than the peer holds";
+    return false;
+  }
+  err = CopyPeerMemory(true, pid, reinterpret_cast<uintptr_t>(writable), got.data(), bytes);
+  if (err != 0) {
+    *why = std::string("process_vm_writev: ") + std::strerror(err);
     return false;
   }
   return true;

@@ -116,9 +116,18 @@ struct ShmAllreduce::Control {
   std::atomic<uint64_t> stream_data;
   std::atomic<int64_t> stream_hole_at;
   std::atomic<int64_t> stream_hole_bytes;
-  // A push's output: its offset in this rank's shared output file, or -1
-  // (Note [Writing into peers' outputs]). Written before `copied` is
-  // released for the call, read after acquiring it.
+  // A direct broadcast's read on a rank other than the root: where it lands
+  // in this rank's address space, and its length (0: none), for the root to
+  // write its end. Written and read as the stream's fields are.
+  std::atomic<uint64_t> read_dst;
+  std::atomic<int64_t> read_bytes;
+  // A direct broadcast's root: 1 if it writes the end of the others' reads
+  // (in place, when it has nothing to copy for itself), else 0.
+  std::atomic<int64_t> root_writes;
+  // A push's output, or a direct broadcast's read on a rank other than the
+  // root: its offset in this rank's shared output file, or -1 (Note
+  // [Writing into peers' outputs]). Written before `copied` is released for
+  // the call, read after acquiring it.
   std::atomic<int64_t> out_offset;
 };
 

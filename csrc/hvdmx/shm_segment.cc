@@ -140,18 +140,22 @@ ShmAllreduce::CrossAllreduce RingAcrossHosts(MPI_Comm comm, int local_rank,
 // that failed.
 bool CrossMemoryAttachWorksOnHost(MPI_Comm comm, MPI_Comm local, std::string* why) {
   static const uint64_t kProbe = 0x6876646d782d636dULL;
+  // Peers write kProbe here, all the same bytes; nothing reads it.
+  static uint64_t written_by_peers = 0;
   int rank = 0, size = 1;
   MPI_Comm_rank(local, &rank);
   MPI_Comm_size(local, &size);
-  const int64_t mine[2] = {getpid(), static_cast<int64_t>(reinterpret_cast<uintptr_t>(&kProbe))};
-  std::vector<int64_t> all(2 * static_cast<size_t>(size));
-  MPI_Allgather(mine, 2, MPI_INT64_T, all.data(), 2, MPI_INT64_T, local);
+  const int64_t mine[3] = {getpid(), static_cast<int64_t>(reinterpret_cast<uintptr_t>(&kProbe)),
+                           static_cast<int64_t>(reinterpret_cast<uintptr_t>(&written_by_peers))};
+  std::vector<int64_t> all(3 * static_cast<size_t>(size));
+  MPI_Allgather(mine, 3, MPI_INT64_T, all.data(), 3, MPI_INT64_T, local);
   int ok = 1;
   for (int j = 0; j < size && ok; ++j) {
-    const void* address = reinterpret_cast<const void*>(static_cast<uintptr_t>(all[2 * j + 1]));
-    if (j != rank && !ShmAllreduce::CrossMemoryAttachWorks(all[2 * j], address, &kProbe,
+    const void* address = reinterpret_cast<const void*>(static_cast<uintptr_t>(all[3 * j + 1]));
+    void* writable = reinterpret_cast<void*>(static_cast<uintptr_t>(all[3 * j + 2]));
+    if (j != rank && !ShmAllreduce::CrossMemoryAttachWorks(all[3 * j], address, &kProbe, writable,
                                                            sizeof(kProbe), why)) {
-      *why = "local rank " + std::to_string(rank) + " cannot read local rank " +
+      *why = "local rank " + std::to_string(rank) + " cannot read or write local rank " +
              std::to_string(j) + "'s memory: " + *why;
       ok = 0;
     }

@@ -4,6 +4,7 @@
 #include <pybind11/numpy.h>
 #include <pybind11/stl.h>
 
+#include <atomic>
 #include <cstring>
 #include <memory>
 #include <string>
@@ -160,13 +161,14 @@ struct ShmTestCall {
 // Byte-moving calls of at least `direct_min_bytes` (>= 0) read the peers'
 // buffers directly (here: this process's own memory). With `push` (one
 // flag per rank), the ranks may write into each other's outputs
-// (WriteIntoPeers, outputs of a byte or more), and rank r's allgather and
-// alltoall outputs lie in the one plain "file" all ranks share here when
-// push[r]: copied there before the call (an input inside the output goes
-// with it) and back after. Returns the calls that read directly and those
-// that wrote into peers' outputs, as rank 0 counted them. `stores` as in
+// (WriteIntoPeers, outputs of a byte or more), and rank r's allgather,
+// alltoall and out-of-place broadcast outputs lie in the one plain "file"
+// all ranks share here when push[r]: copied there before the call (an input
+// inside the output goes with it) and back after. Returns the calls that read directly and those
+// that wrote into peers' outputs, as rank 0 counted them, and the direct
+// broadcasts whose root wrote into its peers' outputs. `stores` as in
 // TestingShmAllreduce.
-std::pair<int64_t, int64_t> TestingShmSequence(const std::vector<py::tuple>& raw,
+std::tuple<int64_t, int64_t, int64_t> TestingShmSequence(const std::vector<py::tuple>& raw,
                                                int64_t chunk_bytes, int64_t direct_min_bytes,
                                                int stores, const std::vector<bool>& push) {
   const StageStores stage_stores = CheckedStores(stores);
@@ -175,7 +177,7 @@ std::pair<int64_t, int64_t> TestingShmSequence(const std::vector<py::tuple>& raw
     calls.push_back({t[0].cast<std::string>(), t[1].cast<std::vector<py::array>>(),
                      t[2].cast<std::vector<py::array>>(), t[3].cast<std::vector<int64_t>>()});
   }
-  if (calls.empty()) return {0, 0};
+  if (calls.empty()) return {0, 0, 0};
   const int n = static_cast<int>(calls[0].in.size());
   if (!push.empty() && static_cast<int>(push.size()) != n) {
     throw py::value_error("one push flag per rank");
@@ -203,7 +205,9 @@ std::pair<int64_t, int64_t> TestingShmSequence(const std::vector<py::tuple>& raw
   std::vector<std::vector<int64_t>> at(calls.size(), std::vector<int64_t>(n, -1));
   int64_t file_bytes = 64;
   for (size_t c = 0; c < calls.size() && !push.empty(); ++c) {
-    if (calls[c].kind != "allgather" && calls[c].kind != "alltoall") continue;
+    const std::string& k = calls[c].kind;
+    // An out-of-place broadcast's output may lie in the file too.
+    if (k != "allgather" && k != "alltoall" && (k != "broadcast" || out[c].empty())) continue;
     for (int r = 0; r < n; ++r) {
       if (!push[r]) continue;
       at[c][r] = file_bytes;
@@ -219,6 +223,7 @@ std::pair<int64_t, int64_t> TestingShmSequence(const std::vector<py::tuple>& raw
   for (int r = 0; r < n; ++r) regions.push_back(base + r * region);
   std::vector<std::thread> threads;
   int64_t direct = 0, pushed = 0;
+  std::atomic<int64_t> root_writes{0};
   for (int r = 0; r < n; ++r) {
     threads.emplace_back([&, r] {
       ShmAllreduce shm(r, n, regions, chunk_bytes, memory, nullptr, direct_min_bytes,
@@ -261,10 +266,11 @@ std::pair<int64_t, int64_t> TestingShmSequence(const std::vector<py::tuple>& raw
         direct = shm.direct_exchanges();
         pushed = shm.push_exchanges();
       }
+      root_writes += shm.root_writes();
     });
   }
   for (auto& th : threads) th.join();
-  return {direct, pushed};
+  return {direct, pushed, root_writes.load()};
 }
 
 }  // namespace

@@ -257,12 +257,19 @@ def test_direct_reads_are_on_when_asked(world, value):
             return
         want = "auto" if value in ("auto", None) else int(value)
         assert info["direct_min_bytes"] == want
-        before = info["direct_exchanges"]
+        before, wrote = info["direct_exchanges"], info["root_writes"]
         x = mx.nd.array(rows(rank, 30_000))  # 360,000 bytes
         hvd.broadcast_(x, root_rank=size - 1)
         assert np.array_equal(x.asnumpy(), rows(size - 1, 30_000))
         direct = want != "auto" and 0 <= want <= 360_000
-        assert _core._testing_shm_info()["direct_exchanges"] == before + direct
+        info = _core._testing_shm_info()
+        assert info["direct_exchanges"] == before + direct
+        # Read directly, the root writes the end of every peer's output.
+        assert info["root_writes"] == wrote + (direct and rank == size - 1)
+        # Out of place, from another root, which copies its own output instead.
+        got = hvd.broadcast(mx.nd.array(rows(rank, 30_001)), root_rank=0).asnumpy()
+        assert np.array_equal(got, rows(0, 30_001))
+        assert _core._testing_shm_info()["root_writes"] == wrote + (direct and rank == size - 1)
         hvd.barrier()
     finally:
         restart({})
@@ -299,17 +306,18 @@ def test_auto_sends_large_moves_through_shm_when_read_directly(world):
         restart({})
 
 
-def test_auto_reads_large_alltoalls_directly(world):
+def test_auto_reads_large_alltoalls_and_broadcasts_directly(world):
     # HVDMX_SHM_DIRECT_MIN_BYTES unset (auto), and no writing into peers'
     # outputs: an alltoall whose longest stream (what one rank sends to the
-    # others) has 8 MiB or more reads the peers' buffers; a smaller one, and
-    # broadcasts and allgathers of any size, go through the stages.
+    # others) has 8 MiB or more reads the peers' buffers, and so does a
+    # broadcast of 8 MiB or more, its root writing part of every output; a
+    # smaller one, and allgathers of any size, go through the stages.
     rank, size = world
     restart({"HVDMX_SHM_PUSH": "0"})
     try:
         if size == 1:
             return
-        limit = 8 << 20  # ShmAllreduce::kAutoAlltoallDirectMinBytes; rows are 12 bytes
+        limit = 8 << 20  # ShmAllreduce::kAutoDirectMinBytes; rows are 12 bytes
         for share, direct in [((limit - 1) // (12 * (size - 1)), False),
                               (-(-limit // (12 * (size - 1))), True)]:
             before = _core._testing_shm_info()["direct_exchanges"]
@@ -317,11 +325,17 @@ def test_auto_reads_large_alltoalls_directly(world):
             assert np.array_equal(out, np.concatenate(
                 [rows(s, share * size)[rank * share:(rank + 1) * share] for s in range(size)]))
             assert _core._testing_shm_info()["direct_exchanges"] == before + direct, share
+        for count, direct in [((limit - 1) // 12, False), (limit // 12 + 1, True)]:
+            info = _core._testing_shm_info()
+            before, wrote = info["direct_exchanges"], info["root_writes"]
+            x = mx.nd.array(rows(rank, count))
+            hvd.broadcast_(x, root_rank=size - 1)
+            assert np.array_equal(x.asnumpy(), rows(size - 1, count))
+            info = _core._testing_shm_info()
+            assert info["direct_exchanges"] == before + direct, count
+            assert info["root_writes"] == wrote + (direct and rank == size - 1), count
         before = _core._testing_shm_info()["direct_exchanges"]
         big = limit // 12 + 1
-        x = mx.nd.array(rows(rank, big))
-        hvd.broadcast_(x, root_rank=size - 1)
-        assert np.array_equal(x.asnumpy(), rows(size - 1, big))
         got = hvd.allgather(mx.nd.array(rows(rank, big // size))).asnumpy()
         assert np.array_equal(got, np.concatenate([rows(r, big // size) for r in range(size)]))
         assert _core._testing_shm_info()["direct_exchanges"] == before
