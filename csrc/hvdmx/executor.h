@@ -62,7 +62,8 @@ class Executor {
   // reducescatter, and an allgather of at most kShmAllgatherMaxBytes unless
   // the large blocks are read from the peers' buffers directly, which takes
   // any size (measured: see docs/algorithms.md). The same answer on every
-  // rank.
+  // rank. (RunAllgather also sends a lone tensor of any size there when the
+  // ranks write into each other's outputs.)
   bool ShmMoves(CollectiveType type, int64_t bytes) const;
   static constexpr int64_t kShmAllgatherMaxBytes = int64_t{32} << 20;
   // Whether an allreduce of `bytes` in all takes shared memory (then a

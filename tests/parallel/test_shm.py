@@ -362,7 +362,8 @@ def test_auto_picks_by_size_and_stays_correct(world):
             by_shm = count * np.dtype(dtype).itemsize >= 4096 or dtype == "float16"
             assert shm_calls() == before + by_shm, (dtype, count)
         # Broadcast by the same threshold; allgather takes shared memory up to
-        # 32 MiB of output, alltoall at every size
+        # 32 MiB of output (at every size where the ranks write into each
+        # other's outputs, the default), alltoall at every size
         for count in [10, 1024]:
             before = shm_exchanges()
             x = mx.nd.array(rank_input(rank, count, "float32", hvd.Sum))
@@ -376,7 +377,8 @@ def test_auto_picks_by_size_and_stays_correct(world):
         gathered = -(-(33 << 20) // (12 * size))  # rows per rank: over 32 MiB in all
         got = hvd.allgather(mx.nd.array(rows(rank, gathered))).asnumpy()
         assert np.array_equal(got, np.concatenate([rows(r, gathered) for r in range(size)]))
-        assert shm_exchanges() == before + (size > 1)
+        assert shm_exchanges() == before + 2 * (size > 1)
+        before = shm_exchanges() - (size > 1)
         out = hvd.alltoall(mx.nd.array(rows(rank, 2000 * size)))
         assert out.shape == (2000 * size, 3)
         out.wait_to_read()
@@ -484,6 +486,15 @@ def test_allgathers_and_alltoalls_write_into_peers_outputs(world, env):
             assert after["exchanges"] == before["exchanges"] + 2
             pushed = after["push_exchanges"] - before["push_exchanges"]
             assert pushed == (2 if on and whole else 0), share
+        # Over 32 MiB of output: written into the peers' outputs when on, by
+        # the ring (MPI) when not.
+        gathered = -(-(33 << 20) // (12 * size))
+        before = _core._testing_shm_info()
+        got = hvd.allgather(mx.nd.array(rows(rank, gathered))).asnumpy()
+        assert np.array_equal(got, np.concatenate([rows(r, gathered) for r in range(size)]))
+        after = _core._testing_shm_info()
+        assert after["exchanges"] - before["exchanges"] == on
+        assert after["push_exchanges"] - before["push_exchanges"] == on
         # Ragged: rank 0 receives nothing from an alltoall, so no rank writes.
         splits = [0] + [3000] * (size - 1)
         before = _core._testing_shm_info()["push_exchanges"]
