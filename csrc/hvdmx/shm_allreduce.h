@@ -101,7 +101,7 @@ class ShmAllreduce {
   // least this many bytes are read directly. At np=2, alltoalls of 16 MiB
   // and up were 1.1-1.4x faster than through the stages, broadcasts
   // (the root writing half of the peer's output, Note [Reading peers'
-  // buffers directly]) 1.1-1.5x; at 4 MiB both were mixed
+  // buffers directly]) 1.2-2.3x; at 4 MiB both were mixed
   // (docs/benchmarks.md). Allgathers were mixed read directly; most write
   // into the peers' outputs instead.
   static constexpr int64_t kAutoDirectMinBytes = int64_t{8} << 20;

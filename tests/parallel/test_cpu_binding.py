@@ -98,18 +98,18 @@ def test_a_thread_pinned_elsewhere_keeps_its_pinning_at_shutdown():
         pytest.skip(f"this rank may run on {len(cpus)} CPU(s); binding needs two or more")
     other = next(c for c in cpus if c != want)
     pinned = []
-    release = threading.Event()
+    started, release = threading.Event(), threading.Event()
 
     def pinned_thread():
         pinned.append(threading.get_native_id())
+        started.set()
         release.wait(60)
 
     t = threading.Thread(target=pinned_thread)
     try:
         restart({"HVDMX_CPU_BIND": "core"})
         t.start()
-        while not pinned:
-            pass
+        assert started.wait(60)
         os.sched_setaffinity(pinned[0], {other})
         restart({"HVDMX_CPU_BIND": "none"})
         assert os.sched_getaffinity(pinned[0]) == {other}
@@ -118,4 +118,3 @@ def test_a_thread_pinned_elsewhere_keeps_its_pinning_at_shutdown():
         release.set()
         t.join()
         restart({})
-
