@@ -73,6 +73,14 @@ bool PeersOnThisHost(MPI_Comm comm) {
   return local_size > 1;
 }
 
+// A fingerprint of a list of ints (FNV-1a over them, plus their count), for
+// ranks to check cheaply that they hold the same list.
+uint64_t Fingerprint(const std::vector<int>& values) {
+  uint64_t print = 1469598103934665603ULL;
+  for (int v : values) print = (print ^ static_cast<uint64_t>(v + 1)) * 1099511628211ULL;
+  return print ^ values.size();
+}
+
 // Binds this process's threads to one CPU where HVDMX_CPU_BIND says so (see
 // Note [Binding a rank's threads to one CPU]). Collective over `comm`: the
 // ranks of this host compare their CPUs.
@@ -84,8 +92,7 @@ void MaybeBindToCpu(MPI_Comm comm, CpuBind mode) {
   MPI_Comm_rank(local, &local_rank);
   MPI_Comm_size(local, &local_size);
   const std::vector<int> cpus = CurrentCpus();
-  uint64_t print = 1469598103934665603ULL;
-  for (int c : cpus) print = (print ^ static_cast<uint64_t>(c + 1)) * 1099511628211ULL;
+  const uint64_t print = Fingerprint(cpus);
   // The least of every rank's fingerprint and of its complement: both are
   // this rank's own only if every rank of the host has the same.
   uint64_t mine[2] = {print, ~print};
@@ -238,11 +245,7 @@ int AddProcessSet(const std::vector<int>& ranks, bool same_everywhere) {
     }
   }
   // Every rank's list must be the same: compare a fingerprint of it.
-  uint64_t mine = 1469598103934665603ULL;
-  if (same_everywhere) {
-    for (int r : ranks) mine = (mine ^ static_cast<uint64_t>(r + 1)) * 1099511628211ULL;
-    mine ^= ranks.size();
-  }
+  const uint64_t mine = same_everywhere ? Fingerprint(ranks) : Fingerprint({});
   std::vector<uint64_t> all(G().topo.size);
   MPI_Comm sub = MPI_COMM_NULL;
   const bool member = std::find(ranks.begin(), ranks.end(), G().topo.rank) != ranks.end();

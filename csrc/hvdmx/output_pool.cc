@@ -74,14 +74,11 @@ void* OutputPool::Take(int64_t bytes) {
 void OutputPool::Give(void* block, int64_t bytes) {
   const int64_t size = ClassBytes(bytes);
   std::lock_guard<std::mutex> lock(mu_);
-  int64_t offset = 0;
-  if (Forked() && InArena(block, size, &offset)) {
-    // A forked child dropping its copy of the parent's array: the block's
-    // pages are the parent's, which may still use them. Not ours to reuse.
-    stats_.out_bytes -= size;
-    return;
-  }
   stats_.out_bytes -= size;
+  int64_t offset = 0;
+  // A forked child dropping its copy of the parent's array: the block's
+  // pages are the parent's, which may still use them. Not ours to reuse.
+  if (Forked() && InArena(block, size, &offset)) return;
   kept_.push_back({block, size});
   stats_.kept_bytes += size;
   TrimLocked();

@@ -255,6 +255,19 @@ int CopyPeerMemory(bool write, int64_t pid, uintptr_t remote, char* local, int64
   return 0;
 }
 
+// CopyPeerMemory with local rank `j` during an exchange, where failing is a
+// bug (hvd.init() checked that both directions work).
+void CopyWithPeer(bool write, int j, int64_t pid, uintptr_t remote, char* local, int64_t bytes) {
+  const int err = CopyPeerMemory(write, pid, remote, local, bytes);
+  HVDMX_CHECK(err == 0, std::string(write ? "writing into" : "reading") + " local rank " +
+                            std::to_string(j) +
+                            (write ? "'s output with process_vm_writev" :
+                                     "'s buffer with process_vm_readv") +
+                            " failed (" + std::strerror(err) +
+                            "); HVDMX_SHM_DIRECT_MIN_BYTES=-1 moves bytes through the "
+                            "shared-memory stages instead");
+}
+
 }  // namespace
 
 int64_t ShmAllreduce::RootWrittenBytes(int64_t read_bytes) const {
@@ -311,17 +324,16 @@ void ShmAllreduce::ExchangeDirect(Move move, const Stream& stream) {
   // A broadcast: the root (the one rank with a stream) writes the end of
   // every other rank's read. A broadcast's read is the root's whole stream.
   const bool broadcast = move == kBroadcast;
-  const bool root = broadcast && lengths_[rank_] > 0;
+  const int root_rank = static_cast<int>(
+      std::max_element(lengths_.begin(), lengths_.end()) - lengths_.begin());
+  const bool root = broadcast && root_rank == rank_;
   // Out of place, the root copies the message into its own output: as much
   // as a peer reads, so it has no time to write for them.
   const bool root_writes = root && reads_[rank_].bytes == 0;
   if (root) mine.root_writes.store(root_writes ? 1 : 0, std::memory_order_relaxed);
   if (broadcast && !root) {
-    int64_t bytes = 0;
-    char* dst = nullptr;
-    for (const Read& read : reads_) {
-      if (read.bytes > 0) bytes = read.bytes, dst = read.dst;
-    }
+    const int64_t bytes = reads_[root_rank].bytes;
+    char* dst = reads_[root_rank].dst;
     const int64_t written = RootWrittenBytes(bytes);
     const int64_t offset = OffsetInFile(dst, bytes);
     // Outside the shared file, the root's writes pin these pages as peers'
@@ -352,13 +364,8 @@ void ShmAllreduce::ExchangeDirect(Move move, const Stream& stream) {
         std::memcpy(arenas_[j] + offset + at, stream.data + at, written);
         continue;
       }
-      const int err = CopyPeerMemory(true, pid, peer.read_dst.load(std::memory_order_relaxed) + at,
-                                     const_cast<char*>(stream.data) + at, written);
-      HVDMX_CHECK(err == 0, "writing into local rank " + std::to_string(j) +
-                                "'s output with process_vm_writev failed (" +
-                                std::strerror(err) +
-                                "); HVDMX_SHM_DIRECT_MIN_BYTES=-1 moves bytes through the "
-                                "shared-memory stages instead");
+      CopyWithPeer(true, j, pid, peer.read_dst.load(std::memory_order_relaxed) + at,
+                   const_cast<char*>(stream.data) + at, written);
       continue;
     }
     const Read& read = reads_[j];
@@ -373,12 +380,7 @@ void ShmAllreduce::ExchangeDirect(Move move, const Stream& stream) {
     const uintptr_t from = peer.stream_data.load(std::memory_order_relaxed) + at;
     const bool helped = broadcast && peer.root_writes.load(std::memory_order_relaxed) != 0;
     const int64_t bytes = read.bytes - (helped ? RootWrittenBytes(read.bytes) : 0);
-    const int err = CopyPeerMemory(false, peer.pid.load(std::memory_order_relaxed), from,
-                                   read.dst, bytes);
-    HVDMX_CHECK(err == 0, "reading local rank " + std::to_string(j) +
-                              "'s buffer with process_vm_readv failed (" + std::strerror(err) +
-                              "); HVDMX_SHM_DIRECT_MIN_BYTES=-1 moves bytes through the "
-                              "shared-memory stages instead");
+    CopyWithPeer(false, j, peer.pid.load(std::memory_order_relaxed), from, read.dst, bytes);
   }
   if (wrote) root_writes_.fetch_add(1, std::memory_order_relaxed);
   mine.done.value.store(seq + 1, std::memory_order_release);
