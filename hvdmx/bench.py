@@ -27,8 +27,10 @@ pass (#wrong counts elements that differ from the exact result).
 also returns the received splits, as Horovod scripts usually call it.
 ``model`` allreduces the gradient set of a model-zoo network the way
 DistributedTrainer does and prints ms per iteration beside MPI_Allreduce per
-tensor and on one fused buffer, and beside the memory floor: every rank reading
-and writing its gradients once, all ranks at once. ``--plot`` draws busbw
+tensor, on one fused buffer (the call alone), and on one fused buffer with the
+copies a program with separate gradient arrays needs (each gradient copied in,
+the sums copied back), and beside the memory floor: every rank reading and
+writing its gradients once, all ranks at once. ``--plot`` draws busbw
 against size. ``--mpi-memory mxnet`` gives MPI buffers that MXNet allocated,
 the kind of memory hvdmx's inputs have, instead of numpy arrays: numpy asks
 for huge pages for arrays of 4 MiB and up and MXNet does not, which changes
@@ -348,8 +350,10 @@ def model_gradients(name: str) -> list:
 def run_model(args) -> dict:
     """ms per iteration to allreduce a model's gradient set: hvdmx the way
     DistributedTrainer does (an allreduce_ per gradient, priority -i, all
-    pushed in one call, then wait), MPI_Allreduce once per tensor, and
-    MPI_Allreduce once on one buffer holding them all; beside them the
+    pushed in one call, then wait), MPI_Allreduce once per tensor,
+    MPI_Allreduce once on one buffer holding them all (the call alone), and
+    the same with the gradients copied into that buffer and the sums copied
+    back, as a program whose gradients are separate arrays must; beside them the
     memory floor: every rank reads and writes each of its gradients once
     (numpy, in place), all ranks at once, which is the memory traffic an
     in-place allreduce cannot avoid on one host."""
@@ -381,6 +385,16 @@ def run_model(args) -> dict:
     def mpi_fused():
         comm.Allreduce(MPI.IN_PLACE, fused, op=MPI.SUM)
 
+    ends = np.cumsum([0] + [b.size for b in mpi_bufs])
+    views = [fused[ends[i]:ends[i + 1]].reshape(b.shape) for i, b in enumerate(mpi_bufs)]
+
+    def mpi_fused_copies():
+        for b, v in zip(mpi_bufs, views):
+            np.copyto(v, b)
+        comm.Allreduce(MPI.IN_PLACE, fused, op=MPI.SUM)
+        for b, v in zip(mpi_bufs, views):
+            np.copyto(b, v)
+
     def memory_floor():
         for b in mpi_bufs:
             np.multiply(b, 1, out=b)
@@ -388,7 +402,8 @@ def run_model(args) -> dict:
     warmup = args.warmup if args.warmup is not None else max(2, args.iters // 10)
     steps = {"hvdmx": hvdmx_step, "floor": memory_floor}
     if args.vs_mpi:
-        steps.update({"mpi_per_tensor": mpi_per_tensor, "mpi_fused": mpi_fused})
+        steps.update({"mpi_per_tensor": mpi_per_tensor, "mpi_fused": mpi_fused,
+                      "mpi_fused_copies": mpi_fused_copies})
     times = _rounds(steps, args.rounds, warmup, args.iters, comm)
     row = {"model": args.model, "tensors": len(shapes), "bytes": total, "ranks": hvd.size(),
            "iters": args.iters, "warmup": warmup, "rounds": args.rounds}
@@ -480,7 +495,8 @@ def main(argv=None) -> int:
                        help="untimed iterations first (default: iters/10, at least 2); "
                             "with HVDMX_AUTOTUNE=1, give it time to tune")
     model.add_argument("--vs-mpi", action=argparse.BooleanOptionalAction, default=True,
-                       help="also time per-tensor and fused MPI_Allreduce (default: on)")
+                       help="also time MPI_Allreduce per tensor and fused, with and without "
+                            "the copies into the fused buffer (default: on)")
     model.add_argument("--json", action="store_true")
     idle = sub.add_parser("idle", help="CPU used by an initialized, idle process")
     idle.add_argument("--seconds", type=float, default=5.0)
@@ -510,10 +526,12 @@ def main(argv=None) -> int:
                       f"(mean of {row['iters']}{_of_rounds(row['rounds'])}); memory floor: "
                       "every rank reads and writes its gradients once, all at once")
                 print(f"{'hvdmx':>10} {'memory floor':>13} {'MPI per tensor':>15} "
-                      f"{'MPI fused':>10}")
+                      f"{'MPI fused':>10} {'MPI fused + copies':>19}")
+                nan = float("nan")
                 print(f"{row['hvdmx_ms']:>10.1f} {row['floor_ms']:>13.1f} "
-                      f"{row.get('mpi_per_tensor_ms', float('nan')):>15.1f}"
-                      f" {row.get('mpi_fused_ms', float('nan')):>10.1f}")
+                      f"{row.get('mpi_per_tensor_ms', nan):>15.1f}"
+                      f" {row.get('mpi_fused_ms', nan):>10.1f}"
+                      f" {row.get('mpi_fused_copies_ms', nan):>19.1f}")
         return 0
     rows = run_idle(args)
     if rank == 0:

@@ -79,7 +79,7 @@ def test_model():
                            "--json"))
     assert row["tensors"] == 62 and row["bytes"] > 40e6 and row["warmup"] == 1
     assert row["hvdmx_ms"] > 0 and row["mpi_per_tensor_ms"] > 0 and row["mpi_fused_ms"] > 0
-    assert row["floor_ms"] > 0
+    assert row["floor_ms"] > 0 and row["mpi_fused_copies_ms"] > 0
 
 
 def test_model_table():
@@ -88,9 +88,10 @@ def test_model_table():
     lines = out.splitlines()
     assert "resnet18_v1 gradients: 62 tensors" in lines[0] and "memory floor:" in lines[0]
     assert lines[1].split() == ["hvdmx", "memory", "floor", "MPI", "per", "tensor", "MPI",
-                                "fused"]
-    hvdmx_ms, floor_ms, per_tensor, fused = lines[2].split()
-    assert float(hvdmx_ms) > 0 and float(floor_ms) > 0 and per_tensor == fused == "nan"
+                                "fused", "MPI", "fused", "+", "copies"]
+    hvdmx_ms, floor_ms, per_tensor, fused, copies = lines[2].split()
+    assert float(hvdmx_ms) > 0 and float(floor_ms) > 0
+    assert per_tensor == fused == copies == "nan"
 
 
 def test_rounds_give_each_column_its_median():
@@ -106,7 +107,7 @@ def test_rounds_give_each_column_its_median():
     assert "median of 2 rounds taken in turn" in out.splitlines()[0]
     row = json.loads(bench("model", "--model", "resnet18_v1", "--iters", "1", "--warmup", "0",
                            "--rounds", "2", "--json"))
-    for name in ("hvdmx", "floor", "mpi_per_tensor", "mpi_fused"):
+    for name in ("hvdmx", "floor", "mpi_per_tensor", "mpi_fused", "mpi_fused_copies"):
         assert len(row[f"{name}_rounds_ms"]) == 2
         assert row[f"{name}_ms"] == pytest.approx(statistics.median(row[f"{name}_rounds_ms"]))
 
