@@ -167,7 +167,7 @@ void ShmAllreduce::ReduceScatter(const void* in, void* out, const std::vector<in
 void ShmAllreduce::Exchange(Move move, const Stream& stream) {
   exchanges_.fetch_add(1, std::memory_order_relaxed);
   // Every rank knows every rank's output size, so all try a push or none.
-  if (size_ > 1 && !arenas_.empty() && out_.data != nullptr &&
+  if (size_ > 1 && writes_into_peers() && out_.data != nullptr &&
       out_.min_bytes >= push_min_output_bytes_ && ExchangePush()) {
     return;
   }
