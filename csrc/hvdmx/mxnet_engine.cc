@@ -76,6 +76,30 @@ void Complete(const CallbackOnComplete& on_complete, const Status& status) {
   }
 }
 
+// Note [Letting go before completing]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+// Our shallow copies keep a temporary input or output alive while the op
+// runs. Once the collective has moved its bytes they are not needed, and
+// the entry's callback frees them before it calls on_complete, not when the
+// engine deletes the op. Why it matters: on_complete wakes the reader (the
+// engine runs its WaitForVar op on a worker) before the engine deletes the
+// op, so the reader's thread could drop its output and call the next
+// collective while our copy still held the output's block of the output
+// pool. That call then needed a second block, and at a pool limit of one
+// block (a 256 MiB output under HVDMX_OUTPUT_POOL_BYTES' 256 MiB) the pool
+// gave a block's pages back and faulted them in again: 3-5 calls in 40 at
+// np=2, each some 145 ms slower (docs/benchmarks.md, "Letting go of outputs
+// before completing"). Freed first, the block is back in the pool when the
+// reader drops its array.
+//
+// Safe because nothing in hvdmx touches the memory after the callback, and
+// MXNet frees memory it allocated through the engine (DeleteVariable waits
+// for our op, which holds the array's variable, to complete); a pool block
+// goes back to the pool, where only a later Take, for a later op, hands it
+// out. The NaiveEngine is the exception: it deletes a variable at once,
+// while the push that runs our op in the Python thread still holds it among
+// the op's variables. So there the copies stay until the op is deleted.
+
 // Called by the engine when the op's inputs are ready.
 void RunOp(void* /*run_context*/, void* on_complete_ptr, void* p) {
   OpParam* param = static_cast<OpParam*>(p);
@@ -126,7 +150,14 @@ void RunOp(void* /*run_context*/, void* on_complete_ptr, void* p) {
   }
   std::shared_ptr<std::promise<void>> done;
   if (g_naive_engine) done = std::make_shared<std::promise<void>>();
-  entry.callback = [on_complete, done](const Status& status) {
+  // The bytes are moved when the callback runs: our copies go before the
+  // engine learns it (Note [Letting go before completing]). Under the
+  // NaiveEngine an input's last copy must outlive the op, see there.
+  entry.callback = [on_complete, done, param](const Status& status) {
+    if (!done) {
+      for (NDArrayHandle h : param->owned) g_api.free_ndarray(h);
+      param->owned.clear();
+    }
     Complete(on_complete, status);
     if (done) done->set_value();
   };
