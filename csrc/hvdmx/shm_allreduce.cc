@@ -84,6 +84,10 @@ ShmAllreduce::ShmAllreduce(int rank, int size, std::vector<char*> regions, int64
       stores_(stores),
       move_stores_{{StageStoreChooser(stores), StageStoreChooser(stores),
                      StageStoreChooser(stores), StageStoreChooser(stores)}},
+      push_stores_{{StageStoreChooser(stores, kPushStreamMinBytes),
+                     StageStoreChooser(stores, kPushStreamMinBytes),
+                     StageStoreChooser(stores, kPushStreamMinBytes),
+                     StageStoreChooser(stores, kPushStreamMinBytes)}},
       scratch_(kBlockBytes) {
   static_assert(sizeof(Control) <= kControlBytes, "control block too large");
   // Regions are consecutive in one mapping, so a page-aligned start keeps every

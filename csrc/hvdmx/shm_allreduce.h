@@ -35,10 +35,12 @@
 // Stores. A call may write its stages with streaming stores: the
 // allreduce's copy in and its reduced slice (reduced into a scratch block,
 // then copied to the buffer and streamed to the stage), the byte-moving
-// calls' and the reduce-scatter's copy in. Under StageStores::kAuto only
-// calls of at least StageStoreChooser::kMinBytes may, the allreduce and
-// each kind of byte-moving call choosing apart; see Note [Streaming stores
-// into the stages] in stage_stores.h. A hierarchical allreduce always uses
+// calls' and the reduce-scatter's copy in, and the writes into peers'
+// outputs. Under StageStores::kAuto only calls of at least
+// StageStoreChooser::kMinBytes may, the allreduce and each kind of
+// byte-moving call choosing apart (through the stages and into peers'
+// outputs apart too); see Note [Streaming stores into the stages] in
+// stage_stores.h. A hierarchical allreduce always uses
 // cached stores.
 //
 // Bitwise identical results: every element is reduced once, by one rank, in
@@ -105,6 +107,14 @@ class ShmAllreduce {
   // (docs/benchmarks.md). Allgathers were mixed read directly; most write
   // into the peers' outputs instead.
   static constexpr int64_t kAutoDirectMinBytes = int64_t{8} << 20;
+  // Under StageStores::kAuto, a write into the peers' outputs (Note
+  // [Writing into peers' outputs]) may stream from this many bytes written
+  // by the rank, and smaller ones stay cached. At np=2 here, streaming made
+  // 16 and 64 MiB allgathers and alltoalls 1.15-1.5x faster, and those of
+  // 1-4 MiB 1.2-1.9x slower (they stay in the 32 MiB L3); 8 and 12 MiB were
+  // mixed (docs/benchmarks.md, "Streaming stores into the peers' outputs").
+  // A choice among sizes that stay in cache would only pay for its trials.
+  static constexpr int64_t kPushStreamMinBytes = int64_t{8} << 20;
   // An in-place allreduce of `count` elements among the ranks of one local
   // rank on every host (the same calls on all of them).
   using CrossAllreduce = std::function<void(void* buf, int64_t count, DataType dtype, ReduceOp op)>;
@@ -309,7 +319,7 @@ class ShmAllreduce {
   // Exchange by writing into the peers' outputs (sends_, out_): see Note
   // [Writing into peers' outputs]. Returns false, having moved nothing,
   // when some rank's output is not in its shared file.
-  bool ExchangePush();
+  bool ExchangePush(Move move);
   // Where `bytes` at `data` lie in this rank's shared output file, or -1
   // (also when there is none).
   int64_t OffsetInFile(const char* data, int64_t bytes) const;
@@ -337,6 +347,7 @@ class ShmAllreduce {
   const int64_t direct_min_bytes_;
   StageStoreChooser stores_;  // the allreduce's
   std::array<StageStoreChooser, kMoves> move_stores_;
+  std::array<StageStoreChooser, kMoves> push_stores_;  // writes into peers' outputs
   bool streaming_ = false;     // the current call's stores
   std::vector<char> scratch_;  // Reduce's block when streaming
   std::atomic<int64_t> bit_ands_{0};

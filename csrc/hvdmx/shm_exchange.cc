@@ -168,7 +168,7 @@ void ShmAllreduce::Exchange(Move move, const Stream& stream) {
   exchanges_.fetch_add(1, std::memory_order_relaxed);
   // Every rank knows every rank's output size, so all try a push or none.
   if (size_ > 1 && writes_into_peers() && out_.data != nullptr &&
-      out_.min_bytes >= push_min_output_bytes_ && ExchangePush()) {
+      out_.min_bytes >= push_min_output_bytes_ && ExchangePush(move)) {
     return;
   }
   const int64_t longest = *std::max_element(lengths_.begin(), lengths_.end());
@@ -430,10 +430,12 @@ int64_t ShmAllreduce::OffsetInFile(const char* data, int64_t bytes) const {
 // - otherwise it copies its own rows into its output, then its rows for
 //   each peer (from the next rank on) into that peer's output, publishes
 //   done = s+1, and returns once every peer has published done: until then
-//   a peer may still be writing into its output.
+//   a peer may still be writing into its output. From kPushStreamMinBytes
+//   written, the copies use the stores push_stores_ chooses (Note
+//   [Streaming stores into the stages]), fenced before done.
 // Staged, direct and pushed calls keep copied and done at the count of
 // chunks, so they follow each other in any order, as in direct reads.
-bool ShmAllreduce::ExchangePush() {
+bool ShmAllreduce::ExchangePush(Move move) {
   const uint64_t seq = seq_++;
   Control& mine = control(rank_);
   const int64_t offset = OffsetInFile(out_.data, out_.bytes);
@@ -446,15 +448,26 @@ bool ShmAllreduce::ExchangePush() {
     all = all && control(j).out_offset.load(std::memory_order_relaxed) >= 0;
   }
   if (all) {
-    for (int i = 0; i < size_; ++i) {
-      const int j = (rank_ + i) % size_;
-      const Send& send = sends_[j];
-      if (send.bytes == 0) continue;
-      char* dst = j == rank_ ? out_.data + send.at
-                             : arenas_[j] + control(j).out_offset.load(std::memory_order_relaxed) +
-                                   send.at;
-      std::memmove(dst, send.src, send.bytes);
-    }
+    int64_t total = 0;  // the chooser's size: every byte this rank writes
+    for (const Send& send : sends_) total += send.bytes;
+    WithStores(push_stores_[move], total, true, [&] {
+      for (int i = 0; i < size_; ++i) {
+        const int j = (rank_ + i) % size_;
+        const Send& send = sends_[j];
+        if (send.bytes == 0) continue;
+        char* dst = j == rank_ ? out_.data + send.at
+                               : arenas_[j] + control(j).out_offset.load(std::memory_order_relaxed) +
+                                     send.at;
+        // An input may overlap its own output (a view of it): memmove then.
+        const bool apart = dst + send.bytes <= send.src || send.src + send.bytes <= dst;
+        if (apart) {
+          StageCopy(dst, send.src, send.bytes);
+        } else {
+          std::memmove(dst, send.src, send.bytes);
+        }
+      }
+      if (streaming_) StreamingStoresFence();  // before `done` tells the peers
+    });
   }
   mine.done.value.store(seq + 1, std::memory_order_release);
   for (int j = 0; j < size_; ++j) {

@@ -18,10 +18,10 @@ std::string StageStoresName(StageStores stores) {
   return "?";
 }
 
-int StageStoreChooser::SizeClass(int64_t bytes) {
-  if (bytes < kMinBytes) return -1;
+int StageStoreChooser::SizeClass(int64_t bytes) const {
+  if (bytes < min_bytes_) return -1;
   int c = 0;
-  for (int64_t limit = kMinBytes * 2; bytes >= limit && c + 1 < kClasses; limit *= 2) ++c;
+  for (int64_t limit = min_bytes_ * 2; bytes >= limit && c + 1 < kClasses; limit *= 2) ++c;
   return c;
 }
 

@@ -16,7 +16,8 @@
 // other, switching within minutes (docs/benchmarks.md).
 //
 // So under HVDMX_SHM_STREAMING_STORES=auto each rank measures. Calls are
-// sorted by size into classes (factors of 2 from kMinBytes); in each class
+// sorted by size into classes (factors of 2 from the least size that may
+// stream, kMinBytes unless the owner gives another); in each class
 // the rank keeps the seconds per byte of the last kSamples calls made with
 // each kind of store, and compares the fastest of each. Noise here only ever
 // slows a call down (a late peer, a preemption, a page fault), and comes in
@@ -34,7 +35,8 @@
 //
 // Calls below kMinBytes stay cached: their time is mostly the hand-offs
 // between ranks (a 32 KiB allreduce took 18-20 us either way; from 64 KiB on,
-// streaming was faster in the slow phase).
+// streaming was faster in the slow phase). Writes into peers' outputs take
+// a higher least size (ShmAllreduce::kPushStreamMinBytes).
 //
 // Threading: one thread at a time (the ShmAllreduce's).
 #ifndef HVDMX_STAGE_STORES_H_
@@ -59,7 +61,8 @@ class StageStoreChooser {
   static constexpr int kTrials = 3;
   static constexpr int64_t kExploreEvery = 64;
 
-  explicit StageStoreChooser(StageStores stores) : stores_(stores) {}
+  explicit StageStoreChooser(StageStores stores, int64_t min_bytes = kMinBytes)
+      : stores_(stores), min_bytes_(min_bytes) {}
 
   StageStores stores() const { return stores_; }
   // Whether the next call, of `bytes`, streams its stage writes. Call Took
@@ -69,8 +72,8 @@ class StageStoreChooser {
   void Took(int64_t bytes, bool streamed, double seconds);
 
  private:
-  // -1 below kMinBytes.
-  static int SizeClass(int64_t bytes);
+  // -1 below min_bytes_.
+  int SizeClass(int64_t bytes) const;
   // The last kSamples seconds per byte of one kind of store, in a ring.
   struct Samples {
     std::array<double, kSamples> seconds_per_byte{};
@@ -83,6 +86,7 @@ class StageStoreChooser {
     bool explore_streaming = false;  // the kind the current exploration takes
   };
   const StageStores stores_;
+  const int64_t min_bytes_;  // smaller calls stay cached under kAuto
   std::array<Class, kClasses> classes_;
 };
 

@@ -243,6 +243,45 @@ def test_streaming_stores_as_asked(world, value):
         restart({})
 
 
+@pytest.mark.parametrize("value", ["0", "1", "auto"])
+def test_writes_into_peers_outputs_choose_their_stores(world, value):
+    # Allgathers and alltoalls written straight into the peers' outputs
+    # choose their stores too, apart from the stages': 1 streams each, 0
+    # none. Under auto, a rank writing under 8 MiB never streams; from 8 MiB
+    # the first call of a size warms up, the next three are cached and the
+    # three after them stream. Every byte lands, whatever the stores.
+    rank, size = world
+    restart(shm_with("HVDMX_SHM_STREAMING_STORES", value))
+    try:
+        info = _core._testing_shm_info()
+        if size == 1:
+            assert info is None
+            return
+        before = info
+        share = 10_001  # rows of 12 bytes: copies that start and end off 16-byte lines
+        for step in range(2):
+            got = hvd.allgather(mx.nd.array(rows(rank, share, step))).asnumpy()
+            assert np.array_equal(got, np.concatenate([rows(r, share, step) for r in range(size)]))
+            out = hvd.alltoall(mx.nd.array(rows(rank, share * size, step))).asnumpy()
+            assert np.array_equal(out, np.concatenate(
+                [rows(s, share * size, step)[rank * share:(rank + 1) * share]
+                 for s in range(size)]))
+        after = _core._testing_shm_info()
+        assert after["push_exchanges"] - before["push_exchanges"] == 4
+        streamed = after["streamed_calls"] - before["streamed_calls"]
+        assert streamed == (4 if value == "1" else 0)
+        big = (9 << 20) // 12 // size  # rows per rank: outputs of about 9 MiB
+        x = mx.nd.array(rows(rank, big))
+        want = np.concatenate([rows(r, big) for r in range(size)])
+        for _ in range(7):
+            assert np.array_equal(hvd.allgather(x).asnumpy(), want)
+        streamed = _core._testing_shm_info()["streamed_calls"] - after["streamed_calls"]
+        assert streamed == {"1": 7, "0": 0, "auto": 3}[value]
+        hvd.barrier()
+    finally:
+        restart({})
+
+
 @pytest.mark.parametrize("value", ["0", "65536", "-1", "auto", None])
 def test_direct_reads_are_on_when_asked(world, value):
     # Asked for, the probe must find cross-memory attach working between the
