@@ -154,3 +154,38 @@ def test_stall_shutdown_bounds_the_wait_in_shutdown():
             "(HVDMX_STALL_SHUTDOWN_TIME_SECONDS) while this rank waited in hvd.shutdown() for "
             "them to stop with it") in result.stderr
     assert "rank 0 shut down" in result.stderr
+
+
+def test_every_collective_under_the_naive_engine():
+    # docs/env.md says the NaiveEngine is supported: it runs each op in the
+    # pushing thread, so hvdmx's op waits there for its collective (and
+    # keeps its copies of the arrays until the engine deletes the op, Note
+    # [Letting go before completing] in mxnet_engine.cc). Every collective,
+    # with temporary inputs, pooled outputs (64 KiB and up) and in-place
+    # calls, step after step, must give the right values and not hang.
+    result = run_job(2, """
+        import numpy as np
+        n = 70_000  # 280 KB of float32: outputs from the output pool
+        base = np.arange(n, dtype=np.float32)
+        for step in range(20):
+            a = mx.nd.array(base + rank + step)
+            total = sum(base + r + step for r in range(size)) * 2
+            assert np.array_equal(hvd.allreduce(a * 2, op=hvd.Sum).asnumpy(), total)
+            b = a * 1
+            hvd.allreduce_(b, op=hvd.Sum)
+            assert np.array_equal(b.asnumpy(), total / 2)
+            assert np.array_equal(hvd.broadcast(a * 3, root_rank=1).asnumpy(), (base + 1 + step) * 3)
+            got = hvd.allgather(a[:1000] + 0).asnumpy()
+            assert np.array_equal(got, np.concatenate([(base + r + step)[:1000] for r in range(size)]))
+            got = hvd.alltoall(a + 0).asnumpy()
+            half = n // size
+            assert np.array_equal(got, np.concatenate(
+                [(base + r + step)[rank * half:(rank + 1) * half] for r in range(size)]))
+            got = hvd.reducescatter(a + 0, op=hvd.Sum).asnumpy()
+            assert np.array_equal(got, (total / 2)[rank * half:(rank + 1) * half])
+        sys.stdout.write(f"naive ok {rank}\\n")
+        sys.stdout.flush()
+        hvd.shutdown()
+    """, MXNET_ENGINE_TYPE="NaiveEngine")
+    assert result.returncode == 0, result.stderr
+    assert "naive ok 0" in result.stdout and "naive ok 1" in result.stdout, result.stdout
