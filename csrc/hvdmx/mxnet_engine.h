@@ -13,13 +13,14 @@
 // outputs as mutable ones (an in-place op lists its array once, as mutable),
 // property kAsync. We hold our own shallow copies of the NDArrays (sharing
 // their memory) until the collective has moved their bytes, so a temporary
-// input like `hvd.allreduce(a * 2)` stays alive (and let go of them just
-// before on_complete: Note [Letting go before completing]). When the engine runs the op, all its
-// inputs are ready: we read the data pointers, hand a TensorEntry to the
-// runtime and return at once. The runtime calls the entry's callback exactly
-// once, later, from its background thread; the callback calls the engine's
-// on_complete, with a dmlc::Error when the collective failed, which MXNet
-// raises as MXNetError when the user reads the output.
+// input like `hvd.allreduce(a * 2)` stays alive; we let go of them just
+// before on_complete (Note [Letting go before completing]). When the engine
+// runs the op, all its inputs are ready: we read the data pointers, hand a
+// TensorEntry to the runtime and return at once. The runtime calls the
+// entry's callback exactly once, later, from its background thread; the
+// callback calls the engine's on_complete, with a dmlc::Error when the
+// collective failed, which MXNet raises as MXNetError when the user reads
+// the output.
 #ifndef HVDMX_MXNET_ENGINE_H_
 #define HVDMX_MXNET_ENGINE_H_
 
