@@ -147,3 +147,15 @@ def test_mxnet_memory_is_shared_with_the_mxnet_array():
     view[1, 2] = 99
     assert keep[0].asnumpy()[6] == 99 and view.sum() == np.arange(12).sum() - 6 + 99
     assert _on_mxnet_memory(np.zeros(0), keep).size == 0 and len(keep) == 1
+
+
+@pytest.mark.parametrize("kind", ["allreduce", "allgather", "alltoall"])
+def test_unnamed_calls(kind):
+    # Every call a new name: results still checked, and the table says so.
+    rows = json.loads(bench(kind, "--unnamed", "--min-bytes", "12", "--max-bytes", "12K",
+                            "--factor", "1024", "--iters", "20", "--json", n=3))
+    assert len(rows) == 2
+    for r in rows:
+        assert r["unnamed"] and r["hvdmx_wrong"] == 0 and r["mpi_wrong"] == 0
+    out = bench(kind, "--unnamed", "--min-bytes", "12", "--max-bytes", "12", "--iters", "3")
+    assert "hvdmx calls unnamed (each a new name)" in out

@@ -1,5 +1,7 @@
 """Negotiation, the response cache and fusion, with whole runtimes running
 one rank per thread in this process (no MPI)."""
+import time
+
 import numpy as np
 import pytest
 from hypothesis import given, settings
@@ -12,9 +14,11 @@ TIMEOUT = 30.0
 
 
 class Job:
-    def __init__(self, size, **env):
+    def __init__(self, size, shm=False, **env):
+        # shm: the ranks share a shared-memory control block too, as on one
+        # host, so slow-path rounds may send their requests with the bit-and.
         self.size = size
-        self.job = _core._TestingLocalJob(size, {k: str(v) for k, v in env.items()})
+        self.job = _core._TestingLocalJob(size, {k: str(v) for k, v in env.items()}, shm)
         self.keep = []
 
     def submit(self, rank, name, arrays, op=SUM, kind="allreduce", root=0, pre=1.0, post=1.0,
@@ -30,6 +34,11 @@ class Job:
     def close(self):
         self.job.shutdown()
 
+    def negotiation(self):
+        """Per rank: (slow-path rounds whose requests went with the bit-and,
+        slow-path rounds that gathered them)."""
+        return self.job.negotiation()
+
 
 def data(rank, name_index, count):
     return ((np.arange(count) + rank * 3 + name_index) % 13).astype(np.float32)
@@ -38,11 +47,11 @@ def data(rank, name_index, count):
 @settings(max_examples=25, deadline=None)
 @given(size=st.integers(1, 4), n_tensors=st.integers(1, 8), seed=st.integers(0, 10**6),
        threshold=st.sampled_from([0, 16, 64, 1 << 20]), capacity=st.sampled_from([0, 1, 3, 64]),
-       rounds=st.integers(1, 3))
+       rounds=st.integers(1, 3), shm=st.booleans())
 def test_any_submission_order_completes_with_exact_results(size, n_tensors, seed, threshold,
-                                                           capacity, rounds):
+                                                           capacity, rounds, shm):
     rng = np.random.default_rng(seed)
-    job = Job(size, HVDMX_FUSION_THRESHOLD=threshold, HVDMX_CACHE_CAPACITY=capacity)
+    job = Job(size, shm, HVDMX_FUSION_THRESHOLD=threshold, HVDMX_CACHE_CAPACITY=capacity)
     try:
         counts = rng.integers(0, 40, n_tensors)
         for _ in range(rounds):
@@ -118,5 +127,73 @@ def test_duplicate_pending_name_is_refused():
         with pytest.raises(ValueError, match="'dup' is still pending"):
             job.submit(0, "dup", [np.ones(1, np.float32)])
         job.submit(1, "dup", [np.ones(1, np.float32)])
+    finally:
+        job.close()
+
+
+def submit_everywhere(job, names, count=5):
+    """Every rank submits `names` in its own order; returns (rank, i) ->
+    (ticket, outputs)."""
+    rng = np.random.default_rng(len(names))
+    return {(rank, i): job.submit(rank, names[i], [data(rank, i, count)])
+            for rank in range(job.size) for i in rng.permutation(len(names))}
+
+
+def check_sums(job, tickets, count=5):
+    for (rank, i), (ticket, outs) in tickets.items():
+        assert job.wait(ticket) is None
+        assert np.array_equal(outs[0], sum(data(r, i, count) for r in range(job.size)))
+
+
+@pytest.mark.parametrize("size", [2, 3, 4])
+def test_new_names_travel_with_the_bit_and_on_one_host(size):
+    # Names never seen before (as hvd.allreduce(x) without a name makes):
+    # every slow-path round sends its requests with the bit-and, and no
+    # round gathers them.
+    job = Job(size, shm=True)
+    try:
+        for step in range(20):
+            check_sums(job, submit_everywhere(job, [f"s{step}.{i}" for i in range(3)]))
+        negotiation = job.negotiation()
+        assert all(sent > 0 and gathered == 0 for sent, gathered in negotiation), negotiation
+        # Every rank counts the same rounds.
+        assert len(set(negotiation)) == 1
+    finally:
+        job.close()
+
+
+def test_requests_too_long_for_the_mailbox_are_gathered():
+    # 300 tensors with 120-character names: one rank's requests are more
+    # than the 32 KiB its mailbox holds, so that round gathers them.
+    job = Job(2, shm=True)
+    try:
+        names = [f"{i:03d}." + "n" * 116 for i in range(300)]
+        tickets = {}
+        for rank in range(2):  # rank 0 first, so rank 1 sends all at once
+            for i, name in enumerate(names):
+                tickets[(rank, i)] = job.submit(rank, name, [data(rank, i, 5)])
+        check_sums(job, tickets)
+        assert all(gathered > 0 for _, gathered in job.negotiation()), job.negotiation()
+        assert _core._SHM_MAX_PAYLOAD_BYTES == 32 * 1024
+    finally:
+        job.close()
+
+
+def test_a_rank_holding_cache_hits_makes_the_round_gather():
+    # Rank 0 waits in a round with a cache hit and nothing for the
+    # coordinator, so it did not send its hit with the bit-and; rank 1 then
+    # joins that round with a new name. The round must gather, and every
+    # result must be right.
+    job = Job(2, shm=True)
+    try:
+        check_sums(job, submit_everywhere(job, ["a"]))
+        before = job.negotiation()
+        hit = job.submit(0, "a", [data(0, 0, 5)])
+        time.sleep(0.2)  # rank 0 is in a round, waiting for rank 1
+        new = job.submit(1, "b", [data(1, 1, 5)])
+        rest = [job.submit(0, "b", [data(0, 1, 5)]), job.submit(1, "a", [data(1, 0, 5)])]
+        check_sums(job, {(0, 0): hit, (1, 1): new, (0, 1): rest[0], (1, 0): rest[1]})
+        after = job.negotiation()
+        assert all(a[1] > b[1] for a, b in zip(after, before)), (before, after)
     finally:
         job.close()

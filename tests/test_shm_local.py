@@ -583,3 +583,41 @@ def test_allgather_in_place_block_is_left_alone(direct, push):
     assert counts == ((0, 1, 0) if push else (int(direct == 0), 0, 0))
     for out in outs:
         assert np.array_equal(out, want)
+
+
+MAX_PAYLOAD = _core._SHM_MAX_PAYLOAD_BYTES
+
+
+@pytest.mark.parametrize("size", [2, 3, 5])
+def test_control_comm_carries_payloads_and_strings(size):
+    # Bit-ands with payloads of every length up to a mailbox's, and string
+    # broadcasts from every root, some longer than a mailbox (those go
+    # through the inner comm), many in a row so that each mailbox is
+    # reused while peers may still be reading the other one.
+    rng = np.random.default_rng(size)
+
+    def blob(n):
+        return rng.integers(0, 256, n, dtype=np.uint8).tobytes()
+
+    steps = []
+    for i in range(300):
+        if i % 3 == 0:
+            lengths = rng.choice([0, 1, 100, MAX_PAYLOAD], size)
+            steps.append((-1, [blob(n) for n in lengths]))
+        else:
+            n = [0, 7, 5000, MAX_PAYLOAD, MAX_PAYLOAD + 1, 3 * MAX_PAYLOAD][i % 6]
+            steps.append((int(rng.integers(0, size)), [blob(n)]))
+    got, through_shm = _core._testing_shm_control_comm(size, steps)
+    for rank in range(size):
+        for i, (root, data) in enumerate(steps):
+            if root < 0:
+                assert got[rank][i] == (data if rank == 0 else []), f"step {i} on rank {rank}"
+            else:
+                assert got[rank][i] == data, f"step {i} on rank {rank}"
+    assert through_shm == sum(1 for root, data in steps
+                              if root >= 0 and len(data[0]) <= MAX_PAYLOAD)
+
+
+def test_control_comm_refuses_a_payload_longer_than_its_mailbox():
+    with pytest.raises(ValueError, match="kMaxPayloadBytes"):
+        _core._testing_shm_control_comm(2, [(-1, [b"", b"x" * (MAX_PAYLOAD + 1)])])

@@ -219,6 +219,18 @@ py::object TestingShmInfo() {
 
 int64_t TestingFusionBufferBytes() { return RunningRuntime()->fusion_buffer_bytes(); }
 
+// The running runtime's negotiation: slow-path rounds whose requests went
+// with the bit-and and those that gathered them, and the strings (rank
+// 0's responses) broadcast through shared memory (-1 without it).
+py::dict TestingNegotiationInfo() {
+  const std::shared_ptr<Runtime> rt = RunningRuntime();
+  py::dict d;
+  d["sent_with_bit_and"] = rt->controller().sent_with_bit_and();
+  d["gathered"] = rt->controller().gathered();
+  d["strings_broadcast"] = rt->shm() == nullptr ? -1 : rt->shm()->strings_broadcast();
+  return d;
+}
+
 // The running runtime's collapsing of what it hands to MPI: whether it is
 // on, and the huge pages collapsed and refused so far.
 py::dict TestingMpiHugePages() {
@@ -318,6 +330,7 @@ PYBIND11_MODULE(_core, m) {
 
   m.def("_testing_shm_info", &TestingShmInfo);
   m.def("_testing_fusion_buffer_bytes", &TestingFusionBufferBytes);
+  m.def("_testing_negotiation_info", &TestingNegotiationInfo);
   m.def("_testing_mpi_huge_pages", &TestingMpiHugePages);
   DefineTestingBindings(m);
 }

@@ -45,6 +45,23 @@ class Comm {
   virtual void StartBitAnd(uint64_t* words, int n) = 0;
   virtual bool TestBitAnd() = 0;
 
+  // Optional: bytes that travel with a bit-and, so that a negotiation round
+  // that gathers to rank 0 after its bit-and needs no exchange of its own.
+  // BitAndPayloadCapacity() is the most a payload may hold; 0 (the
+  // default): this comm carries none. After TestBitAnd has returned true,
+  // rank 0 may read rank j's payload with BitAndPayload(j) until its next
+  // StartBitAnd.
+  virtual int64_t BitAndPayloadCapacity() const { return 0; }
+  virtual void StartBitAndWithPayload(uint64_t* words, int n, const std::string& payload) {
+    HVDMX_CHECK(payload.empty(), "this communicator carries no bit-and payload");
+    StartBitAnd(words, n);
+  }
+  virtual std::string BitAndPayload(int rank) const {
+    HVDMX_CHECK(false, "this communicator carries no bit-and payload (rank " +
+                           std::to_string(rank) + ")");
+    return std::string();
+  }
+
   // The transport's own allreduce, in place. Returns false (touching
   // nothing) when it has none for this dtype/op, e.g. float16 in MPI.
   virtual bool NativeAllreduce(void* buf, int64_t count, DataType dtype, ReduceOp op) = 0;

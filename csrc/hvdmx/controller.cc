@@ -1,5 +1,7 @@
 #include "controller.h"
 
+#include <cstring>
+#include <iterator>
 #include <sstream>
 
 #include "timeline.h"
@@ -8,6 +10,45 @@ namespace hvdmx {
 namespace {
 constexpr uint64_t kNothingForCoordinator = 1;
 constexpr uint64_t kNoShutdown = 2;
+constexpr uint64_t kSentWithBitAnd = 4;
+
+// A rank's payload (Note [Requests with the bit-and]): the number of cache
+// hits k, their k slots, then the requests, misses first and the k hits
+// last, in slot order.
+std::string SerializePayload(const std::vector<Request>& requests,
+                             const std::vector<int64_t>& slots) {
+  std::string out;
+  const int64_t k = static_cast<int64_t>(slots.size());
+  out.append(reinterpret_cast<const char*>(&k), sizeof(k));
+  out.append(reinterpret_cast<const char*>(slots.data()), slots.size() * sizeof(int64_t));
+  return out + SerializeRequests(requests);
+}
+
+// The requests a payload's rank sends the coordinator in a round whose
+// bit-and came out as `bits`: its misses, and each hit whose slot is not
+// ready everywhere (a ready one was answered from the cache).
+std::vector<Request> ParsePayload(const std::string& payload, const std::vector<uint64_t>& bits) {
+  if (payload.empty()) return {};
+  int64_t k = 0;
+  HVDMX_CHECK(payload.size() >= sizeof(k), "truncated negotiation payload");
+  std::memcpy(&k, payload.data(), sizeof(k));
+  const size_t head = sizeof(k) * static_cast<size_t>(1 + k);
+  HVDMX_CHECK(k >= 0 && payload.size() >= head, "truncated negotiation payload");
+  std::vector<int64_t> slots(static_cast<size_t>(k));
+  std::memcpy(slots.data(), payload.data() + sizeof(k), slots.size() * sizeof(int64_t));
+  std::vector<Request> requests = ParseRequests(payload.substr(head));
+  HVDMX_CHECK(static_cast<int64_t>(requests.size()) >= k, "negotiation payload: hits missing");
+  const size_t misses = requests.size() - slots.size();
+  std::vector<Request> out(std::make_move_iterator(requests.begin()),
+                           std::make_move_iterator(requests.begin() + misses));
+  for (size_t i = 0; i < slots.size(); ++i) {
+    const int64_t s = slots[i];
+    if ((bits[1 + s / 64] & (uint64_t{1} << (s % 64))) == 0) {
+      out.push_back(std::move(requests[misses + i]));
+    }
+  }
+  return out;
+}
 }  // namespace
 
 Controller::Controller(Comm& comm, int64_t cache_capacity, double stall_shutdown_seconds)
@@ -44,13 +85,31 @@ RoundResult Controller::RunRound(std::vector<Request> new_requests, bool want_sh
   bits[0] = ~uint64_t{0};
   bool stalled_hit = false;
   for (const auto& hit : cache_hits_) stalled_hit |= stalled.count(hit.second.name) > 0;
-  if (!misses.empty() || !at_coordinator_.empty() || stalled_hit) {
-    bits[0] &= ~kNothingForCoordinator;
-  }
+  const bool for_coordinator = !misses.empty() || !at_coordinator_.empty() || stalled_hit;
+  if (for_coordinator) bits[0] &= ~kNothingForCoordinator;
   if (want_shutdown) bits[0] &= ~kNoShutdown;
   for (const auto& hit : cache_hits_) bits[1 + hit.first / 64] |= uint64_t{1} << (hit.first % 64);
   bits.back() = tuning_word_;
-  comm_.StartBitAnd(bits.data(), static_cast<int>(bits.size()));
+  // What step 4 would send rank 0, sent now (Note [Requests with the
+  // bit-and]); a rank that holds hits but has nothing of its own for the
+  // coordinator does not build it, and step 4 then gathers as before.
+  std::string payload;
+  const int64_t capacity = comm_.BitAndPayloadCapacity();
+  bool sent = capacity > 0 && (for_coordinator || cache_hits_.empty());
+  if (sent && for_coordinator) {
+    std::vector<Request> sending = misses;
+    std::vector<int64_t> slots;
+    for (const auto& hit : cache_hits_) {
+      sending.push_back(hit.second);
+      slots.push_back(hit.first);
+    }
+    for (Request& q : sending) q.stalled = stalled.count(q.name) > 0;
+    payload = SerializePayload(sending, slots);
+    sent = static_cast<int64_t>(payload.size()) <= capacity;
+    if (!sent) payload.clear();
+  }
+  if (!sent) bits[0] &= ~kSentWithBitAnd;
+  comm_.StartBitAndWithPayload(bits.data(), static_cast<int>(bits.size()), payload);
   RoundResult result;
   for (int64_t i = 0; !comm_.TestBitAnd(); ++i) {
     if (!idle(i)) {
@@ -81,11 +140,22 @@ RoundResult Controller::RunRound(std::vector<Request> new_requests, bool want_sh
       q.stalled = stalled.count(q.name) > 0;
       at_coordinator_.emplace(q.name, q);
     }
-    std::vector<std::string> gathered = comm_.Gather(SerializeRequests(misses), 0);
+    const bool with_bit_and = (bits[0] & kSentWithBitAnd) != 0;
+    std::vector<std::string> gathered;
+    if (with_bit_and) {
+      sent_with_bit_and_.fetch_add(1, std::memory_order_relaxed);
+    } else {
+      gathered = comm_.Gather(SerializeRequests(misses), 0);
+      gathered_.fetch_add(1, std::memory_order_relaxed);
+    }
     std::string wire;
     if (comm_.rank() == 0) {
       std::vector<Response> fresh;
-      for (const std::string& part : gathered) Coordinate(ParseRequests(part), &fresh);
+      for (int j = 0; j < comm_.size(); ++j) {
+        Coordinate(with_bit_and ? ParsePayload(comm_.BitAndPayload(j), bits)
+                                : ParseRequests(gathered[j]),
+                   &fresh);
+      }
       CompleteForJoined(&fresh);
       FailStalled(&fresh);
       wire = SerializeResponses(fresh);

@@ -13,6 +13,9 @@
 //      word 0, bit 0  "I have nothing for the coordinator" (no new misses and
 //                     none of mine is still waiting there)
 //      word 0, bit 1  "I do not want to shut down"
+//      word 0, bit 2  "this bit-and carries everything step 4 would have
+//                     me send the coordinator" (Note [Requests with the
+//                     bit-and])
 //      words 1..      bit s set: "my request in cache slot s is ready".
 //      last word      the tuning setting: rank 0's, all ones elsewhere
 //                     (Note [Autotune] in autotune.h).
@@ -24,7 +27,7 @@
 // 4. Slow path, only if some rank cleared word 0 bit 0: every rank moves its
 //    remaining cache hits to its miss list (a rank whose request missed may be
 //    waiting for ours at the coordinator), then the lists are gathered to
-//    rank 0. Rank 0 keeps each name's requests until all ranks have sent one;
+//    rank 0 (or were sent with the bit-and already). Rank 0 keeps each name's requests until all ranks have sent one;
 //    then it checks that they agree (type, dtypes, shapes, op, root, scale
 //    factors, device) and emits a response, or an error response naming the
 //    ranks and values that differ. The new responses are broadcast; every
@@ -32,6 +35,23 @@
 //    into its cache, in broadcast order, so caches stay identical.
 // 5. If some rank cleared word 0 bit 1, everyone runs this round's responses
 //    and then stops.
+//
+// Note [Requests with the bit-and]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+// Where the comm can carry bytes with its bit-and (the shared-memory
+// control comm, when every rank is on one host), a rank that clears word 0
+// bit 0 itself sends with its bit-and what step 4 would send: its misses,
+// then each cache hit still waiting with its slot. A rank with nothing for
+// the coordinator and no hits waiting sends nothing, which is also what
+// step 4 would have it send. Either sets word 0 bit 2; a rank whose list
+// would not fit, or that holds hits but has nothing of its own for the
+// coordinator (building the list every round while hits wait would cost
+// the steady state), clears it. If it stays set, step 4 gathers nothing:
+// rank 0 reads every rank's list, leaving out the hits whose slots the AND
+// made ready, which step 3 answered from the cache. That is exactly the
+// list the gather would have brought, so a round needs one exchange fewer
+// and the slow path costs one broadcast more than the steady state, not a
+// gather and a broadcast. If the bit is cleared, step 4 gathers as before.
 //
 // Note [Join]
 // ~~~~~~~~~~~
@@ -68,6 +88,7 @@
 #ifndef HVDMX_CONTROLLER_H_
 #define HVDMX_CONTROLLER_H_
 
+#include <atomic>
 #include <chrono>
 #include <functional>
 #include <map>
@@ -115,6 +136,10 @@ class Controller {
   void set_tuning_word(uint64_t word) { tuning_word_ = word; }
 
   const ResponseCache& cache() const { return cache_; }
+  // Rounds that took the slow path with the requests sent along with the
+  // bit-and, and those that gathered them after it; any thread may read.
+  int64_t sent_with_bit_and() const { return sent_with_bit_and_.load(std::memory_order_relaxed); }
+  int64_t gathered() const { return gathered_.load(std::memory_order_relaxed); }
 
   // Rank 0: for units some ranks submitted before `cutoff` and others have
   // not submitted at all, "'name' (missing on ranks 1, 3)"; at most `limit`.
@@ -155,6 +180,8 @@ class Controller {
   int joined_count_ = 0;
   Request join_request_;
   int last_joined_ = -1;
+  std::atomic<int64_t> sent_with_bit_and_{0};
+  std::atomic<int64_t> gathered_{0};
 };
 
 }  // namespace hvdmx

@@ -9,6 +9,7 @@
 #include <sys/prctl.h>
 
 #include "logging.h"
+#include "shm_control_comm.h"
 #include "timeline.h"
 
 namespace hvdmx {
@@ -35,45 +36,12 @@ std::string JoinNames(const std::vector<std::string>& names, size_t limit) {
 // How long a wait polls before it starts to sleep.
 constexpr int64_t kSpinMicros = 100;
 
-// The control communicator with its bit-and, the negotiation's collective
-// of every round, through shared memory: a few words in each rank's control
-// block instead of an MPI_Iallreduce (8.5 us a round measured at np=2 here).
-// Everything else goes to MPI as before.
-class ShmBitAndComm : public Comm {
- public:
-  ShmBitAndComm(std::unique_ptr<Comm> inner, ShmAllreduce* shm)
-      : inner_(std::move(inner)), shm_(shm) {}
-  int rank() const override { return inner_->rank(); }
-  int size() const override { return inner_->size(); }
-  Request ISend(const void* buf, int64_t bytes, int peer) override {
-    return inner_->ISend(buf, bytes, peer);
-  }
-  Request IRecv(void* buf, int64_t bytes, int peer) override {
-    return inner_->IRecv(buf, bytes, peer);
-  }
-  void Wait(Request request) override { inner_->Wait(request); }
-  void Bcast(void* buf, int64_t bytes, int root) override { inner_->Bcast(buf, bytes, root); }
-  std::vector<std::string> Gather(const std::string& mine, int root) override {
-    return inner_->Gather(mine, root);
-  }
-  void BcastString(std::string* data, int root) override { inner_->BcastString(data, root); }
-  void StartBitAnd(uint64_t* words, int n) override { shm_->StartBitAnd(words, n); }
-  bool TestBitAnd() override { return shm_->TestBitAnd(); }
-  bool NativeAllreduce(void* buf, int64_t count, DataType dtype, ReduceOp op) override {
-    return inner_->NativeAllreduce(buf, count, dtype, op);
-  }
-
- private:
-  std::unique_ptr<Comm> inner_;
-  ShmAllreduce* shm_;
-};
-
 std::unique_ptr<Comm> ControlComm(std::unique_ptr<Comm> control, ShmAllreduce* shm,
                                   const Config& config) {
   if (shm != nullptr && !shm->hierarchical() && shm->size() == control->size() &&
       control->size() > 1 &&
       Controller::BitWords(config.cache_capacity) <= ShmAllreduce::kMaxBitAndWords) {
-    return std::make_unique<ShmBitAndComm>(std::move(control), shm);
+    return std::make_unique<ShmControlComm>(std::move(control), shm);
   }
   return control;
 }

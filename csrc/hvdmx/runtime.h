@@ -55,7 +55,8 @@ class Runtime {
   // `control` carries negotiation, `data` the collectives' bytes; both span
   // the same ranks. `shm`, optional, is a shared-memory allreduce over those
   // ranks when they share one host (shm_segment.h); when it spans all of
-  // them, each round's bit-and goes through it instead of `control`.
+  // them, each round's bit-and and its other exchanges that fit go through
+  // it instead of `control` (shm_control_comm.h).
   // `peers_on_host`: another of the ranks runs on this host (see Executor).
   Runtime(std::unique_ptr<Comm> control, std::unique_ptr<Comm> data, const Config& config,
           std::unique_ptr<ShmAllreduce> shm = nullptr, bool peers_on_host = false);
@@ -73,6 +74,7 @@ class Runtime {
   // thread; read it only once the collectives that grew it are done).
   int64_t fusion_buffer_bytes() const { return executor_.fusion_buffer_bytes(); }
   const HugePageCollapser& mpi_pages() const { return executor_.mpi_pages(); }
+  const Controller& controller() const { return controller_; }
 
   // Any thread (MXNet engine threads). Refuses, returning the error and
   // leaving the callback unfired, an entry whose name is already queued on

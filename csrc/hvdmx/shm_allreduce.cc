@@ -13,6 +13,7 @@
 namespace hvdmx {
 
 using shm_internal::kBlockBytes;
+using shm_internal::kControlBlockBytes;
 using shm_internal::kControlBytes;
 using shm_internal::kPageBytes;
 using shm_internal::kSliceAlignBytes;
@@ -89,7 +90,7 @@ ShmAllreduce::ShmAllreduce(int rank, int size, std::vector<char*> regions, int64
                      StageStoreChooser(stores, kPushStreamMinBytes),
                      StageStoreChooser(stores, kPushStreamMinBytes)}},
       scratch_(kBlockBytes) {
-  static_assert(sizeof(Control) <= kControlBytes, "control block too large");
+  static_assert(sizeof(Control) <= kControlBlockBytes, "control block too large");
   // Regions are consecutive in one mapping, so a page-aligned start keeps every
   // one of them aligned for its Control block: RegionBytes is a multiple of it
   // for every chunk size (chunks are whole multiples of kSliceAlignBytes).
@@ -108,6 +109,10 @@ ShmAllreduce::ShmAllreduce(int rank, int size, std::vector<char*> regions, int64
 
 ShmAllreduce::Control& ShmAllreduce::control(int j) const {
   return *reinterpret_cast<Control*>(regions_[j]);
+}
+
+char* ShmAllreduce::Mailbox(int j, int i) const {
+  return regions_[j] + kControlBlockBytes + i * kMaxPayloadBytes;
 }
 
 char* ShmAllreduce::Stage(int j, uint64_t seq) const {
@@ -311,12 +316,17 @@ void ShmAllreduce::CopyOut(const Call& call, int64_t k) {
 // overwrites the words of seq) only after its Test of seq + 1 succeeded,
 // which needs every peer to have started seq + 1, which each does only
 // after its own Test of seq, the last read of those words.
-void ShmAllreduce::StartBitAnd(uint64_t* words, int n) {
+void ShmAllreduce::StartBitAnd(uint64_t* words, int n, const std::string& payload) {
   HVDMX_CHECK(n >= 0 && n <= kMaxBitAndWords, "too many words for the shared-memory bit-and");
+  HVDMX_CHECK(static_cast<int64_t>(payload.size()) <= kMaxPayloadBytes,
+              "a bit-and payload longer than its mailbox");
   HVDMX_CHECK(bit_and_words_ == nullptr, "a bit-and is already outstanding");
   const uint64_t seq = ++bit_and_seq_;
   Control& mine = control(rank_);
   std::memcpy(mine.words[seq % 2], words, n * sizeof(uint64_t));
+  if (!payload.empty()) std::memcpy(Mailbox(rank_, seq % 2), payload.data(), payload.size());
+  mine.payload_bytes[seq % 2].store(static_cast<int64_t>(payload.size()),
+                                    std::memory_order_relaxed);
   mine.anded.value.store(seq, std::memory_order_release);
   bit_and_words_ = words;
   bit_and_count_ = n;
@@ -336,6 +346,47 @@ bool ShmAllreduce::TestBitAnd() {
   bit_and_words_ = nullptr;
   bit_ands_.fetch_add(1, std::memory_order_relaxed);
   return true;
+}
+
+std::string ShmAllreduce::BitAndPayload(int j) const {
+  HVDMX_CHECK(j >= 0 && j < size_ && bit_and_seq_ > 0 && bit_and_words_ == nullptr,
+              "a bit-and payload read before its bit-and completed");
+  const uint64_t seq = bit_and_seq_;
+  const int64_t bytes = control(j).payload_bytes[seq % 2].load(std::memory_order_relaxed);
+  return std::string(Mailbox(j, static_cast<int>(seq % 2)), static_cast<size_t>(bytes));
+}
+
+// Note [Negotiation through shared memory]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+// A payload is read after Test (which acquired `anded`) and before the
+// reader's next Start; rank j overwrites its mailbox seq % 2 only at Start
+// of seq + 2, which waits, as the words do, for every rank to have started
+// seq + 1 (Note [Bit-and through shared memory]).
+// A broadcast string needs no bit-and around it: its root writes mailbox
+// 2 + c % 2 for call c only once every rank has released `taken` with
+// c - 2, the last call that used it.
+bool ShmAllreduce::BcastString(std::string* data, int root) {
+  HVDMX_CHECK(root >= 0 && root < size_, "shared-memory string broadcast: root in the host");
+  const uint64_t c = ++bcast_calls_;
+  const int box = 2 + static_cast<int>(c % 2);
+  int64_t bytes = 0;
+  if (rank_ == root) {
+    for (int j = 0; j < size_; ++j) {
+      if (j != rank_ && c > 2) WaitFor(control(j).taken.value, c - 2, spin_micros_);
+    }
+    const bool fits = static_cast<int64_t>(data->size()) <= kMaxPayloadBytes;
+    bytes = fits ? static_cast<int64_t>(data->size()) : -1;
+    if (bytes > 0) std::memcpy(Mailbox(rank_, box), data->data(), data->size());
+    control(rank_).posted_bytes[c % 2].store(bytes, std::memory_order_relaxed);
+    control(rank_).posted.value.store(c, std::memory_order_release);
+  } else {
+    WaitFor(control(root).posted.value, c, spin_micros_);
+    bytes = control(root).posted_bytes[c % 2].load(std::memory_order_relaxed);
+    if (bytes >= 0) data->assign(Mailbox(root, box), static_cast<size_t>(bytes));
+  }
+  control(rank_).taken.value.store(c, std::memory_order_release);
+  if (bytes >= 0) strings_broadcast_.fetch_add(1, std::memory_order_relaxed);
+  return bytes >= 0;
 }
 
 }  // namespace hvdmx

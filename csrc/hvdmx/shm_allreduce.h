@@ -238,16 +238,33 @@ class ShmAllreduce {
   // a time; n <= kMaxBitAndWords. Independent of the other calls: it has
   // its own counter and words in each rank's control block.
   static constexpr int kMaxBitAndWords = 192;
-  void StartBitAnd(uint64_t* words, int n);
+  // `payload` (at most kMaxPayloadBytes) travels with the words: once Test
+  // has returned true, BitAndPayload(j) is what rank j started this bit-and
+  // with, until this rank's next Start (see Note [Negotiation through
+  // shared memory]).
+  static constexpr int64_t kMaxPayloadBytes = 32 * 1024;
+  void StartBitAnd(uint64_t* words, int n, const std::string& payload = std::string());
   bool TestBitAnd();
+  std::string BitAndPayload(int j) const;
   // Bit-ands completed so far; any thread may read it.
   int64_t bit_ands() const { return bit_ands_.load(std::memory_order_relaxed); }
+  // Comm::BcastString of at most kMaxPayloadBytes, through the root's
+  // control block: every rank calls it, in the same order, and gets true
+  // once *data holds the root's string, or false, having changed nothing,
+  // when the root's is longer (then every rank must broadcast it another
+  // way). Independent of the other calls, as the bit-and is.
+  bool BcastString(std::string* data, int root);
+  // BcastStrings that went through shared memory; any thread may read it.
+  int64_t strings_broadcast() const { return strings_broadcast_.load(std::memory_order_relaxed); }
 
  private:
   struct Call;
   struct Control;
 
   Control& control(int j) const;
+  // Rank j's mailbox i: 0 and 1 hold bit-and payloads, 2 and 3 broadcast
+  // strings; kMaxPayloadBytes each, after its Control block.
+  char* Mailbox(int j, int i) const;
   char* Stage(int j, uint64_t seq) const;
   // This rank's stage for chunk seq, once every peer is done with the chunk
   // it held before, placed for a copy from `src`.
@@ -354,6 +371,8 @@ class ShmAllreduce {
   uint64_t bit_and_seq_ = 0;        // bit-ands this rank has started
   uint64_t* bit_and_words_ = nullptr;
   int bit_and_count_ = 0;
+  uint64_t bcast_calls_ = 0;  // BcastStrings this rank has made
+  std::atomic<int64_t> strings_broadcast_{0};
   std::vector<Read> reads_;        // Exchange's input, one per rank
   std::vector<int64_t> lengths_;   // Exchange's input: the streams' lengths
   std::vector<Send> sends_;        // Exchange's input for a push, one per rank

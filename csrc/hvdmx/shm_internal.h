@@ -40,8 +40,13 @@ constexpr int64_t kSliceAlignBytes = 64;
 // See Note [Where a chunk sits in its stage].
 constexpr int64_t kPageBytes = 4096;
 // The counters sit at the start of each region, one per 128 bytes (two
-// cache lines: the adjacent-line prefetcher would otherwise couple them).
-constexpr int64_t kControlBytes = 4096;
+// cache lines: the adjacent-line prefetcher would otherwise couple them),
+// in its Control block; the negotiation's four mailboxes follow it
+// (ShmAllreduce::Mailbox).
+constexpr int64_t kControlBlockBytes = 8192;
+constexpr int64_t kMailboxes = 4;
+constexpr int64_t kControlBytes =
+    kControlBlockBytes + kMailboxes * ShmAllreduce::kMaxPayloadBytes;
 
 #if defined(__x86_64__)
 inline void CpuRelax() { __builtin_ia32_pause(); }
@@ -109,6 +114,16 @@ struct ShmAllreduce::Control {
   // released with seq; see StartBitAnd.
   shm_internal::PaddedCounter anded;
   alignas(128) uint64_t words[2][ShmAllreduce::kMaxBitAndWords];
+  // Bit-and seq's payload is payload_bytes[seq % 2] long, in mailbox
+  // seq % 2; both written before `anded` is released with seq.
+  alignas(128) std::atomic<int64_t> payload_bytes[2];
+  // BcastString call c (from 1, counted alike on every rank) whose root
+  // this rank is: its length in posted_bytes[c % 2] (-1: too long for the
+  // mailbox), its bytes in mailbox 2 + c % 2, then `posted` released with
+  // c. Every rank releases `taken` with c once it is done with call c.
+  shm_internal::PaddedCounter posted;
+  alignas(128) std::atomic<int64_t> posted_bytes[2];
+  shm_internal::PaddedCounter taken;
   // A direct exchange's stream, in this rank's address space (see Note
   // [Reading peers' buffers directly]): written before `copied` is released
   // for the call, read after acquiring it. `pid` is set by the constructor.

@@ -210,21 +210,44 @@ py::dict TestingAutotune(const std::map<std::string, std::string>& env, py::func
 }
 
 // A whole job in one process: `size` runtimes over LocalComm, for testing
-// negotiation, the cache and fusion without MPI. Arrays passed to submit
-// must stay alive until wait() has returned for that ticket.
+// negotiation, the cache and fusion without MPI. With `shm`, the ranks also
+// share a ShmAllreduce over plain memory, as ranks on one host do, so the
+// control comm is a ShmControlComm (runtime.cc) and allreduces go through
+// shared memory. Arrays passed to submit must stay alive until wait() has
+// returned for that ticket.
 class LocalJob {
  public:
-  LocalJob(int size, const std::map<std::string, std::string>& env) {
+  LocalJob(int size, const std::map<std::string, std::string>& env, bool shm) {
     Config config;
     ThrowIfError(LoadConfig(MapLookup(env), &config));
     auto control = std::make_shared<LocalWorld>(size);
     auto data = std::make_shared<LocalWorld>(size);
+    const int64_t region = ShmAllreduce::RegionBytes(config.shm_chunk_bytes);
+    std::shared_ptr<std::vector<char>> memory;
+    std::vector<char*> regions;
+    if (shm) {
+      memory = std::make_shared<std::vector<char>>(region * size + 4096, 0);
+      char* base = memory->data() + (4096 - reinterpret_cast<uintptr_t>(memory->data()) % 4096);
+      for (int r = 0; r < size; ++r) regions.push_back(base + r * region);
+    }
     for (int r = 0; r < size; ++r) {
+      std::unique_ptr<ShmAllreduce> local;
+      if (shm) {
+        local = std::make_unique<ShmAllreduce>(r, size, regions, config.shm_chunk_bytes, memory);
+      }
       runtimes_.push_back(std::make_unique<Runtime>(std::make_unique<LocalComm>(control, r),
                                                     std::make_unique<LocalComm>(data, r),
-                                                    config));
+                                                    config, std::move(local)));
       runtimes_.back()->Start();
     }
+  }
+  // Per rank: the Controller's sent_with_bit_and() and gathered().
+  std::vector<std::pair<int64_t, int64_t>> Negotiation() const {
+    std::vector<std::pair<int64_t, int64_t>> out;
+    for (const auto& rt : runtimes_) {
+      out.emplace_back(rt->controller().sent_with_bit_and(), rt->controller().gathered());
+    }
+    return out;
   }
   ~LocalJob() { Shutdown(); }
 
@@ -360,7 +383,9 @@ void DefineTestingBindings(py::module_& m) {
   m.def("_testing_plan_fusion", &TestingPlanFusion);
   DefineTestingShmBindings(m);
   py::class_<LocalJob>(m, "_TestingLocalJob")
-      .def(py::init<int, const std::map<std::string, std::string>&>())
+      .def(py::init<int, const std::map<std::string, std::string>&, bool>(), py::arg("size"),
+           py::arg("env"), py::arg("shm") = false)
+      .def("negotiation", &LocalJob::Negotiation)
       .def("submit", &LocalJob::Submit)
       .def("wait", &LocalJob::Wait)
       .def("shutdown", &LocalJob::Shutdown);

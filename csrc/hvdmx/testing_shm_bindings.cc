@@ -16,6 +16,7 @@
 #include "local_comm.h"
 #include "ring.h"
 #include "shm_allreduce.h"
+#include "shm_control_comm.h"
 #include "stage_stores.h"
 #include "testing_bindings.h"
 
@@ -273,9 +274,76 @@ std::tuple<int64_t, int64_t, int64_t> TestingShmSequence(const std::vector<py::t
   return {direct, pushed, root_writes.load()};
 }
 
+// Runs ShmControlComm (over a LocalComm) in one process, one thread per
+// rank over plain memory. steps[i] is (-1, payloads): a bit-and of one word
+// with payloads[r] from rank r; or (root, [data]): BcastString of data from
+// root. Returns, per rank, what each step gave it: a bit-and, every rank's
+// payload as BitAndPayload read it (rank 0 only; an empty list elsewhere);
+// a broadcast, the string it ended with. Also returns the strings that went
+// through shared memory, as rank 0 counted them.
+std::pair<std::vector<std::vector<std::vector<py::bytes>>>, int64_t> TestingShmControlComm(
+    int size, const std::vector<std::pair<int, std::vector<std::string>>>& steps) {
+  for (const auto& [root, data] : steps) {
+    const size_t want = root < 0 ? static_cast<size_t>(size) : 1;
+    if (root >= size || data.size() != want) {
+      throw py::value_error("a step is (-1, one payload per rank) or (root < size, [data])");
+    }
+    if (root < 0) {
+      for (const std::string& p : data) {
+        if (static_cast<int64_t>(p.size()) > ShmAllreduce::kMaxPayloadBytes) {
+          throw py::value_error("a payload longer than kMaxPayloadBytes");
+        }
+      }
+    }
+  }
+  std::vector<std::vector<std::vector<std::string>>> got(size);
+  int64_t through_shm = 0;
+  {
+    py::gil_scoped_release release;
+    const int64_t region = ShmAllreduce::RegionBytes(4096);
+    auto memory = std::make_shared<std::vector<char>>(region * size + kMappingAlign, 0);
+    char* base = AlignedAsMapped(memory->data());
+    std::vector<char*> regions;
+    for (int r = 0; r < size; ++r) regions.push_back(base + r * region);
+    auto world = std::make_shared<LocalWorld>(size);
+    std::vector<std::thread> threads;
+    for (int r = 0; r < size; ++r) {
+      threads.emplace_back([&, r] {
+        ShmAllreduce shm(r, size, regions, 4096, memory, nullptr);
+        ShmControlComm comm(std::make_unique<LocalComm>(world, r), &shm);
+        for (const auto& [root, data] : steps) {
+          got[r].emplace_back();
+          if (root < 0) {
+            uint64_t word = ~uint64_t{0};
+            comm.StartBitAndWithPayload(&word, 1, data[r]);
+            while (!comm.TestBitAnd()) std::this_thread::yield();
+            for (int j = 0; j < size && r == 0; ++j) got[r].back().push_back(comm.BitAndPayload(j));
+            continue;
+          }
+          std::string s = r == root ? data[0] : std::string("unchanged");
+          comm.BcastString(&s, root);
+          got[r].back().push_back(s);
+        }
+        if (r == 0) through_shm = shm.strings_broadcast();
+      });
+    }
+    for (auto& th : threads) th.join();
+  }
+  std::vector<std::vector<std::vector<py::bytes>>> out(size);
+  for (int r = 0; r < size; ++r) {
+    for (const auto& step : got[r]) {
+      out[r].emplace_back();
+      for (const std::string& s : step) out[r].back().push_back(py::bytes(s));
+    }
+  }
+  return {out, through_shm};
+}
+
 }  // namespace
 
 void DefineTestingShmBindings(py::module_& m) {
+  m.def("_testing_shm_control_comm", &TestingShmControlComm, py::arg("size"), py::arg("steps"));
+  m.attr("_SHM_MAX_PAYLOAD_BYTES") = ShmAllreduce::kMaxPayloadBytes;
   m.def("_testing_shm_allreduce", &TestingShmAllreduce, py::arg("calls"), py::arg("dtype"),
         py::arg("op"), py::arg("chunk_bytes"), py::arg("hosts") = 1,
         py::arg("postscale") = 1.0,

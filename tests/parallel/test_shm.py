@@ -65,6 +65,32 @@ def test_shm_is_on_when_ranks_share_a_host(world, shm):
     assert _core._testing_shm_info()["bit_ands"] > rounds
 
 
+def test_calls_without_names_negotiate_through_shared_memory(world):
+    # A name never seen before misses the response cache, so its round goes
+    # to rank 0. On one host the ranks send their requests with the bit-and
+    # and rank 0 broadcasts the responses through shared memory; no MPI
+    # gather. Without shared memory (one rank) the round gathers.
+    rank, size = world
+    before = _core._testing_negotiation_info()
+    for i in range(30):
+        n = 1 + (rank + i) % 3  # allgather rows differ per rank
+        x = mx.nd.array(rank_input(rank, 6, "float32", hvd.Sum))
+        check(hvd.allreduce(x, op=hvd.Sum), expected(size, 6, "float32", hvd.Sum))
+        rows = mx.nd.full((n, 2), rank, dtype="int32")
+        want = np.concatenate([np.full((1 + (r + i) % 3, 2), r, np.int32) for r in range(size)])
+        check(hvd.allgather(rows), want)
+    after = _core._testing_negotiation_info()
+    sent = after["sent_with_bit_and"] - before["sent_with_bit_and"]
+    gathered = after["gathered"] - before["gathered"]
+    if _core._testing_shm_info() is None:
+        assert sent == 0 and gathered >= 90 and after["strings_broadcast"] == -1
+        return
+    # Each call's rounds (an allgather has two) sent their requests with
+    # the bit-and; rank 0's answers went through shared memory.
+    assert sent >= 90 and gathered == 0, (before, after)
+    assert after["strings_broadcast"] - before["strings_broadcast"] == sent
+
+
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_every_dtype_op_and_count(world, shm, dtype):
     rank, size = world
