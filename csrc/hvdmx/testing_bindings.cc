@@ -212,9 +212,9 @@ py::dict TestingAutotune(const std::map<std::string, std::string>& env, py::func
 // A whole job in one process: `size` runtimes over LocalComm, for testing
 // negotiation, the cache and fusion without MPI. With `shm`, the ranks also
 // share a ShmAllreduce over plain memory, as ranks on one host do, so the
-// control comm is a ShmControlComm (runtime.cc) and allreduces go through
-// shared memory. Arrays passed to submit must stay alive until wait() has
-// returned for that ticket.
+// control comm is a ShmControlComm (shm_control_comm.h) and allreduces go
+// through shared memory. Arrays passed to submit must stay alive until
+// wait() has returned for that ticket.
 class LocalJob {
  public:
   LocalJob(int size, const std::map<std::string, std::string>& env, bool shm) {
