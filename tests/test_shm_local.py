@@ -605,7 +605,7 @@ def test_control_comm_carries_payloads_and_strings(size):
             lengths = rng.choice([0, 1, 100, MAX_PAYLOAD], size)
             steps.append((-1, [blob(n) for n in lengths]))
         else:
-            n = [0, 7, 5000, MAX_PAYLOAD, MAX_PAYLOAD + 1, 3 * MAX_PAYLOAD][i % 6]
+            n = [0, 7, 5000, MAX_PAYLOAD, MAX_PAYLOAD + 1, 3 * MAX_PAYLOAD][i // 3 % 6]
             steps.append((int(rng.integers(0, size)), [blob(n)]))
     got, through_shm = _core._testing_shm_control_comm(size, steps)
     for rank in range(size):

@@ -1,7 +1,5 @@
 #include "controller.h"
 
-#include <cstring>
-#include <iterator>
 #include <sstream>
 
 #include "timeline.h"
@@ -12,40 +10,23 @@ constexpr uint64_t kNothingForCoordinator = 1;
 constexpr uint64_t kNoShutdown = 2;
 constexpr uint64_t kSentWithBitAnd = 4;
 
-// A rank's payload (Note [Requests with the bit-and]): the number of cache
-// hits k, their k slots, then the requests, misses first and the k hits
-// last, in slot order.
-std::string SerializePayload(const std::vector<Request>& requests,
-                             const std::vector<int64_t>& slots) {
-  std::string out;
-  const int64_t k = static_cast<int64_t>(slots.size());
-  out.append(reinterpret_cast<const char*>(&k), sizeof(k));
-  out.append(reinterpret_cast<const char*>(slots.data()), slots.size() * sizeof(int64_t));
-  return out + SerializeRequests(requests);
+// Whether slot `s`'s bit is set in a round's bit-and words.
+bool SlotBit(const std::vector<uint64_t>& bits, int64_t s) {
+  return (bits[1 + s / 64] & (uint64_t{1} << (s % 64))) != 0;
 }
 
-// The requests a payload's rank sends the coordinator in a round whose
-// bit-and came out as `bits`: its misses, and each hit whose slot is not
-// ready everywhere (a ready one was answered from the cache).
-std::vector<Request> ParsePayload(const std::string& payload, const std::vector<uint64_t>& bits) {
-  if (payload.empty()) return {};
-  int64_t k = 0;
-  HVDMX_CHECK(payload.size() >= sizeof(k), "truncated negotiation payload");
-  std::memcpy(&k, payload.data(), sizeof(k));
-  const size_t head = sizeof(k) * static_cast<size_t>(1 + k);
-  HVDMX_CHECK(k >= 0 && payload.size() >= head, "truncated negotiation payload");
-  std::vector<int64_t> slots(static_cast<size_t>(k));
-  std::memcpy(slots.data(), payload.data() + sizeof(k), slots.size() * sizeof(int64_t));
-  std::vector<Request> requests = ParseRequests(payload.substr(head));
-  HVDMX_CHECK(static_cast<int64_t>(requests.size()) >= k, "negotiation payload: hits missing");
-  const size_t misses = requests.size() - slots.size();
-  std::vector<Request> out(std::make_move_iterator(requests.begin()),
-                           std::make_move_iterator(requests.begin() + misses));
-  for (size_t i = 0; i < slots.size(); ++i) {
-    const int64_t s = slots[i];
-    if ((bits[1 + s / 64] & (uint64_t{1} << (s % 64))) == 0) {
-      out.push_back(std::move(requests[misses + i]));
-    }
+// The requests a rank sent with a round's bit-and that it sends the
+// coordinator, now that the AND came out as `bits`: its misses, and each
+// hit whose slot is not ready everywhere (step 3 answered a ready one from
+// the cache). See Note [Requests with the bit-and].
+std::vector<Request> ForCoordinator(const std::string& payload,
+                                    const std::vector<uint64_t>& bits) {
+  if (payload.empty()) return {};  // a rank with nothing for it
+  std::vector<int64_t> slots;
+  std::vector<Request> sent = ParseRequests(payload, &slots);
+  std::vector<Request> out;
+  for (size_t i = 0; i < sent.size(); ++i) {
+    if (slots[i] < 0 || !SlotBit(bits, slots[i])) out.push_back(std::move(sent[i]));
   }
   return out;
 }
@@ -83,8 +64,13 @@ RoundResult Controller::RunRound(std::vector<Request> new_requests, bool want_sh
   // Step 2: one bitwise AND over flags and cache bits.
   std::vector<uint64_t> bits(bit_words_, 0);
   bits[0] = ~uint64_t{0};
+  // Marked once here, for step 4 and for what is sent with the bit-and.
+  for (Request& q : misses) q.stalled = stalled.count(q.name) > 0;
   bool stalled_hit = false;
-  for (const auto& hit : cache_hits_) stalled_hit |= stalled.count(hit.second.name) > 0;
+  for (auto& hit : cache_hits_) {
+    hit.second.stalled = stalled.count(hit.second.name) > 0;
+    stalled_hit |= hit.second.stalled;
+  }
   const bool for_coordinator = !misses.empty() || !at_coordinator_.empty() || stalled_hit;
   if (for_coordinator) bits[0] &= ~kNothingForCoordinator;
   if (want_shutdown) bits[0] &= ~kNoShutdown;
@@ -98,13 +84,12 @@ RoundResult Controller::RunRound(std::vector<Request> new_requests, bool want_sh
   bool sent = capacity > 0 && (for_coordinator || cache_hits_.empty());
   if (sent && for_coordinator) {
     std::vector<Request> sending = misses;
-    std::vector<int64_t> slots;
+    std::vector<int64_t> slots(misses.size(), -1);
     for (const auto& hit : cache_hits_) {
       sending.push_back(hit.second);
       slots.push_back(hit.first);
     }
-    for (Request& q : sending) q.stalled = stalled.count(q.name) > 0;
-    payload = SerializePayload(sending, slots);
+    payload = SerializeRequests(sending, slots);
     sent = static_cast<int64_t>(payload.size()) <= capacity;
     if (!sent) payload.clear();
   }
@@ -123,7 +108,7 @@ RoundResult Controller::RunRound(std::vector<Request> new_requests, bool want_sh
   // Step 3: slots ready everywhere, in ascending order.
   for (auto it = cache_hits_.begin(); it != cache_hits_.end();) {
     int64_t slot = it->first;
-    if (bits[1 + slot / 64] & (uint64_t{1} << (slot % 64))) {
+    if (SlotBit(bits, slot)) {
       cache_.Touch(slot);
       result.responses.push_back(cache_.response(slot));
       it = cache_hits_.erase(it);
@@ -136,10 +121,7 @@ RoundResult Controller::RunRound(std::vector<Request> new_requests, bool want_sh
   if ((bits[0] & kNothingForCoordinator) == 0) {
     for (auto& hit : cache_hits_) misses.push_back(std::move(hit.second));
     cache_hits_.clear();
-    for (Request& q : misses) {
-      q.stalled = stalled.count(q.name) > 0;
-      at_coordinator_.emplace(q.name, q);
-    }
+    for (const Request& q : misses) at_coordinator_.emplace(q.name, q);
     const bool with_bit_and = (bits[0] & kSentWithBitAnd) != 0;
     std::vector<std::string> gathered;
     if (with_bit_and) {
@@ -152,7 +134,7 @@ RoundResult Controller::RunRound(std::vector<Request> new_requests, bool want_sh
     if (comm_.rank() == 0) {
       std::vector<Response> fresh;
       for (int j = 0; j < comm_.size(); ++j) {
-        Coordinate(with_bit_and ? ParsePayload(comm_.BitAndPayload(j), bits)
+        Coordinate(with_bit_and ? ForCoordinator(comm_.BitAndPayload(j), bits)
                                 : ParseRequests(gathered[j]),
                    &fresh);
       }

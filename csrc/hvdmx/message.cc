@@ -199,57 +199,88 @@ Response MakeResponse(const std::vector<Request>& requests) {
   return r;
 }
 
+namespace {
+
+void WriteRequests(Writer* w, const std::vector<Request>& requests) {
+  w->Pod<int64_t>(static_cast<int64_t>(requests.size()));
+  for (const Request& q : requests) {
+    w->Pod(q.rank);
+    w->Pod(q.type);
+    w->Str(q.name);
+    w->Pod<int64_t>(static_cast<int64_t>(q.dtypes.size()));
+    for (DataType d : q.dtypes) w->Pod(d);
+    w->Pod<int64_t>(static_cast<int64_t>(q.shapes.size()));
+    for (const auto& shape : q.shapes) {
+      w->Pod<int64_t>(static_cast<int64_t>(shape.size()));
+      for (int64_t d : shape) w->Pod(d);
+    }
+    w->Pod(q.op);
+    w->Pod(q.root);
+    w->Pod(q.prescale);
+    w->Pod(q.postscale);
+    w->Pod(q.device);
+    w->Pod(q.sizes_only);
+    w->Pod<int64_t>(static_cast<int64_t>(q.splits.size()));
+    for (int64_t v : q.splits) w->Pod(v);
+    w->Pod(q.stalled);
+  }
+}
+
+std::vector<Request> ReadRequests(Reader* r) {
+  std::vector<Request> out(r->Pod<int64_t>());
+  for (Request& q : out) {
+    q.rank = r->Pod<int32_t>();
+    q.type = r->Pod<CollectiveType>();
+    q.name = r->Str();
+    q.dtypes.resize(r->Pod<int64_t>());
+    for (DataType& d : q.dtypes) d = r->Pod<DataType>();
+    q.shapes.resize(r->Pod<int64_t>());
+    for (auto& shape : q.shapes) {
+      shape.resize(r->Pod<int64_t>());
+      for (int64_t& d : shape) d = r->Pod<int64_t>();
+    }
+    q.op = r->Pod<ReduceOp>();
+    q.root = r->Pod<int32_t>();
+    q.prescale = r->Pod<double>();
+    q.postscale = r->Pod<double>();
+    q.device = r->Pod<int32_t>();
+    q.sizes_only = r->Pod<bool>();
+    q.splits.resize(r->Pod<int64_t>());
+    for (int64_t& v : q.splits) v = r->Pod<int64_t>();
+    q.stalled = r->Pod<bool>();
+  }
+  return out;
+}
+
+}  // namespace
+
 std::string SerializeRequests(const std::vector<Request>& requests) {
   Writer w;
-  w.Pod<int64_t>(static_cast<int64_t>(requests.size()));
-  for (const Request& q : requests) {
-    w.Pod(q.rank);
-    w.Pod(q.type);
-    w.Str(q.name);
-    w.Pod<int64_t>(static_cast<int64_t>(q.dtypes.size()));
-    for (DataType d : q.dtypes) w.Pod(d);
-    w.Pod<int64_t>(static_cast<int64_t>(q.shapes.size()));
-    for (const auto& shape : q.shapes) {
-      w.Pod<int64_t>(static_cast<int64_t>(shape.size()));
-      for (int64_t d : shape) w.Pod(d);
-    }
-    w.Pod(q.op);
-    w.Pod(q.root);
-    w.Pod(q.prescale);
-    w.Pod(q.postscale);
-    w.Pod(q.device);
-    w.Pod(q.sizes_only);
-    w.Pod<int64_t>(static_cast<int64_t>(q.splits.size()));
-    for (int64_t v : q.splits) w.Pod(v);
-    w.Pod(q.stalled);
-  }
+  WriteRequests(&w, requests);
   return w.Take();
 }
 
 std::vector<Request> ParseRequests(const std::string& bytes) {
   Reader r(bytes);
-  std::vector<Request> out(r.Pod<int64_t>());
-  for (Request& q : out) {
-    q.rank = r.Pod<int32_t>();
-    q.type = r.Pod<CollectiveType>();
-    q.name = r.Str();
-    q.dtypes.resize(r.Pod<int64_t>());
-    for (DataType& d : q.dtypes) d = r.Pod<DataType>();
-    q.shapes.resize(r.Pod<int64_t>());
-    for (auto& shape : q.shapes) {
-      shape.resize(r.Pod<int64_t>());
-      for (int64_t& d : shape) d = r.Pod<int64_t>();
-    }
-    q.op = r.Pod<ReduceOp>();
-    q.root = r.Pod<int32_t>();
-    q.prescale = r.Pod<double>();
-    q.postscale = r.Pod<double>();
-    q.device = r.Pod<int32_t>();
-    q.sizes_only = r.Pod<bool>();
-    q.splits.resize(r.Pod<int64_t>());
-    for (int64_t& v : q.splits) v = r.Pod<int64_t>();
-    q.stalled = r.Pod<bool>();
-  }
+  std::vector<Request> out = ReadRequests(&r);
+  HVDMX_CHECK(r.done(), "trailing bytes in request list");
+  return out;
+}
+
+std::string SerializeRequests(const std::vector<Request>& requests,
+                              const std::vector<int64_t>& slots) {
+  HVDMX_CHECK(slots.size() == requests.size(), "one cache slot per request");
+  Writer w;
+  WriteRequests(&w, requests);
+  for (int64_t slot : slots) w.Pod(slot);
+  return w.Take();
+}
+
+std::vector<Request> ParseRequests(const std::string& bytes, std::vector<int64_t>* slots) {
+  Reader r(bytes);
+  std::vector<Request> out = ReadRequests(&r);
+  slots->resize(out.size());
+  for (int64_t& slot : *slots) slot = r.Pod<int64_t>();
   HVDMX_CHECK(r.done(), "trailing bytes in request list");
   return out;
 }

@@ -70,6 +70,11 @@ Response ErrorResponse(const Request& request, std::string message);
 
 std::string SerializeRequests(const std::vector<Request>& requests);
 std::vector<Request> ParseRequests(const std::string& bytes);
+// The same, each request with a cache slot (-1: none), for requests sent
+// with the bit-and (Note [Requests with the bit-and] in controller.h).
+std::string SerializeRequests(const std::vector<Request>& requests,
+                              const std::vector<int64_t>& slots);
+std::vector<Request> ParseRequests(const std::string& bytes, std::vector<int64_t>* slots);
 std::string SerializeResponses(const std::vector<Response>& responses);
 std::vector<Response> ParseResponses(const std::string& bytes);
 

@@ -222,18 +222,12 @@ class LocalJob {
     ThrowIfError(LoadConfig(MapLookup(env), &config));
     auto control = std::make_shared<LocalWorld>(size);
     auto data = std::make_shared<LocalWorld>(size);
-    const int64_t region = ShmAllreduce::RegionBytes(config.shm_chunk_bytes);
-    std::shared_ptr<std::vector<char>> memory;
-    std::vector<char*> regions;
-    if (shm) {
-      memory = std::make_shared<std::vector<char>>(region * size + 4096, 0);
-      char* base = memory->data() + (4096 - reinterpret_cast<uintptr_t>(memory->data()) % 4096);
-      for (int r = 0; r < size; ++r) regions.push_back(base + r * region);
-    }
+    const PlainShmRegions host(shm ? size : 0, config.shm_chunk_bytes);
     for (int r = 0; r < size; ++r) {
       std::unique_ptr<ShmAllreduce> local;
       if (shm) {
-        local = std::make_unique<ShmAllreduce>(r, size, regions, config.shm_chunk_bytes, memory);
+        local = std::make_unique<ShmAllreduce>(r, size, host.regions, config.shm_chunk_bytes,
+                                               host.memory);
       }
       runtimes_.push_back(std::make_unique<Runtime>(std::make_unique<LocalComm>(control, r),
                                                     std::make_unique<LocalComm>(data, r),

@@ -6,6 +6,7 @@
 
 #include <pybind11/pybind11.h>
 
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -31,6 +32,16 @@ DataType CheckedType(int code);
 // A direct-read threshold (HVDMX_SHM_DIRECT_MIN_BYTES) as the tests see it:
 // "auto" for kShmDirectAuto, else the byte count (-1: never).
 pybind11::object DirectMinBytesValue(int64_t direct_min_bytes);
+
+// Plain memory laid out as one host's shared-memory segment, for ranks
+// that are threads of this process: `ranks` zeroed regions of
+// ShmAllreduce::RegionBytes(chunk_bytes), the first on a page as a real
+// mapping's is (testing_shm_bindings.cc).
+struct PlainShmRegions {
+  PlainShmRegions(int ranks, int64_t chunk_bytes);
+  std::shared_ptr<std::vector<char>> memory;  // owns the regions
+  std::vector<char*> regions;
+};
 
 // Adds the _testing_* functions and _TestingLocalJob to the module.
 void DefineTestingBindings(pybind11::module_& m);

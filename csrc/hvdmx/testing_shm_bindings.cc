@@ -23,15 +23,19 @@
 namespace py = pybind11;
 
 namespace hvdmx {
-namespace {
 
-// The regions start where the shared mapping of a real job would: on a page.
-// (ShmAllreduce checks that each is aligned for its control block.)
-constexpr uintptr_t kMappingAlign = 4096;
-
-char* AlignedAsMapped(char* p) {
-  return p + (kMappingAlign - reinterpret_cast<uintptr_t>(p) % kMappingAlign) % kMappingAlign;
+PlainShmRegions::PlainShmRegions(int ranks, int64_t chunk_bytes) {
+  // The regions start where the shared mapping of a real job would: on a
+  // page. (ShmAllreduce checks that each is aligned for its control block.)
+  constexpr uintptr_t kMappingAlign = 4096;
+  const int64_t region = ShmAllreduce::RegionBytes(chunk_bytes);
+  memory = std::make_shared<std::vector<char>>(region * ranks + kMappingAlign, 0);
+  const uintptr_t at = reinterpret_cast<uintptr_t>(memory->data());
+  char* base = memory->data() + (kMappingAlign - at % kMappingAlign) % kMappingAlign;
+  for (int r = 0; r < ranks; ++r) regions.push_back(base + r * region);
 }
+
+namespace {
 
 StageStores CheckedStores(int stores) {
   if (stores < 0 || stores > static_cast<int>(StageStores::kStreaming)) {
@@ -110,14 +114,8 @@ std::vector<int64_t> TestingShmAllreduce(std::vector<std::vector<std::vector<py:
     }
   }
   py::gil_scoped_release release;
-  const int64_t region = ShmAllreduce::RegionBytes(chunk_bytes);
-  std::vector<std::shared_ptr<std::vector<char>>> memory;
-  std::vector<std::vector<char*>> regions(hosts);
-  for (int h = 0; h < hosts; ++h) {
-    memory.push_back(std::make_shared<std::vector<char>>(region * local + kMappingAlign, 0));
-    char* base = AlignedAsMapped(memory.back()->data());
-    for (int l = 0; l < local; ++l) regions[h].push_back(base + l * region);
-  }
+  std::vector<PlainShmRegions> host_memory;  // each host its own
+  for (int h = 0; h < hosts; ++h) host_memory.emplace_back(local, chunk_bytes);
   std::vector<std::shared_ptr<LocalWorld>> cross_worlds;
   for (int l = 0; l < local; ++l) cross_worlds.push_back(std::make_shared<LocalWorld>(hosts));
   std::vector<std::thread> threads;
@@ -133,7 +131,8 @@ std::vector<int64_t> TestingShmAllreduce(std::vector<std::vector<std::vector<py:
           RingAllreduce(*comm, buf, count, dtype, op, 4096, scratch.get());
         };
       }
-      ShmAllreduce shm(l, local, regions[h], chunk_bytes, memory[h], cross, -1, stage_stores);
+      ShmAllreduce shm(l, local, host_memory[h].regions, chunk_bytes, host_memory[h].memory,
+                       cross, -1, stage_stores);
       for (size_t c = 0; c < calls.size(); ++c) {
         shm.Allreduce(spans[c][r], t, static_cast<ReduceOp>(op), postscale);
       }
@@ -165,13 +164,14 @@ struct ShmTestCall {
 // (WriteIntoPeers, outputs of a byte or more), and rank r's allgather,
 // alltoall and out-of-place broadcast outputs lie in the one plain "file"
 // all ranks share here when push[r]: copied there before the call (an input
-// inside the output goes with it) and back after. Returns the calls that read directly and those
-// that wrote into peers' outputs, as rank 0 counted them, and the direct
-// broadcasts whose root wrote into its peers' outputs. `stores` as in
-// TestingShmAllreduce.
+// inside the output goes with it) and back after. Returns the calls that
+// read directly and those that wrote into peers' outputs, as rank 0 counted
+// them, and the direct broadcasts whose root wrote into its peers' outputs.
+// `stores` as in TestingShmAllreduce.
 std::tuple<int64_t, int64_t, int64_t> TestingShmSequence(const std::vector<py::tuple>& raw,
-                                               int64_t chunk_bytes, int64_t direct_min_bytes,
-                                               int stores, const std::vector<bool>& push) {
+                                                         int64_t chunk_bytes,
+                                                         int64_t direct_min_bytes, int stores,
+                                                         const std::vector<bool>& push) {
   const StageStores stage_stores = CheckedStores(stores);
   std::vector<ShmTestCall> calls;
   for (const py::tuple& t : raw) {
@@ -217,17 +217,13 @@ std::tuple<int64_t, int64_t, int64_t> TestingShmSequence(const std::vector<py::t
   }
   std::vector<char> file(static_cast<size_t>(file_bytes));
   py::gil_scoped_release release;
-  const int64_t region = ShmAllreduce::RegionBytes(chunk_bytes);
-  auto memory = std::make_shared<std::vector<char>>(region * n + kMappingAlign, 0);
-  char* base = AlignedAsMapped(memory->data());
-  std::vector<char*> regions;
-  for (int r = 0; r < n; ++r) regions.push_back(base + r * region);
+  const PlainShmRegions host(n, chunk_bytes);
   std::vector<std::thread> threads;
   int64_t direct = 0, pushed = 0;
   std::atomic<int64_t> root_writes{0};
   for (int r = 0; r < n; ++r) {
     threads.emplace_back([&, r] {
-      ShmAllreduce shm(r, n, regions, chunk_bytes, memory, nullptr, direct_min_bytes,
+      ShmAllreduce shm(r, n, host.regions, chunk_bytes, host.memory, nullptr, direct_min_bytes,
                        stage_stores);
       if (!push.empty()) shm.WriteIntoPeers(std::vector<char*>(n, file.data()), file_bytes, 1);
       for (size_t c = 0; c < calls.size(); ++c) {
@@ -300,16 +296,12 @@ std::pair<std::vector<std::vector<std::vector<py::bytes>>>, int64_t> TestingShmC
   int64_t through_shm = 0;
   {
     py::gil_scoped_release release;
-    const int64_t region = ShmAllreduce::RegionBytes(4096);
-    auto memory = std::make_shared<std::vector<char>>(region * size + kMappingAlign, 0);
-    char* base = AlignedAsMapped(memory->data());
-    std::vector<char*> regions;
-    for (int r = 0; r < size; ++r) regions.push_back(base + r * region);
+    const PlainShmRegions host(size, 4096);
     auto world = std::make_shared<LocalWorld>(size);
     std::vector<std::thread> threads;
     for (int r = 0; r < size; ++r) {
       threads.emplace_back([&, r] {
-        ShmAllreduce shm(r, size, regions, 4096, memory, nullptr);
+        ShmAllreduce shm(r, size, host.regions, 4096, host.memory, nullptr);
         ShmControlComm comm(std::make_unique<LocalComm>(world, r), &shm);
         for (const auto& [root, data] : steps) {
           got[r].emplace_back();

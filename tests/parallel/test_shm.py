@@ -161,6 +161,20 @@ def rows(rank, n, salt=0):
     return i + 1000 * rank + 7 * salt
 
 
+def check_allgather(rank, size, share, salt=0):
+    """An allgather of `share` rows per rank, checked; returns the result."""
+    got = hvd.allgather(mx.nd.array(rows(rank, share, salt))).asnumpy()
+    assert np.array_equal(got, np.concatenate([rows(r, share, salt) for r in range(size)]))
+    return got
+
+
+def check_alltoall(rank, size, share, salt=0):
+    """An alltoall of `share` rows to every rank, checked."""
+    out = hvd.alltoall(mx.nd.array(rows(rank, share * size, salt))).asnumpy()
+    assert np.array_equal(out, np.concatenate(
+        [rows(s, share * size, salt)[rank * share:(rank + 1) * share] for s in range(size)]))
+
+
 def test_broadcast_allgather_alltoall_through_shm(world, shm_moves):
     # Interleaved with allreduces; ragged rows, 0 rows on rank 1, a grouped
     # allgather (packed in the fusion buffer), every root.
@@ -251,12 +265,8 @@ def test_streaming_stores_as_asked(world, value):
         x = mx.nd.array(rows(rank, 30_000))  # 360,000 bytes
         hvd.broadcast_(x, root_rank=0)
         assert np.array_equal(x.asnumpy(), rows(0, 30_000))
-        got = hvd.allgather(mx.nd.array(rows(rank, 30_000))).asnumpy()
-        assert np.array_equal(got, np.concatenate([rows(r, 30_000) for r in range(size)]))
-        share = 30_000 // size
-        out = hvd.alltoall(mx.nd.array(rows(rank, share * size))).asnumpy()
-        assert np.array_equal(out, np.concatenate(
-            [rows(s, share * size)[rank * share:(rank + 1) * share] for s in range(size)]))
+        check_allgather(rank, size, 30_000)
+        check_alltoall(rank, size, 30_000 // size)
         y = mx.nd.array(rank_input(rank, count, "float32", hvd.Sum))
         got = hvd.reducescatter(y, op=hvd.Sum).asnumpy()
         total = sum(rank_input(r, count, "float32", hvd.Sum) for r in range(size))
@@ -286,12 +296,8 @@ def test_writes_into_peers_outputs_choose_their_stores(world, value):
         before = info
         share = 10_001  # rows of 12 bytes: copies that start and end off 16-byte lines
         for step in range(2):
-            got = hvd.allgather(mx.nd.array(rows(rank, share, step))).asnumpy()
-            assert np.array_equal(got, np.concatenate([rows(r, share, step) for r in range(size)]))
-            out = hvd.alltoall(mx.nd.array(rows(rank, share * size, step))).asnumpy()
-            assert np.array_equal(out, np.concatenate(
-                [rows(s, share * size, step)[rank * share:(rank + 1) * share]
-                 for s in range(size)]))
+            check_allgather(rank, size, share, step)
+            check_alltoall(rank, size, share, step)
         after = _core._testing_shm_info()
         assert after["push_exchanges"] - before["push_exchanges"] == 4
         streamed = after["streamed_calls"] - before["streamed_calls"]
@@ -386,9 +392,7 @@ def test_auto_reads_large_alltoalls_and_broadcasts_directly(world):
         for share, direct in [((limit - 1) // (12 * (size - 1)), False),
                               (-(-limit // (12 * (size - 1))), True)]:
             before = _core._testing_shm_info()["direct_exchanges"]
-            out = hvd.alltoall(mx.nd.array(rows(rank, share * size))).asnumpy()
-            assert np.array_equal(out, np.concatenate(
-                [rows(s, share * size)[rank * share:(rank + 1) * share] for s in range(size)]))
+            check_alltoall(rank, size, share)
             assert _core._testing_shm_info()["direct_exchanges"] == before + direct, share
         for count, direct in [((limit - 1) // 12, False), (limit // 12 + 1, True)]:
             info = _core._testing_shm_info()
@@ -540,12 +544,8 @@ def test_allgathers_and_alltoalls_write_into_peers_outputs(world, env):
         for share, whole in [(-(-65536 // (12 * size)), True), (65536 // (12 * size) - 1, False),
                              (300_001, True)]:
             before = _core._testing_shm_info()
-            got = hvd.allgather(mx.nd.array(rows(rank, share, 1))).asnumpy()
-            assert np.array_equal(got, np.concatenate([rows(r, share, 1) for r in range(size)]))
-            out = hvd.alltoall(mx.nd.array(rows(rank, share * size, 2))).asnumpy()
-            assert np.array_equal(out, np.concatenate(
-                [rows(s, share * size, 2)[rank * share:(rank + 1) * share]
-                 for s in range(size)]))
+            got = check_allgather(rank, size, share, 1)
+            check_alltoall(rank, size, share, 2)
             assert all_equal_across_ranks(got)
             after = _core._testing_shm_info()
             assert after["exchanges"] == before["exchanges"] + 2
