@@ -27,10 +27,11 @@
 // 4. Slow path, only if some rank cleared word 0 bit 0: every rank moves its
 //    remaining cache hits to its miss list (a rank whose request missed may be
 //    waiting for ours at the coordinator), then the lists are gathered to
-//    rank 0 (or were sent with the bit-and already). Rank 0 keeps each name's requests until all ranks have sent one;
-//    then it checks that they agree (type, dtypes, shapes, op, root, scale
-//    factors, device) and emits a response, or an error response naming the
-//    ranks and values that differ. The new responses are broadcast; every
+//    rank 0 (or were sent with the bit-and already). Rank 0 keeps each
+//    name's requests until all ranks have sent one; then it checks that they
+//    agree (type, dtypes, shapes, op, root, scale factors, device) and emits
+//    a response, or an error response naming the ranks and values that
+//    differ. The new responses are broadcast; every
 //    rank appends them after the cached ones and puts the successful ones
 //    into its cache, in broadcast order, so caches stay identical.
 // 5. If some rank cleared word 0 bit 1, everyone runs this round's responses

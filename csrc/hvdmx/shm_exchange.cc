@@ -455,12 +455,11 @@ bool ShmAllreduce::ExchangePush(Move move) {
         const int j = (rank_ + i) % size_;
         const Send& send = sends_[j];
         if (send.bytes == 0) continue;
-        char* dst = j == rank_ ? out_.data + send.at
-                               : arenas_[j] + control(j).out_offset.load(std::memory_order_relaxed) +
-                                     send.at;
+        char* out = j == rank_ ? out_.data
+                               : arenas_[j] + control(j).out_offset.load(std::memory_order_relaxed);
         // The output is new, so no send overlaps it: an own block already
         // in place (a fused allgather's) has no bytes to send.
-        StageCopy(dst, send.src, send.bytes);
+        StageCopy(out + send.at, send.src, send.bytes);
       }
       if (streaming_) StreamingStoresFence();  // before `done` tells the peers
     });
