@@ -170,6 +170,44 @@ def test_direct_reads_script():
     assert all(float(c) > 0 for r in rows for c in r[3:])
 
 
+def build_stage_floor(tmp_path):
+    """tools/stage_floor.c built with the venv's mpicc (the C compiler the
+    extension's build already needs; the tool itself uses no MPI)."""
+    binary = str(tmp_path / "stage_floor")
+    mpicc = os.path.join(os.path.dirname(sys.executable), "mpicc")
+    subprocess.run([mpicc, "-O2", "-Wall", "-Werror", "-o", binary,
+                    os.path.join(ROOT, "tools", "stage_floor.c")], check=True, timeout=120)
+    return binary
+
+
+def test_stage_floor_tool(tmp_path):
+    # Two sizes, a few broadcasts each: every way must deliver the root's bytes
+    # (the tool checks the peer's last byte and exits 1 if it is wrong).
+    result = subprocess.run([build_stage_floor(tmp_path), "--min-bytes", "65536",
+                             "--max-bytes", "262144", "--iters", "3"],
+                            capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    lines = result.stdout.splitlines()
+    assert lines[0].startswith("# bare 2-process broadcast floor, us per call (mean of 3")
+    assert lines[1].split() == ["size(B)", "|", "local", "|", "stages", "root", "busy",
+                                "peer", "busy", "|", "readv", "readv", "huge"]
+    rows = [[c for c in line.split() if c != "|"] for line in lines[2:]]
+    assert [r[0] for r in rows] == ["65536", "262144"]
+    assert all(len(r) == 7 and all(float(c) > 0 for c in r[1:]) for r in rows)
+
+
+@pytest.mark.parametrize("args,message", [
+    (["--iters", "0"], "--iters must be a positive integer (got 0)"),
+    (["--min-bytes", "4M"], "--min-bytes must be a positive integer (got 4M)"),
+    (["--sizes", "1"], "usage:"),
+    (["--iters"], "usage:"),
+])
+def test_stage_floor_rejects_bad_input(tmp_path, args, message):
+    result = subprocess.run([build_stage_floor(tmp_path)] + args, capture_output=True,
+                            text=True, timeout=60)
+    assert result.returncode == 2 and message in result.stderr
+
+
 @pytest.mark.parametrize("tool,args,message", [
     ("direct_reads.py", ["--kinds", "alltoall,gather"],
      "--kinds: 'gather' is not one of broadcast, allgather, alltoall"),
