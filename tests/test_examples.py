@@ -199,6 +199,9 @@ def test_stage_floor_tool(tmp_path):
 @pytest.mark.parametrize("args,message", [
     (["--iters", "0"], "--iters must be a positive integer (got 0)"),
     (["--min-bytes", "4M"], "--min-bytes must be a positive integer (got 4M)"),
+    (["--min-bytes", "4096", "--max-bytes", "1024"],
+     "want --min-bytes <= --max-bytes (got 4096 > 1024)"),
+    (["--iters", "5000000"], "--iters must be at most 1000000"),
     (["--sizes", "1"], "usage:"),
     (["--iters"], "usage:"),
 ])

@@ -178,12 +178,20 @@ int main(int argc, char** argv) {
     }
     if (!strcmp(argv[i], "--min-bytes")) min_bytes = (size_t)v;
     else if (!strcmp(argv[i], "--max-bytes")) max_bytes = (size_t)v;
-    else if (!strcmp(argv[i], "--iters")) iters = (int)v;
+    else if (!strcmp(argv[i], "--iters")) iters = v > 1000000 ? 1000001 : (int)v;
     else Usage(argv[0]);
     ++i;
   }
-  sh = mmap(NULL, sizeof *sh, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS,
-                           -1, 0);
+  if (min_bytes > max_bytes) {
+    fprintf(stderr, "%s: want --min-bytes <= --max-bytes (got %zu > %zu)\n", argv[0],
+            min_bytes, max_bytes);
+    return 2;
+  }
+  if (iters > 1000000) {
+    fprintf(stderr, "%s: --iters must be at most 1000000 (got more)\n", argv[0]);
+    return 2;
+  }
+  sh = mmap(NULL, sizeof *sh, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
   char* stages = mmap(NULL, kStages * (kChunk + kPage), PROT_READ | PROT_WRITE,
                       MAP_SHARED | MAP_ANONYMOUS, -1, 0);
   if (sh == MAP_FAILED || stages == MAP_FAILED) return perror("stage_floor: mmap"), 1;
