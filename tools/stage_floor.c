@@ -52,7 +52,7 @@ struct Shared {
   uintptr_t root_buffer;                  // readv round: where to read
   pid_t root_pid, peer_pid;
   _Atomic int failed;                     // either side has failed: both stop
-  double root_busy, peer_busy;            // seconds per broadcast
+  double peer_busy;                       // seconds per broadcast, for the root to print
 };
 
 static struct Shared* sh;
@@ -93,9 +93,9 @@ static void Pin(int cpu) {
 }
 
 // One process's part in `iters` staged broadcasts of `bytes`; returns the
-// seconds per broadcast and adds its copying time to *busy.
-static double Stages(char* stages, char* buffer, size_t bytes, int root,
-                     int iters, uint64_t* seq, double* busy) {
+// seconds per broadcast and sets *busy to those it spent copying.
+static double Stages(char* stages, char* buffer, size_t bytes, int root, int iters,
+                     uint64_t* seq, double* busy) {
   const size_t chunks = (bytes + kChunk - 1) / kChunk;
   double start = 0, copying = 0;
   for (int it = 0; it < kWarmup + iters; ++it) {
@@ -125,8 +125,7 @@ static double Stages(char* stages, char* buffer, size_t bytes, int root,
 }
 
 // One process's part in `iters` broadcasts by process_vm_readv.
-static double Readv(char* buffer, size_t bytes, int root, int iters,
-                    uint64_t* round) {
+static double Readv(char* buffer, size_t bytes, int root, int iters, uint64_t* round) {
   double start = 0;
   for (int it = 0; it < kWarmup + iters; ++it, ++*round) {
     if (it == kWarmup) start = Now();
@@ -219,7 +218,7 @@ int main(int argc, char** argv) {
     memset(other, 0, bytes);
     double busy;
     const double staged = Stages(stages, buffer, bytes, root, iters, &seq, &busy);
-    if (root) sh->root_busy = busy; else sh->peer_busy = busy;
+    if (!root) sh->peer_busy = busy;
     if (!root && buffer[bytes - 1] != 1) Fail("the stages delivered wrong bytes");
     memset(buffer, root ? 1 : 0, bytes);
     if (root) sh->root_buffer = (uintptr_t)buffer;
@@ -236,11 +235,12 @@ int main(int argc, char** argv) {
     if (root) sh->root_buffer = (uintptr_t)huge;
     const double readv_huge = Readv(huge, bytes, root, iters, &round);
     if (!root && huge[bytes - 1] != 1) Fail("process_vm_readv delivered wrong bytes");
-    // Both sides have published their busy times before the readv rounds end.
+    // The peer published its busy time before the readv rounds, which the
+    // root waited through.
     const double local = root ? Local(buffer, other, bytes, iters) : 0;
     if (root) {
       printf("%12zu | %8.1f | %8.1f %10.1f %10.1f | %8.1f %10.1f\n", bytes, local * 1e6,
-             staged * 1e6, sh->root_busy * 1e6, sh->peer_busy * 1e6, readv * 1e6,
+             staged * 1e6, busy * 1e6, sh->peer_busy * 1e6, readv * 1e6,
              readv_huge * 1e6);
       fflush(stdout);
     }
