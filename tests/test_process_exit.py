@@ -7,6 +7,8 @@ import subprocess
 import sys
 import textwrap
 
+import pytest
+
 
 MPIEXEC = os.path.join(os.path.dirname(sys.executable), "mpiexec")
 ENV = dict(os.environ, OMP_NUM_THREADS="1", MXNET_CPU_WORKER_NTHREADS="1")
@@ -154,6 +156,35 @@ def test_stall_shutdown_bounds_the_wait_in_shutdown():
             "(HVDMX_STALL_SHUTDOWN_TIME_SECONDS) while this rank waited in hvd.shutdown() for "
             "them to stop with it") in result.stderr
     assert "rank 0 shut down" in result.stderr
+
+
+@pytest.mark.parametrize("n", [2, 3])
+@pytest.mark.parametrize("algo", ["auto", "ring"])
+def test_a_rank_stopped_by_the_stall_shutdown_lets_every_rank_exit(n, algo):
+    # Rank 0 submits a tensor no other rank does, waits the stall shutdown
+    # time and stops; the others reach the end of the script without a call.
+    # Their shutdown at exit then meets rank 0's abandoned round and must not
+    # wait for it: in shared memory (auto, one host) they see rank 0's stop at
+    # once; over MPI (ring) they give up after the stall shutdown time too.
+    result = run_job(n, """
+        import time
+        if rank == 0:
+            try:
+                hvd.allreduce(mx.nd.ones((4,)), name="only.on.rank.0").wait_to_read()
+            except mx.base.MXNetError as e:
+                sys.stderr.write("rank 0 failed: " + str(e).splitlines()[0][:60] + "\\n")
+        else:
+            time.sleep(4)
+        sys.stderr.write(f"rank {rank} at the end\\n")
+    """, timeout=90, HVDMX_STALL_SHUTDOWN_TIME_SECONDS="2", HVDMX_ALLREDUCE_ALGO=algo)
+    assert result.returncode == 0, result.stderr
+    assert "rank 0 failed: hvdmx: the other ranks have not taken part" in result.stderr
+    for r in range(n):
+        assert f"rank {r} at the end" in result.stderr
+    if algo == "auto":
+        assert "rank 0 of this host" in result.stderr and "has stopped hvdmx" in result.stderr
+    else:
+        assert "while this rank waited in hvd.shutdown() for them" in result.stderr
 
 
 def test_every_collective_under_the_naive_engine():

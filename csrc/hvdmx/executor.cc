@@ -63,9 +63,35 @@ std::string TimelineArgs(const Request& request) {
 
 }  // namespace
 
+namespace {
+
+// Fires the entry's callback and drops it, so that it fires once.
+void Fire(TensorEntry& entry, const Status& status) {
+  std::function<void(const Status&)> callback = std::move(entry.callback);
+  entry.callback = nullptr;
+  callback(status);
+}
+
+}  // namespace
+
 void Executor::Run(const std::vector<Response>& responses, TensorQueue* queue) {
-  // Take every entry first: the groups below address them by response index.
   std::vector<TensorEntry> entries(responses.size());
+  try {
+    RunEntries(responses, queue, entries);
+  } catch (const ShmPeerGone& gone) {
+    // A peer stopped in the middle (Note [A peer that stops] in
+    // shm_allreduce.h): what this round took and has not finished fails
+    // here; the runtime stops and fails the rest.
+    for (TensorEntry& entry : entries) {
+      if (entry.callback) Fire(entry, Status::Shutdown(gone.what()));
+    }
+    throw;
+  }
+}
+
+void Executor::RunEntries(const std::vector<Response>& responses, TensorQueue* queue,
+                          std::vector<TensorEntry>& entries) {
+  // Take every entry first: the groups below address them by response index.
   std::vector<int> remaining;
   // Zeros this rank contributes to allreduces it has joined through (see
   // Note [Join] in controller.h): it has no entry for them.
@@ -105,7 +131,7 @@ void Executor::Run(const std::vector<Response>& responses, TensorQueue* queue) {
       }
     }
     if (!response.error.empty()) {
-      entry.callback(Status::Mismatch(response.error));
+      Fire(entry, Status::Mismatch(response.error));
       continue;
     }
     if (response.type != CollectiveType::kAllreduce) {
@@ -115,12 +141,12 @@ void Executor::Run(const std::vector<Response>& responses, TensorQueue* queue) {
         timeline.Phase(response.name, algorithm, start, Clock::now(), TimelineArgs(entry.request));
       }
       if (entry.on_response) entry.on_response(response);
-      entry.callback(Status::Ok());
+      Fire(entry, Status::Ok());
       continue;
     }
     RunAllreduceGroup(group, responses, entries);
     for (const FusionGroup::Item& item : group.items) {
-      if (--remaining[item.response] == 0) entries[item.response].callback(Status::Ok());
+      if (--remaining[item.response] == 0) Fire(entries[item.response], Status::Ok());
     }
   }
   // Allreduces with no tensors at all (an empty grouped call) are in no
@@ -128,7 +154,7 @@ void Executor::Run(const std::vector<Response>& responses, TensorQueue* queue) {
   for (size_t r = 0; r < responses.size(); ++r) {
     if (responses[r].counts.empty() && responses[r].error.empty() &&
         responses[r].type == CollectiveType::kAllreduce) {
-      entries[r].callback(Status::Ok());
+      Fire(entries[r], Status::Ok());
     }
   }
 }

@@ -35,6 +35,8 @@ class Executor {
       : comm_(comm), config_(config), mpi_pages_(config.huge_pages && peers_on_host),
         shm_(shm) {}
 
+  // Throws ShmPeerGone, having failed the round's entries that had not
+  // completed, when a peer stops in the middle (Note [A peer that stops]).
   void Run(const std::vector<Response>& responses, TensorQueue* queue);
 
   // In-place allreduce of one buffer with the configured algorithm; returns
@@ -45,6 +47,10 @@ class Executor {
   const HugePageCollapser& mpi_pages() const { return mpi_pages_; }
 
  private:
+  // Run's work, on the round's entries (each callback fired once, and
+  // then cleared).
+  void RunEntries(const std::vector<Response>& responses, TensorQueue* queue,
+                  std::vector<TensorEntry>& entries);
   void RunAllreduceGroup(const FusionGroup& group, const std::vector<Response>& responses,
                          std::vector<TensorEntry>& entries);
   // Runs a unit that is not an allreduce (its own fusion group); returns

@@ -56,6 +56,11 @@ Runtime::Runtime(std::unique_ptr<Comm> control, std::unique_ptr<Comm> data, cons
       config_(config),
       controller_(*control_, config.cache_capacity, config.stall_shutdown_seconds),
       executor_(*data_, config_, shm_.get(), peers_on_host) {
+  if (config_.stall_shutdown_seconds > 0) {
+    // The coordinator's exchanges give up as a round's bit-and does (Note
+    // [Background loop]); without a stall shutdown they wait as MPI does.
+    control_->set_idle([this](int64_t i) { return Idle(i); });
+  }
   if (config_.autotune && control_->rank() == 0) {
     tuner_ = std::make_unique<Autotuner>(config_, /*leader=*/true);
   }
@@ -113,6 +118,7 @@ void Runtime::Shutdown() {
   wake_.notify_one();
   if (thread_.joinable()) thread_.join();
   stopped_ = true;
+  if (shm_) shm_->MarkStopped();
   FailAll(ShutdownStatus());
 }
 
@@ -224,8 +230,13 @@ bool Runtime::LoopOnce() {
     }
   }
   if (tuner_) controller_.set_tuning_word(EncodeSetting(tuner_->current()));
-  RoundResult round = controller_.RunRound(queue_.TakeNewRequests(), want_shutdown, stalled,
-                                           [this](int64_t i) { return Idle(i); });
+  RoundResult round;
+  try {
+    round = controller_.RunRound(queue_.TakeNewRequests(), want_shutdown, stalled,
+                                 [this](int64_t i) { return Idle(i); });
+  } catch (const ShmPeerGone& gone) {
+    return StopAfterPeer(gone);
+  }
   if (round.abandoned) {
     size_t total = 0;
     const std::vector<std::string> pending =
@@ -239,13 +250,7 @@ bool Runtime::LoopOnce() {
         << "; a rank may have died or be stuck outside hvdmx. hvdmx has stopped on this "
            "rank: end the job and look at the other ranks' output (see docs/errors.md).";
     HVDMX_LOG(kError) << why.str();
-    {
-      std::lock_guard<std::mutex> lock(stop_mu_);
-      stop_reason_ = why.str();
-    }
-    stopped_ = true;
-    FailAll(Status::Shutdown(why.str()));
-    return false;
+    return Stop(why.str());
   }
   made_progress_ = !round.responses.empty();
   if (made_progress_) backoff_us_ = 0;
@@ -256,7 +261,11 @@ bool Runtime::LoopOnce() {
     config_.cycle_time_ms = setting.cycle_time_ms;
     config_.allreduce_algo = setting.algo;
   }
-  executor_.Run(round.responses, &queue_);
+  try {
+    executor_.Run(round.responses, &queue_);
+  } catch (const ShmPeerGone& gone) {
+    return StopAfterPeer(gone);
+  }
   if (tuner_) {
     int64_t bytes = 0;
     for (const Response& r : round.responses) {
@@ -268,16 +277,27 @@ bool Runtime::LoopOnce() {
   }
   MaybeWarnStall();
   if (round.shutdown) {
-    if (!want_shutdown) {
-      // Say so to this rank's later calls: its user did not shut hvdmx down.
-      std::lock_guard<std::mutex> lock(stop_mu_);
-      if (stop_reason_.empty()) stop_reason_ = kShutDownByPeer;
-    }
-    stopped_ = true;
-    FailAll(StoppedStatus());
-    return false;
+    // Say so to this rank's later calls when its user did not shut hvdmx down.
+    return Stop(want_shutdown ? std::string() : kShutDownByPeer);
   }
   return true;
+}
+
+bool Runtime::Stop(const std::string& why) {
+  if (!why.empty()) {
+    std::lock_guard<std::mutex> lock(stop_mu_);
+    if (stop_reason_.empty()) stop_reason_ = why;
+  }
+  stopped_ = true;
+  // See Note [A peer that stops] in shm_allreduce.h.
+  if (shm_) shm_->MarkStopped();
+  FailAll(StoppedStatus());
+  return false;
+}
+
+bool Runtime::StopAfterPeer(const ShmPeerGone& gone) {
+  HVDMX_LOG(kError) << gone.what();
+  return Stop(gone.what());
 }
 
 void Runtime::Loop() {

@@ -20,7 +20,9 @@
 // single round's bit-AND has waited T seconds, the peers are not taking part
 // in rounds at all (dead, or busy outside hvdmx): the runtime then fails
 // everything pending on this rank with that report and stops, since the
-// round it abandoned can never complete.
+// round it abandoned can never complete. A peer on this host that stops or
+// dies while this rank waits for it in shared memory stops this rank too, at
+// once (Note [A peer that stops] in shm_allreduce.h).
 //
 // Note [Shutdown]
 // ~~~~~~~~~~~~~~~
@@ -110,6 +112,14 @@ class Runtime {
  private:
   void Loop();
   void FailAll(const Status& status);
+  // Stops the runtime from the background thread: records `why` (unless
+  // empty or a reason is there already), tells the host's peers (Note [A
+  // peer that stops] in shm_allreduce.h) and fails everything pending.
+  // Returns false, for LoopOnce.
+  bool Stop(const std::string& why);
+  // Stop after a peer in shared memory stopped or died in the middle of a
+  // round.
+  bool StopAfterPeer(const ShmPeerGone& gone);
   // The status for entries that arrive after the runtime has stopped.
   Status StoppedStatus();
   // Waits a little while a round waits for peers; false once it has waited

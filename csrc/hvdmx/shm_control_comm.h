@@ -44,6 +44,7 @@ class ShmControlComm : public Comm {
   void BcastString(std::string* data, int root) override {
     if (!shm_->BcastString(data, root)) inner_->BcastString(data, root);
   }
+  void set_idle(std::function<bool(int64_t)> idle) override { inner_->set_idle(std::move(idle)); }
   void StartBitAnd(uint64_t* words, int n) override { shm_->StartBitAnd(words, n); }
   bool TestBitAnd() override { return shm_->TestBitAnd(); }
   int64_t BitAndPayloadCapacity() const override { return ShmAllreduce::kMaxPayloadBytes; }
