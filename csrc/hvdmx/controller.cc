@@ -53,7 +53,7 @@ RoundResult Controller::RunRound(std::vector<Request> new_requests, bool want_sh
   std::vector<Request> misses;
   for (Request& q : new_requests) {
     if (q.type == CollectiveType::kJoin) joined_ = true;
-    int64_t slot = q.type == CollectiveType::kJoin ? -1 : cache_.Lookup(q);
+    int64_t slot = q.type == CollectiveType::kJoin || !q.error.empty() ? -1 : cache_.Lookup(q);
     if (slot >= 0 && cache_hits_.count(slot) == 0) {
       cache_hits_.emplace(slot, std::move(q));
     } else {

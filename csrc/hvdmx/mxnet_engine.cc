@@ -59,6 +59,7 @@ struct OpParam {
   std::vector<NDArrayHandle> outputs;  // our shallow copies (aliases of inputs when in place)
   std::vector<NDArrayHandle> owned;    // every copy we made, freed once
   std::string failure;                 // non-empty: fail with this, run nothing
+  uint64_t turn = TensorEntry::kNoTurn;  // see Note [Same-name calls in flight]
 };
 
 void DeleteOpParam(void* p) {
@@ -122,7 +123,9 @@ void RunOp(void* /*run_context*/, void* on_complete_ptr, void* p) {
   }
   TensorEntry entry;
   entry.request = param->request;
-  for (size_t i = 0; i < param->inputs.size(); ++i) {
+  entry.turn = param->turn;
+  std::string failed;  // see Request::error
+  for (size_t i = 0; i < param->inputs.size() && failed.empty(); ++i) {
     const bool in_place = param->outputs[i] == param->inputs[i];
     void* in = nullptr;
     void* out = nullptr;
@@ -130,19 +133,17 @@ void RunOp(void* /*run_context*/, void* on_complete_ptr, void* p) {
     int64_t out_bytes = 0;
     if (!HasDefaultLayout(param->inputs[i], &in_bytes) ||
         (!in_place && !HasDefaultLayout(param->outputs[i], &out_bytes))) {
-      Complete(on_complete,
-               Status::InvalidArgument(
-                   "hvdmx: tensor '" + param->request.name +
-                   "' is held in oneDNN's internal layout (e.g. a conv weight after an "
-                   "inference-mode forward); pass a plain copy instead, x.copy(), or use "
-                   "hvd.broadcast_parameters for parameters"));
-      return;
+      failed = "hvdmx: tensor '" + param->request.name +
+               "' is held in oneDNN's internal layout (e.g. a conv weight after an "
+               "inference-mode forward); pass a plain copy instead, x.copy(), or use "
+               "hvd.broadcast_parameters for parameters";
+      break;
     }
     if (g_api.get_data(param->inputs[i], &in) != 0 ||
         (!in_place && g_api.get_data(param->outputs[i], &out) != 0)) {
-      Complete(on_complete, Status::Internal("hvdmx: could not read the data of tensor '" +
-                                             param->request.name + "': " + g_api.last_error()));
-      return;
+      failed = "hvdmx: could not read the data of tensor '" + param->request.name +
+               "': " + g_api.last_error();
+      break;
     }
     if (in_place) out = in;
     // Large arrays on huge pages: copies into and out of them run at up to
@@ -151,6 +152,13 @@ void RunOp(void* /*run_context*/, void* on_complete_ptr, void* p) {
     if (!in_place) AdviseHugePages(out, out_bytes);
     entry.inputs.push_back(in);
     entry.outputs.push_back(out);
+  }
+  if (!failed.empty()) {
+    // The other ranks learn it through negotiation rather than wait for a
+    // request that never comes (see Request::error); nothing is read.
+    entry.request.error = failed;
+    entry.inputs.clear();
+    entry.outputs.clear();
   }
   std::shared_ptr<std::promise<void>> done;
   if (g_naive_engine) done = std::make_shared<std::promise<void>>();
@@ -269,10 +277,17 @@ Status PushCollective(const std::shared_ptr<Runtime>& runtime, PushArgs args) {
     param->outputs.push_back(out_copy);
   }
   const std::string op_name = "hvdmx_" + CollectiveTypeName(param->request.type);
-  runtime->AddInEngine(1);  // before the push: the engine may run the op at once
+  // Both before the push: the engine may run the op at once.
+  const std::string name = param->request.name;
+  param->turn = runtime->ReserveTurn(name);
+  const uint64_t turn = param->turn;
+  runtime->AddInEngine(1);
   Status pushed = Push(std::move(param), const_handles, mutable_handles, args.dev_type,
                        args.dev_id, args.priority, op_name);
-  if (!pushed.ok()) runtime->AddInEngine(-1);
+  if (!pushed.ok()) {
+    runtime->AddInEngine(-1);
+    runtime->CancelTurn(name, turn);
+  }
   return pushed;
 }
 

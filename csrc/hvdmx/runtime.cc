@@ -94,8 +94,14 @@ Status Runtime::Enqueue(TensorEntry entry) {
     entry.callback(StoppedStatus());
     return Status::Ok();
   }
-  Status added = queue_.Add(std::move(entry));
+  bool deferred = false;
+  Status added = queue_.Add(std::move(entry), &deferred);
   if (!added.ok()) return added;
+  // Until its turn comes it counts as inside the engine, for join(); the
+  // background thread takes it off (CountReleased) when it enters
+  // negotiation. The push's own count is held until this returns, so the
+  // count never drops below zero in between.
+  if (deferred) AddInEngine(1);
   if (stopped_) {
     // The loop may have exited between the check above and the Add.
     FailAll(StoppedStatus());
@@ -129,6 +135,12 @@ Status Runtime::StoppedStatus() {
 
 void Runtime::FailAll(const Status& status) {
   for (TensorEntry& entry : queue_.TakeAll()) entry.callback(status);
+  CountReleased();
+}
+
+void Runtime::CountReleased() {
+  const int64_t released = queue_.TakeReleasedCount();
+  if (released > 0) AddInEngine(-static_cast<int>(released));
 }
 
 bool Runtime::Idle(int64_t iteration) {
@@ -266,6 +278,7 @@ bool Runtime::LoopOnce() {
   } catch (const ShmPeerGone& gone) {
     return StopAfterPeer(gone);
   }
+  CountReleased();
   if (tuner_) {
     int64_t bytes = 0;
     for (const Response& r : round.responses) {

@@ -79,10 +79,18 @@ class Runtime {
   const Controller& controller() const { return controller_; }
 
   // Any thread (MXNet engine threads). Refuses, returning the error and
-  // leaving the callback unfired, an entry whose name is already queued on
-  // this rank. Otherwise the callback fires exactly once, from the
-  // background thread (or at once if the runtime has stopped).
+  // leaving the callback unfired, an entry without a turn whose name is
+  // already queued on this rank. Otherwise the callback fires exactly once,
+  // from the background thread (or at once if the runtime has stopped).
+  // An entry with a turn waits for the turns before it (Note [Same-name
+  // calls in flight] in tensor_queue.h), counted as still in the engine
+  // meanwhile (see AddInEngine).
   Status Enqueue(TensorEntry entry);
+  // The thread that calls the collective, at the call: the name's next
+  // turn, for the entry's `turn`; Cancel when the call fails before it is
+  // pushed.
+  uint64_t ReserveTurn(const std::string& name) { return queue_.Reserve(name); }
+  void CancelTurn(const std::string& name, uint64_t turn) { queue_.Cancel(name, turn); }
 
   // Collectives pushed onto MXNet's engine for this runtime whose entries
   // the engine has not yet handed to Enqueue (it runs an op only once its
@@ -112,6 +120,9 @@ class Runtime {
  private:
   void Loop();
   void FailAll(const Status& status);
+  // Entries that waited for their turn leave the engine's count once they
+  // enter negotiation or fail (see Enqueue). Background thread.
+  void CountReleased();
   // Stops the runtime from the background thread: records `why` (unless
   // empty or a reason is there already), tells the host's peers (Note [A
   // peer that stops] in shm_allreduce.h) and fails everything pending.
