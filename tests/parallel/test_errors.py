@@ -133,6 +133,18 @@ def test_same_name_calls_take_turns(world):
     assert x.asnumpy().tolist() == [size ** 3] * 3
 
 
+def test_join_waits_for_same_name_calls_still_waiting_their_turn(world):
+    # Calls waiting for their turn count as not yet submitted: join() must
+    # not overtake them, or they would complete without this rank's data.
+    rank, size = world
+    outs = [hvd.allreduce(mx.nd.ones((2,)) * (rank + 1) * (k + 1), name="turns.join",
+                          op=hvd.Sum) for k in range(3)]
+    assert hvd.join() in range(size)
+    total = size * (size + 1) // 2
+    for k, out in enumerate(outs):
+        assert out.asnumpy().tolist() == [total * (k + 1)] * 2
+
+
 def test_same_name_calls_keep_call_order_when_the_engine_does_not(world):
     # The first call's input comes from a slow op, the second's is ready: the
     # engine runs the second first. Each result still belongs to its call.
