@@ -233,7 +233,8 @@ def allreduce_(tensor, average=None, name=None, priority=0, prescale_factor=1.0,
                           postscale_factor, op, "allreduce", process_set)[0]
     # Named (as DistributedTrainer's and the kvstore's are): the core checks
     # and describes the tensor while it pushes, a quarter of the call's cost
-    # (docs/benchmarks.md, "Small messages").
+    # (docs/benchmark-notes.md, "Small messages: latency through the whole
+    # stack").
     _check_common(fn, name, priority)
     set_id, _, _ = _set_for_call(fn, process_set)
     op = _resolve_op(fn, average, op)

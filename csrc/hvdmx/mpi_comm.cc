@@ -185,7 +185,8 @@ bool MpiComm::NativeAllreduce(void* buf, int64_t count, DataType dtype, ReduceOp
   for (int64_t done = 0; done < count; done += max_count) {
     int piece = static_cast<int>(std::min(max_count, count - done));
     // Nonblocking and polled: measured faster for small messages than
-    // MPI_Allreduce called from a non-main thread (docs/benchmarks.md).
+    // MPI_Allreduce called from a non-main thread (docs/benchmark-notes.md,
+    // "Small messages: latency through the whole stack").
     MPI_Request req;
     CheckMpi(MPI_Iallreduce(MPI_IN_PLACE, p + done * elem, piece, type, mpi_op, comm_, &req),
              "MPI_Iallreduce");

@@ -129,7 +129,9 @@ class ShmAllreduce {
   // and up were 1.1-1.4x faster than through the stages, broadcasts
   // (the root writing half of the peer's output, Note [Reading peers'
   // buffers directly]) 1.2-2.3x; at 4 MiB both were mixed
-  // (docs/benchmarks.md). Allgathers were mixed read directly; most write
+  // (docs/benchmark-notes.md, "Single-copy moves and huge pages" and
+  // "Broadcasts read directly, the root writing half"). Allgathers were
+  // mixed read directly; most write
   // into the peers' outputs instead.
   static constexpr int64_t kAutoDirectMinBytes = int64_t{8} << 20;
   // Under StageStores::kAuto, a write into the peers' outputs (Note
@@ -137,7 +139,8 @@ class ShmAllreduce {
   // by the rank, and smaller ones stay cached. At np=2 here, streaming made
   // 16 and 64 MiB allgathers and alltoalls 1.15-1.5x faster, and those of
   // 1-4 MiB 1.2-1.9x slower (they stay in the 32 MiB L3); 8 and 12 MiB were
-  // mixed (docs/benchmarks.md, "Streaming stores into the peers' outputs").
+  // mixed (docs/benchmark-notes.md, "Streaming stores into the peers'
+  // outputs").
   // A choice among sizes that stay in cache would only pay for its trials.
   static constexpr int64_t kPushStreamMinBytes = int64_t{8} << 20;
   // An in-place allreduce of `count` elements among the ranks of one local

@@ -302,7 +302,8 @@ int64_t ShmAllreduce::RootWrittenBytes(int64_t read_bytes) const {
 // then publishes done. A peer's output is whole once the root's done is
 // in, which every rank waits for anyway. At np=2 the two halves move at
 // once: 16 MiB in 555-590 us against 745-800 for one whole read, 64 MiB in
-// 2.8-3.1 ms against 3.2-3.9 (docs/benchmarks.md). Out of place, the root
+// 2.8-3.1 ms against 3.2-3.9 (docs/benchmark-notes.md, "Broadcasts read
+// directly, the root writing half"). Out of place, the root
 // copies the whole message into its own output, as much as each peer
 // reads, so it writes nothing for them (root_writes = 0 in its control
 // block).
@@ -417,7 +418,8 @@ int64_t ShmAllreduce::OffsetInFile(const char* data, int64_t bytes) const {
 // processes (no system call, no pages to pin), where the stages copy it
 // twice. At np=2 that made alltoalls of 1-4 MiB 1.2-2.5x and allgathers of
 // 1-2 MiB 1.04-1.17x faster than the stages in one run (mixed in another),
-// and level from 16 MiB (docs/benchmarks.md, "Writing into peers' outputs").
+// and level from 16 MiB (docs/benchmark-notes.md, "Writing into peers'
+// outputs").
 //
 // One call takes one chunk seq, s, and no stage:
 // - each rank writes its output's offset in its file (or -1 when the
