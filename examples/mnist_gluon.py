@@ -5,7 +5,9 @@
 
 Every rank trains on its own shard of the training set; DistributedTrainer
 averages the gradients over all ranks at every step, so the job trains one
-model on a batch of batch-size x ranks samples. Rank 0 logs MXNet
+model on a batch of batch-size x ranks samples (with --local-sgd-steps H,
+each rank updates on its own and the parameters are averaged every H
+steps instead). Rank 0 logs MXNet
 Speedometer lines (speed in samples/sec of the whole job). At the end, the
 test accuracy over the whole test set, and a check that every rank holds
 bitwise-identical parameters (the exit status is 1 when they differ).
@@ -48,6 +50,9 @@ def parse_args(argv=None):
                         help="batches between Speedometer lines")
     parser.add_argument("--fp16-allreduce", action="store_true",
                         help="send gradients as float16 (hvd.Compression.fp16)")
+    parser.add_argument("--local-sgd-steps", type=int, default=1, metavar="H",
+                        help="local SGD: each rank updates on its own and the parameters are "
+                             "averaged every H steps (1: average the gradients every step)")
     parser.add_argument("--seed", type=int, default=42, help="data split and shuffling seed")
     args = parser.parse_args(argv)
     if args.epochs < 1 or args.batch_size < 1 or args.log_interval < 1:
@@ -178,7 +183,8 @@ def main(argv=None):
     trainer = hvd.DistributedTrainer(net.collect_params(), "sgd",
                                      {"learning_rate": args.lr * size,
                                       "momentum": args.momentum},
-                                     compression=compression)
+                                     compression=compression,
+                                     local_sgd_steps=args.local_sgd_steps)
     loss_fn = gluon.loss.SoftmaxCrossEntropyLoss()
     metric = mx.metric.Accuracy()
     speedometer = mx.callback.Speedometer(args.batch_size * size, args.log_interval)
@@ -204,6 +210,8 @@ def main(argv=None):
         name, value = metric.get_global()
         log.info("Epoch[%d] Train-%s=%f (rank 0's shard)", epoch, name, value)
         log.info("Epoch[%d] Time cost=%.3f", epoch, time.time() - tic)
+    # Under local SGD the replicas differ between averages: average once more.
+    trainer.average_parameters()
     train_seconds = time.time() - start
 
     # Test accuracy over the whole test set: each rank scores its part.

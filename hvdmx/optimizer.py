@@ -29,7 +29,7 @@ from hvdmx import _core
 from hvdmx.basics import size
 from hvdmx.compression import Compression
 from hvdmx.process_sets import _set_for_call, global_process_set
-from hvdmx.ops import Max, Sum, _allreduce_each_, _check_root, allreduce, broadcast_, \
+from hvdmx.ops import Average, Max, Sum, _allreduce_each_, _check_root, allreduce, broadcast_, \
     grouped_allreduce_
 
 __all__ = ["DistributedOptimizer", "DistributedTrainer", "broadcast_parameters"]
@@ -324,12 +324,26 @@ class DistributedTrainer(mx.gluon.Trainer):
     Compression.fp16. ``kvstore`` must not be given (it is None underneath).
     With ``process_set``, gradients are averaged over that set's ranks only
     (and ``_scale`` divided by its size).
+
+    ``local_sgd_steps`` = H > 1 trains with local SGD (model averaging): no
+    gradient is reduced; each rank updates its own parameters with its own
+    gradients (``_scale`` keeps 1/batch_size of this rank's batch), and every
+    H-th ``step``/``update`` ends by replacing every parameter with its
+    average over the ranks (an Average allreduce, in place, named ``prefix +
+    "localsgd." + str(i)``), bitwise identical on every rank afterwards.
+    Optimizer state (momentum, Adam's moments) stays each rank's own; it is
+    not averaged. H = 1 (the default) is ordinary synchronous training.
     """
 
     def __init__(self, params, optimizer, optimizer_params=None, compression=Compression.none,
                  gradient_predivide_factor=1.0, prefix=None, num_groups=0,
-                 process_set=global_process_set, **kwargs):
+                 process_set=global_process_set, local_sgd_steps=1, **kwargs):
         _reject_kvstore_arguments(kwargs)
+        if isinstance(local_sgd_steps, bool) or not isinstance(local_sgd_steps, numbers.Integral) \
+                or local_sgd_steps < 1:
+            raise ValueError("hvdmx.DistributedTrainer: argument 'local_sgd_steps'="
+                             f"{local_sgd_steps!r} must be an int >= 1 (1: reduce gradients "
+                             "every step; H > 1: average parameters every H steps)")
         if isinstance(optimizer, DistributedOptimizer):
             warnings.warn("hvdmx.DistributedTrainer does not take a DistributedOptimizer as "
                           "its optimizer (gradients would be reduced twice); it has been "
@@ -353,7 +367,16 @@ class DistributedTrainer(mx.gluon.Trainer):
             # that position i is the same parameter on every rank.
             params = sorted(params, key=lambda p: getattr(p, "name", ""))
         super().__init__(params, optimizer, optimizer_params=optimizer_params, kvstore=None)
-        self._scale *= predivide / n
+        self._local_sgd_steps = int(local_sgd_steps)
+        self._local_steps_done = 0
+        if self._local_sgd_steps > 1:
+            if compression is not Compression.none or predivide != 1.0 or num_groups:
+                raise ValueError("hvdmx.DistributedTrainer: local_sgd_steps="
+                                 f"{local_sgd_steps} sends no gradients, so 'compression', "
+                                 "'gradient_predivide_factor' and 'num_groups' do not apply; "
+                                 "leave them at their defaults")
+        else:
+            self._scale *= predivide / n
         self._gradient_predivide_factor = predivide
         self._prefix = prefix if prefix else ""
         self._num_groups = num_groups
@@ -361,11 +384,48 @@ class DistributedTrainer(mx.gluon.Trainer):
         self._process_set = process_set
         self._hvdmx_checked = False
 
+    def step(self, batch_size, ignore_stale_grad=False):
+        super().step(batch_size, ignore_stale_grad)
+        self._after_update()
+
+    def update(self, batch_size, ignore_stale_grad=False):
+        super().update(batch_size, ignore_stale_grad)
+        self._after_update()
+
+    def _after_update(self) -> None:
+        """Local SGD: every local_sgd_steps-th update, average the parameters."""
+        if self._local_sgd_steps == 1:
+            return
+        self._local_steps_done += 1
+        if self._local_steps_done % self._local_sgd_steps == 0:
+            self.average_parameters()
+
+    def average_parameters(self) -> None:
+        """Replaces every parameter with its average over the process set's
+        ranks, in place and asynchronously (local SGD does this every
+        ``local_sgd_steps`` steps; call it yourself to synchronize at other
+        times, e.g. before evaluating). Every rank must call it together."""
+        entries = [(i, p) for i, p in enumerate(self._params)]
+        if self._process_set.size() == 1 or not entries:
+            return
+        if not self._hvdmx_checked:
+            _check_same_parameters(self._params, f"{self._prefix}DistributedTrainer.check",
+                                   "DistributedTrainer", self._process_set)
+            self._hvdmx_checked = True
+        datas = [p.list_data() for _, p in entries]
+        _allreduce_each_([d[0] for d in datas], [f"{self._prefix}localsgd.{i}" for i, _ in entries],
+                         [-i for i, _ in entries], Average, 1.0, 1.0, self._process_set)
+        for copies in datas:
+            for other in copies[1:]:
+                copies[0].copyto(other)
+
     def _allreduce_grads(self):
         entries = [(i, p) for i, p in enumerate(self._params) if p.grad_req != "null"]
         grads = [self._sum_over_contexts(p) for _, p in entries]
         f = self._gradient_predivide_factor
-        if self._process_set.size() > 1:
+        # Under local SGD each rank updates with its own gradients (see the
+        # class doc), and gradient_predivide_factor is 1.
+        if self._local_sgd_steps == 1 and self._process_set.size() > 1:
             if not self._hvdmx_checked:
                 _check_same_parameters(self._params, f"{self._prefix}DistributedTrainer.check",
                                        "DistributedTrainer", self._process_set)
