@@ -49,7 +49,10 @@ def parse_args(argv=None):
     parser.add_argument("--log-interval", type=int, default=10,
                         help="batches between Speedometer lines")
     parser.add_argument("--fp16-allreduce", action="store_true",
-                        help="send gradients as float16 (hvd.Compression.fp16)")
+                        help="send gradients as float16 (the same as --compression fp16)")
+    parser.add_argument("--compression", choices=["none", "fp16", "onebit"], default="none",
+                        help="how gradients travel: as they are, as float16, or as signs and "
+                             "a scale with error feedback (hvd.Compression.onebit)")
     parser.add_argument("--local-sgd-steps", type=int, default=1, metavar="H",
                         help="local SGD: each rank updates on its own and the parameters are "
                              "averaged every H steps (1: average the gradients every step)")
@@ -179,7 +182,7 @@ def main(argv=None):
     net.hybridize()
     hvd.broadcast_parameters(net.collect_params(), root_rank=0)
 
-    compression = hvd.Compression.fp16 if args.fp16_allreduce else hvd.Compression.none
+    compression = getattr(hvd.Compression, "fp16" if args.fp16_allreduce else args.compression)
     trainer = hvd.DistributedTrainer(net.collect_params(), "sgd",
                                      {"learning_rate": args.lr * size,
                                       "momentum": args.momentum},

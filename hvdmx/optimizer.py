@@ -71,6 +71,28 @@ def _reduce_by_dtype(tensors: List[mx.nd.NDArray], names: List[str], priority: i
                            process_set=process_set)
 
 
+def _onebit_exchange(who: str, residuals: Dict[Any, mx.nd.NDArray], keys: list, labels: list,
+                     grads: List[mx.nd.NDArray], names: List[str], prescale: float,
+                     process_set) -> None:
+    """Compression.onebit's exchange of each of ``grads`` in place (the sum
+    over the ranks of what each sends), with this rank's residual for its
+    key, made at the first call; ``prescale`` multiplies the gradients
+    first. Checks every gradient before it exchanges any."""
+    for grad, label in zip(grads, labels):
+        if np.dtype(grad.dtype) != np.float32 or grad.context.device_type != "cpu":
+            raise TypeError(f"hvdmx.{who}: compression=hvd.Compression.onebit needs float32 "
+                            f"gradients on the CPU; the gradient of '{label}' is "
+                            f"{np.dtype(grad.dtype)} on {grad.context}; use Compression.none "
+                            "or Compression.fp16 for it")
+    for grad, key, name in zip(grads, keys, names):
+        if prescale != 1.0:
+            grad *= prescale
+        residual = residuals.get(key)
+        if residual is None:
+            residual = residuals[key] = mx.nd.zeros(grad.shape, dtype="float32")
+        Compression.onebit.exchange(grad, residual, name, process_set)
+
+
 class DistributedOptimizer(mx.optimizer.Optimizer):
     """Wraps an optimizer so that every gradient is averaged over all ranks
     before the wrapped optimizer's update (Module API; for Gluon use
@@ -381,6 +403,7 @@ class DistributedTrainer(mx.gluon.Trainer):
         self._prefix = prefix if prefix else ""
         self._num_groups = num_groups
         self._compression = compression
+        self._residuals: Dict[int, mx.nd.NDArray] = {}  # Compression.onebit's, by index
         self._process_set = process_set
         self._hvdmx_checked = False
 
@@ -449,6 +472,12 @@ class DistributedTrainer(mx.gluon.Trainer):
         return grads[0]
 
     def _reduce(self, entries, grads: List[mx.nd.NDArray], prescale: float) -> None:
+        if self._compression is Compression.onebit:
+            _onebit_exchange("DistributedTrainer", self._residuals, [i for i, _ in entries],
+                             [p.name for _, p in entries], grads,
+                             [f"{self._prefix}onebit.{i}" for i, _ in entries], prescale,
+                             self._process_set)
+            return
         compressed = [self._compression.compress(g) for g in grads]
         tensors = [t for t, _ in compressed]
         names = [self._prefix + str(i) for i, _ in entries]
