@@ -88,14 +88,25 @@ class OneBitCompressor(Compressor):
         """Replaces ``grad`` (float32, on the CPU) with the sum over the
         process set's ranks of what each sends for it, updating ``residual``
         (this rank's, shaped like ``grad``); asynchronous."""
-        from hvdmx import _core
-        from hvdmx.ops import allgather
+        _packed_exchange("onebit", grad, residual, name, process_set)
 
-        n = int(np.prod(grad.shape))
-        packed = mx.nd.empty((_core.onebit_words(n),), dtype="int32")
-        _core.onebit_pack(grad.handle.value, residual.handle.value, packed.handle.value, n)
-        gathered = allgather(packed, name=name, process_set=process_set)
-        _core.onebit_unpack_sum(gathered.handle.value, process_set.size(), grad.handle.value, n)
+
+def _packed_exchange(kind: str, grad: mx.nd.NDArray, residual: mx.nd.NDArray, name: str,
+                     process_set, *extra) -> None:
+    """Packs ``grad`` + ``residual`` with the core's ``kind`` kernels (onebit,
+    or twobit with the threshold in ``extra``), allgathers the packed words
+    under ``name`` and replaces ``grad`` with the sum of every rank's values,
+    decoded in rank order. Every step is an engine op: nothing waits here."""
+    from hvdmx import _core
+    from hvdmx.ops import allgather
+
+    n = int(np.prod(grad.shape))
+    packed = mx.nd.empty((getattr(_core, f"{kind}_words")(n),), dtype="int32")
+    getattr(_core, f"{kind}_pack")(grad.handle.value, residual.handle.value, packed.handle.value,
+                                   n, *extra)
+    gathered = allgather(packed, name=name, process_set=process_set)
+    getattr(_core, f"{kind}_unpack_sum")(gathered.handle.value, process_set.size(),
+                                         grad.handle.value, n)
 
 
 class Compression:

@@ -105,7 +105,9 @@ class DistributedOptimizer(mx.optimizer.Optimizer):
     f/size instead and leaves the sum in the gradient; the update is the same.)
     With ``num_groups`` > 0 the gradients of one update call are reduced in
     that many grouped allreduces. With ``process_set``, gradients are
-    averaged over that set's ranks only.
+    averaged over that set's ranks only. ``compression`` (hvdmx's own
+    argument) is Compression.none or Compression.onebit, whose residuals this
+    object keeps by parameter index.
 
     Attributes and the Optimizer methods (``rescale_grad``, ``idx2name``,
     ``aggregate_num``, ``lr``, ``set_learning_rate``, ``set_lr_mult``,
@@ -113,11 +115,12 @@ class DistributedOptimizer(mx.optimizer.Optimizer):
     wrapped optimizer.
     """
 
-    _OWN = frozenset({"_optimizer", "_gradient_predivide_factor", "_num_groups", "_process_set"})
+    _OWN = frozenset({"_optimizer", "_gradient_predivide_factor", "_num_groups", "_process_set",
+                      "_compression", "_residuals"})
     _NAME_PREFIX = "DistributedOptimizer."
 
     def __init__(self, optimizer, gradient_predivide_factor=1.0, num_groups=0,
-                 process_set=global_process_set):
+                 process_set=global_process_set, compression=Compression.none):
         # Optimizer.__init__ is not called on purpose: this object keeps no
         # optimizer state of its own, everything lives in the wrapped one.
         if isinstance(optimizer, DistributedOptimizer):
@@ -136,6 +139,15 @@ class DistributedOptimizer(mx.optimizer.Optimizer):
             "DistributedOptimizer", num_groups))
         _set_for_call("DistributedOptimizer", process_set)
         object.__setattr__(self, "_process_set", process_set)
+        if compression is not Compression.none and compression is not Compression.onebit:
+            raise ValueError("hvdmx.DistributedOptimizer: argument 'compression'="
+                             f"{compression!r} is not supported; use hvd.Compression.none or "
+                             "hvd.Compression.onebit")
+        if compression is Compression.onebit and num_groups:
+            raise ValueError("hvdmx.DistributedOptimizer: compression=hvd.Compression.onebit "
+                             "exchanges each gradient on its own; leave 'num_groups' at 0")
+        object.__setattr__(self, "_compression", compression)
+        object.__setattr__(self, "_residuals", {})
 
     # Attribute forwarding. Reads of anything not defined here, and every
     # write except to the fields above, go to the wrapped optimizer, so
@@ -180,6 +192,13 @@ class DistributedOptimizer(mx.optimizer.Optimizer):
         else:
             indices, grads = [index], [grad]
         names = [f"{self._NAME_PREFIX}{i}" for i in indices]
+        if self._compression is Compression.onebit:
+            labels = [self._optimizer.idx2name.get(i, str(i)) for i in indices]
+            _onebit_exchange("DistributedOptimizer", self._residuals, indices, labels, grads,
+                             [f"{name}.onebit" for name in names], pre, self._process_set)
+            for g in grads:
+                g *= post
+            return
         if self._num_groups > 0 and len(indices) > 1:
             positions = _split_list(range(len(indices)), self._num_groups)
             for g, group in enumerate(positions):

@@ -126,3 +126,33 @@ def test_mnist_example_with_onebit_reaches_the_accuracy():
     spec.loader.exec_module(example)
     accuracy = example.main(["--compression", "onebit", "--log-interval", "1000"])
     assert accuracy >= 0.95  # its final check raises if the ranks' parameters differ
+
+
+def test_distributed_optimizer_with_onebit():
+    rank, size = hvd.rank(), hvd.size()
+    n = 300
+    opt = hvd.DistributedOptimizer(mx.optimizer.SGD(learning_rate=1.0, rescale_grad=1.0),
+                                   compression=hvd.Compression.onebit)
+    weight = mx.nd.zeros((n,))
+    expect = np.zeros(n, np.float32)
+    residuals = [np.zeros(n, np.float32) for _ in range(size)]
+    for step in range(2):
+        grad = mx.nd.array(gradient(rank, step, n))
+        opt.update(0, weight, grad, opt.create_state(0, weight))
+        total = np.zeros(n, np.float32)
+        for r in range(size):
+            sent, residuals[r] = model_pack(gradient(r, step, n), residuals[r])
+            total += sent
+        if size == 1:  # nothing is sent, so nothing is compressed
+            total = gradient(rank, step, n)
+        expect -= total / size
+        np.testing.assert_allclose(weight.asnumpy(), expect, rtol=1e-6, atol=1e-6)
+        assert all_equal_across_ranks(weight.asnumpy())
+    if size > 1:
+        assert np.array_equal(opt._residuals[0].asnumpy(), residuals[rank])
+    with pytest.raises(ValueError, match="'compression'=.*is not supported; use "
+                                         "hvd.Compression.none or hvd.Compression.onebit"):
+        hvd.DistributedOptimizer(mx.optimizer.SGD(), compression=hvd.Compression.fp16)
+    with pytest.raises(ValueError, match="leave 'num_groups' at 0"):
+        hvd.DistributedOptimizer(mx.optimizer.SGD(), compression=hvd.Compression.onebit,
+                                 num_groups=2)
