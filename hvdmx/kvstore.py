@@ -120,7 +120,8 @@ class KVStore(KVStoreBase):
     docstring for how gluon.Trainer and Module use it).
 
     ``compression`` is hvd.Compression.none or hvd.Compression.fp16 (values
-    travel as float16). ``prefix`` starts every tensor name, so that stores
+    travel as float16); MXNet's own compression comes through
+    set_gradient_compression. ``prefix`` starts every tensor name, so that stores
     used at the same time do not mix up their keys. Needs ``hvd.init()``
     first. ``mx.kv.create('dist_sync_hvdmx')`` makes one with the defaults.
     """

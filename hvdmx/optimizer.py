@@ -361,8 +361,10 @@ class DistributedTrainer(mx.gluon.Trainer):
 
     Parameters are sorted by name, gradient ``i`` travels as
     ``prefix + str(i)`` with priority ``-i``; ``num_groups`` > 0 reduces them
-    in that many grouped allreduces. ``compression`` is Compression.none or
-    Compression.fp16. ``kvstore`` must not be given (it is None underneath).
+    in that many grouped allreduces. ``compression`` is Compression.none,
+    Compression.fp16 or Compression.onebit (whose residuals the trainer
+    keeps by parameter index). ``kvstore`` must not be given (it is None
+    underneath).
     With ``process_set``, gradients are averaged over that set's ranks only
     (and ``_scale`` divided by its size).
 
