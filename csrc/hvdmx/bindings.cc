@@ -16,6 +16,8 @@
 
 #include "job.h"
 #include "mxnet_engine.h"
+#include "onebit.h"
+#include "twobit.h"
 #include "runtime.h"
 #include "shm_allreduce.h"
 #include "testing_bindings.h"
@@ -321,6 +323,53 @@ PYBIND11_MODULE(_core, m) {
   m.def("push_async", &PushAsync);
   m.def("push_allreduce_each", &PushAllreduceEach);
   m.def("negotiate", &Negotiate);
+  // One-bit compression (onebit.h): float32 arrays, all on the CPU.
+  m.def("onebit_pack", [](uintptr_t gradient, uintptr_t residual, uintptr_t packed, int64_t n) {
+    ThrowIfError(PushCompute(
+        {reinterpret_cast<void*>(gradient)},
+        {reinterpret_cast<void*>(residual), reinterpret_cast<void*>(packed)},
+        [n](const std::vector<const void*>& in, const std::vector<void*>& out) {
+          OneBitPack(static_cast<const float*>(in[0]), static_cast<float*>(out[0]), n,
+                     static_cast<uint32_t*>(out[1]));
+          return Status::Ok();
+        },
+        "hvdmx_onebit_pack"));
+  });
+  m.def("onebit_unpack_sum", [](uintptr_t packed, int ranks, uintptr_t out, int64_t n) {
+    ThrowIfError(PushCompute(
+        {reinterpret_cast<void*>(packed)}, {reinterpret_cast<void*>(out)},
+        [ranks, n](const std::vector<const void*>& in, const std::vector<void*>& outs) {
+          OneBitUnpackSum(static_cast<const uint32_t*>(in[0]), ranks, n,
+                          static_cast<float*>(outs[0]));
+          return Status::Ok();
+        },
+        "hvdmx_onebit_unpack_sum"));
+  });
+  m.def("onebit_words", &OneBitPackedWords);
+  // MXNet's 2-bit compression (twobit.h): float32 arrays, all on the CPU.
+  m.def("twobit_pack", [](uintptr_t gradient, uintptr_t residual, uintptr_t packed, int64_t n,
+                          float threshold) {
+    ThrowIfError(PushCompute(
+        {reinterpret_cast<void*>(gradient)},
+        {reinterpret_cast<void*>(residual), reinterpret_cast<void*>(packed)},
+        [n, threshold](const std::vector<const void*>& in, const std::vector<void*>& out) {
+          TwoBitPack(static_cast<const float*>(in[0]), static_cast<float*>(out[0]), n, threshold,
+                     static_cast<uint32_t*>(out[1]));
+          return Status::Ok();
+        },
+        "hvdmx_twobit_pack"));
+  });
+  m.def("twobit_unpack_sum", [](uintptr_t packed, int ranks, uintptr_t out, int64_t n) {
+    ThrowIfError(PushCompute(
+        {reinterpret_cast<void*>(packed)}, {reinterpret_cast<void*>(out)},
+        [ranks, n](const std::vector<const void*>& in, const std::vector<void*>& outs) {
+          TwoBitUnpackSum(static_cast<const uint32_t*>(in[0]), ranks, n,
+                          static_cast<float*>(outs[0]));
+          return Status::Ok();
+        },
+        "hvdmx_twobit_unpack_sum"));
+  });
+  m.def("twobit_words", &TwoBitPackedWords);
   m.def("push_failure", [](const std::vector<uintptr_t>& outputs, const std::string& message,
                            int dev_type, int dev_id) {
     std::vector<void*> handles;

@@ -48,6 +48,8 @@ struct Context {
 // mxnet/engine.h: enum class FnProperty { ..., kAsync = 4, ... }: the op
 // only hands work to another thread, so the engine may run it inline.
 const int32_t kFnPropertyAsync = 4;
+// FnProperty::kNormal: the op computes on the engine's thread (PushCompute).
+const int32_t kFnPropertyNormal = 0;
 
 bool g_naive_engine = false;
 
@@ -60,6 +62,7 @@ struct OpParam {
   std::vector<NDArrayHandle> owned;    // every copy we made, freed once
   std::string failure;                 // non-empty: fail with this, run nothing
   uint64_t turn = TensorEntry::kNoTurn;  // see Note [Same-name calls in flight]
+  ComputeFn compute;                   // PushCompute's: run this instead of a collective
 };
 
 void DeleteOpParam(void* p) {
@@ -104,6 +107,30 @@ void Complete(const CallbackOnComplete& on_complete, const Status& status) {
 // (at once, under that engine) inside the push that still runs our op.
 // (Freed early anyway, tests/test_process_exit.py's NaiveEngine job passed
 // under AddressSanitizer; the old order is kept as the one MXNet expects.)
+
+// PushCompute's op: runs param->compute on the arrays' data.
+void RunCompute(void* /*run_context*/, void* on_complete_ptr, void* p) {
+  OpParam* param = static_cast<OpParam*>(p);
+  CallbackOnComplete on_complete = *static_cast<CallbackOnComplete*>(on_complete_ptr);
+  std::vector<const void*> in;
+  std::vector<void*> out;
+  for (size_t i = 0; i < param->inputs.size() + param->outputs.size(); ++i) {
+    const bool is_input = i < param->inputs.size();
+    NDArrayHandle h = is_input ? param->inputs[i] : param->outputs[i - param->inputs.size()];
+    void* data = nullptr;
+    if (!HasDefaultLayout(h) || g_api.get_data(h, &data) != 0) {
+      Complete(on_complete, Status::Internal("hvdmx: could not read an array of " +
+                                             param->request.name + ": " + g_api.last_error()));
+      return;
+    }
+    if (is_input) {
+      in.push_back(data);
+    } else {
+      out.push_back(data);
+    }
+  }
+  Complete(on_complete, param->compute(in, out));
+}
 
 // Called by the engine when the op's inputs are ready.
 void RunOp(void* /*run_context*/, void* on_complete_ptr, void* p) {
@@ -234,11 +261,13 @@ Status Push(std::unique_ptr<OpParam> param, std::vector<NDArrayHandle> const_han
             std::vector<NDArrayHandle> mutable_handles, int dev_type, int dev_id,
             int priority, const std::string& op_name) {
   Context ctx{dev_type, dev_id};
+  const bool compute = static_cast<bool>(param->compute);
   OpParam* raw = param.release();
-  int rc = g_api.push_async_nd(RunOp, raw, DeleteOpParam, &ctx, const_handles.data(),
-                               static_cast<int>(const_handles.size()), mutable_handles.data(),
-                               static_cast<int>(mutable_handles.size()), &kFnPropertyAsync,
-                               priority, op_name.c_str(), false);
+  int rc = g_api.push_async_nd(compute ? RunCompute : RunOp, raw, DeleteOpParam, &ctx,
+                               const_handles.data(), static_cast<int>(const_handles.size()),
+                               mutable_handles.data(), static_cast<int>(mutable_handles.size()),
+                               compute ? &kFnPropertyNormal : &kFnPropertyAsync, priority,
+                               op_name.c_str(), false);
   if (rc != 0) {
     // The engine did not take the op; it owns `raw` and its deleter.
     return Status::Internal(std::string("hvdmx: MXEnginePushAsyncND failed: ") +
@@ -289,6 +318,28 @@ Status PushCollective(const std::shared_ptr<Runtime>& runtime, PushArgs args) {
     runtime->CancelTurn(name, turn);
   }
   return pushed;
+}
+
+Status PushCompute(const std::vector<void*>& inputs, const std::vector<void*>& outputs,
+                   ComputeFn fn, const std::string& op_name) {
+  HVDMX_CHECK(g_api.push_async_nd != nullptr, "MXNet API not loaded");
+  auto param = std::make_unique<OpParam>();
+  param->compute = std::move(fn);
+  param->request.name = op_name;
+  std::vector<NDArrayHandle> const_handles;
+  std::vector<NDArrayHandle> mutable_handles;
+  for (size_t i = 0; i < inputs.size() + outputs.size(); ++i) {
+    const bool is_input = i < inputs.size();
+    NDArrayHandle copy = nullptr;
+    if (g_api.shallow_copy(is_input ? inputs[i] : outputs[i - inputs.size()], &copy) != 0) {
+      for (NDArrayHandle h : param->owned) g_api.free_ndarray(h);
+      return Status::Internal(std::string("hvdmx: MXShallowCopyNDArray: ") + g_api.last_error());
+    }
+    param->owned.push_back(copy);
+    (is_input ? param->inputs : param->outputs).push_back(copy);
+    (is_input ? const_handles : mutable_handles).push_back(copy);
+  }
+  return Push(std::move(param), const_handles, mutable_handles, 1, 0, 0, op_name);
 }
 
 Status PushFailure(const std::vector<void*>& outputs, const std::string& message, int dev_type,
