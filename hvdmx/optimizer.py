@@ -28,6 +28,7 @@ from mxnet.gluon.parameter import DeferredInitializationError, Parameter, Parame
 from hvdmx import _core
 from hvdmx.basics import size
 from hvdmx.compression import Compression
+from hvdmx.errors import MismatchError
 from hvdmx.process_sets import _set_for_call, global_process_set
 from hvdmx.ops import Max, Sum, _allreduce_each_, _check_root, allreduce, broadcast_, \
     grouped_allreduce_
@@ -255,7 +256,7 @@ def _gather_text(text: str, name: str, process_set) -> List[str]:
 
 def _check_same_parameters(params: Sequence[Parameter], name: str, who: str,
                            process_set) -> None:
-    """Raises ValueError on every rank when the ranks' parameter lists differ
+    """Raises MismatchError on every rank when the ranks' parameter lists differ
     in count, shape, dtype or grad_req='null' at some position (the position
     names the gradient, so a mismatch would pair unrelated gradients or hang);
     warns when only the names differ. Costs one 6-element allreduce when all
@@ -281,8 +282,8 @@ def _check_same_parameters(params: Sequence[Parameter], name: str, who: str,
     message = (f"hvdmx.{who}: the parameters differ across ranks; the first "
                f"difference is at position {first} of the parameters sorted by name ({ranks})")
     if by_structure:
-        raise ValueError(message + ". Every rank must build the same model and pass the "
-                         "same parameters, so that gradient i is the same tensor everywhere.")
+        raise MismatchError(message + ". Every rank must build the same model and pass the "
+                            "same parameters, so that gradient i is the same tensor everywhere.")
     warnings.warn(message + ". Only the names differ (shapes and dtypes agree), so training "
                   "proceeds pairing parameters by position; names usually differ when one "
                   "rank creates extra blocks before the model.", stacklevel=4)
