@@ -29,7 +29,7 @@ from hvdmx import _core
 from hvdmx.basics import size
 from hvdmx.compression import Compression
 from hvdmx.errors import MismatchError
-from hvdmx.process_sets import _set_for_call, global_process_set
+from hvdmx.process_sets import _check_registered, _set_for_call, global_process_set
 from hvdmx.ops import Max, Sum, _allreduce_each_, _check_root, allreduce, broadcast_, \
     grouped_allreduce_
 
@@ -58,6 +58,11 @@ def _check_num_groups(fn: str, value) -> int:
     return int(value)
 
 
+def _outside(process_set) -> bool:
+    """True on a rank that is not in ``process_set`` (never for the global set)."""
+    return process_set is not global_process_set and not process_set.included()
+
+
 def _reduce_by_dtype(tensors: List[mx.nd.NDArray], names: List[str], priority: int,
                      prescale: float, postscale: float, process_set) -> None:
     """One grouped in-place Sum per dtype present in ``tensors`` (a group is
@@ -84,7 +89,11 @@ class DistributedOptimizer(mx.optimizer.Optimizer):
     f/size instead and leaves the sum in the gradient; the update is the same.)
     With ``num_groups`` > 0 the gradients of one update call are reduced in
     that many grouped allreduces. With ``process_set``, gradients are
-    averaged over that set's ranks only.
+    averaged over that set's ranks only. On a rank outside the set nothing
+    is sent, as in Horovod (whose update reduces only where
+    ``process_set.included()``): the wrapped optimizer applies this rank's
+    own gradient, scaled by ``gradient_predivide_factor /
+    process_set.size()`` as Horovod's ``rescale_grad`` scales it there.
 
     Attributes and the Optimizer methods (``rescale_grad``, ``idx2name``,
     ``aggregate_num``, ``lr``, ``set_learning_rate``, ``set_lr_mult``,
@@ -113,7 +122,7 @@ class DistributedOptimizer(mx.optimizer.Optimizer):
             "DistributedOptimizer", gradient_predivide_factor))
         object.__setattr__(self, "_num_groups", _check_num_groups(
             "DistributedOptimizer", num_groups))
-        _set_for_call("DistributedOptimizer", process_set)
+        _check_registered("DistributedOptimizer", process_set)  # this rank may be outside it
         object.__setattr__(self, "_process_set", process_set)
 
     # Attribute forwarding. Reads of anything not defined here, and every
@@ -150,7 +159,8 @@ class DistributedOptimizer(mx.optimizer.Optimizer):
 
     def _allreduce_grads(self, index, grad) -> None:
         n = self._process_set.size()
-        if n == 1:
+        outside = _outside(self._process_set)
+        if n == 1 and not outside:
             return
         f = self._gradient_predivide_factor
         pre, post = 1.0 / f, f / n
@@ -158,6 +168,10 @@ class DistributedOptimizer(mx.optimizer.Optimizer):
             indices, grads = list(index), list(grad)
         else:
             indices, grads = [index], [grad]
+        if outside:
+            for g in grads:
+                g *= post
+            return
         names = [f"{self._NAME_PREFIX}{i}" for i in indices]
         if self._num_groups > 0 and len(indices) > 1:
             positions = _split_list(range(len(indices)), self._num_groups)
@@ -324,7 +338,9 @@ class DistributedTrainer(mx.gluon.Trainer):
     in that many grouped allreduces. ``compression`` is Compression.none or
     Compression.fp16. ``kvstore`` must not be given (it is None underneath).
     With ``process_set``, gradients are averaged over that set's ranks only
-    (and ``_scale`` divided by its size).
+    (and ``_scale`` divided by its size). On a rank outside the set nothing
+    is sent and ``step`` applies this rank's own gradients, scaled by
+    ``_scale`` as everywhere, as Horovod's trainer does there.
     """
 
     def __init__(self, params, optimizer, optimizer_params=None, compression=Compression.none,
@@ -347,7 +363,7 @@ class DistributedTrainer(mx.gluon.Trainer):
                             "hvd.Compression.none, hvd.Compression.fp16 or another object "
                             f"with compress() and decompress(), got {compression!r}")
         size()  # raises a clear error before init()
-        _set_for_call("DistributedTrainer", process_set)
+        _check_registered("DistributedTrainer", process_set)  # this rank may be outside it
         n = process_set.size()
         if isinstance(params, (list, tuple)):
             # Sorted like the dict case (which gluon.Trainer sorts by key), so
@@ -366,13 +382,16 @@ class DistributedTrainer(mx.gluon.Trainer):
         entries = [(i, p) for i, p in enumerate(self._params) if p.grad_req != "null"]
         grads = [self._sum_over_contexts(p) for _, p in entries]
         f = self._gradient_predivide_factor
-        if self._process_set.size() > 1:
+        # Outside the set there is nothing to exchange, and the gradients
+        # are applied as they are (as Horovod's trainer does).
+        inside = not _outside(self._process_set)
+        if inside and self._process_set.size() > 1:
             if not self._hvdmx_checked:
                 _check_same_parameters(self._params, f"{self._prefix}DistributedTrainer.check",
                                        "DistributedTrainer", self._process_set)
                 self._hvdmx_checked = True
             self._reduce(entries, grads, 1.0 / f)
-        elif f != 1.0:
+        elif inside and f != 1.0:
             for g in grads:  # the 1/f that the allreduce would apply (_scale has f)
                 g *= 1.0 / f
         for (_, p), g in zip(entries, grads):
