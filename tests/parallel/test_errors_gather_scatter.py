@@ -176,6 +176,17 @@ def test_errors_are_caught_as_horovod_callers_catch_them():
         r = hvd.rank()
         catches(lambda: hvd.allgather(mx.nd.ones((1, 1 + (r == 1))), name="catch.mismatch"),
                 errors.MismatchError)
+    # the kvstore's own checks, and a process set this rank is not in
+    kv = hvd.KVStore()
+    catches(lambda: kv.pushpull("k", [mx.nd.ones((2,)), mx.nd.ones((3,))]),
+            errors.InvalidArgumentError)
+    first = hvd.add_process_set([0])
+    try:
+        if hvd.rank() != 0:
+            catches(lambda: hvd.allreduce(mx.nd.ones((2,)), process_set=first),
+                    errors.InvalidArgumentError)
+    finally:
+        hvd.remove_process_set(first)
     # Python type mistakes stay plain TypeError, as in Horovod
     with pytest.raises(TypeError) as plain:
         hvd.allreduce([1.0, 2.0])
