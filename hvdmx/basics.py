@@ -143,9 +143,25 @@ def _finalize_mpi() -> None:
 
 def shutdown() -> None:
     """Stops hvdmx on every rank (agreed by all); pending ops fail with a
-    "shut down" error. ``init`` may be called again afterwards."""
+    "shut down" error. ``init`` may be called again afterwards.
+
+    Raises ``MXNetError`` afterwards, with their messages, for operations
+    that failed earlier and whose error no read has raised (a collective's
+    output that nobody read): so that such an error does not wait for the
+    process's exit. Only when nothing of hvdmx is pending on this rank: a
+    pending collective fails with the shutdown, and its "shut down" error
+    must still come at its read; the exit hook reports what is left."""
+    unread = _unread_errors() if _core.is_initialized() and _core.all_idle() else []
     _core.shutdown()
     _process_sets._forget_all()
+    if unread:
+        error = mx.base.MXNetError(
+            f"hvdmx.shutdown: {len(unread)} operation(s) had failed and their results were "
+            "never read (read each collective's output, or call mx.nd.waitall(), to get its "
+            "error where it happens); hvdmx has shut down. The error(s): " +
+            " | ".join(unread))
+        error.unread = unread
+        raise error
 
 
 def _shutdown_at_exit() -> None:
@@ -158,8 +174,12 @@ def _shutdown_at_exit() -> None:
     nothing. (Allgather's and alltoall's mismatches raise at the call; see
     docs/errors.md for the errors that an unread output can still hold.)"""
     rank = MPI.COMM_WORLD.Get_rank() if MPI.Is_initialized() and not MPI.Is_finalized() else 0
-    shutdown()
-    for error in _unread_errors():
+    try:
+        shutdown()
+        unread = []
+    except mx.base.MXNetError as error:
+        unread = list(getattr(error, "unread", [str(error)]))
+    for error in unread + _unread_errors():
         sys.stderr.write(f"[hvdmx ERROR rank {rank}] at exit: an operation failed and its "
                          "result was never read (read each collective's output, or call "
                          f"mx.nd.waitall(), to get its error where it happens): {error}\n")

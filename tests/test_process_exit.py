@@ -62,6 +62,29 @@ def test_no_collective_error_is_left_for_exit():
     assert "Exception ignored" not in result.stderr
 
 
+def test_shutdown_raises_an_unread_failure():
+    # With nothing pending, hvd.shutdown() raises what no read has raised, so
+    # it does not wait for the exit; an output pending at the shutdown keeps
+    # its "shut down" error for its read (tests/parallel/test_basics.py).
+    result = run_job(2, """
+        dropped = hvd.allreduce(mx.nd.ones((2 + rank,)), name="never.read")
+        hvd.allreduce(mx.nd.ones((1,)), name="read").wait_to_read()
+        try:
+            hvd.shutdown()
+        except mx.base.MXNetError as e:
+            sys.stderr.write(f"rank {rank} shutdown raised: {e}\\n")
+        sys.stderr.write(f"rank {rank} initialized after: {hvd.is_initialized()}\\n")
+    """)
+    assert result.returncode == 0, result.stderr
+    for r in range(2):
+        assert (f"rank {r} shutdown raised: hvdmx.shutdown: 1 operation(s) had failed and their "
+                "results were never read") in result.stderr, result.stderr
+        assert f"rank {r} initialized after: False" in result.stderr
+    assert result.stderr.count("allreduce of tensor 'never.read' was called with different "
+                               "shape") == 2
+    assert "at exit" not in result.stderr and "Exception ignored" not in result.stderr
+
+
 def test_a_rank_that_raises_does_not_hang_the_others():
     # Rank 1 dies with an exception before submitting; its exit shuts hvdmx
     # down, so rank 0's pending allreduce fails instead of waiting forever.

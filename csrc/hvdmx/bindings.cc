@@ -327,6 +327,7 @@ PYBIND11_MODULE(_core, m) {
   m.def("push_async", &PushAsync);
   m.def("push_allreduce_each", &PushAllreduceEach);
   m.def("negotiate", &Negotiate);
+  m.def("all_idle", &AllIdle, py::call_guard<py::gil_scoped_release>());
   m.def("push_failure", [](const std::vector<uintptr_t>& outputs, const std::string& message,
                            int dev_type, int dev_id) {
     std::vector<void*> handles;
