@@ -67,6 +67,7 @@ try:
     hvd.allreduce(mx.nd.ones((2 + rank,)), name="mismatch").wait_to_read()
 except mx.base.MXNetError:
     pass
+hvd.join()
 hvd.allreduce(mx.nd.ones((1,)), name="last").wait_to_read()
 """
 
@@ -80,7 +81,8 @@ HOROVOD_NAMES = {"ar": ("NEGOTIATE_ALLREDUCE", "ALLREDUCE"),
                  "a2a#sizes": ("NEGOTIATE_ALLTOALL", "ALLTOALL"),
                  "rs": ("NEGOTIATE_REDUCESCATTER", "REDUCESCATTER"),
                  "barrier.noname.0": ("NEGOTIATE_BARRIER", "BARRIER"),
-                 "mismatch": ("NEGOTIATE_ALLREDUCE", "ERROR")}
+                 "mismatch": ("NEGOTIATE_ALLREDUCE", "ERROR"),
+                 "hvdmx.join": ("NEGOTIATE_JOIN", "JOIN")}
 
 
 @pytest.mark.parametrize("algo", ["shm", "mpi"])
