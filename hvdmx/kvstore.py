@@ -43,6 +43,7 @@ from mxnet.kvstore import KVStoreBase
 
 from hvdmx.basics import rank, size
 from hvdmx.compression import Compression, _packed_exchange
+from hvdmx.errors import InvalidArgumentError
 from hvdmx.process_sets import global_process_set
 from hvdmx.ops import Sum, allreduce, allreduce_, broadcast_
 from hvdmx.optimizer import _plain_layout
@@ -63,8 +64,8 @@ def _check_arrays(fn: str, arg: str, value, want_shape=None) -> List[mx.nd.NDArr
     """``value`` as a non-empty list of dense NDArrays of one shape."""
     arrays = list(value) if isinstance(value, (list, tuple)) else [value]
     if not arrays:
-        raise ValueError(f"hvdmx.KVStore.{fn}: argument '{arg}' is an empty list; pass an "
-                         "NDArray or a list with one NDArray per device")
+        raise InvalidArgumentError(f"hvdmx.KVStore.{fn}: argument '{arg}' is an empty list; pass "
+                                   "an NDArray or a list with one NDArray per device")
     for i, a in enumerate(arrays):
         where = arg if len(arrays) == 1 and not isinstance(value, (list, tuple)) \
             else f"{arg}[{i}]"
@@ -72,14 +73,15 @@ def _check_arrays(fn: str, arg: str, value, want_shape=None) -> List[mx.nd.NDArr
             raise TypeError(f"hvdmx.KVStore.{fn}: argument '{where}' must be an "
                             f"mxnet.nd.NDArray, got {type(a).__name__}")
         if isinstance(a, mx.nd.sparse.BaseSparseNDArray):
-            raise ValueError(f"hvdmx.KVStore.{fn}: argument '{where}' is a sparse NDArray "
-                             f"(stype='{a.stype}'); hvdmx.KVStore handles dense arrays only: "
-                             "use dense parameters and gradients (stype='default')")
+            raise InvalidArgumentError(f"hvdmx.KVStore.{fn}: argument '{where}' is a sparse "
+                                       f"NDArray (stype='{a.stype}'); hvdmx.KVStore handles dense "
+                                       "arrays only: use dense parameters and gradients "
+                                       "(stype='default')")
         shape = want_shape if want_shape is not None else arrays[0].shape
         if a.shape != shape:
-            raise ValueError(f"hvdmx.KVStore.{fn}: argument '{where}' has shape {a.shape}, but "
-                             f"the value has shape {shape}; every array of one key must have "
-                             "the same shape")
+            raise InvalidArgumentError(f"hvdmx.KVStore.{fn}: argument '{where}' has shape "
+                                       f"{a.shape}, but the value has shape {shape}; every array "
+                                       "of one key must have the same shape")
     return arrays
 
 
@@ -101,12 +103,12 @@ def _entries(fn: str, key, value, out) -> List[Tuple[object, list, Optional[list
     """(key, values, outs) per key, for a single key or a list of keys."""
     if isinstance(key, (list, tuple)):
         if not isinstance(value, (list, tuple)) or len(value) != len(key):
-            raise ValueError(f"hvdmx.KVStore.{fn}: with a list of {len(key)} keys, argument "
-                             "'value' must be a list of as many values (an NDArray or a list "
-                             "of NDArrays each)")
+            raise InvalidArgumentError(f"hvdmx.KVStore.{fn}: with a list of {len(key)} keys, "
+                                       "argument 'value' must be a list of as many values (an "
+                                       "NDArray or a list of NDArrays each)")
         if out is not None and (not isinstance(out, (list, tuple)) or len(out) != len(key)):
-            raise ValueError(f"hvdmx.KVStore.{fn}: with a list of {len(key)} keys, argument "
-                             "'out' must be None or a list of as many outputs")
+            raise InvalidArgumentError(f"hvdmx.KVStore.{fn}: with a list of {len(key)} keys, "
+                                       "argument 'out' must be None or a list of as many outputs")
         outs = out if out is not None else [None] * len(key)
         return [e for k, v, o in zip(key, value, outs) for e in _entries(fn, k, v, o)]
     _check_key(fn, "key", key)
@@ -184,8 +186,8 @@ class KVStore(KVStoreBase):
                             "list of NDArrays (pass [value] to broadcast into 'value' itself)")
         ((key, values, outs),) = _entries("broadcast", key, value, out)
         if len(values) != 1:
-            raise ValueError("hvdmx.KVStore.broadcast: argument 'value' must be one NDArray, "
-                             f"got a list of {len(values)}")
+            raise InvalidArgumentError("hvdmx.KVStore.broadcast: argument 'value' must be one "
+                                       f"NDArray, got a list of {len(values)}")
         source = values[0]
         name = f"{self._prefix}kvstore.broadcast.{key}"
         handles = {o.handle.value for o in outs}

@@ -28,7 +28,8 @@ from mxnet.gluon.parameter import DeferredInitializationError, Parameter, Parame
 from hvdmx import _core
 from hvdmx.basics import size
 from hvdmx.compression import Compression
-from hvdmx.process_sets import _set_for_call, global_process_set
+from hvdmx.errors import MismatchError
+from hvdmx.process_sets import _check_registered, _set_for_call, global_process_set
 from hvdmx.ops import Average, Max, Sum, _allreduce_each_, _check_root, allreduce, broadcast_, \
     grouped_allreduce_
 
@@ -55,6 +56,11 @@ def _check_num_groups(fn: str, value) -> int:
         raise ValueError(f"hvdmx.{fn}: argument 'num_groups'={value!r} must be an int >= 0 "
                          "(0: one allreduce per gradient)")
     return int(value)
+
+
+def _outside(process_set) -> bool:
+    """True on a rank that is not in ``process_set`` (never for the global set)."""
+    return process_set is not global_process_set and not process_set.included()
 
 
 def _reduce_by_dtype(tensors: List[mx.nd.NDArray], names: List[str], priority: int,
@@ -105,9 +111,13 @@ class DistributedOptimizer(mx.optimizer.Optimizer):
     f/size instead and leaves the sum in the gradient; the update is the same.)
     With ``num_groups`` > 0 the gradients of one update call are reduced in
     that many grouped allreduces. With ``process_set``, gradients are
-    averaged over that set's ranks only. ``compression`` (hvdmx's own
-    argument) is Compression.none or Compression.onebit, whose residuals this
-    object keeps by parameter index.
+    averaged over that set's ranks only. On a rank outside the set nothing
+    is sent, as in Horovod (whose update reduces only where
+    ``process_set.included()``): the wrapped optimizer applies this rank's
+    own gradient, scaled by ``gradient_predivide_factor /
+    process_set.size()`` as Horovod's ``rescale_grad`` scales it there.
+    ``compression`` (hvdmx's own argument) is Compression.none or
+    Compression.onebit, whose residuals this object keeps by parameter index.
 
     Attributes and the Optimizer methods (``rescale_grad``, ``idx2name``,
     ``aggregate_num``, ``lr``, ``set_learning_rate``, ``set_lr_mult``,
@@ -137,7 +147,7 @@ class DistributedOptimizer(mx.optimizer.Optimizer):
             "DistributedOptimizer", gradient_predivide_factor))
         object.__setattr__(self, "_num_groups", _check_num_groups(
             "DistributedOptimizer", num_groups))
-        _set_for_call("DistributedOptimizer", process_set)
+        _check_registered("DistributedOptimizer", process_set)  # this rank may be outside it
         object.__setattr__(self, "_process_set", process_set)
         if compression is not Compression.none and compression is not Compression.onebit:
             raise ValueError("hvdmx.DistributedOptimizer: argument 'compression'="
@@ -183,7 +193,8 @@ class DistributedOptimizer(mx.optimizer.Optimizer):
 
     def _allreduce_grads(self, index, grad) -> None:
         n = self._process_set.size()
-        if n == 1:
+        outside = _outside(self._process_set)
+        if n == 1 and not outside:
             return
         f = self._gradient_predivide_factor
         pre, post = 1.0 / f, f / n
@@ -191,6 +202,10 @@ class DistributedOptimizer(mx.optimizer.Optimizer):
             indices, grads = list(index), list(grad)
         else:
             indices, grads = [index], [grad]
+        if outside:
+            for g in grads:
+                g *= post
+            return
         names = [f"{self._NAME_PREFIX}{i}" for i in indices]
         if self._compression is Compression.onebit:
             labels = [self._optimizer.idx2name.get(i, str(i)) for i in indices]
@@ -296,7 +311,7 @@ def _gather_text(text: str, name: str, process_set) -> List[str]:
 
 def _check_same_parameters(params: Sequence[Parameter], name: str, who: str,
                            process_set) -> None:
-    """Raises ValueError on every rank when the ranks' parameter lists differ
+    """Raises MismatchError on every rank when the ranks' parameter lists differ
     in count, shape, dtype or grad_req='null' at some position (the position
     names the gradient, so a mismatch would pair unrelated gradients or hang);
     warns when only the names differ. Costs one 6-element allreduce when all
@@ -322,8 +337,8 @@ def _check_same_parameters(params: Sequence[Parameter], name: str, who: str,
     message = (f"hvdmx.{who}: the parameters differ across ranks; the first "
                f"difference is at position {first} of the parameters sorted by name ({ranks})")
     if by_structure:
-        raise ValueError(message + ". Every rank must build the same model and pass the "
-                         "same parameters, so that gradient i is the same tensor everywhere.")
+        raise MismatchError(message + ". Every rank must build the same model and pass the "
+                            "same parameters, so that gradient i is the same tensor everywhere.")
     warnings.warn(message + ". Only the names differ (shapes and dtypes agree), so training "
                   "proceeds pairing parameters by position; names usually differ when one "
                   "rank creates extra blocks before the model.", stacklevel=4)
@@ -366,7 +381,9 @@ class DistributedTrainer(mx.gluon.Trainer):
     keeps by parameter index). ``kvstore`` must not be given (it is None
     underneath).
     With ``process_set``, gradients are averaged over that set's ranks only
-    (and ``_scale`` divided by its size).
+    (and ``_scale`` divided by its size). On a rank outside the set nothing
+    is sent and ``step`` applies this rank's own gradients, scaled by
+    ``_scale`` as everywhere, as Horovod's trainer does there.
 
     ``local_sgd_steps`` = H > 1 trains with local SGD (model averaging): no
     gradient is reduced; each rank updates its own parameters with its own
@@ -403,7 +420,7 @@ class DistributedTrainer(mx.gluon.Trainer):
                             "hvd.Compression.none, hvd.Compression.fp16 or another object "
                             f"with compress() and decompress(), got {compression!r}")
         size()  # raises a clear error before init()
-        _set_for_call("DistributedTrainer", process_set)
+        _check_registered("DistributedTrainer", process_set)  # this rank may be outside it
         n = process_set.size()
         if isinstance(params, (list, tuple)):
             # Sorted like the dict case (which gluon.Trainer sorts by key), so
@@ -450,7 +467,7 @@ class DistributedTrainer(mx.gluon.Trainer):
         ``local_sgd_steps`` steps; call it yourself to synchronize at other
         times, e.g. before evaluating). Every rank must call it together."""
         entries = [(i, p) for i, p in enumerate(self._params)]
-        if self._process_set.size() == 1 or not entries:
+        if self._process_set.size() == 1 or not entries or _outside(self._process_set):
             return
         if not self._hvdmx_checked:
             _check_same_parameters(self._params, f"{self._prefix}DistributedTrainer.check",
@@ -467,15 +484,18 @@ class DistributedTrainer(mx.gluon.Trainer):
         entries = [(i, p) for i, p in enumerate(self._params) if p.grad_req != "null"]
         grads = [self._sum_over_contexts(p) for _, p in entries]
         f = self._gradient_predivide_factor
-        # Under local SGD each rank updates with its own gradients (see the
-        # class doc), and gradient_predivide_factor is 1.
-        if self._local_sgd_steps == 1 and self._process_set.size() > 1:
+        # Outside the set there is nothing to exchange, and the gradients
+        # are applied as they are (as Horovod's trainer does); under local
+        # SGD each rank updates with its own gradients (see the class doc),
+        # and gradient_predivide_factor is 1.
+        inside = not _outside(self._process_set)
+        if inside and self._local_sgd_steps == 1 and self._process_set.size() > 1:
             if not self._hvdmx_checked:
                 _check_same_parameters(self._params, f"{self._prefix}DistributedTrainer.check",
                                        "DistributedTrainer", self._process_set)
                 self._hvdmx_checked = True
             self._reduce(entries, grads, 1.0 / f)
-        elif f != 1.0:
+        elif inside and f != 1.0:
             for g in grads:  # the 1/f that the allreduce would apply (_scale has f)
                 g *= 1.0 / f
         for (_, p), g in zip(entries, grads):

@@ -39,6 +39,54 @@ def test_exit_without_shutdown_is_clean():
     assert "result 1 [3.0, 3.0, 3.0]" in result.stdout
 
 
+def test_no_collective_error_is_left_for_exit():
+    # allgather's mismatch raises at the call, on both ranks, and nothing of it
+    # is left for exit; the error of an allreduce whose output nobody reads
+    # can only come out at exit: hvdmx's exit hook says so on stderr, instead
+    # of MXNet's "Exception ignored in atexit callback" and a traceback.
+    result = run_job(2, """
+        dropped = hvd.allreduce(mx.nd.ones((2 + rank,)), name="never.read")
+        try:
+            hvd.allgather(mx.nd.ones((1, 1 + rank)), name="sizes.differ")
+        except hvd.errors.MismatchError as e:
+            sys.stderr.write(f"rank {rank} raised at the call: {e}\\n")
+    """)
+    assert result.returncode == 0, result.stderr
+    at_exit = [line for line in result.stderr.splitlines() if "at exit" in line]
+    for r in range(2):
+        assert (f"rank {r} raised at the call: hvdmx: allgather of tensor 'sizes.differ' was "
+                "called with different shape after the first dimension") in result.stderr
+        assert any(line.startswith(f"[hvdmx ERROR rank {r}] at exit: an operation failed and its "
+                                   "result was never read") and
+                   "allreduce of tensor 'never.read' was called with different shape" in line
+                   for line in at_exit), result.stderr
+    assert len(at_exit) == 2 and not any("sizes.differ" in line for line in at_exit)
+    assert "Exception ignored" not in result.stderr
+
+
+def test_shutdown_raises_an_unread_failure():
+    # With nothing pending, hvd.shutdown() raises what no read has raised, so
+    # it does not wait for the exit; an output pending at the shutdown keeps
+    # its "shut down" error for its read (tests/parallel/test_basics.py).
+    result = run_job(2, """
+        dropped = hvd.allreduce(mx.nd.ones((2 + rank,)), name="never.read")
+        hvd.allreduce(mx.nd.ones((1,)), name="read").wait_to_read()
+        try:
+            hvd.shutdown()
+        except mx.base.MXNetError as e:
+            sys.stderr.write(f"rank {rank} shutdown raised: {e}\\n")
+        sys.stderr.write(f"rank {rank} initialized after: {hvd.is_initialized()}\\n")
+    """)
+    assert result.returncode == 0, result.stderr
+    for r in range(2):
+        assert (f"rank {r} shutdown raised: hvdmx.shutdown: 1 operation(s) had failed and their "
+                "results were never read") in result.stderr, result.stderr
+        assert f"rank {r} initialized after: False" in result.stderr
+    assert result.stderr.count("allreduce of tensor 'never.read' was called with different "
+                               "shape") == 2
+    assert "at exit" not in result.stderr and "Exception ignored" not in result.stderr
+
+
 def test_a_rank_that_raises_does_not_hang_the_others():
     # Rank 1 dies with an exception before submitting; its exit shuts hvdmx
     # down, so rank 0's pending allreduce fails instead of waiting forever.

@@ -125,7 +125,9 @@ constexpr int64_t kNegotiateSpinMicros = 50;
 
 // Negotiates a unit that moves no tensor data (a sizes round, barrier, join)
 // and waits for it, the GIL released; returns (error message or None,
-// response splits, response root). Ctrl-C interrupts the wait.
+// response splits, response root, Status::Code: MISMATCH when the error is
+// the round's error response, which every rank of the call gets in that same
+// round). Ctrl-C interrupts the wait.
 py::tuple Negotiate(int set_id, int type, const std::string& name, const std::vector<int>& dtypes,
                     const std::vector<std::vector<int64_t>>& shapes,
                     const std::vector<int64_t>& splits, bool sizes_only, int dev_type,
@@ -187,9 +189,11 @@ py::tuple Negotiate(int set_id, int type, const std::string& name, const std::ve
     if (PyErr_CheckSignals() != 0) throw py::error_already_set();
   }
   if (!outcome->status.ok()) {
-    return py::make_tuple(outcome->status.message(), py::none(), 0);
+    return py::make_tuple(outcome->status.message(), py::none(), 0,
+                          static_cast<int>(outcome->status.code()));
   }
-  return py::make_tuple(py::none(), outcome->response.splits, outcome->response.root);
+  return py::make_tuple(py::none(), outcome->response.splits, outcome->response.root,
+                        static_cast<int>(Status::Code::kOk));
 }
 
 // Test support that needs the running runtime; the rest is in
@@ -303,6 +307,8 @@ PYBIND11_MODULE(_core, m) {
   m.attr("REDUCESCATTER") = static_cast<int>(CollectiveType::kReducescatter);
   m.attr("BARRIER") = static_cast<int>(CollectiveType::kBarrier);
   m.attr("JOIN") = static_cast<int>(CollectiveType::kJoin);
+  // The code negotiate() returns for an error response (Executor::Run).
+  m.attr("STATUS_MISMATCH") = static_cast<int>(Status::Code::kMismatch);
   m.def("describe", [](uintptr_t handle) {
     ArrayInfo info;
     ThrowIfError(DescribeArray(reinterpret_cast<void*>(handle), &info));
@@ -370,6 +376,7 @@ PYBIND11_MODULE(_core, m) {
         "hvdmx_twobit_unpack_sum"));
   });
   m.def("twobit_words", &TwoBitPackedWords);
+  m.def("all_idle", &AllIdle, py::call_guard<py::gil_scoped_release>());
   m.def("push_failure", [](const std::vector<uintptr_t>& outputs, const std::string& message,
                            int dev_type, int dev_id) {
     std::vector<void*> handles;

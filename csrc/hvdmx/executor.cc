@@ -51,6 +51,37 @@ namespace {
 
 using Clock = Timeline::Clock;
 
+// Note [Timeline names]
+// ~~~~~~~~~~~~~~~~~~~~~~
+// A tensor's row on the timeline reads as Horovod's does, so that tools made
+// for Horovod's timelines read ours: NEGOTIATE_<OP> while the ranks agree to
+// run it, then <OP> (ALLREDUCE, BROADCAST, ALLGATHER, ALLTOALL,
+// REDUCESCATTER, BARRIER, JOIN: Horovod's request and response type names;
+// ERROR for a failed negotiation) until its last step has finished, with the
+// steps nested inside it: QUEUE, MEMCPY_IN_FUSION_BUFFER, the transport
+// (MPI_ALLREDUCE, MPI_BCAST, MPI_ALLTOALL as in Horovod; hvdmx's own
+// RING_ALLREDUCE, SHM_ALLREDUCE, SHM_BCAST, ...), MEMCPY_OUT_FUSION_BUFFER.
+// docs/timeline.md has the whole mapping.
+
+// Horovod's names for a collective's operation and for its negotiation.
+struct OperationNames {
+  const char* operation;
+  const char* negotiate;
+};
+
+OperationNames NamesOf(CollectiveType type) {
+  switch (type) {
+    case CollectiveType::kAllreduce: return {"ALLREDUCE", "NEGOTIATE_ALLREDUCE"};
+    case CollectiveType::kBroadcast: return {"BROADCAST", "NEGOTIATE_BROADCAST"};
+    case CollectiveType::kAllgather: return {"ALLGATHER", "NEGOTIATE_ALLGATHER"};
+    case CollectiveType::kAlltoall: return {"ALLTOALL", "NEGOTIATE_ALLTOALL"};
+    case CollectiveType::kReducescatter: return {"REDUCESCATTER", "NEGOTIATE_REDUCESCATTER"};
+    case CollectiveType::kBarrier: return {"BARRIER", "NEGOTIATE_BARRIER"};
+    case CollectiveType::kJoin: return {"JOIN", "NEGOTIATE_JOIN"};
+  }
+  return {"COLLECTIVE", "NEGOTIATE"};
+}
+
 // "dtype" and "shape" of a unit's tensors, for the timeline.
 std::string TimelineArgs(const Request& request) {
   std::string dtypes, shapes;
@@ -99,12 +130,13 @@ void Executor::RunEntries(const std::vector<Response>& responses, TensorQueue* q
   Timeline& timeline = ProcessTimeline();
   const auto ready = Clock::now();
   std::vector<bool> started(responses.size(), false);
+  if (timeline.enabled()) step_ends_.assign(responses.size(), ready);
   for (size_t r = 0; r < responses.size(); ++r) {
     const Response& response = responses[r];
     if (queue->Take(response.name, &entries[r])) {
       if (timeline.enabled()) {
-        timeline.Phase(response.name, "NEGOTIATE", entries[r].enqueued, ready,
-                       TimelineArgs(entries[r].request));
+        timeline.Phase(response.name, NamesOf(response.type).negotiate, entries[r].enqueued,
+                       ready, TimelineArgs(entries[r].request));
       }
     } else {
       TensorEntry& phantom = entries[r];
@@ -128,7 +160,11 @@ void Executor::RunEntries(const std::vector<Response>& responses, TensorQueue* q
       for (const FusionGroup::Item& item : group.items) {
         if (!started[item.response]) timeline.Phase(responses[item.response].name, "QUEUE", ready, now);
         started[item.response] = true;
+        if (item.response < static_cast<int>(step_ends_.size())) step_ends_[item.response] = now;
       }
+      // A failed negotiation (alone in its group) ends here, before its
+      // callback lets the caller go on (RecordOperations comes later).
+      if (!response.error.empty()) timeline.Phase(response.name, "ERROR", ready, now);
     }
     if (!response.error.empty()) {
       Fire(entry, Status::Mismatch(response.error));
@@ -137,8 +173,12 @@ void Executor::RunEntries(const std::vector<Response>& responses, TensorQueue* q
     if (response.type != CollectiveType::kAllreduce) {
       const auto start = Clock::now();
       const char* algorithm = RunUnit(response, entry);
-      if (timeline.enabled() && !response.sizes_only) {
-        timeline.Phase(response.name, algorithm, start, Clock::now(), TimelineArgs(entry.request));
+      // Barrier and join have no step of their own: their operation says it all.
+      if (timeline.enabled() && !response.sizes_only &&
+          std::strcmp(algorithm, NamesOf(response.type).operation) != 0) {
+        const auto end = Clock::now();
+        timeline.Phase(response.name, algorithm, start, end, TimelineArgs(entry.request));
+        if (first < static_cast<int>(step_ends_.size())) step_ends_[first] = end;
       }
       if (entry.on_response) entry.on_response(response);
       Fire(entry, Status::Ok());
@@ -156,6 +196,22 @@ void Executor::RunEntries(const std::vector<Response>& responses, TensorQueue* q
         responses[r].type == CollectiveType::kAllreduce) {
       Fire(entries[r], Status::Ok());
     }
+  }
+
+  if (timeline.enabled()) RecordOperations(responses, entries, ready);
+}
+
+void Executor::RecordOperations(const std::vector<Response>& responses,
+                                const std::vector<TensorEntry>& entries, Clock::time_point ready) {
+  Timeline& timeline = ProcessTimeline();
+  if (step_ends_.size() != responses.size()) return;  // the timeline started during the round
+  for (size_t r = 0; r < responses.size(); ++r) {
+    const Response& response = responses[r];
+    if (!response.error.empty()) continue;  // recorded as ERROR when it failed
+    // A rank that has joined reduces zeros under the name: it has no request.
+    const Request& request = entries[r].request;
+    timeline.Phase(response.name, NamesOf(response.type).operation, ready, step_ends_[r],
+                   request.name.empty() ? std::string() : TimelineArgs(request));
   }
 }
 
@@ -214,6 +270,9 @@ void Executor::RunAllreduceGroup(const FusionGroup& group, const std::vector<Res
       if (item.response == last) continue;
       last = item.response;
       timeline.Phase(responses[item.response].name, phase, start, end);
+      if (item.response < static_cast<int>(step_ends_.size())) {
+        step_ends_[item.response] = std::max(step_ends_[item.response], end);
+      }
     }
   };
   auto t0 = Clock::now();

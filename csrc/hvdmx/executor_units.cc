@@ -199,7 +199,7 @@ const char* Executor::RunAlltoall(const Response& response, TensorEntry& entry) 
   const int64_t self_bytes = m[me * n + me] * row_bytes;
   if (self_bytes) std::memcpy(out + self_recv, in + self_send, self_bytes);
   for (Comm::Request request : requests_) comm_.Wait(request);
-  return "ALLTOALL";
+  return "MPI_ALLTOALL";
 }
 
 // Rank r keeps rows [RingChunkStart(dim0, n, r), RingChunkStart(dim0, n, r+1))

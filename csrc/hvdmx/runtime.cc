@@ -89,6 +89,13 @@ bool Runtime::WaitNoneInEngine(std::chrono::milliseconds timeout) {
   return in_engine_cv_.wait_for(lock, timeout, [this] { return in_engine_ == 0; });
 }
 
+bool Runtime::Idle() {
+  if (!WaitNoneInEngine(std::chrono::milliseconds(0))) return false;
+  size_t queued = 0;
+  queue_.EnqueuedBefore(std::chrono::steady_clock::time_point::max(), 0, &queued);
+  return queued == 0;
+}
+
 Status Runtime::Enqueue(TensorEntry entry) {
   if (stopped_) {
     entry.callback(StoppedStatus());

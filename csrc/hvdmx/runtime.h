@@ -102,6 +102,10 @@ class Runtime {
   // Waits up to `timeout` for no collective to be inside the engine; true
   // when none is.
   bool WaitNoneInEngine(std::chrono::milliseconds timeout);
+  // True when no collective of this runtime is inside MXNet's engine or
+  // waiting here for the other ranks (a round may still be running the last
+  // ones; they complete without waiting for anything else). Any thread.
+  bool Idle();
 
   // See Note [Shutdown]. Idempotent. Any thread but the background thread.
   void Shutdown();

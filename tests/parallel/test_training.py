@@ -497,8 +497,8 @@ def test_distributed_optimizer_update_single_and_list(num_groups):
 # --- bad input ---------------------------------------------------------------
 
 def test_parameters_differ_across_ranks():
-    """A shape that differs on the last rank: every rank raises a ValueError
-    naming the parameter, and nothing hangs."""
+    """A shape that differs on the last rank: every rank raises a
+    MismatchError (a ValueError) naming the parameter, and nothing hangs."""
     if hvd.size() == 1:
         pytest.skip("needs two ranks")
     last = hvd.rank() == hvd.size() - 1
@@ -516,8 +516,11 @@ def test_parameters_differ_across_ranks():
         loss.backward()
         want = (f"differ across ranks.*position 2.*'differ{case}_dense1_bias' shape \\(3,\\)"
                 if case == "shape" else "differ across ranks.*position 4.*no parameter")
-        with pytest.raises(ValueError, match=want):
+        # a MismatchError: caught by except ValueError and by Horovod's
+        # except (MXNetError, RuntimeError) alike
+        with pytest.raises(hvd.errors.MismatchError, match=want) as caught:
             trainer.step(2)
+        assert isinstance(caught.value, ValueError) and isinstance(caught.value, RuntimeError)
     out = hvd.allreduce(mx.nd.ones((3,)), op=hvd.Sum, name="after.differ")
     assert out.asnumpy().tolist() == [hvd.size()] * 3
 
