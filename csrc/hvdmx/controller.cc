@@ -135,59 +135,57 @@ RoundResult Controller::RunRound(std::vector<Request> new_requests, bool want_sh
 void Controller::SlowPath(const std::vector<uint64_t>& bits, std::vector<Request> misses,
                           RoundResult* result_out) {
   RoundResult& result = *result_out;
-  {
-    for (auto& hit : cache_hits_) misses.push_back(std::move(hit.second));
-    cache_hits_.clear();
-    for (const Request& q : misses) at_coordinator_.emplace(q.name, q);
-    const bool with_bit_and = (bits[0] & kSentWithBitAnd) != 0;
-    std::vector<std::string> gathered;
-    if (with_bit_and) {
-      sent_with_bit_and_.fetch_add(1, std::memory_order_relaxed);
+  for (auto& hit : cache_hits_) misses.push_back(std::move(hit.second));
+  cache_hits_.clear();
+  for (const Request& q : misses) at_coordinator_.emplace(q.name, q);
+  const bool with_bit_and = (bits[0] & kSentWithBitAnd) != 0;
+  std::vector<std::string> gathered;
+  if (with_bit_and) {
+    sent_with_bit_and_.fetch_add(1, std::memory_order_relaxed);
+  } else {
+    gathered = comm_.Gather(SerializeRequests(misses), 0);
+    gathered_.fetch_add(1, std::memory_order_relaxed);
+  }
+  std::string wire;
+  if (comm_.rank() == 0) {
+    std::vector<Response> fresh;
+    for (int j = 0; j < comm_.size(); ++j) {
+      Coordinate(with_bit_and ? ForCoordinator(comm_.BitAndPayload(j), bits)
+                              : ParseRequests(gathered[j]),
+                 &fresh);
+    }
+    CompleteForJoined(&fresh);
+    FailStalled(&fresh);
+    wire = SerializeResponses(fresh);
+  }
+  comm_.BcastString(&wire, 0);
+  for (Response& response : ParseResponses(wire)) {
+    auto mine = at_coordinator_.find(response.name);
+    if (mine == at_coordinator_.end() && !response.error.empty()) {
+      // A unit failed by the stall shutdown that this rank never
+      // submitted (see Note [Stall shutdown]): nothing to do here, and
+      // failed units are not cached.
+      continue;
+    }
+    if (mine == at_coordinator_.end()) {
+      // A unit this rank joined through (see Note [Join]). Every rank must
+      // put it into its cache, in the same order; ours gets a request no
+      // real one can equal (device -2), so it never hits here.
+      HVDMX_CHECK(joined_, "response for a name this rank did not send: " + response.name);
+      Request phantom;
+      phantom.type = response.type;
+      phantom.name = response.name;
+      phantom.device = -2;
+      if (response.error.empty()) cache_.Put(phantom, response);
     } else {
-      gathered = comm_.Gather(SerializeRequests(misses), 0);
-      gathered_.fetch_add(1, std::memory_order_relaxed);
-    }
-    std::string wire;
-    if (comm_.rank() == 0) {
-      std::vector<Response> fresh;
-      for (int j = 0; j < comm_.size(); ++j) {
-        Coordinate(with_bit_and ? ForCoordinator(comm_.BitAndPayload(j), bits)
-                                : ParseRequests(gathered[j]),
-                   &fresh);
+      if (response.type == CollectiveType::kJoin) {
+        joined_ = false;
+      } else if (response.error.empty()) {
+        cache_.Put(mine->second, response);
       }
-      CompleteForJoined(&fresh);
-      FailStalled(&fresh);
-      wire = SerializeResponses(fresh);
+      at_coordinator_.erase(mine);
     }
-    comm_.BcastString(&wire, 0);
-    for (Response& response : ParseResponses(wire)) {
-      auto mine = at_coordinator_.find(response.name);
-      if (mine == at_coordinator_.end() && !response.error.empty()) {
-        // A unit failed by the stall shutdown that this rank never
-        // submitted (see Note [Stall shutdown]): nothing to do here, and
-        // failed units are not cached.
-        continue;
-      }
-      if (mine == at_coordinator_.end()) {
-        // A unit this rank joined through (see Note [Join]). Every rank must
-        // put it into its cache, in the same order; ours gets a request no
-        // real one can equal (device -2), so it never hits here.
-        HVDMX_CHECK(joined_, "response for a name this rank did not send: " + response.name);
-        Request phantom;
-        phantom.type = response.type;
-        phantom.name = response.name;
-        phantom.device = -2;
-        if (response.error.empty()) cache_.Put(phantom, response);
-      } else {
-        if (response.type == CollectiveType::kJoin) {
-          joined_ = false;
-        } else if (response.error.empty()) {
-          cache_.Put(mine->second, response);
-        }
-        at_coordinator_.erase(mine);
-      }
-      result.responses.push_back(std::move(response));
-    }
+    result.responses.push_back(std::move(response));
   }
 }
 

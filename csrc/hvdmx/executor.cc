@@ -92,10 +92,6 @@ std::string TimelineArgs(const Request& request) {
   return "\"dtype\": \"" + dtypes + "\", \"shape\": \"" + shapes + "\"";
 }
 
-}  // namespace
-
-namespace {
-
 // Fires the entry's callback and drops it, so that it fires once.
 void Fire(TensorEntry& entry, const Status& status) {
   std::function<void(const Status&)> callback = std::move(entry.callback);
