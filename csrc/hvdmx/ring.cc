@@ -119,6 +119,42 @@ void RingAllreduce(Comm& comm, void* buf, int64_t count, DataType dtype, ReduceO
   AllgatherSteps(comm, base, starts.data(), dtype, seg_elems, /*shift=*/1, scratch);
 }
 
+void RingAllreduceWidened(Comm& comm, float* wide, void* buf, int64_t count, DataType dtype,
+                          ReduceOp op, double postscale, int64_t segment_bytes,
+                          RingScratch* scratch) {
+  const int n = comm.size();
+  if (count == 0) return;
+  if (n == 1) {
+    NarrowScaled(buf, wide, count, dtype, postscale);
+    return;
+  }
+  std::vector<int64_t>& starts = scratch->starts;
+  starts.resize(n + 1);
+  for (int c = 0; c <= n; ++c) starts[c] = RingChunkStart(count, n, c);
+  ReduceScatterSteps(comm, reinterpret_cast<char*>(wide), starts.data(), DataType::kFloat32, op,
+                     SegmentElems(segment_bytes, DataType::kFloat32), /*shift=*/1, scratch);
+  const int mine = (comm.rank() + 1) % n;  // the chunk this rank finished
+  const int64_t elem = static_cast<int64_t>(DataTypeSize(dtype));
+  NarrowScaled(static_cast<char*>(buf) + starts[mine] * elem, wide + starts[mine],
+               starts[mine + 1] - starts[mine], dtype, postscale);
+  AllgatherSteps(comm, static_cast<char*>(buf), starts.data(), dtype,
+                 SegmentElems(segment_bytes, dtype), /*shift=*/1, scratch);
+}
+
+void RingCrossAllreduce(Comm& comm, void* buf, float* wide, int64_t count, DataType dtype,
+                        ReduceOp op, double postscale, bool wide_partials,
+                        int64_t segment_bytes, RingScratch* scratch) {
+  if (wide == nullptr) {
+    RingAllreduce(comm, buf, count, dtype, op, segment_bytes, scratch);
+  } else if (wide_partials) {
+    RingAllreduceWidened(comm, wide, buf, count, dtype, op, postscale, segment_bytes, scratch);
+  } else {
+    NarrowScaled(buf, wide, count, dtype, 1.0);
+    RingAllreduce(comm, buf, count, dtype, op, segment_bytes, scratch);
+    ScaleBuffer(buf, count, dtype, postscale);
+  }
+}
+
 void RingReduceScatter(Comm& comm, void* buf, const std::vector<int64_t>& starts,
                        DataType dtype, ReduceOp op, int64_t segment_bytes,
                        RingScratch* scratch) {

@@ -127,8 +127,10 @@ std::vector<int64_t> TestingShmAllreduce(std::vector<std::vector<std::vector<py:
       if (hosts > 1) {
         auto comm = std::make_shared<LocalComm>(cross_worlds[l], h);
         auto scratch = std::make_shared<RingScratch>();
-        cross = [comm, scratch](void* buf, int64_t count, DataType dtype, ReduceOp op) {
-          RingAllreduce(*comm, buf, count, dtype, op, 4096, scratch.get());
+        cross = [comm, scratch](void* buf, float* wide, int64_t count, DataType dtype,
+                                ReduceOp op, double postscale) {
+          RingCrossAllreduce(*comm, buf, wide, count, dtype, op, postscale,
+                             /*wide_partials=*/true, 4096, scratch.get());
         };
       }
       ShmAllreduce shm(l, local, host_memory[h].regions, chunk_bytes, host_memory[h].memory,
