@@ -574,8 +574,10 @@ bool HalfReducesWide(DataType dtype) {
   return dtype == DataType::kFloat16 || dtype == DataType::kBFloat16;
 }
 
-void WidenScaled(float* out, const void* in, int64_t count, DataType dtype, double factor) {
-  const bool avx2 = CpuHasAvx2();
+namespace {
+
+void WidenScaledOn(bool avx2, float* out, const void* in, int64_t count, DataType dtype,
+                   double factor) {
   const float f = static_cast<float>(factor);
   WithHalfFormat(dtype, [&](auto format) {
     using F = decltype(format);
@@ -583,9 +585,8 @@ void WidenScaled(float* out, const void* in, int64_t count, DataType dtype, doub
   })(out, in, count, f);
 }
 
-void ReduceWidenedInto(float* acc, const void* in, int64_t count, DataType dtype, ReduceOp op,
-                       double factor) {
-  const bool avx2 = CpuHasAvx2();
+void ReduceWidenedIntoOn(bool avx2, float* acc, const void* in, int64_t count, DataType dtype,
+                         ReduceOp op, double factor) {
   const float f = static_cast<float>(factor);
   WithHalfFormat(dtype, [&](auto format) {
     using F = decltype(format);
@@ -594,8 +595,8 @@ void ReduceWidenedInto(float* acc, const void* in, int64_t count, DataType dtype
   })(acc, in, count, f);
 }
 
-void NarrowScaled(void* out, const float* acc, int64_t count, DataType dtype, double factor) {
-  const bool avx2 = CpuHasAvx2();
+void NarrowScaledOn(bool avx2, void* out, const float* acc, int64_t count, DataType dtype,
+                    double factor) {
   const float f = static_cast<float>(factor);
   WithHalfFormat(dtype, [&](auto format) {
     using F = decltype(format);
@@ -603,7 +604,37 @@ void NarrowScaled(void* out, const float* acc, int64_t count, DataType dtype, do
   })(out, acc, count, f);
 }
 
+}  // namespace
+
+void WidenScaled(float* out, const void* in, int64_t count, DataType dtype, double factor) {
+  WidenScaledOn(CpuHasAvx2(), out, in, count, dtype, factor);
+}
+
+void ReduceWidenedInto(float* acc, const void* in, int64_t count, DataType dtype, ReduceOp op,
+                       double factor) {
+  ReduceWidenedIntoOn(CpuHasAvx2(), acc, in, count, dtype, op, factor);
+}
+
+void NarrowScaled(void* out, const float* acc, int64_t count, DataType dtype, double factor) {
+  NarrowScaledOn(CpuHasAvx2(), out, acc, count, dtype, factor);
+}
+
 namespace testing {
+
+void WidenedKernelForTest(int kernel, bool portable, void* out, const void* in, int64_t count,
+                          DataType dtype, ReduceOp op, double factor) {
+  const bool avx2 = !portable && CpuHasAvx2();
+  switch (kernel) {
+    case 0: WidenScaledOn(avx2, static_cast<float*>(out), in, count, dtype, factor); return;
+    case 1:
+      ReduceWidenedIntoOn(avx2, static_cast<float*>(out), in, count, dtype, op, factor);
+      return;
+    case 2:
+      NarrowScaledOn(avx2, out, static_cast<const float*>(in), count, dtype, factor);
+      return;
+  }
+  HVDMX_CHECK(false, "no widened kernel " + std::to_string(kernel));
+}
 
 void ReduceIntoScalarForTest(void* dst, const void* src, int64_t count, DataType dtype,
                              ReduceOp op) {

@@ -80,6 +80,11 @@ namespace testing {
 // tests can check that it matches the vector path bit for bit.
 void ReduceIntoScalarForTest(void* dst, const void* src, int64_t count, DataType dtype,
                              ReduceOp op);
+// kernel 0: WidenScaled(out, in), 1: ReduceWidenedInto(out, in), 2:
+// NarrowScaled(out, in), on the portable path if `portable`, else on the
+// path this CPU takes; count elements of the half dtype.
+void WidenedKernelForTest(int kernel, bool portable, void* out, const void* in, int64_t count,
+                          DataType dtype, ReduceOp op, double factor);
 }  // namespace testing
 
 }  // namespace hvdmx
