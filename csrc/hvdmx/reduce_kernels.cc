@@ -14,8 +14,10 @@
 // tail). Replicas must never drift, so every path computes each element the
 // same way:
 // - one IEEE operation (an add or a multiply) in the type the header states,
-//   rounded to nearest-even. No second operation exists to fuse into an FMA,
-//   and -ffast-math, which would allow reassociation, is refused below.
+//   rounded to nearest-even. Where a multiply feeds an add (the widened
+//   kernels), -ffp-contract=off keeps them apart (Note [Half precision summed
+//   in float32]); -ffast-math, which would allow reassociation, is refused
+//   below.
 // - float16 and bfloat16 widen to float32 exactly and narrow with
 //   round-to-nearest-even: in integer code on the portable path, with
 //   VCVTPS2PH and an explicit rounding mode on the F16C path.

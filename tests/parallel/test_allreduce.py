@@ -89,6 +89,16 @@ def test_half_is_summed_in_float32_and_rounded_once(world, algo):
                 hvd.allreduce_(y, op=op, prescale_factor=pre, postscale_factor=post,
                                name=f"{tag}.inplace")
                 check(y, half_expected(size, 1001, op, pre, post))
+        # Random data, whose float32 sum depends on the order of additions:
+        # still the same bits on every rank (MPI: when MPI's float32 results
+        # are, since every rank rounds them alike).
+        rng = np.random.default_rng(1000 + rank)
+        for count in [1001, 300_007]:
+            data = (rng.standard_normal(count) * 100).astype(np.float16)
+            for op, pre, post in [(hvd.Sum, 1.0, 1.0), (hvd.Average, 0.5, 3.0)]:
+                out = hvd.allreduce(mx.nd.array(data, dtype="float16"), op=op,
+                                    prescale_factor=pre, postscale_factor=post).asnumpy()
+                assert all_equal_across_ranks(out)
     finally:
         restart({})
 
