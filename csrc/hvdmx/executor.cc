@@ -74,20 +74,24 @@ const char* Executor::AllreduceWide(void* buf, int64_t count, DataType dtype, Re
                                     double prescale, double postscale, bool mpi) {
   const char* algorithm = comm_.size() == 1 ? "LOCAL_ALLREDUCE" : "RING_ALLREDUCE";
   const int64_t elem = static_cast<int64_t>(DataTypeSize(dtype));
-  for (int64_t done = 0; done < count;) {
+  for (int64_t done = 0; done < count; done += kWidePieceElems) {
     const int64_t n = std::min(kWidePieceElems, count - done);
     char* piece = static_cast<char*>(buf) + done * elem;
     auto* wide = reinterpret_cast<float*>(wide_.Get(n * 4));
-    WidenScaled(wide, piece, n, dtype, prescale);
     if (comm_.size() > 1) mpi_pages_.Collapse(wide, n * 4);
-    if (mpi && comm_.size() > 1 && comm_.NativeAllreduce(wide, n, DataType::kFloat32, op)) {
-      NarrowScaled(piece, wide, n, dtype, postscale);
-      algorithm = "MPI_ALLREDUCE";
-    } else {
-      RingAllreduceWidened(comm_, wide, piece, n, dtype, op, postscale,
-                           config_.ring_segment_bytes, &ring_scratch_);
+    if (mpi && comm_.size() > 1) {
+      WidenScaled(wide, piece, n, dtype, prescale);
+      if (comm_.NativeAllreduce(wide, n, DataType::kFloat32, op)) {
+        NarrowScaled(piece, wide, n, dtype, postscale);
+        algorithm = "MPI_ALLREDUCE";
+      } else {  // a comm without MPI's (LocalComm): the ring, from the widened operands
+        RingAllreduceWidened(comm_, piece, wide, /*operands_in_wide=*/true, n, dtype, op, 1.0,
+                             postscale, config_.ring_segment_bytes, &ring_scratch_);
+      }
+      continue;
     }
-    done += n;
+    RingAllreduceWidened(comm_, piece, wide, /*operands_in_wide=*/false, n, dtype, op, prescale,
+                         postscale, config_.ring_segment_bytes, &ring_scratch_);
   }
   return algorithm;
 }

@@ -49,17 +49,19 @@ class RingScratch {
 void RingAllreduce(Comm& comm, void* buf, int64_t count, DataType dtype, ReduceOp op,
                    int64_t segment_bytes, RingScratch* scratch);
 
-// A float16 or bfloat16 allreduce with float32 partials (Note [Half
-// precision summed in float32] in reduce_kernels.cc): `wide` holds this
-// rank's `count` operands widened to float32 (and prescaled); the
-// reduce-scatter runs on it in float32, the rank's finished chunk is
-// multiplied by `postscale` and rounded once into `buf` (count elements of
-// the half `dtype`), and the allgather moves the rounded chunks. Bytes each
-// rank sends: (n-1)/n * count * (4 + 2), 1.5x a half ring. `wide` is
-// clobbered; every chunk is still reduced once, on one rank.
-void RingAllreduceWidened(Comm& comm, float* wide, void* buf, int64_t count, DataType dtype,
-                          ReduceOp op, double postscale, int64_t segment_bytes,
-                          RingScratch* scratch);
+// A float16 or bfloat16 allreduce of `buf` (count elements of the half
+// `dtype`) with float32 partials (Note [Half precision summed in float32]
+// in reduce_kernels.cc): the reduce-scatter passes float32 partials, each
+// rank multiplies the chunk it finishes by `postscale` and rounds it once
+// into `buf`, and the allgather moves the rounded chunks. Bytes each rank
+// sends: (n-1)/n * count * (4 + 2), 1.5x a half ring. `wide` is count
+// floats: with operands_in_wide, this rank's operands in float32 (scaled
+// already; `prescale` is not applied), else scratch, the operands being
+// buf's elements times `prescale`, widened as the steps reach them. `wide`
+// is clobbered; every chunk is still reduced once, on one rank.
+void RingAllreduceWidened(Comm& comm, void* buf, float* wide, bool operands_in_wide,
+                          int64_t count, DataType dtype, ReduceOp op, double prescale,
+                          double postscale, int64_t segment_bytes, RingScratch* scratch);
 
 // The hosts' part of a hierarchical allreduce (ShmAllreduce::CrossAllreduce's
 // contract): without `wide`, RingAllreduce of buf; with it (a half dtype's

@@ -92,7 +92,7 @@ void TestingWidenedKernel(int kernel, py::array out, py::array in, int dtype, in
 }
 
 // Runs RingAllreduceWidened on LocalComm, one thread per array (= rank), in
-// place: each rank's half array widened times `prescale` first.
+// place, the operands read from the half arrays.
 void TestingRingAllreduceWidened(std::vector<py::array> arrays, int dtype, int op,
                                  int64_t segment_bytes, double prescale, double postscale) {
   DataType t = CheckedType(dtype);
@@ -112,9 +112,9 @@ void TestingRingAllreduceWidened(std::vector<py::array> arrays, int dtype, int o
       LocalComm comm(world, r);
       RingScratch scratch;
       std::vector<float> wide(counts[r]);
-      WidenScaled(wide.data(), data[r], counts[r], t, prescale);
-      RingAllreduceWidened(comm, wide.data(), data[r], counts[r], t, static_cast<ReduceOp>(op),
-                           postscale, segment_bytes, &scratch);
+      RingAllreduceWidened(comm, data[r], wide.data(), /*operands_in_wide=*/false, counts[r], t,
+                           static_cast<ReduceOp>(op), prescale, postscale, segment_bytes,
+                           &scratch);
     });
   }
   for (auto& th : threads) th.join();
