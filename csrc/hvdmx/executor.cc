@@ -41,8 +41,11 @@ const char* Executor::Allreduce(void* buf, int64_t count, DataType dtype, Reduce
   const int64_t bytes = count * static_cast<int64_t>(DataTypeSize(dtype));
   AllreduceAlgo algo = ChooseAllreduce(config_, bytes, shm_ != nullptr);
   if (algo != AllreduceAlgo::kShm) mpi_pages_.Collapse(buf, bytes);
-  // Shared memory sums halves in float32 at no cost; elsewhere
-  // HVDMX_HALF_PARTIALS=half keeps them in the dtype.
+  // Shared memory sums halves in float32 at no cost, so auto sends it the
+  // small ones too, which MPI could only reduce as twice the bytes;
+  // elsewhere HVDMX_HALF_PARTIALS=half keeps them in the dtype.
+  const bool auto_shm = shm_ != nullptr && config_.allreduce_algo == AllreduceAlgo::kAuto;
+  if (half && algo == AllreduceAlgo::kMpi && auto_shm) algo = AllreduceAlgo::kShm;
   if (half && algo == AllreduceAlgo::kShm) {
     shm_->Allreduce(buf, count, dtype, op, postscale, prescale);
     return "SHM_ALLREDUCE";
@@ -58,8 +61,7 @@ const char* Executor::Allreduce(void* buf, int64_t count, DataType dtype, Reduce
     }
     // MPI has no float16/bfloat16 reductions: with HVDMX_HALF_PARTIALS=half
     // those take shared memory where auto would use it, else the ring.
-    const bool shm_ok = shm_ != nullptr && config_.allreduce_algo == AllreduceAlgo::kAuto;
-    algo = shm_ok ? AllreduceAlgo::kShm : AllreduceAlgo::kRing;
+    algo = auto_shm ? AllreduceAlgo::kShm : AllreduceAlgo::kRing;
   }
   if (algo == AllreduceAlgo::kShm) {
     shm_->Allreduce(buf, count, dtype, op, postscale);
