@@ -5,7 +5,9 @@
 
 Every rank trains on its own shard of the training set; DistributedTrainer
 averages the gradients over all ranks at every step, so the job trains one
-model on a batch of batch-size x ranks samples. Rank 0 logs MXNet
+model on a batch of batch-size x ranks samples (with --local-sgd-steps H,
+each rank updates on its own and the parameters are averaged every H
+steps instead). Rank 0 logs MXNet
 Speedometer lines (speed in samples/sec of the whole job). At the end, the
 test accuracy over the whole test set, and a check that every rank holds
 bitwise-identical parameters (the exit status is 1 when they differ).
@@ -47,7 +49,13 @@ def parse_args(argv=None):
     parser.add_argument("--log-interval", type=int, default=10,
                         help="batches between Speedometer lines")
     parser.add_argument("--fp16-allreduce", action="store_true",
-                        help="send gradients as float16 (hvd.Compression.fp16)")
+                        help="send gradients as float16 (the same as --compression fp16)")
+    parser.add_argument("--compression", choices=["none", "fp16", "onebit"], default="none",
+                        help="how gradients travel: as they are, as float16, or as signs and "
+                             "a scale with error feedback (hvd.Compression.onebit)")
+    parser.add_argument("--local-sgd-steps", type=int, default=1, metavar="H",
+                        help="local SGD: each rank updates on its own and the parameters are "
+                             "averaged every H steps (1: average the gradients every step)")
     parser.add_argument("--seed", type=int, default=42, help="data split and shuffling seed")
     args = parser.parse_args(argv)
     if args.epochs < 1 or args.batch_size < 1 or args.log_interval < 1:
@@ -174,11 +182,12 @@ def main(argv=None):
     net.hybridize()
     hvd.broadcast_parameters(net.collect_params(), root_rank=0)
 
-    compression = hvd.Compression.fp16 if args.fp16_allreduce else hvd.Compression.none
+    compression = getattr(hvd.Compression, "fp16" if args.fp16_allreduce else args.compression)
     trainer = hvd.DistributedTrainer(net.collect_params(), "sgd",
                                      {"learning_rate": args.lr * size,
                                       "momentum": args.momentum},
-                                     compression=compression)
+                                     compression=compression,
+                                     local_sgd_steps=args.local_sgd_steps)
     loss_fn = gluon.loss.SoftmaxCrossEntropyLoss()
     metric = mx.metric.Accuracy()
     speedometer = mx.callback.Speedometer(args.batch_size * size, args.log_interval)
@@ -204,6 +213,8 @@ def main(argv=None):
         name, value = metric.get_global()
         log.info("Epoch[%d] Train-%s=%f (rank 0's shard)", epoch, name, value)
         log.info("Epoch[%d] Time cost=%.3f", epoch, time.time() - tic)
+    # Under local SGD the replicas differ between averages: average once more.
+    trainer.average_parameters()
     train_seconds = time.time() - start
 
     # Test accuracy over the whole test set: each rank scores its part.

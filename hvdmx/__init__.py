@@ -203,6 +203,8 @@ def _load_core():
 def __getattr__(name):
     if name == "_core":
         return _load_core()
+    if name == "errors":  # the exception classes (hvdmx/errors.py)
+        return importlib.import_module("hvdmx.errors")
     module = _EXPORTS.get(name)
     if module is None:
         raise AttributeError(f"module 'hvdmx' has no attribute {name!r}")
@@ -216,4 +218,4 @@ def __getattr__(name):
 
 
 def __dir__():
-    return sorted(set(globals()) | set(_EXPORTS))
+    return sorted(set(globals()) | set(_EXPORTS) | {"errors"})

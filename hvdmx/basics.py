@@ -4,6 +4,7 @@ from __future__ import annotations
 import atexit
 import importlib
 import os
+import sys
 from typing import Any, Optional, Sequence, Union
 
 # _core before mpi4py.MPI: loading it imports mpi4py.MPI (which loads libmpi
@@ -11,6 +12,7 @@ from typing import Any, Optional, Sequence, Union
 # extension then binds to that same library (matched by soname), so a script
 # can use mpi4py and hvdmx side by side. See hvdmx/__init__.py, _load_core.
 from hvdmx import _core, _mpi_library, _venv_mpiexec, process_sets as _process_sets
+from hvdmx.errors import NotRunningError
 from mpi4py import MPI
 import mxnet as mx
 
@@ -84,7 +86,7 @@ def init(comm: Optional[Union[Any, Sequence[int]]] = None,
     # because it imports the modules that import this one.
     importlib.import_module("hvdmx.kvstore")
     if not _atexit_registered:
-        atexit.register(shutdown)
+        atexit.register(_shutdown_at_exit)
         _atexit_registered = True
     for process_set in process_sets or ():
         _process_sets.add_process_set(process_set)
@@ -141,9 +143,60 @@ def _finalize_mpi() -> None:
 
 def shutdown() -> None:
     """Stops hvdmx on every rank (agreed by all); pending ops fail with a
-    "shut down" error. ``init`` may be called again afterwards."""
+    "shut down" error. ``init`` may be called again afterwards.
+
+    Raises ``MXNetError`` afterwards, with their messages, for operations
+    that failed earlier and whose error no read has raised (a collective's
+    output that nobody read): so that such an error does not wait for the
+    process's exit. Only when nothing of hvdmx is pending on this rank: a
+    pending collective fails with the shutdown, and its "shut down" error
+    must still come at its read; the exit hook reports what is left."""
+    unread = _unread_errors() if _core.is_initialized() and _core.all_idle() else []
     _core.shutdown()
     _process_sets._forget_all()
+    if unread:
+        error = mx.base.MXNetError(
+            f"hvdmx.shutdown: {len(unread)} operation(s) had failed and their results were "
+            "never read (read each collective's output, or call mx.nd.waitall(), to get its "
+            "error where it happens); hvdmx has shut down. The error(s): " +
+            " | ".join(unread))
+        error.unread = unread
+        raise error
+
+
+def _shutdown_at_exit() -> None:
+    """The exit hook that the first ``init`` registers: ``shutdown()``, then
+    the errors of operations that failed and were never read, each on
+    stderr with what it means. Left to MXNet's own exit hook (which runs
+    after this one), such an error came out as "Exception ignored in atexit
+    callback" and a traceback into MXNet. Nothing can read an output any
+    more at this point, so taking the errors out of MXNet's engine loses
+    nothing. (Allgather's and alltoall's mismatches raise at the call; see
+    docs/errors.md for the errors that an unread output can still hold.)"""
+    rank = MPI.COMM_WORLD.Get_rank() if MPI.Is_initialized() and not MPI.Is_finalized() else 0
+    try:
+        shutdown()
+        unread = []
+    except mx.base.MXNetError as error:
+        unread = list(getattr(error, "unread", [str(error)]))
+    for error in unread + _unread_errors():
+        sys.stderr.write(f"[hvdmx ERROR rank {rank}] at exit: an operation failed and its "
+                         "result was never read (read each collective's output, or call "
+                         f"mx.nd.waitall(), to get its error where it happens): {error}\n")
+    sys.stderr.flush()
+
+
+def _unread_errors() -> list:
+    """Waits for every operation in MXNet's engine and returns the errors no
+    read has raised yet, taking them out of the engine (a later read of
+    those outputs no longer raises)."""
+    errors = []
+    while True:
+        try:
+            mx.nd.waitall()
+            return errors
+        except mx.base.MXNetError as error:  # one at a time, each once
+            errors.append(str(error).strip())
 
 
 def is_initialized() -> bool:
@@ -154,11 +207,11 @@ def is_initialized() -> bool:
     return _core.is_initialized()
 
 
-def _not_running() -> ValueError:
+def _not_running() -> NotRunningError:
     """The error for a call made while hvdmx is not running: why it stopped,
     when it stopped on its own or by another rank's shutdown."""
-    return ValueError(_core.stop_reason() or "hvdmx has not been initialized, or has been "
-                      "shut down; call hvd.init() first")
+    return NotRunningError(_core.stop_reason() or "hvdmx has not been initialized, or has been "
+                           "shut down; call hvd.init() first")
 
 
 def _check_running() -> None:

@@ -58,8 +58,61 @@ class FP16Compressor(Compressor):
         return tensor
 
 
+class OneBitCompressor(Compressor):
+    """Sends each float32 gradient as its signs and one scale, with error
+    feedback: 1 bit a value, 32x fewer bytes than float32.
+
+    Each rank adds its residual (what it has not yet sent of past gradients)
+    to the gradient, sends +scale where the sum is >= 0 and -scale elsewhere
+    (scale: the mean absolute value of the sum), and keeps the difference as
+    its new residual, so nothing is lost, only delayed. The packed signs and
+    scales are allgathered and every rank adds up every rank's values in rank
+    order, so all ranks get the same bits. See Note [One-bit compression] in
+    csrc/hvdmx/onebit.h.
+
+    It keeps state (the residuals), so it has no stateless compress() and
+    decompress(): DistributedTrainer and DistributedOptimizer use it through
+    ``exchange``.
+    """
+
+    @staticmethod
+    def compress(tensor):
+        raise TypeError("hvdmx: Compression.onebit keeps a residual per gradient; pass it to "
+                        "DistributedTrainer(compression=...) or DistributedOptimizer instead "
+                        "of calling compress() yourself")
+
+    decompress = compress
+
+    @staticmethod
+    def exchange(grad: mx.nd.NDArray, residual: mx.nd.NDArray, name: str, process_set) -> None:
+        """Replaces ``grad`` (float32, on the CPU) with the sum over the
+        process set's ranks of what each sends for it, updating ``residual``
+        (this rank's, shaped like ``grad``); asynchronous."""
+        _packed_exchange("onebit", grad, residual, name, process_set)
+
+
+def _packed_exchange(kind: str, grad: mx.nd.NDArray, residual: mx.nd.NDArray, name: str,
+                     process_set, *extra) -> None:
+    """Packs ``grad`` + ``residual`` with the core's ``kind`` kernels (onebit,
+    or twobit with the threshold in ``extra``), allgathers the packed words
+    under ``name`` and replaces ``grad`` with the sum of every rank's values,
+    decoded in rank order. Every step is an engine op: nothing waits here."""
+    from hvdmx import _core
+    from hvdmx.ops import allgather
+
+    n = int(np.prod(grad.shape))
+    packed = mx.nd.empty((getattr(_core, f"{kind}_words")(n),), dtype="int32")
+    getattr(_core, f"{kind}_pack")(grad.handle.value, residual.handle.value, packed.handle.value,
+                                   n, *extra)
+    gathered = allgather(packed, name=name, process_set=process_set)
+    getattr(_core, f"{kind}_unpack_sum")(gathered.handle.value, process_set.size(),
+                                         grad.handle.value, n)
+
+
 class Compression:
-    """The compression algorithms: ``Compression.none`` and ``Compression.fp16``."""
+    """The compression algorithms: ``Compression.none``, ``Compression.fp16``
+    and ``Compression.onebit`` (hvdmx's own)."""
 
     none = NoneCompressor
     fp16 = FP16Compressor
+    onebit = OneBitCompressor

@@ -33,14 +33,18 @@ prefixes.
 """
 from __future__ import annotations
 
+import math
 import numbers
-from typing import List, Optional, Tuple
+from typing import Dict, List, Optional, Tuple
 
 import mxnet as mx
+import numpy as np
 from mxnet.kvstore import KVStoreBase
 
 from hvdmx.basics import rank, size
-from hvdmx.compression import Compression
+from hvdmx.compression import Compression, _packed_exchange
+from hvdmx.errors import InvalidArgumentError
+from hvdmx.process_sets import global_process_set
 from hvdmx.ops import Sum, allreduce, allreduce_, broadcast_
 from hvdmx.optimizer import _plain_layout
 
@@ -60,8 +64,8 @@ def _check_arrays(fn: str, arg: str, value, want_shape=None) -> List[mx.nd.NDArr
     """``value`` as a non-empty list of dense NDArrays of one shape."""
     arrays = list(value) if isinstance(value, (list, tuple)) else [value]
     if not arrays:
-        raise ValueError(f"hvdmx.KVStore.{fn}: argument '{arg}' is an empty list; pass an "
-                         "NDArray or a list with one NDArray per device")
+        raise InvalidArgumentError(f"hvdmx.KVStore.{fn}: argument '{arg}' is an empty list; pass "
+                                   "an NDArray or a list with one NDArray per device")
     for i, a in enumerate(arrays):
         where = arg if len(arrays) == 1 and not isinstance(value, (list, tuple)) \
             else f"{arg}[{i}]"
@@ -69,14 +73,15 @@ def _check_arrays(fn: str, arg: str, value, want_shape=None) -> List[mx.nd.NDArr
             raise TypeError(f"hvdmx.KVStore.{fn}: argument '{where}' must be an "
                             f"mxnet.nd.NDArray, got {type(a).__name__}")
         if isinstance(a, mx.nd.sparse.BaseSparseNDArray):
-            raise ValueError(f"hvdmx.KVStore.{fn}: argument '{where}' is a sparse NDArray "
-                             f"(stype='{a.stype}'); hvdmx.KVStore handles dense arrays only: "
-                             "use dense parameters and gradients (stype='default')")
+            raise InvalidArgumentError(f"hvdmx.KVStore.{fn}: argument '{where}' is a sparse "
+                                       f"NDArray (stype='{a.stype}'); hvdmx.KVStore handles dense "
+                                       "arrays only: use dense parameters and gradients "
+                                       "(stype='default')")
         shape = want_shape if want_shape is not None else arrays[0].shape
         if a.shape != shape:
-            raise ValueError(f"hvdmx.KVStore.{fn}: argument '{where}' has shape {a.shape}, but "
-                             f"the value has shape {shape}; every array of one key must have "
-                             "the same shape")
+            raise InvalidArgumentError(f"hvdmx.KVStore.{fn}: argument '{where}' has shape "
+                                       f"{a.shape}, but the value has shape {shape}; every array "
+                                       "of one key must have the same shape")
     return arrays
 
 
@@ -98,12 +103,12 @@ def _entries(fn: str, key, value, out) -> List[Tuple[object, list, Optional[list
     """(key, values, outs) per key, for a single key or a list of keys."""
     if isinstance(key, (list, tuple)):
         if not isinstance(value, (list, tuple)) or len(value) != len(key):
-            raise ValueError(f"hvdmx.KVStore.{fn}: with a list of {len(key)} keys, argument "
-                             "'value' must be a list of as many values (an NDArray or a list "
-                             "of NDArrays each)")
+            raise InvalidArgumentError(f"hvdmx.KVStore.{fn}: with a list of {len(key)} keys, "
+                                       "argument 'value' must be a list of as many values (an "
+                                       "NDArray or a list of NDArrays each)")
         if out is not None and (not isinstance(out, (list, tuple)) or len(out) != len(key)):
-            raise ValueError(f"hvdmx.KVStore.{fn}: with a list of {len(key)} keys, argument "
-                             "'out' must be None or a list of as many outputs")
+            raise InvalidArgumentError(f"hvdmx.KVStore.{fn}: with a list of {len(key)} keys, "
+                                       "argument 'out' must be None or a list of as many outputs")
         outs = out if out is not None else [None] * len(key)
         return [e for k, v, o in zip(key, value, outs) for e in _entries(fn, k, v, o)]
     _check_key(fn, "key", key)
@@ -117,7 +122,8 @@ class KVStore(KVStoreBase):
     docstring for how gluon.Trainer and Module use it).
 
     ``compression`` is hvd.Compression.none or hvd.Compression.fp16 (values
-    travel as float16). ``prefix`` starts every tensor name, so that stores
+    travel as float16); MXNet's own compression comes through
+    set_gradient_compression. ``prefix`` starts every tensor name, so that stores
     used at the same time do not mix up their keys. Needs ``hvd.init()``
     first. ``mx.kv.create('dist_sync_hvdmx')`` makes one with the defaults.
     """
@@ -134,6 +140,9 @@ class KVStore(KVStoreBase):
         size()  # raises a clear error before init()
         self._compression = compression
         self._prefix = prefix if prefix else ""
+        # set_gradient_compression's (type, threshold), and its residuals by name
+        self._gradient_compression: Optional[Tuple[str, float]] = None
+        self._residuals: Dict[str, mx.nd.NDArray] = {}
 
     def __repr__(self):
         compression = getattr(self._compression, "__name__", repr(self._compression))
@@ -177,8 +186,8 @@ class KVStore(KVStoreBase):
                             "list of NDArrays (pass [value] to broadcast into 'value' itself)")
         ((key, values, outs),) = _entries("broadcast", key, value, out)
         if len(values) != 1:
-            raise ValueError("hvdmx.KVStore.broadcast: argument 'value' must be one NDArray, "
-                             f"got a list of {len(values)}")
+            raise InvalidArgumentError("hvdmx.KVStore.broadcast: argument 'value' must be one "
+                                       f"NDArray, got a list of {len(values)}")
         source = values[0]
         name = f"{self._prefix}kvstore.broadcast.{key}"
         handles = {o.handle.value for o in outs}
@@ -205,6 +214,9 @@ class KVStore(KVStoreBase):
 
     def _pushpull_one(self, name: str, values: List[mx.nd.NDArray],
                       outs: Optional[List[mx.nd.NDArray]], priority: int) -> None:
+        if self._gradient_compression is not None:
+            self._pushpull_quantized(name, values, outs)
+            return
         in_place = outs is None
         total = values[0] if in_place or len(values) == 1 else values[0].copy()
         for other in values[1:]:
@@ -247,11 +259,72 @@ class KVStore(KVStoreBase):
             "optimizer runs on every rank in the Trainer or Module; create the Trainer with "
             "update_on_kvstore=None or False")
 
+    def _pushpull_quantized(self, name: str, values: List[mx.nd.NDArray],
+                            outs: Optional[List[mx.nd.NDArray]]) -> None:
+        """pushpull under set_gradient_compression: this rank's sum over its
+        devices is quantized with its residual for the key, the codes are
+        allgathered, and every rank adds up every rank's values in rank
+        order (csrc/hvdmx/twobit.h, onebit.h)."""
+        kind, threshold = self._gradient_compression
+        for i, v in enumerate(values):
+            if np.dtype(v.dtype) != np.float32 or v.context.device_type != "cpu":
+                raise TypeError(f"hvdmx.KVStore.pushpull: gradient compression '{kind}' needs "
+                                f"float32 values on the CPU; value[{i}] of '{name}' is "
+                                f"{np.dtype(v.dtype)} on {v.context}")
+        total = values[0] if outs is None else values[0].copy()
+        for other in values[1:]:
+            total += other.as_in_context(total.context)
+        residual = self._residuals.get(name)
+        if residual is None:
+            residual = self._residuals[name] = mx.nd.zeros(total.shape, dtype="float32")
+        if kind == "2bit":
+            _packed_exchange("twobit", total, residual, name, global_process_set, threshold)
+        else:
+            _packed_exchange("onebit", total, residual, name, global_process_set)
+        for t in (values[1:] if outs is None else outs):
+            if t.handle.value != total.handle.value:
+                total.copyto(t)
+
     def set_gradient_compression(self, compression_params):
-        raise ValueError(
-            "hvdmx.KVStore: MXNet's gradient compression (compression_params="
-            f"{compression_params!r}) is not supported; create the store with "
-            "hvd.KVStore(compression=hvd.Compression.fp16) instead")
+        """MXNet's gradient compression: ``{'type': '2bit', 'threshold': t}``
+        (t > 0, default 0.5) with MXNet's semantics (values beyond +-t travel
+        as +-t, the rest waits in a residual; 16x fewer bytes), or
+        ``{'type': '1bit'}``, hvdmx's Compression.onebit (signs and two levels
+        per 256 values, with error feedback; 25x fewer). ``gluon.Trainer(...,
+        kvstore=hvd.KVStore(), compression_params=...)`` calls it, so scripts
+        written for ``dist_sync`` with ``--gc-type 2bit`` run unchanged. Values
+        must be float32 on the CPU."""
+        fn = "hvdmx.KVStore.set_gradient_compression"
+        if not isinstance(compression_params, dict):
+            raise TypeError(f"{fn}: argument 'compression_params' must be a dict such as "
+                            f"{{'type': '2bit', 'threshold': 0.5}}, got {compression_params!r}")
+        params = dict(compression_params)
+        kind = params.pop("type", None)
+        if kind not in ("2bit", "1bit"):
+            raise ValueError(f"{fn}: compression_params['type']={kind!r} is not supported; use "
+                             "'2bit' (MXNet's, with a 'threshold') or '1bit' (hvdmx's "
+                             "Compression.onebit)")
+        if self._compression is not Compression.none:
+            raise ValueError(f"{fn}: this store was created with compression="
+                             f"{getattr(self._compression, '__name__', self._compression)}; use "
+                             "one compression: hvd.KVStore() with compression_params, or "
+                             "hvd.KVStore(compression=...) without")
+        threshold = 0.0
+        if kind == "2bit":
+            threshold = params.pop("threshold", 0.5)
+            if isinstance(threshold, bool) or not isinstance(threshold, numbers.Real) \
+                    or not math.isfinite(threshold) or threshold <= 0:
+                raise ValueError(f"{fn}: compression_params['threshold']={threshold!r} must be "
+                                 "a finite number > 0 (MXNet's default is 0.5)")
+        elif "threshold" in params:
+            raise ValueError(f"{fn}: compression_params['threshold'] does not apply to '1bit', "
+                             "which sends every value as one of two levels per 256 values; "
+                             "leave it out")
+        if params:
+            raise ValueError(f"{fn}: unknown compression_params {sorted(params)}; give 'type' "
+                             "and, for '2bit', 'threshold'")
+        self._gradient_compression = (kind, float(threshold))
+        self._residuals = {}
 
     def save_optimizer_states(self, fname, dump_optimizer=False):
         raise NotImplementedError(

@@ -9,7 +9,13 @@ Allgather and alltoall must know every rank's sizes to allocate their
 output: the call first exchanges the sizes (shapes and splits, never the
 data) with the other ranks' same call, then pushes the data exchange as an
 engine op. So the call waits for the other ranks to *make* the call, but
-never for the input to be computed or for any data to move.
+never for the input to be computed or for any data to move. A mismatch
+found in that exchange raises ``hvdmx.errors.MismatchError`` from the call,
+on every rank: the round that finds it is one negotiation round, whose
+error response every rank of the call receives.
+
+Argument errors are ``hvdmx.errors`` classes, which are ``MXNetError`` as
+well as ``ValueError``/``TypeError`` (see that module and docs/errors.md).
 """
 from __future__ import annotations
 
@@ -23,6 +29,7 @@ import numpy as np
 
 from hvdmx import _core
 from hvdmx.basics import _check_running, _topology
+from hvdmx.errors import InvalidArgumentError, InvalidTypeError, MismatchError
 from hvdmx.process_sets import _set_for_call, global_process_set
 
 # Reduction ops; the values are Horovod's.
@@ -60,20 +67,21 @@ def _check_tensor(fn: str, arg: str, tensor):
     # One C call for what would be four ctypes calls through the properties.
     code, stype, dev_type, dev_id, shape = _core.describe(tensor.handle.value)
     if stype != 0:
-        raise ValueError(f"hvdmx.{fn}: argument '{arg}' is a sparse NDArray (stype="
-                         f"'{tensor.stype}'); hvdmx reduces dense arrays: pass "
-                         f"{arg}.tostype('default')")
+        raise InvalidArgumentError(f"hvdmx.{fn}: argument '{arg}' is a sparse NDArray (stype="
+                                   f"'{tensor.stype}'); hvdmx reduces dense arrays: pass "
+                                   f"{arg}.tostype('default')")
     if code not in _SUPPORTED_CODES:
-        raise TypeError(f"hvdmx.{fn}: argument '{arg}' has dtype {np.dtype(tensor.dtype)}, "
-                        f"which hvdmx does not support; use one of {_SUPPORTED_NAMES} (e.g. "
-                        f"{arg}.astype('float32'))")
+        raise InvalidTypeError(f"hvdmx.{fn}: argument '{arg}' has dtype {np.dtype(tensor.dtype)}, "
+                               f"which hvdmx does not support; use one of {_SUPPORTED_NAMES} (e.g. "
+                               f"{arg}.astype('float32'))")
     if dev_type == 2 and not _core.cuda_built():
-        raise ValueError(f"hvdmx.{fn}: argument '{arg}' is on "
-                         f"{_device_str((dev_type, dev_id))}, but this hvdmx was built "
-                         "without CUDA (GPU support is not there yet); move it to mx.cpu()")
+        raise InvalidArgumentError(f"hvdmx.{fn}: argument '{arg}' is on "
+                                   f"{_device_str((dev_type, dev_id))}, but this hvdmx was "
+                                   "built without CUDA (GPU support is not there yet); move it "
+                                   "to mx.cpu()")
     if shape is None:
-        raise ValueError(f"hvdmx.{fn}: argument '{arg}' has no known shape yet; run the op "
-                         "that produces it first")
+        raise InvalidArgumentError(f"hvdmx.{fn}: argument '{arg}' has no known shape yet; run the "
+                                   "op that produces it first")
     return code, (dev_type, dev_id), shape
 
 
@@ -115,11 +123,11 @@ def _resolve_op(fn: str, average, op) -> int:
     if op is None:
         return Average
     if isinstance(op, bool) or op not in _OP_NAMES:
-        raise ValueError(f"hvdmx.{fn}: argument 'op'={op!r} is not a reduction op; use "
-                         "hvd.Sum, hvd.Average, hvd.Min, hvd.Max or hvd.Product")
+        raise InvalidArgumentError(f"hvdmx.{fn}: argument 'op'={op!r} is not a reduction op; use "
+                                   "hvd.Sum, hvd.Average, hvd.Min, hvd.Max or hvd.Product")
     if op == Adasum:
-        raise ValueError(f"hvdmx.{fn}: op=hvd.Adasum is not implemented yet; use hvd.Sum "
-                         "or hvd.Average")
+        raise InvalidArgumentError(f"hvdmx.{fn}: op=hvd.Adasum is not implemented yet; use hvd.Sum "
+                                   "or hvd.Average")
     return op
 
 
@@ -130,7 +138,7 @@ def _check_scale(fn: str, arg: str, value) -> float:
         raise TypeError(f"hvdmx.{fn}: argument '{arg}' must be a real number, got {value!r}")
     value = float(value)
     if not np.isfinite(value):
-        raise ValueError(f"hvdmx.{fn}: argument '{arg}'={value!r} must be finite")
+        raise InvalidArgumentError(f"hvdmx.{fn}: argument '{arg}'={value!r} must be finite")
     return value
 
 
@@ -140,12 +148,12 @@ def _check_root(fn: str, root_rank, set_ranks: List[int]) -> int:
         raise TypeError(f"hvdmx.{fn}: argument 'root_rank' must be an int, got {root_rank!r}")
     n = _topology()[1]
     if not 0 <= root_rank < n:
-        raise ValueError(f"hvdmx.{fn}: argument 'root_rank'={root_rank} is out of range; "
-                         f"it must be in [0, {n}) for a job of size {n}")
+        raise InvalidArgumentError(f"hvdmx.{fn}: argument 'root_rank'={root_rank} is out of range; "
+                                   f"it must be in [0, {n}) for a job of size {n}")
     if root_rank not in set_ranks:
-        raise ValueError(f"hvdmx.{fn}: argument 'root_rank'={root_rank} is not in the process "
-                         f"set (ranks {set_ranks}); pick a root among them (root_rank is a "
-                         "rank of the whole job)")
+        raise InvalidArgumentError(f"hvdmx.{fn}: argument 'root_rank'={root_rank} is not in the "
+                                   f"process set (ranks {set_ranks}); pick a root among them "
+                                   "(root_rank is a rank of the whole job)")
     return set_ranks.index(int(root_rank))
 
 
@@ -154,8 +162,8 @@ def _one_device(fn: str, checked):
     device = checked[0][1] if checked else (1, 0)
     for _, other, _ in checked[1:]:
         if other != device:
-            raise ValueError(f"hvdmx.{fn}: all tensors must be on one device; got "
-                             f"{_device_str(device)} and {_device_str(other)}")
+            raise InvalidArgumentError(f"hvdmx.{fn}: all tensors must be on one device; got "
+                                       f"{_device_str(device)} and {_device_str(other)}")
     return device
 
 
@@ -168,8 +176,8 @@ def _check_distinct(fn: str, tensors: Sequence[mx.nd.NDArray]) -> None:
         return
     handles = [t.handle.value for t in tensors]
     if len(set(handles)) != len(handles):
-        raise ValueError(f"hvdmx.{fn}: the same NDArray appears twice in 'tensors'; an "
-                         "in-place call needs distinct arrays")
+        raise InvalidArgumentError(f"hvdmx.{fn}: the same NDArray appears twice in 'tensors'; an "
+                                   "in-place call needs distinct arrays")
 
 
 def _push(set_id, ctype, name, tensors, outputs, checked, device, op=Sum, root=0,
@@ -233,7 +241,8 @@ def allreduce_(tensor, average=None, name=None, priority=0, prescale_factor=1.0,
                           postscale_factor, op, "allreduce", process_set)[0]
     # Named (as DistributedTrainer's and the kvstore's are): the core checks
     # and describes the tensor while it pushes, a quarter of the call's cost
-    # (docs/benchmarks.md, "Small messages").
+    # (docs/benchmark-notes.md, "Small messages: latency through the whole
+    # stack").
     _check_common(fn, name, priority)
     set_id, _, _ = _set_for_call(fn, process_set)
     op = _resolve_op(fn, average, op)
@@ -334,8 +343,8 @@ def broadcast_(tensor, root_rank, name=None, priority=0, process_set=global_proc
 
 def _check_rows(fn: str, arg: str, shape) -> None:
     if len(shape) == 0:
-        raise ValueError(f"hvdmx.{fn}: argument '{arg}' is a 0-d (scalar) array; {fn} works "
-                         f"on the first dimension: pass {arg}.reshape((1,))")
+        raise InvalidArgumentError(f"hvdmx.{fn}: argument '{arg}' is a 0-d (scalar) array; {fn} "
+                                   f"works on the first dimension: pass {arg}.reshape((1,))")
 
 
 def _check_row_tensors(fn: str, tensors) -> list:
@@ -350,19 +359,15 @@ def _check_row_tensors(fn: str, tensors) -> list:
 
 
 def _sizes_round(set_id, ctype, name, checked, device, splits=()):
-    """Exchanges sizes with the other ranks' same call (see the module doc).
-    Returns (error message or None, the response's splits)."""
-    error, sizes, _ = _core.negotiate(set_id, ctype, name + "#sizes", [c[0] for c in checked],
-                                      [c[2] for c in checked], list(splits), True, device[0],
-                                      device[1])
-    return error, sizes
-
-
-def _fail_outputs(tensors, checked, device, error):
-    """Outputs shaped like the inputs whose read raises ``error`` as MXNetError."""
-    outputs = [_new_array(t, shape, code, device) for t, (code, _, shape) in zip(tensors, checked)]
-    _core.push_failure([o.handle.value for o in outputs], error, device[0], device[1])
-    return outputs
+    """Exchanges sizes with the other ranks' same call (see the module doc)
+    and returns the response's splits, or raises its error: a mismatch
+    (MismatchError) reaches every rank of the call in this same round, so no
+    rank goes on to push the data exchange while another raises."""
+    error, sizes, _, code = _core.negotiate(set_id, ctype, name + "#sizes",
+                                            [c[0] for c in checked], [c[2] for c in checked],
+                                            list(splits), True, device[0], device[1])
+    _raise_if(error, code)
+    return sizes
 
 
 def _allgather(fn, tensors, name, priority, process_set):
@@ -371,9 +376,7 @@ def _allgather(fn, tensors, name, priority, process_set):
     checked = _check_row_tensors(fn, tensors)
     device = _one_device(fn, checked)
     name = name if name is not None else _auto_name(fn, set_id)
-    error, sizes = _sizes_round(set_id, _core.ALLGATHER, name, checked, device)
-    if error is not None:
-        return _fail_outputs(tensors, checked, device, error)
+    sizes = _sizes_round(set_id, _core.ALLGATHER, name, checked, device)
     if not tensors:  # the sizes round checked that every rank's group is empty too
         return []
     n = len(set_ranks)
@@ -401,34 +404,34 @@ def grouped_allgather(tensors, name=None, priority=0, process_set=global_process
 def _check_splits(fn: str, splits, rows: int, n: int) -> List[int]:
     if isinstance(splits, mx.nd.NDArray):
         if np.dtype(splits.dtype).kind not in "iu":
-            raise TypeError(f"hvdmx.{fn}: argument 'splits' must hold integers (int32), got "
-                            f"an NDArray of {np.dtype(splits.dtype)}; use "
-                            "splits.astype('int32')")
+            raise InvalidTypeError(f"hvdmx.{fn}: argument 'splits' must hold integers (int32), got "
+                                   f"an NDArray of {np.dtype(splits.dtype)}; use "
+                                   "splits.astype('int32')")
         values = splits.asnumpy().reshape(-1).tolist()
     elif isinstance(splits, np.ndarray):
         if splits.dtype.kind not in "iu":
-            raise TypeError(f"hvdmx.{fn}: argument 'splits' must hold integers, got a numpy "
-                            f"array of {splits.dtype}")
+            raise InvalidTypeError(f"hvdmx.{fn}: argument 'splits' must hold integers, got a numpy "
+                                   f"array of {splits.dtype}")
         values = splits.reshape(-1).tolist()
     elif isinstance(splits, (list, tuple)):
         for v in splits:
             if isinstance(v, bool) or not isinstance(v, numbers.Integral):
-                raise TypeError(f"hvdmx.{fn}: argument 'splits' must hold integers, got "
-                                f"{v!r} in {list(splits)!r}")
+                raise InvalidTypeError(f"hvdmx.{fn}: argument 'splits' must hold integers, got "
+                                       f"{v!r} in {list(splits)!r}")
         values = [int(v) for v in splits]
     else:
-        raise TypeError(f"hvdmx.{fn}: argument 'splits' must be a list of ints or an int32 "
-                        f"NDArray, got {type(splits).__name__}")
+        raise InvalidTypeError(f"hvdmx.{fn}: argument 'splits' must be a list of ints or an int32 "
+                               f"NDArray, got {type(splits).__name__}")
     if len(values) != n:
-        raise ValueError(f"hvdmx.{fn}: argument 'splits' has {len(values)} entries but the "
-                         f"process set has {n} ranks; give one entry per rank")
+        raise InvalidArgumentError(f"hvdmx.{fn}: argument 'splits' has {len(values)} entries but "
+                                   f"the process set has {n} ranks; give one entry per rank")
     if any(v < 0 for v in values):
-        raise ValueError(f"hvdmx.{fn}: argument 'splits'={values} has negative entries; each "
-                         "is a number of rows to send")
+        raise InvalidArgumentError(f"hvdmx.{fn}: argument 'splits'={values} has negative entries; "
+                                   "each is a number of rows to send")
     if sum(values) != rows:
-        raise ValueError(f"hvdmx.{fn}: argument 'splits'={values} sums to {sum(values)}, but "
-                         f"the tensor has {rows} rows (its first dimension); they must be "
-                         "equal")
+        raise InvalidArgumentError(f"hvdmx.{fn}: argument 'splits'={values} sums to {sum(values)}, "
+                                   f"but the tensor has {rows} rows (its first dimension); they "
+                                   "must be equal")
     return values
 
 
@@ -449,25 +452,19 @@ def alltoall(tensor, splits=None, name=None, priority=0, process_set=global_proc
     rows = shape[0]
     if splits is None:
         if rows % n:
-            raise ValueError(f"hvdmx.{fn}: the tensor's first dimension ({rows}) does not "
-                             f"divide evenly among {n} ranks; pass 'splits' (rows per rank)")
+            raise InvalidArgumentError(f"hvdmx.{fn}: the tensor's first dimension ({rows}) does "
+                                       f"not divide evenly among {n} ranks; pass 'splits' "
+                                       "(rows per rank)")
         send = [rows // n] * n
     else:
         send = _check_splits(fn, splits, rows, n)
     name = name if name is not None else _auto_name(fn, set_id)
-    error, matrix = _sizes_round(set_id, _core.ALLTOALL, name, checked, device, send)
-    if error is not None:
-        output = _fail_outputs([tensor], checked, device, error)[0]
-        received = _int32_array([0] * n)
-    else:
-        recv = [matrix[j * n + me] for j in range(n)]
-        output = _new_array(tensor, (sum(recv),) + shape[1:], code, device)
-        _push(set_id, _core.ALLTOALL, name, [tensor], [output], checked, device, splits=matrix,
-              priority=priority)
-        if splits is None:
-            return output
-        received = _int32_array(recv)
-    return output if splits is None else (output, received)
+    matrix = _sizes_round(set_id, _core.ALLTOALL, name, checked, device, send)
+    recv = [matrix[j * n + me] for j in range(n)]
+    output = _new_array(tensor, (sum(recv),) + shape[1:], code, device)
+    _push(set_id, _core.ALLTOALL, name, [tensor], [output], checked, device, splits=matrix,
+          priority=priority)
+    return output if splits is None else (output, _int32_array(recv))
 
 
 def _reducescatter(fn, tensors, op, name, priority, process_set, prescale_factor,
@@ -476,8 +473,8 @@ def _reducescatter(fn, tensors, op, name, priority, process_set, prescale_factor
     set_id, set_ranks, me = _set_for_call(fn, process_set)
     checked = _check_row_tensors(fn, tensors)
     if isinstance(op, bool) or op not in (Average, Sum):
-        raise ValueError(f"hvdmx.{fn}: argument 'op'={op!r} is not supported; reducescatter "
-                         "takes hvd.Average or hvd.Sum")
+        raise InvalidArgumentError(f"hvdmx.{fn}: argument 'op'={op!r} is not supported; "
+                                   "reducescatter takes hvd.Average or hvd.Sum")
     prescale = _check_scale(fn, "prescale_factor", prescale_factor)
     postscale = _check_scale(fn, "postscale_factor", postscale_factor)
     device = _one_device(fn, checked)
@@ -512,9 +509,11 @@ def grouped_reducescatter(tensors, op=Average, name=None, priority=0,
 
 # ---- barrier and join ---------------------------------------------------------
 
-def _raise_if(error) -> None:
+def _raise_if(error, code) -> None:
+    """Raises a negotiated unit's error: MismatchError for the round's error
+    response (the ranks' calls do not match), else MXNetError (shut down)."""
     if error is not None:
-        raise mx.base.MXNetError(error)
+        raise (MismatchError if code == _core.STATUS_MISMATCH else mx.base.MXNetError)(error)
 
 
 def barrier(process_set=global_process_set) -> None:
@@ -522,9 +521,9 @@ def barrier(process_set=global_process_set) -> None:
     Collectives submitted before it are not waited for."""
     _check_common("barrier", None, 0)
     set_id, _, _ = _set_for_call("barrier", process_set)
-    error, _, _ = _core.negotiate(set_id, _core.BARRIER, _auto_name("barrier", set_id), [], [],
-                                  [], False, 1, 0)
-    _raise_if(error)
+    error, _, _, code = _core.negotiate(set_id, _core.BARRIER, _auto_name("barrier", set_id), [],
+                                        [], [], False, 1, 0)
+    _raise_if(error, code)
 
 
 def join() -> int:
@@ -538,6 +537,6 @@ def join() -> int:
     first waits until each has been submitted (left MXNet's engine queue).
     """
     _check_common("join", None, 0)
-    error, _, last = _core.negotiate(0, _core.JOIN, "hvdmx.join", [], [], [], False, 1, 0)
-    _raise_if(error)
+    error, _, last, code = _core.negotiate(0, _core.JOIN, "hvdmx.join", [], [], [], False, 1, 0)
+    _raise_if(error, code)
     return int(last)

@@ -28,8 +28,9 @@ from mxnet.gluon.parameter import DeferredInitializationError, Parameter, Parame
 from hvdmx import _core
 from hvdmx.basics import size
 from hvdmx.compression import Compression
-from hvdmx.process_sets import _set_for_call, global_process_set
-from hvdmx.ops import Max, Sum, _allreduce_each_, _check_root, allreduce, broadcast_, \
+from hvdmx.errors import MismatchError
+from hvdmx.process_sets import _check_registered, _set_for_call, global_process_set
+from hvdmx.ops import Average, Max, Sum, _allreduce_each_, _check_root, allreduce, broadcast_, \
     grouped_allreduce_
 
 __all__ = ["DistributedOptimizer", "DistributedTrainer", "broadcast_parameters"]
@@ -57,6 +58,11 @@ def _check_num_groups(fn: str, value) -> int:
     return int(value)
 
 
+def _outside(process_set) -> bool:
+    """True on a rank that is not in ``process_set`` (never for the global set)."""
+    return process_set is not global_process_set and not process_set.included()
+
+
 def _reduce_by_dtype(tensors: List[mx.nd.NDArray], names: List[str], priority: int,
                      prescale: float, postscale: float, process_set) -> None:
     """One grouped in-place Sum per dtype present in ``tensors`` (a group is
@@ -71,6 +77,28 @@ def _reduce_by_dtype(tensors: List[mx.nd.NDArray], names: List[str], priority: i
                            process_set=process_set)
 
 
+def _onebit_exchange(who: str, residuals: Dict[Any, mx.nd.NDArray], keys: list, labels: list,
+                     grads: List[mx.nd.NDArray], names: List[str], prescale: float,
+                     process_set) -> None:
+    """Compression.onebit's exchange of each of ``grads`` in place (the sum
+    over the ranks of what each sends), with this rank's residual for its
+    key, made at the first call; ``prescale`` multiplies the gradients
+    first. Checks every gradient before it exchanges any."""
+    for grad, label in zip(grads, labels):
+        if np.dtype(grad.dtype) != np.float32 or grad.context.device_type != "cpu":
+            raise TypeError(f"hvdmx.{who}: compression=hvd.Compression.onebit needs float32 "
+                            f"gradients on the CPU; the gradient of '{label}' is "
+                            f"{np.dtype(grad.dtype)} on {grad.context}; use Compression.none "
+                            "or Compression.fp16 for it")
+    for grad, key, name in zip(grads, keys, names):
+        if prescale != 1.0:
+            grad *= prescale
+        residual = residuals.get(key)
+        if residual is None:
+            residual = residuals[key] = mx.nd.zeros(grad.shape, dtype="float32")
+        Compression.onebit.exchange(grad, residual, name, process_set)
+
+
 class DistributedOptimizer(mx.optimizer.Optimizer):
     """Wraps an optimizer so that every gradient is averaged over all ranks
     before the wrapped optimizer's update (Module API; for Gluon use
@@ -83,7 +111,13 @@ class DistributedOptimizer(mx.optimizer.Optimizer):
     f/size instead and leaves the sum in the gradient; the update is the same.)
     With ``num_groups`` > 0 the gradients of one update call are reduced in
     that many grouped allreduces. With ``process_set``, gradients are
-    averaged over that set's ranks only.
+    averaged over that set's ranks only. On a rank outside the set nothing
+    is sent, as in Horovod (whose update reduces only where
+    ``process_set.included()``): the wrapped optimizer applies this rank's
+    own gradient, scaled by ``gradient_predivide_factor /
+    process_set.size()`` as Horovod's ``rescale_grad`` scales it there.
+    ``compression`` (hvdmx's own argument) is Compression.none or
+    Compression.onebit, whose residuals this object keeps by parameter index.
 
     Attributes and the Optimizer methods (``rescale_grad``, ``idx2name``,
     ``aggregate_num``, ``lr``, ``set_learning_rate``, ``set_lr_mult``,
@@ -91,11 +125,12 @@ class DistributedOptimizer(mx.optimizer.Optimizer):
     wrapped optimizer.
     """
 
-    _OWN = frozenset({"_optimizer", "_gradient_predivide_factor", "_num_groups", "_process_set"})
+    _OWN = frozenset({"_optimizer", "_gradient_predivide_factor", "_num_groups", "_process_set",
+                      "_compression", "_residuals"})
     _NAME_PREFIX = "DistributedOptimizer."
 
     def __init__(self, optimizer, gradient_predivide_factor=1.0, num_groups=0,
-                 process_set=global_process_set):
+                 process_set=global_process_set, compression=Compression.none):
         # Optimizer.__init__ is not called on purpose: this object keeps no
         # optimizer state of its own, everything lives in the wrapped one.
         if isinstance(optimizer, DistributedOptimizer):
@@ -112,8 +147,17 @@ class DistributedOptimizer(mx.optimizer.Optimizer):
             "DistributedOptimizer", gradient_predivide_factor))
         object.__setattr__(self, "_num_groups", _check_num_groups(
             "DistributedOptimizer", num_groups))
-        _set_for_call("DistributedOptimizer", process_set)
+        _check_registered("DistributedOptimizer", process_set)  # this rank may be outside it
         object.__setattr__(self, "_process_set", process_set)
+        if compression is not Compression.none and compression is not Compression.onebit:
+            raise ValueError("hvdmx.DistributedOptimizer: argument 'compression'="
+                             f"{compression!r} is not supported; use hvd.Compression.none or "
+                             "hvd.Compression.onebit")
+        if compression is Compression.onebit and num_groups:
+            raise ValueError("hvdmx.DistributedOptimizer: compression=hvd.Compression.onebit "
+                             "exchanges each gradient on its own; leave 'num_groups' at 0")
+        object.__setattr__(self, "_compression", compression)
+        object.__setattr__(self, "_residuals", {})
 
     # Attribute forwarding. Reads of anything not defined here, and every
     # write except to the fields above, go to the wrapped optimizer, so
@@ -149,7 +193,8 @@ class DistributedOptimizer(mx.optimizer.Optimizer):
 
     def _allreduce_grads(self, index, grad) -> None:
         n = self._process_set.size()
-        if n == 1:
+        outside = _outside(self._process_set)
+        if n == 1 and not outside:
             return
         f = self._gradient_predivide_factor
         pre, post = 1.0 / f, f / n
@@ -157,7 +202,18 @@ class DistributedOptimizer(mx.optimizer.Optimizer):
             indices, grads = list(index), list(grad)
         else:
             indices, grads = [index], [grad]
+        if outside:
+            for g in grads:
+                g *= post
+            return
         names = [f"{self._NAME_PREFIX}{i}" for i in indices]
+        if self._compression is Compression.onebit:
+            labels = [self._optimizer.idx2name.get(i, str(i)) for i in indices]
+            _onebit_exchange("DistributedOptimizer", self._residuals, indices, labels, grads,
+                             [f"{name}.onebit" for name in names], pre, self._process_set)
+            for g in grads:
+                g *= post
+            return
         if self._num_groups > 0 and len(indices) > 1:
             positions = _split_list(range(len(indices)), self._num_groups)
             for g, group in enumerate(positions):
@@ -255,7 +311,7 @@ def _gather_text(text: str, name: str, process_set) -> List[str]:
 
 def _check_same_parameters(params: Sequence[Parameter], name: str, who: str,
                            process_set) -> None:
-    """Raises ValueError on every rank when the ranks' parameter lists differ
+    """Raises MismatchError on every rank when the ranks' parameter lists differ
     in count, shape, dtype or grad_req='null' at some position (the position
     names the gradient, so a mismatch would pair unrelated gradients or hang);
     warns when only the names differ. Costs one 6-element allreduce when all
@@ -281,8 +337,8 @@ def _check_same_parameters(params: Sequence[Parameter], name: str, who: str,
     message = (f"hvdmx.{who}: the parameters differ across ranks; the first "
                f"difference is at position {first} of the parameters sorted by name ({ranks})")
     if by_structure:
-        raise ValueError(message + ". Every rank must build the same model and pass the "
-                         "same parameters, so that gradient i is the same tensor everywhere.")
+        raise MismatchError(message + ". Every rank must build the same model and pass the "
+                            "same parameters, so that gradient i is the same tensor everywhere.")
     warnings.warn(message + ". Only the names differ (shapes and dtypes agree), so training "
                   "proceeds pairing parameters by position; names usually differ when one "
                   "rank creates extra blocks before the model.", stacklevel=4)
@@ -320,16 +376,34 @@ class DistributedTrainer(mx.gluon.Trainer):
 
     Parameters are sorted by name, gradient ``i`` travels as
     ``prefix + str(i)`` with priority ``-i``; ``num_groups`` > 0 reduces them
-    in that many grouped allreduces. ``compression`` is Compression.none or
-    Compression.fp16. ``kvstore`` must not be given (it is None underneath).
+    in that many grouped allreduces. ``compression`` is Compression.none,
+    Compression.fp16 or Compression.onebit (whose residuals the trainer
+    keeps by parameter index). ``kvstore`` must not be given (it is None
+    underneath).
     With ``process_set``, gradients are averaged over that set's ranks only
-    (and ``_scale`` divided by its size).
+    (and ``_scale`` divided by its size). On a rank outside the set nothing
+    is sent and ``step`` applies this rank's own gradients, scaled by
+    ``_scale`` as everywhere, as Horovod's trainer does there.
+
+    ``local_sgd_steps`` = H > 1 trains with local SGD (model averaging): no
+    gradient is reduced; each rank updates its own parameters with its own
+    gradients (``_scale`` keeps 1/batch_size of this rank's batch), and every
+    H-th ``step``/``update`` ends by replacing every parameter with its
+    average over the ranks (an Average allreduce, in place, named ``prefix +
+    "localsgd." + str(i)``), bitwise identical on every rank afterwards.
+    Optimizer state (momentum, Adam's moments) stays each rank's own; it is
+    not averaged. H = 1 (the default) is ordinary synchronous training.
     """
 
     def __init__(self, params, optimizer, optimizer_params=None, compression=Compression.none,
                  gradient_predivide_factor=1.0, prefix=None, num_groups=0,
-                 process_set=global_process_set, **kwargs):
+                 process_set=global_process_set, local_sgd_steps=1, **kwargs):
         _reject_kvstore_arguments(kwargs)
+        if isinstance(local_sgd_steps, bool) or not isinstance(local_sgd_steps, numbers.Integral) \
+                or local_sgd_steps < 1:
+            raise ValueError("hvdmx.DistributedTrainer: argument 'local_sgd_steps'="
+                             f"{local_sgd_steps!r} must be an int >= 1 (1: reduce gradients "
+                             "every step; H > 1: average parameters every H steps)")
         if isinstance(optimizer, DistributedOptimizer):
             warnings.warn("hvdmx.DistributedTrainer does not take a DistributedOptimizer as "
                           "its optimizer (gradients would be reduced twice); it has been "
@@ -346,32 +420,82 @@ class DistributedTrainer(mx.gluon.Trainer):
                             "hvd.Compression.none, hvd.Compression.fp16 or another object "
                             f"with compress() and decompress(), got {compression!r}")
         size()  # raises a clear error before init()
-        _set_for_call("DistributedTrainer", process_set)
+        _check_registered("DistributedTrainer", process_set)  # this rank may be outside it
         n = process_set.size()
         if isinstance(params, (list, tuple)):
             # Sorted like the dict case (which gluon.Trainer sorts by key), so
             # that position i is the same parameter on every rank.
             params = sorted(params, key=lambda p: getattr(p, "name", ""))
         super().__init__(params, optimizer, optimizer_params=optimizer_params, kvstore=None)
-        self._scale *= predivide / n
+        self._local_sgd_steps = int(local_sgd_steps)
+        self._local_steps_done = 0
+        if self._local_sgd_steps > 1:
+            if compression is not Compression.none or predivide != 1.0 or num_groups:
+                raise ValueError("hvdmx.DistributedTrainer: local_sgd_steps="
+                                 f"{local_sgd_steps} sends no gradients, so 'compression', "
+                                 "'gradient_predivide_factor' and 'num_groups' do not apply; "
+                                 "leave them at their defaults")
+        else:
+            self._scale *= predivide / n
         self._gradient_predivide_factor = predivide
         self._prefix = prefix if prefix else ""
         self._num_groups = num_groups
         self._compression = compression
+        self._residuals: Dict[int, mx.nd.NDArray] = {}  # Compression.onebit's, by index
         self._process_set = process_set
         self._hvdmx_checked = False
+
+    def step(self, batch_size, ignore_stale_grad=False):
+        super().step(batch_size, ignore_stale_grad)
+        self._after_update()
+
+    def update(self, batch_size, ignore_stale_grad=False):
+        super().update(batch_size, ignore_stale_grad)
+        self._after_update()
+
+    def _after_update(self) -> None:
+        """Local SGD: every local_sgd_steps-th update, average the parameters."""
+        if self._local_sgd_steps == 1:
+            return
+        self._local_steps_done += 1
+        if self._local_steps_done % self._local_sgd_steps == 0:
+            self.average_parameters()
+
+    def average_parameters(self) -> None:
+        """Replaces every parameter with its average over the process set's
+        ranks, in place and asynchronously (local SGD does this every
+        ``local_sgd_steps`` steps; call it yourself to synchronize at other
+        times, e.g. before evaluating). Every rank must call it together."""
+        entries = [(i, p) for i, p in enumerate(self._params)]
+        if self._process_set.size() == 1 or not entries or _outside(self._process_set):
+            return
+        if not self._hvdmx_checked:
+            _check_same_parameters(self._params, f"{self._prefix}DistributedTrainer.check",
+                                   "DistributedTrainer", self._process_set)
+            self._hvdmx_checked = True
+        datas = [p.list_data() for _, p in entries]
+        _allreduce_each_([d[0] for d in datas], [f"{self._prefix}localsgd.{i}" for i, _ in entries],
+                         [-i for i, _ in entries], Average, 1.0, 1.0, self._process_set)
+        for copies in datas:
+            for other in copies[1:]:
+                copies[0].copyto(other)
 
     def _allreduce_grads(self):
         entries = [(i, p) for i, p in enumerate(self._params) if p.grad_req != "null"]
         grads = [self._sum_over_contexts(p) for _, p in entries]
         f = self._gradient_predivide_factor
-        if self._process_set.size() > 1:
+        # Outside the set there is nothing to exchange, and the gradients
+        # are applied as they are (as Horovod's trainer does); under local
+        # SGD each rank updates with its own gradients (see the class doc),
+        # and gradient_predivide_factor is 1.
+        inside = not _outside(self._process_set)
+        if inside and self._local_sgd_steps == 1 and self._process_set.size() > 1:
             if not self._hvdmx_checked:
                 _check_same_parameters(self._params, f"{self._prefix}DistributedTrainer.check",
                                        "DistributedTrainer", self._process_set)
                 self._hvdmx_checked = True
             self._reduce(entries, grads, 1.0 / f)
-        elif f != 1.0:
+        elif inside and f != 1.0:
             for g in grads:  # the 1/f that the allreduce would apply (_scale has f)
                 g *= 1.0 / f
         for (_, p), g in zip(entries, grads):
@@ -389,6 +513,12 @@ class DistributedTrainer(mx.gluon.Trainer):
         return grads[0]
 
     def _reduce(self, entries, grads: List[mx.nd.NDArray], prescale: float) -> None:
+        if self._compression is Compression.onebit:
+            _onebit_exchange("DistributedTrainer", self._residuals, [i for i, _ in entries],
+                             [p.name for _, p in entries], grads,
+                             [f"{self._prefix}onebit.{i}" for i, _ in entries], prescale,
+                             self._process_set)
+            return
         compressed = [self._compression.compress(g) for g in grads]
         tensors = [t for t, _ in compressed]
         names = [self._prefix + str(i) for i, _ in entries]

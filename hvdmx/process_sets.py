@@ -15,6 +15,7 @@ import numbers
 from typing import Any, List, Optional, Sequence, Union
 
 from hvdmx import _core  # before mpi4py.MPI: see basics.py
+from hvdmx.errors import InvalidArgumentError
 from mpi4py import MPI
 
 
@@ -188,22 +189,28 @@ def _forget_all() -> None:
     _registered.clear()
 
 
+def _check_registered(fn: str, process_set) -> None:
+    """Raises unless ``process_set`` is a registered ProcessSet (this rank
+    may be outside it)."""
+    if not isinstance(process_set, ProcessSet):
+        raise TypeError(f"hvdmx.{fn}: argument 'process_set' must be a ProcessSet (e.g. "
+                        f"hvd.global_process_set), got {type(process_set).__name__}")
+    if process_set.process_set_id is None:
+        raise InvalidArgumentError(f"hvdmx.{fn}: {process_set!r} is not registered; call "
+                                   "hvd.add_process_set(process_set) on every rank first")
+
+
 def _set_for_call(fn: str, process_set) -> tuple:
     """(set id, the set's ranks as a sequence, this rank's index in them) for
     a collective on ``process_set``, or a clear error."""
     if process_set is global_process_set:  # every call's default: nothing to build or search
         rank, size = _core.topology()[:2]
         return 0, range(size), rank
-    if not isinstance(process_set, ProcessSet):
-        raise TypeError(f"hvdmx.{fn}: argument 'process_set' must be a ProcessSet (e.g. "
-                        f"hvd.global_process_set), got {type(process_set).__name__}")
-    if process_set.process_set_id is None:
-        raise ValueError(f"hvdmx.{fn}: {process_set!r} is not registered; call "
-                         "hvd.add_process_set(process_set) on every rank first")
+    _check_registered(fn, process_set)
     ranks = process_set.ranks
     me = _core.topology()[0]
     if me not in ranks:
-        raise ValueError(f"hvdmx.{fn}: this process (rank {me}) is not in process set "
-                         f"{process_set.process_set_id} (ranks {ranks}); only its ranks may "
-                         "call collectives on it")
+        raise InvalidArgumentError(f"hvdmx.{fn}: this process (rank {me}) is not in process "
+                                   f"set {process_set.process_set_id} (ranks {ranks}); only its "
+                                   "ranks may call collectives on it")
     return process_set.process_set_id, ranks, ranks.index(me)

@@ -124,6 +124,18 @@ def test_calls_before_init_raise(call):
         call()
 
 
+@pytest.mark.parametrize("caught_as", [(mx.base.MXNetError, RuntimeError),
+                                       (mx.base.MXNetError, ValueError)])
+def test_a_collective_before_init_is_caught_as_horovod_callers_catch_it(caught_as):
+    # Horovod's core reports it, so MXNet raises MXNetError there.
+    try:
+        hvd.allreduce(mx.nd.ones((1,)))
+    except caught_as as error:
+        assert isinstance(error, hvd.errors.NotRunningError)
+    else:
+        raise AssertionError("no error")
+
+
 @pytest.mark.parametrize("module", ["ops", "optimizer", "functions", "process_sets", "basics",
                                     "kvstore", "checkpoint", "compression"])
 def test_each_submodule_imports_first_on_its_own(module):

@@ -7,6 +7,8 @@ import subprocess
 import sys
 import textwrap
 
+import pytest
+
 
 MPIEXEC = os.path.join(os.path.dirname(sys.executable), "mpiexec")
 ENV = dict(os.environ, OMP_NUM_THREADS="1", MXNET_CPU_WORKER_NTHREADS="1")
@@ -35,6 +37,54 @@ def test_exit_without_shutdown_is_clean():
     assert result.returncode == 0, result.stderr
     assert "result 0 [3.0, 3.0, 3.0]" in result.stdout
     assert "result 1 [3.0, 3.0, 3.0]" in result.stdout
+
+
+def test_no_collective_error_is_left_for_exit():
+    # allgather's mismatch raises at the call, on both ranks, and nothing of it
+    # is left for exit; the error of an allreduce whose output nobody reads
+    # can only come out at exit: hvdmx's exit hook says so on stderr, instead
+    # of MXNet's "Exception ignored in atexit callback" and a traceback.
+    result = run_job(2, """
+        dropped = hvd.allreduce(mx.nd.ones((2 + rank,)), name="never.read")
+        try:
+            hvd.allgather(mx.nd.ones((1, 1 + rank)), name="sizes.differ")
+        except hvd.errors.MismatchError as e:
+            sys.stderr.write(f"rank {rank} raised at the call: {e}\\n")
+    """)
+    assert result.returncode == 0, result.stderr
+    at_exit = [line for line in result.stderr.splitlines() if "at exit" in line]
+    for r in range(2):
+        assert (f"rank {r} raised at the call: hvdmx: allgather of tensor 'sizes.differ' was "
+                "called with different shape after the first dimension") in result.stderr
+        assert any(line.startswith(f"[hvdmx ERROR rank {r}] at exit: an operation failed and its "
+                                   "result was never read") and
+                   "allreduce of tensor 'never.read' was called with different shape" in line
+                   for line in at_exit), result.stderr
+    assert len(at_exit) == 2 and not any("sizes.differ" in line for line in at_exit)
+    assert "Exception ignored" not in result.stderr
+
+
+def test_shutdown_raises_an_unread_failure():
+    # With nothing pending, hvd.shutdown() raises what no read has raised, so
+    # it does not wait for the exit; an output pending at the shutdown keeps
+    # its "shut down" error for its read (tests/parallel/test_basics.py).
+    result = run_job(2, """
+        dropped = hvd.allreduce(mx.nd.ones((2 + rank,)), name="never.read")
+        hvd.allreduce(mx.nd.ones((1,)), name="read").wait_to_read()
+        try:
+            hvd.shutdown()
+        except mx.base.MXNetError as e:
+            sys.stderr.write(f"rank {rank} shutdown raised: {e}\\n")
+        sys.stderr.write(f"rank {rank} initialized after: {hvd.is_initialized()}\\n")
+    """)
+    assert result.returncode == 0, result.stderr
+    for r in range(2):
+        assert (f"rank {r} shutdown raised: hvdmx.shutdown: 1 operation(s) had failed and their "
+                "results were never read") in result.stderr, result.stderr
+        assert f"rank {r} initialized after: False" in result.stderr
+    assert result.stderr.count("allreduce of tensor 'never.read' was called with different "
+                               "shape") == 2
+    assert "at exit" not in result.stderr and "Exception ignored" not in result.stderr
 
 
 def test_a_rank_that_raises_does_not_hang_the_others():
@@ -154,6 +204,35 @@ def test_stall_shutdown_bounds_the_wait_in_shutdown():
             "(HVDMX_STALL_SHUTDOWN_TIME_SECONDS) while this rank waited in hvd.shutdown() for "
             "them to stop with it") in result.stderr
     assert "rank 0 shut down" in result.stderr
+
+
+@pytest.mark.parametrize("n", [2, 3])
+@pytest.mark.parametrize("algo", ["auto", "ring"])
+def test_a_rank_stopped_by_the_stall_shutdown_lets_every_rank_exit(n, algo):
+    # Rank 0 submits a tensor no other rank does, waits the stall shutdown
+    # time and stops; the others reach the end of the script without a call.
+    # Their shutdown at exit then meets rank 0's abandoned round and must not
+    # wait for it: in shared memory (auto, one host) they see rank 0's stop at
+    # once; over MPI (ring) they give up after the stall shutdown time too.
+    result = run_job(n, """
+        import time
+        if rank == 0:
+            try:
+                hvd.allreduce(mx.nd.ones((4,)), name="only.on.rank.0").wait_to_read()
+            except mx.base.MXNetError as e:
+                sys.stderr.write("rank 0 failed: " + str(e).splitlines()[0][:60] + "\\n")
+        else:
+            time.sleep(4)
+        sys.stderr.write(f"rank {rank} at the end\\n")
+    """, timeout=90, HVDMX_STALL_SHUTDOWN_TIME_SECONDS="2", HVDMX_ALLREDUCE_ALGO=algo)
+    assert result.returncode == 0, result.stderr
+    assert "rank 0 failed: hvdmx: the other ranks have not taken part" in result.stderr
+    for r in range(n):
+        assert f"rank {r} at the end" in result.stderr
+    if algo == "auto":
+        assert "rank 0 of this host" in result.stderr and "has stopped hvdmx" in result.stderr
+    else:
+        assert "while this rank waited in hvd.shutdown() for them" in result.stderr
 
 
 def test_every_collective_under_the_naive_engine():

@@ -623,6 +623,19 @@ def test_control_comm_refuses_a_payload_longer_than_its_mailbox():
         _core._testing_shm_control_comm(2, [(-1, [b"", b"x" * (MAX_PAYLOAD + 1)])])
 
 
+@pytest.mark.parametrize("size", [2, 3, 4])
+@pytest.mark.parametrize("kind", ["allreduce", "broadcast", "bitand", "string"])
+def test_a_peer_that_stops_ends_the_waits_for_it(size, kind):
+    # Note [A peer that stops]: the last rank marks itself stopped instead of
+    # making the call; every other rank's call throws instead of waiting.
+    stopper = size - 1
+    said = _core._testing_shm_peer_stops(size, stopper, kind)
+    assert said[stopper] == ""
+    for r in range(size - 1):
+        assert said[r].startswith(f"hvdmx: rank {stopper} of this host (pid "), said
+        assert "has stopped hvdmx" in said[r] and "hvdmx has stopped on this rank too" in said[r]
+
+
 def half_values(size, count, code, seed=0):
     """float32 integers exact in the half dtype (spacing 1 there) whose sums
     are not: [1024, 2048) for float16, [128, 256) for bfloat16."""

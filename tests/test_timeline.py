@@ -35,7 +35,7 @@ def test_timeline_from_the_environment(tmp_path):
     result = run_job(2, JOB, HVDMX_TIMELINE=str(path), HVDMX_TIMELINE_MARK_CYCLES="1")
     assert result.returncode == 0, result.stderr
     phases, events = phases_by_tensor(path)
-    assert {"NEGOTIATE", "QUEUE"} <= phases["single"]
+    assert {"NEGOTIATE_ALLREDUCE", "ALLREDUCE", "QUEUE"} <= phases["single"]
     assert {"MPI_ALLREDUCE", "RING_ALLREDUCE", "SHM_ALLREDUCE"} & phases["single"]
     # both ranks share this host: auto reduces through shared memory, which
     # reads and writes a fused group's tensors where they are (no fusion buffer)
@@ -45,14 +45,78 @@ def test_timeline_from_the_environment(tmp_path):
     assert "SHM_BCAST" in phases["bcast"]
     # and gathers a small allgather through shared memory too
     assert "SHM_ALLGATHER" in phases["gather"]
-    assert "NEGOTIATE" in phases["gather#sizes"]
+    assert {"NEGOTIATE_ALLGATHER", "ALLGATHER"} <= phases["gather#sizes"]
     assert "CYCLE_START" in phases["negotiation rounds"]
     # rank 0 saw each rank's request arrive (the first, uncached, round)
     assert {"rank 0 ready", "rank 1 ready"} <= phases["single"]
-    negotiate = [e for e in events if e["name"] == "NEGOTIATE" and e["ph"] == "X"]
+    negotiate = [e for e in events if e["name"] == "NEGOTIATE_ALLREDUCE" and e["ph"] == "X"]
     assert all(e["dur"] >= 0 and e["ts"] >= 0 for e in negotiate)
     assert any(e.get("args", {}).get("shape") == "(1000,)" for e in negotiate)
     assert any(e.get("args", {}).get("dtype") == "float32" for e in negotiate)
+
+
+EVERY_COLLECTIVE = """
+for i in range(2):
+    hvd.allreduce(mx.nd.ones((1000,)), name="ar").wait_to_read()
+    hvd.broadcast(mx.nd.ones((5, 2)), root_rank=size - 1, name="bc").wait_to_read()
+    hvd.allgather(mx.nd.ones((rank + 1, 2)), name="ag").wait_to_read()
+    hvd.alltoall(mx.nd.ones((2 * size, 3)), name="a2a").wait_to_read()
+    hvd.reducescatter(mx.nd.ones((size + 1, 2)), name="rs").wait_to_read()
+    hvd.barrier()
+try:
+    hvd.allreduce(mx.nd.ones((2 + rank,)), name="mismatch").wait_to_read()
+except mx.base.MXNetError:
+    pass
+hvd.join()
+hvd.allreduce(mx.nd.ones((1,)), name="last").wait_to_read()
+"""
+
+# Each collective's row: Horovod's negotiation and operation names, and a
+# step of its own inside the operation.
+HOROVOD_NAMES = {"ar": ("NEGOTIATE_ALLREDUCE", "ALLREDUCE"),
+                 "bc": ("NEGOTIATE_BROADCAST", "BROADCAST"),
+                 "ag": ("NEGOTIATE_ALLGATHER", "ALLGATHER"),
+                 "ag#sizes": ("NEGOTIATE_ALLGATHER", "ALLGATHER"),
+                 "a2a": ("NEGOTIATE_ALLTOALL", "ALLTOALL"),
+                 "a2a#sizes": ("NEGOTIATE_ALLTOALL", "ALLTOALL"),
+                 "rs": ("NEGOTIATE_REDUCESCATTER", "REDUCESCATTER"),
+                 "barrier.noname.0": ("NEGOTIATE_BARRIER", "BARRIER"),
+                 "mismatch": ("NEGOTIATE_ALLREDUCE", "ERROR"),
+                 "hvdmx.join": ("NEGOTIATE_JOIN", "JOIN")}
+
+
+@pytest.mark.parametrize("algo", ["shm", "mpi"])
+def test_every_collective_is_named_as_in_horovod(tmp_path, algo):
+    path = tmp_path / "t.json"
+    result = run_job(2, EVERY_COLLECTIVE, HVDMX_TIMELINE=str(path), HVDMX_ALLREDUCE_ALGO=algo)
+    assert result.returncode == 0, result.stderr
+    rows, events = timeline.load(path)
+    by_row = {}
+    for e in events:
+        if e["ph"] == "X":
+            by_row.setdefault(rows[e["pid"]], []).append(e)
+    transports = {"ar": {"SHM_ALLREDUCE"} if algo == "shm" else {"MPI_ALLREDUCE"},
+                  "bc": {"SHM_BCAST"} if algo == "shm" else {"MPI_BCAST"},
+                  "a2a": {"SHM_ALLTOALL"} if algo == "shm" else {"MPI_ALLTOALL"}}
+    for row, (negotiate, operation) in HOROVOD_NAMES.items():
+        names = {e["name"] for e in by_row[row]}
+        assert {negotiate, operation} <= names, (row, names)
+        # no other negotiation or operation on the row (hvdmx's old NEGOTIATE included)
+        assert {n for n in names if timeline.is_top_level(n)} == {negotiate, operation}, names
+        # every step lies inside an operation of its row; the negotiation before it
+        ops = [e for e in by_row[row] if e["name"] == operation]
+        for step in by_row[row]:
+            if step["name"] in (negotiate, operation):
+                continue
+            assert any(op["ts"] <= step["ts"] and
+                       step["ts"] + step["dur"] <= op["ts"] + op["dur"] for op in ops), step
+        for n in (e for e in by_row[row] if e["name"] == negotiate):
+            assert any(n["ts"] + n["dur"] <= op["ts"] for op in ops), n
+    for row, want in transports.items():
+        assert want <= {e["name"] for e in by_row[row]}, (row, want)
+    # the operation carries the tensor's dtype and shape, as Horovod's does
+    ar = [e for e in by_row["ar"] if e["name"] == "ALLREDUCE"]
+    assert ar and all(e["args"] == {"dtype": "float32", "shape": "(1000,)"} for e in ar)
 
 
 def test_mpi_fuses_through_the_fusion_buffer(tmp_path):
@@ -62,7 +126,7 @@ def test_mpi_fuses_through_the_fusion_buffer(tmp_path):
     phases, _ = phases_by_tensor(path)
     # three small allreduces of one round are fused
     assert {"MEMCPY_IN_FUSION_BUFFER", "MPI_ALLREDUCE",
-            "MEMCPY_OUT_FUSION_BUFFER"} <= phases["fused.1"]
+            "MEMCPY_OUT_FUSION_BUFFER", "ALLREDUCE", "NEGOTIATE_ALLREDUCE"} <= phases["fused.1"]
 
 
 def test_start_and_stop_while_running(tmp_path):
@@ -113,7 +177,7 @@ def test_summary_and_plot(tmp_path):
     summary = subprocess.run([sys.executable, "-m", "hvdmx.timeline", "summary", str(path)],
                              capture_output=True, text=True, timeout=60)
     assert summary.returncode == 0, summary.stderr
-    assert "NEGOTIATE" in summary.stdout and "fused.2" in summary.stdout
+    assert "NEGOTIATE_ALLREDUCE" in summary.stdout and "fused.2" in summary.stdout
     png = tmp_path / "t.png"
     drawn = subprocess.run([sys.executable, "-m", "hvdmx.timeline", "plot", str(path), "-o",
                             str(png)], capture_output=True, text=True, timeout=120)

@@ -16,13 +16,15 @@
 // allocations) and is not scored.
 //
 // A machine's load drifts and bursts over seconds, by more than the
-// differences being measured (docs/benchmarks.md). So a sweep runs its
+// differences being measured (docs/benchmark-notes.md, "Autotune against a
+// grid search"). So a sweep runs its
 // values kPasses times, interleaved (a, b, c, a, b, c, ...), the current
 // best value among them, and scores each value by the median of its
 // passes: a burst spoils one pass, and drift hits every value alike. The
 // best value so far is kept unless another value's worst pass beats its
 // best pass by more than kMargin (settings that differ less than the noise
-// are not worth moving for; measured: docs/benchmarks.md); among those
+// are not worth moving for; measured: docs/benchmark-notes.md, "Autotune
+// against a grid search"); among those
 // that do, the highest median wins (ties: the earlier value).
 //
 // Every rank applies rank 0's setting in step: the setting travels in one

@@ -16,6 +16,8 @@
 
 #include "job.h"
 #include "mxnet_engine.h"
+#include "onebit.h"
+#include "twobit.h"
 #include "runtime.h"
 #include "shm_allreduce.h"
 #include "testing_bindings.h"
@@ -123,7 +125,9 @@ constexpr int64_t kNegotiateSpinMicros = 50;
 
 // Negotiates a unit that moves no tensor data (a sizes round, barrier, join)
 // and waits for it, the GIL released; returns (error message or None,
-// response splits, response root). Ctrl-C interrupts the wait.
+// response splits, response root, Status::Code: MISMATCH when the error is
+// the round's error response, which every rank of the call gets in that same
+// round). Ctrl-C interrupts the wait.
 py::tuple Negotiate(int set_id, int type, const std::string& name, const std::vector<int>& dtypes,
                     const std::vector<std::vector<int64_t>>& shapes,
                     const std::vector<int64_t>& splits, bool sizes_only, int dev_type,
@@ -185,9 +189,11 @@ py::tuple Negotiate(int set_id, int type, const std::string& name, const std::ve
     if (PyErr_CheckSignals() != 0) throw py::error_already_set();
   }
   if (!outcome->status.ok()) {
-    return py::make_tuple(outcome->status.message(), py::none(), 0);
+    return py::make_tuple(outcome->status.message(), py::none(), 0,
+                          static_cast<int>(outcome->status.code()));
   }
-  return py::make_tuple(py::none(), outcome->response.splits, outcome->response.root);
+  return py::make_tuple(py::none(), outcome->response.splits, outcome->response.root,
+                        static_cast<int>(Status::Code::kOk));
 }
 
 // Test support that needs the running runtime; the rest is in
@@ -301,6 +307,8 @@ PYBIND11_MODULE(_core, m) {
   m.attr("REDUCESCATTER") = static_cast<int>(CollectiveType::kReducescatter);
   m.attr("BARRIER") = static_cast<int>(CollectiveType::kBarrier);
   m.attr("JOIN") = static_cast<int>(CollectiveType::kJoin);
+  // The code negotiate() returns for an error response (Executor::Run).
+  m.attr("STATUS_MISMATCH") = static_cast<int>(Status::Code::kMismatch);
   m.def("describe", [](uintptr_t handle) {
     ArrayInfo info;
     ThrowIfError(DescribeArray(reinterpret_cast<void*>(handle), &info));
@@ -321,6 +329,54 @@ PYBIND11_MODULE(_core, m) {
   m.def("push_async", &PushAsync);
   m.def("push_allreduce_each", &PushAllreduceEach);
   m.def("negotiate", &Negotiate);
+  // One-bit compression (onebit.h): float32 arrays, all on the CPU.
+  m.def("onebit_pack", [](uintptr_t gradient, uintptr_t residual, uintptr_t packed, int64_t n) {
+    ThrowIfError(PushCompute(
+        {reinterpret_cast<void*>(gradient)},
+        {reinterpret_cast<void*>(residual), reinterpret_cast<void*>(packed)},
+        [n](const std::vector<const void*>& in, const std::vector<void*>& out) {
+          OneBitPack(static_cast<const float*>(in[0]), static_cast<float*>(out[0]), n,
+                     static_cast<uint32_t*>(out[1]));
+          return Status::Ok();
+        },
+        "hvdmx_onebit_pack"));
+  });
+  m.def("onebit_unpack_sum", [](uintptr_t packed, int ranks, uintptr_t out, int64_t n) {
+    ThrowIfError(PushCompute(
+        {reinterpret_cast<void*>(packed)}, {reinterpret_cast<void*>(out)},
+        [ranks, n](const std::vector<const void*>& in, const std::vector<void*>& outs) {
+          OneBitUnpackSum(static_cast<const uint32_t*>(in[0]), ranks, n,
+                          static_cast<float*>(outs[0]));
+          return Status::Ok();
+        },
+        "hvdmx_onebit_unpack_sum"));
+  });
+  m.def("onebit_words", &OneBitPackedWords);
+  // MXNet's 2-bit compression (twobit.h): float32 arrays, all on the CPU.
+  m.def("twobit_pack", [](uintptr_t gradient, uintptr_t residual, uintptr_t packed, int64_t n,
+                          float threshold) {
+    ThrowIfError(PushCompute(
+        {reinterpret_cast<void*>(gradient)},
+        {reinterpret_cast<void*>(residual), reinterpret_cast<void*>(packed)},
+        [n, threshold](const std::vector<const void*>& in, const std::vector<void*>& out) {
+          TwoBitPack(static_cast<const float*>(in[0]), static_cast<float*>(out[0]), n, threshold,
+                     static_cast<uint32_t*>(out[1]));
+          return Status::Ok();
+        },
+        "hvdmx_twobit_pack"));
+  });
+  m.def("twobit_unpack_sum", [](uintptr_t packed, int ranks, uintptr_t out, int64_t n) {
+    ThrowIfError(PushCompute(
+        {reinterpret_cast<void*>(packed)}, {reinterpret_cast<void*>(out)},
+        [ranks, n](const std::vector<const void*>& in, const std::vector<void*>& outs) {
+          TwoBitUnpackSum(static_cast<const uint32_t*>(in[0]), ranks, n,
+                          static_cast<float*>(outs[0]));
+          return Status::Ok();
+        },
+        "hvdmx_twobit_unpack_sum"));
+  });
+  m.def("twobit_words", &TwoBitPackedWords);
+  m.def("all_idle", &AllIdle, py::call_guard<py::gil_scoped_release>());
   m.def("push_failure", [](const std::vector<uintptr_t>& outputs, const std::string& message,
                            int dev_type, int dev_id) {
     std::vector<void*> handles;

@@ -10,12 +10,22 @@
 #define HVDMX_COMM_H_
 
 #include <cstdint>
+#include <functional>
+#include <stdexcept>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "common.h"
 
 namespace hvdmx {
+
+// Thrown by a Gather or BcastString that its comm's idle function gave up on
+// (Comm::set_idle).
+class CommAbandoned : public std::runtime_error {
+ public:
+  CommAbandoned() : std::runtime_error("a negotiation exchange was abandoned") {}
+};
 
 class Comm {
  public:
@@ -38,6 +48,14 @@ class Comm {
   virtual std::vector<std::string> Gather(const std::string& mine, int root) = 0;
   // Root's *data replaces everyone else's.
   virtual void BcastString(std::string* data, int root) = 0;
+  // How Gather and BcastString wait for the other ranks, where the comm can
+  // wait without blocking (MpiComm): idle(i) is called between polls, with
+  // the number of calls before it in this wait, and when it returns false
+  // the call throws CommAbandoned, leaving the comm unusable for them. A
+  // peer that stopped in the middle of a negotiation round (a stall
+  // shutdown) thus cannot hold this rank forever. Unset: wait as long as
+  // it takes.
+  virtual void set_idle(std::function<bool(int64_t)> idle) { idle_ = std::move(idle); }
 
   // A bitwise AND over `n` words, split in two so that the caller can wait
   // without spinning: StartBitAnd, then TestBitAnd until it returns true; the
@@ -65,6 +83,9 @@ class Comm {
   // The transport's own allreduce, in place. Returns false (touching
   // nothing) when it has none for this dtype/op, e.g. float16 in MPI.
   virtual bool NativeAllreduce(void* buf, int64_t count, DataType dtype, ReduceOp op) = 0;
+
+ protected:
+  std::function<bool(int64_t)> idle_;
 };
 
 }  // namespace hvdmx

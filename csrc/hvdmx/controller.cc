@@ -53,7 +53,7 @@ RoundResult Controller::RunRound(std::vector<Request> new_requests, bool want_sh
   std::vector<Request> misses;
   for (Request& q : new_requests) {
     if (q.type == CollectiveType::kJoin) joined_ = true;
-    int64_t slot = q.type == CollectiveType::kJoin ? -1 : cache_.Lookup(q);
+    int64_t slot = q.type == CollectiveType::kJoin || !q.error.empty() ? -1 : cache_.Lookup(q);
     if (slot >= 0 && cache_hits_.count(slot) == 0) {
       cache_hits_.emplace(slot, std::move(q));
     } else {
@@ -119,6 +119,23 @@ RoundResult Controller::RunRound(std::vector<Request> new_requests, bool want_sh
 
   // Step 4: the slow path through the coordinator.
   if ((bits[0] & kNothingForCoordinator) == 0) {
+    try {
+      SlowPath(bits, std::move(misses), &result);
+    } catch (const CommAbandoned&) {
+      result.abandoned = true;
+      return result;
+    }
+  }
+
+  // Step 5.
+  result.shutdown = (bits[0] & kNoShutdown) == 0;
+  return result;
+}
+
+void Controller::SlowPath(const std::vector<uint64_t>& bits, std::vector<Request> misses,
+                          RoundResult* result_out) {
+  RoundResult& result = *result_out;
+  {
     for (auto& hit : cache_hits_) misses.push_back(std::move(hit.second));
     cache_hits_.clear();
     for (const Request& q : misses) at_coordinator_.emplace(q.name, q);
@@ -172,10 +189,6 @@ RoundResult Controller::RunRound(std::vector<Request> new_requests, bool want_sh
       result.responses.push_back(std::move(response));
     }
   }
-
-  // Step 5.
-  result.shutdown = (bits[0] & kNoShutdown) == 0;
-  return result;
 }
 
 std::vector<std::string> Controller::StallReport(std::chrono::steady_clock::time_point cutoff,

@@ -148,6 +148,11 @@ class Controller {
                                        size_t limit) const;
 
  private:
+  // Step 4 of Note [Negotiation round]: appends the coordinator's responses
+  // to result->responses. Throws CommAbandoned when the comm's idle function
+  // gives up on the exchange.
+  void SlowPath(const std::vector<uint64_t>& bits, std::vector<Request> misses,
+                RoundResult* result);
   // Rank 0 only: adds `requests` to the table; appends completed units'
   // responses to *out.
   void Coordinate(const std::vector<Request>& requests, std::vector<Response>* out);

@@ -13,7 +13,7 @@
 // three or four here, a 1 MiB allgather (512 KiB from each rank) took
 // 80-150 us instead of 47, and it took 47 in every run with all of a rank's
 // threads on one CPU (mpiexec -bind-to core, or these threads bound by
-// hand; docs/benchmarks.md).
+// hand; docs/benchmark-notes.md, "Binding a rank's threads to one CPU").
 //
 // So hvd.init() binds every thread of the process to one CPU when a rank
 // could not count on more than one anyway: the host's ranks are at least as

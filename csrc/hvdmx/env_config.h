@@ -30,7 +30,8 @@ struct Config {
   // HVDMX_FUSION_MAX_TENSOR_BYTES: a tensor larger than this is never fused:
   // it is reduced in place, alone, sparing the two copies through the fusion
   // buffer, which cost more than the call they save for large tensors (see
-  // docs/benchmarks.md).
+  // docs/benchmark-notes.md, "Fusion and large tensors: the ResNet-50
+  // gradient set").
   int64_t fusion_max_tensor_bytes = 256 * 1024;
   // HVDMX_FUSION_PIECE_BYTES: a fused group that goes through the fusion
   // buffer (not shared memory) is copied in, reduced and copied out in
@@ -47,13 +48,16 @@ struct Config {
   // HVDMX_ALLREDUCE_ALGO: auto | ring | mpi | shm.
   AllreduceAlgo allreduce_algo = AllreduceAlgo::kAuto;
   // HVDMX_RING_MIN_BYTES: with algo=auto, messages of at least this many
-  // bytes use our ring, smaller ones MPI_Allreduce (see docs/benchmarks.md).
+  // bytes use our ring, smaller ones MPI_Allreduce (see
+  // docs/benchmark-notes.md, "Bandwidth, and the choice between our ring
+  // and MPI_Allreduce").
   int64_t ring_min_bytes = 512 * 1024;
   // HVDMX_RING_SEGMENT_BYTES: the ring's pipelining unit.
   int64_t ring_segment_bytes = 256 * 1024;
   // HVDMX_SHM_MIN_BYTES: with algo=auto and every rank on one host, messages
   // of at least this many bytes use the shared-memory allreduce, smaller ones
-  // MPI_Allreduce (see docs/benchmarks.md).
+  // MPI_Allreduce (see docs/benchmark-notes.md, "One host: the shared-memory
+  // allreduce").
   int64_t shm_min_bytes = 0;
   // HVDMX_SHM_CHUNK_BYTES: the shared-memory allreduce's pipelining unit per
   // rank (rounded down to a multiple of 64).
@@ -64,7 +68,8 @@ struct Config {
   // of two; see docs/algorithms.md) where the kernel allows it. -1: never.
   // auto (kShmDirectAuto, the default): alltoalls and broadcasts from
   // ShmAllreduce::kAutoDirectMinBytes, allgathers never, as measured in
-  // docs/benchmarks.md.
+  // docs/benchmark-notes.md, "Single-copy moves and huge pages" and
+  // "Broadcasts read directly, the root writing half".
   int64_t shm_direct_min_bytes = kShmDirectAuto;
   // HVDMX_SHM_STREAMING_STORES: auto, 0 or 1. How the shared-memory
   // allreduce writes what peers read: 1 streams it to memory, 0 leaves it in

@@ -102,6 +102,37 @@ namespace {
 
 using Clock = Timeline::Clock;
 
+// Note [Timeline names]
+// ~~~~~~~~~~~~~~~~~~~~~~
+// A tensor's row on the timeline reads as Horovod's does, so that tools made
+// for Horovod's timelines read ours: NEGOTIATE_<OP> while the ranks agree to
+// run it, then <OP> (ALLREDUCE, BROADCAST, ALLGATHER, ALLTOALL,
+// REDUCESCATTER, BARRIER, JOIN: Horovod's request and response type names;
+// ERROR for a failed negotiation) until its last step has finished, with the
+// steps nested inside it: QUEUE, MEMCPY_IN_FUSION_BUFFER, the transport
+// (MPI_ALLREDUCE, MPI_BCAST, MPI_ALLTOALL as in Horovod; hvdmx's own
+// RING_ALLREDUCE, SHM_ALLREDUCE, SHM_BCAST, ...), MEMCPY_OUT_FUSION_BUFFER.
+// docs/timeline.md has the whole mapping.
+
+// Horovod's names for a collective's operation and for its negotiation.
+struct OperationNames {
+  const char* operation;
+  const char* negotiate;
+};
+
+OperationNames NamesOf(CollectiveType type) {
+  switch (type) {
+    case CollectiveType::kAllreduce: return {"ALLREDUCE", "NEGOTIATE_ALLREDUCE"};
+    case CollectiveType::kBroadcast: return {"BROADCAST", "NEGOTIATE_BROADCAST"};
+    case CollectiveType::kAllgather: return {"ALLGATHER", "NEGOTIATE_ALLGATHER"};
+    case CollectiveType::kAlltoall: return {"ALLTOALL", "NEGOTIATE_ALLTOALL"};
+    case CollectiveType::kReducescatter: return {"REDUCESCATTER", "NEGOTIATE_REDUCESCATTER"};
+    case CollectiveType::kBarrier: return {"BARRIER", "NEGOTIATE_BARRIER"};
+    case CollectiveType::kJoin: return {"JOIN", "NEGOTIATE_JOIN"};
+  }
+  return {"COLLECTIVE", "NEGOTIATE"};
+}
+
 // "dtype" and "shape" of a unit's tensors, for the timeline.
 std::string TimelineArgs(const Request& request) {
   std::string dtypes, shapes;
@@ -114,9 +145,35 @@ std::string TimelineArgs(const Request& request) {
 
 }  // namespace
 
+namespace {
+
+// Fires the entry's callback and drops it, so that it fires once.
+void Fire(TensorEntry& entry, const Status& status) {
+  std::function<void(const Status&)> callback = std::move(entry.callback);
+  entry.callback = nullptr;
+  callback(status);
+}
+
+}  // namespace
+
 void Executor::Run(const std::vector<Response>& responses, TensorQueue* queue) {
-  // Take every entry first: the groups below address them by response index.
   std::vector<TensorEntry> entries(responses.size());
+  try {
+    RunEntries(responses, queue, entries);
+  } catch (const ShmPeerGone& gone) {
+    // A peer stopped in the middle (Note [A peer that stops] in
+    // shm_allreduce.h): what this round took and has not finished fails
+    // here; the runtime stops and fails the rest.
+    for (TensorEntry& entry : entries) {
+      if (entry.callback) Fire(entry, Status::Shutdown(gone.what()));
+    }
+    throw;
+  }
+}
+
+void Executor::RunEntries(const std::vector<Response>& responses, TensorQueue* queue,
+                          std::vector<TensorEntry>& entries) {
+  // Take every entry first: the groups below address them by response index.
   std::vector<int> remaining;
   // Zeros this rank contributes to allreduces it has joined through (see
   // Note [Join] in controller.h): it has no entry for them.
@@ -124,12 +181,13 @@ void Executor::Run(const std::vector<Response>& responses, TensorQueue* queue) {
   Timeline& timeline = ProcessTimeline();
   const auto ready = Clock::now();
   std::vector<bool> started(responses.size(), false);
+  if (timeline.enabled()) step_ends_.assign(responses.size(), ready);
   for (size_t r = 0; r < responses.size(); ++r) {
     const Response& response = responses[r];
     if (queue->Take(response.name, &entries[r])) {
       if (timeline.enabled()) {
-        timeline.Phase(response.name, "NEGOTIATE", entries[r].enqueued, ready,
-                       TimelineArgs(entries[r].request));
+        timeline.Phase(response.name, NamesOf(response.type).negotiate, entries[r].enqueued,
+                       ready, TimelineArgs(entries[r].request));
       }
     } else {
       TensorEntry& phantom = entries[r];
@@ -153,25 +211,33 @@ void Executor::Run(const std::vector<Response>& responses, TensorQueue* queue) {
       for (const FusionGroup::Item& item : group.items) {
         if (!started[item.response]) timeline.Phase(responses[item.response].name, "QUEUE", ready, now);
         started[item.response] = true;
+        if (item.response < static_cast<int>(step_ends_.size())) step_ends_[item.response] = now;
       }
+      // A failed negotiation (alone in its group) ends here, before its
+      // callback lets the caller go on (RecordOperations comes later).
+      if (!response.error.empty()) timeline.Phase(response.name, "ERROR", ready, now);
     }
     if (!response.error.empty()) {
-      entry.callback(Status::Mismatch(response.error));
+      Fire(entry, Status::Mismatch(response.error));
       continue;
     }
     if (response.type != CollectiveType::kAllreduce) {
       const auto start = Clock::now();
       const char* algorithm = RunUnit(response, entry);
-      if (timeline.enabled() && !response.sizes_only) {
-        timeline.Phase(response.name, algorithm, start, Clock::now(), TimelineArgs(entry.request));
+      // Barrier and join have no step of their own: their operation says it all.
+      if (timeline.enabled() && !response.sizes_only &&
+          std::strcmp(algorithm, NamesOf(response.type).operation) != 0) {
+        const auto end = Clock::now();
+        timeline.Phase(response.name, algorithm, start, end, TimelineArgs(entry.request));
+        if (first < static_cast<int>(step_ends_.size())) step_ends_[first] = end;
       }
       if (entry.on_response) entry.on_response(response);
-      entry.callback(Status::Ok());
+      Fire(entry, Status::Ok());
       continue;
     }
     RunAllreduceGroup(group, responses, entries);
     for (const FusionGroup::Item& item : group.items) {
-      if (--remaining[item.response] == 0) entries[item.response].callback(Status::Ok());
+      if (--remaining[item.response] == 0) Fire(entries[item.response], Status::Ok());
     }
   }
   // Allreduces with no tensors at all (an empty grouped call) are in no
@@ -179,8 +245,24 @@ void Executor::Run(const std::vector<Response>& responses, TensorQueue* queue) {
   for (size_t r = 0; r < responses.size(); ++r) {
     if (responses[r].counts.empty() && responses[r].error.empty() &&
         responses[r].type == CollectiveType::kAllreduce) {
-      entries[r].callback(Status::Ok());
+      Fire(entries[r], Status::Ok());
     }
+  }
+
+  if (timeline.enabled()) RecordOperations(responses, entries, ready);
+}
+
+void Executor::RecordOperations(const std::vector<Response>& responses,
+                                const std::vector<TensorEntry>& entries, Clock::time_point ready) {
+  Timeline& timeline = ProcessTimeline();
+  if (step_ends_.size() != responses.size()) return;  // the timeline started during the round
+  for (size_t r = 0; r < responses.size(); ++r) {
+    const Response& response = responses[r];
+    if (!response.error.empty()) continue;  // recorded as ERROR when it failed
+    // A rank that has joined reduces zeros under the name: it has no request.
+    const Request& request = entries[r].request;
+    timeline.Phase(response.name, NamesOf(response.type).operation, ready, step_ends_[r],
+                   request.name.empty() ? std::string() : TimelineArgs(request));
   }
 }
 
@@ -239,6 +321,9 @@ void Executor::RunAllreduceGroup(const FusionGroup& group, const std::vector<Res
       if (item.response == last) continue;
       last = item.response;
       timeline.Phase(responses[item.response].name, phase, start, end);
+      if (item.response < static_cast<int>(step_ends_.size())) {
+        step_ends_[item.response] = std::max(step_ends_[item.response], end);
+      }
     }
   };
   auto t0 = Clock::now();

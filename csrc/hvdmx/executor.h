@@ -21,6 +21,7 @@
 #include "ring.h"
 #include "shm_allreduce.h"
 #include "tensor_queue.h"
+#include "timeline.h"
 
 namespace hvdmx {
 
@@ -35,6 +36,8 @@ class Executor {
       : comm_(comm), config_(config), mpi_pages_(config.huge_pages && peers_on_host),
         shm_(shm) {}
 
+  // Throws ShmPeerGone, having failed the round's entries that had not
+  // completed, when a peer stops in the middle (Note [A peer that stops]).
   void Run(const std::vector<Response>& responses, TensorQueue* queue);
 
   // In-place allreduce of one buffer with the configured algorithm, each
@@ -49,8 +52,16 @@ class Executor {
   const HugePageCollapser& mpi_pages() const { return mpi_pages_; }
 
  private:
+  // Run's work, on the round's entries (each callback fired once, and
+  // then cleared).
+  void RunEntries(const std::vector<Response>& responses, TensorQueue* queue,
+                  std::vector<TensorEntry>& entries);
   void RunAllreduceGroup(const FusionGroup& group, const std::vector<Response>& responses,
                          std::vector<TensorEntry>& entries);
+  // Writes each response's operation to the timeline (Note [Timeline
+  // names] in executor.cc), from `ready` to the end of its last step.
+  void RecordOperations(const std::vector<Response>& responses,
+                        const std::vector<TensorEntry>& entries, Timeline::Clock::time_point ready);
   // Runs a unit that is not an allreduce (its own fusion group); returns
   // the algorithm's name for the timeline. Broadcast, allgather and
   // alltoall move their bytes through shared memory when ShmMoves says so.
@@ -109,6 +120,9 @@ class Executor {
   std::vector<int64_t> pair_bytes_;         // alltoall: bytes i sends to j, reused
   std::vector<Comm::Request> requests_;     // outstanding point-to-point, reused
   std::vector<ShmAllreduce::Span> spans_;   // a group's tensors reduced in place, reused
+  // Timeline only: when each response of the round running finished its last
+  // step (QUEUE, the copies, the collective), reused.
+  std::vector<Timeline::Clock::time_point> step_ends_;
   ShmAllreduce* shm_;  // null unless ranks share hosts (see shm_segment.h)
 };
 

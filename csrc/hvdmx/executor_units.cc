@@ -63,7 +63,7 @@ const char* Executor::RunBroadcast(const Response& response, TensorEntry& entry)
 // or more and their output is at most HVDMX_FUSION_THRESHOLD in all, are
 // packed by rank ([rank 0: t0, t1, ...][rank 1: ...]) in the fusion buffer
 // and move in one exchange after the lone ones; otherwise they move alone
-// too. Measured: "Grouped allgather" in docs/benchmarks.md.
+// too. Measured: "Grouped allgather" in docs/benchmark-notes.md.
 const char* Executor::RunAllgather(const Response& response, TensorEntry& entry) {
   const int n = comm_.size();
   const int me = comm_.rank();
@@ -90,7 +90,9 @@ const char* Executor::RunAllgather(const Response& response, TensorEntry& entry)
   // A lone tensor's output comes from the output pool: where the ranks write
   // into each other's outputs, it moves in one copy through shared memory at
   // any size (64 MiB: 3.1-3.3 ms against 6.7-7.4 on the ring, whose
-  // cross-memory attach pins the shared file's small pages; benchmarks.md).
+  // cross-memory attach pins the shared file's small pages;
+  // docs/benchmark-notes.md, "Large allgathers written into the peers'
+  // outputs").
   const bool shm_lone = shm || (shm_ != nullptr && shm_->writes_into_peers() &&
                                 ShmMoves(CollectiveType::kAllgather, 0));
   const char* algorithm = shm_lone ? "SHM_ALLGATHER" : "RING_ALLGATHER";
@@ -197,7 +199,7 @@ const char* Executor::RunAlltoall(const Response& response, TensorEntry& entry) 
   const int64_t self_bytes = m[me * n + me] * row_bytes;
   if (self_bytes) std::memcpy(out + self_recv, in + self_send, self_bytes);
   for (Comm::Request request : requests_) comm_.Wait(request);
-  return "ALLTOALL";
+  return "MPI_ALLTOALL";
 }
 
 // Rank r keeps rows [RingChunkStart(dim0, n, r), RingChunkStart(dim0, n, r+1))

@@ -7,7 +7,8 @@
 // copy: MPI_Alltoall of 64 MiB at np=2 took 5.5-6.1 ms from MXNet's arrays
 // (4 KiB pages) and 3.1-3.7 ms from numpy's (which asks for transparent
 // huge pages from 4 MiB up), and 3.4-3.6 ms from MXNet's arrays once
-// madvise(MADV_COLLAPSE) had put them on huge pages (docs/benchmarks.md).
+// madvise(MADV_COLLAPSE) had put them on huge pages (docs/benchmark-notes.md,
+// "The targets, measured again").
 // MXNet never asks for huge pages, and its arrays are allocated once and
 // reused (its storage pool, a model's parameters and gradients), so before
 // a rank publishes a buffer for its peers to read directly it collapses

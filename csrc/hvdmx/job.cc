@@ -197,6 +197,15 @@ std::shared_ptr<Runtime> RunningRuntime(int set_id) {
   return SetRuntimeLocked(set_id);
 }
 
+bool AllIdle() {
+  std::lock_guard<std::mutex> lock(G().mu);
+  if (G().runtime && !G().runtime->Idle()) return false;
+  for (const auto& kv : G().sets) {
+    if (!kv.second->Idle()) return false;
+  }
+  return true;
+}
+
 void Init(uintptr_t comm_address) {
   std::lock_guard<std::mutex> lock(G().mu);
   if (Running()) return;  // a second init is a no-op

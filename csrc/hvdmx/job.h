@@ -52,6 +52,11 @@ Topology JobTopology(int* thread_level);
 // RuntimeError before init and ValueError for a set this rank is not in.
 std::shared_ptr<Runtime> RunningRuntime(int set_id = 0);
 
+// True when no runtime (the global one and this rank's sets) has a
+// collective inside MXNet's engine or waiting for the other ranks: waiting
+// for MXNet's engine to finish then waits for nothing from other ranks.
+bool AllIdle();
+
 // Collective over the communicator at `comm_address` (0: MPI_COMM_WORLD),
 // which the caller keeps alive; a second call while running does nothing.
 void Init(uintptr_t comm_address);

@@ -143,6 +143,15 @@ Response MakeResponse(const std::vector<Request>& requests) {
   r.sizes_only = first.sizes_only;
   for (const auto& shape : first.shapes) r.counts.push_back(ElementCount(shape));
 
+  for (const Request& q : requests) {
+    if (q.error.empty()) continue;
+    std::ostringstream msg;
+    msg << "hvdmx: " << CollectiveTypeName(first.type) << " of tensor '" << first.name
+        << "' failed on rank " << q.rank << ", so it has failed on every rank: " << q.error;
+    r.error = msg.str();
+    return r;
+  }
+
   const CollectiveType type = first.type;
   const bool ragged = type == CollectiveType::kAllgather || type == CollectiveType::kAlltoall;
   const bool reduces = type == CollectiveType::kAllreduce || type == CollectiveType::kReducescatter;
@@ -223,6 +232,7 @@ void WriteRequests(Writer* w, const std::vector<Request>& requests) {
     w->Pod<int64_t>(static_cast<int64_t>(q.splits.size()));
     for (int64_t v : q.splits) w->Pod(v);
     w->Pod(q.stalled);
+    w->Str(q.error);
   }
 }
 
@@ -248,6 +258,7 @@ std::vector<Request> ReadRequests(Reader* r) {
     q.splits.resize(r->Pod<int64_t>());
     for (int64_t& v : q.splits) v = r->Pod<int64_t>();
     q.stalled = r->Pod<bool>();
+    q.error = r->Str();
   }
   return out;
 }

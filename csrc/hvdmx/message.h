@@ -36,8 +36,14 @@ struct Request {
   // Set when this rank has waited HVDMX_STALL_SHUTDOWN_TIME_SECONDS for the
   // unit: rank 0 then fails it everywhere (see Note [Stall shutdown]).
   bool stalled = false;
+  // Non-empty: the call failed on this rank before it could run (an array
+  // it cannot read, see Note [oneDNN layout] in mxnet_engine.h). The
+  // request still goes to the coordinator, which fails the unit on every
+  // rank with this message once all have submitted it, instead of leaving
+  // the others waiting. Never a cache hit.
+  std::string error;
 
-  // Same collective with the same parameters (ignores `rank`).
+  // Same collective with the same parameters (ignores `rank` and `error`).
   bool SameParams(const Request& other) const;
 };
 

@@ -103,10 +103,27 @@ void MpiComm::Bcast(void* buf, int64_t bytes, int root) {
   }
 }
 
+void MpiComm::Complete(MPI_Request* req, const char* what) {
+  if (!idle_) {
+    CheckMpi(MPI_Wait(req, MPI_STATUS_IGNORE), what);
+    return;
+  }
+  for (int64_t i = 0;; ++i) {
+    int done = 0;
+    CheckMpi(MPI_Test(req, &done, MPI_STATUS_IGNORE), what);
+    if (done) return;
+    // The request stays outstanding: MPI has no way to cancel a collective.
+    if (!idle_(i)) throw CommAbandoned();
+  }
+}
+
 std::vector<std::string> MpiComm::Gather(const std::string& mine, int root) {
   int my_len = static_cast<int>(mine.size());
   std::vector<int> lens(rank_ == root ? size_ : 0);
-  CheckMpi(MPI_Gather(&my_len, 1, MPI_INT, lens.data(), 1, MPI_INT, root, comm_), "MPI_Gather");
+  MPI_Request req;
+  CheckMpi(MPI_Igather(&my_len, 1, MPI_INT, lens.data(), 1, MPI_INT, root, comm_, &req),
+           "MPI_Igather");
+  Complete(&req, "MPI_Igather");
   std::vector<int> displs;
   std::string all;
   if (rank_ == root) {
@@ -119,9 +136,10 @@ std::vector<std::string> MpiComm::Gather(const std::string& mine, int root) {
     HVDMX_CHECK(total < INT_MAX, "negotiation message over 2 GiB");
     all.resize(total);
   }
-  CheckMpi(MPI_Gatherv(mine.data(), my_len, MPI_BYTE, &all[0], lens.data(), displs.data(),
-                       MPI_BYTE, root, comm_),
-           "MPI_Gatherv");
+  CheckMpi(MPI_Igatherv(mine.data(), my_len, MPI_BYTE, &all[0], lens.data(), displs.data(),
+                        MPI_BYTE, root, comm_, &req),
+           "MPI_Igatherv");
+  Complete(&req, "MPI_Igatherv");
   std::vector<std::string> out;
   if (rank_ == root) {
     out.reserve(size_);
@@ -132,9 +150,16 @@ std::vector<std::string> MpiComm::Gather(const std::string& mine, int root) {
 
 void MpiComm::BcastString(std::string* data, int root) {
   int64_t len = static_cast<int64_t>(data->size());
-  CheckMpi(MPI_Bcast(&len, 1, MPI_INT64_T, root, comm_), "MPI_Bcast");
+  MPI_Request req;
+  CheckMpi(MPI_Ibcast(&len, 1, MPI_INT64_T, root, comm_, &req), "MPI_Ibcast");
+  Complete(&req, "MPI_Ibcast");
   data->resize(len);
-  Bcast(&(*data)[0], len, root);
+  char* p = &(*data)[0];
+  for (int64_t done = 0; done < len; done += kMaxMessageBytes) {
+    const int piece = static_cast<int>(std::min(kMaxMessageBytes, len - done));
+    CheckMpi(MPI_Ibcast(p + done, piece, MPI_BYTE, root, comm_, &req), "MPI_Ibcast");
+    Complete(&req, "MPI_Ibcast");
+  }
 }
 
 void MpiComm::StartBitAnd(uint64_t* words, int n) {
@@ -160,7 +185,8 @@ bool MpiComm::NativeAllreduce(void* buf, int64_t count, DataType dtype, ReduceOp
   for (int64_t done = 0; done < count; done += max_count) {
     int piece = static_cast<int>(std::min(max_count, count - done));
     // Nonblocking and polled: measured faster for small messages than
-    // MPI_Allreduce called from a non-main thread (docs/benchmarks.md).
+    // MPI_Allreduce called from a non-main thread (docs/benchmark-notes.md,
+    // "Small messages: latency through the whole stack").
     MPI_Request req;
     CheckMpi(MPI_Iallreduce(MPI_IN_PLACE, p + done * elem, piece, type, mpi_op, comm_, &req),
              "MPI_Iallreduce");

@@ -43,6 +43,9 @@ class MpiComm : public Comm {
   // Requests live in slots; a Request is a slot index. Freed slots are reused.
   // Stores `req` in a free slot and returns the slot as the Request.
   Request Keep(MPI_Request req);
+  // Completes a nonblocking call of the negotiation, polled with idle_ when
+  // one is set (see Comm::set_idle).
+  void Complete(MPI_Request* req, const char* what);
 
   std::vector<MPI_Request> requests_;
   std::vector<int64_t> free_slots_;

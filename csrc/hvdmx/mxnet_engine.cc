@@ -48,6 +48,8 @@ struct Context {
 // mxnet/engine.h: enum class FnProperty { ..., kAsync = 4, ... }: the op
 // only hands work to another thread, so the engine may run it inline.
 const int32_t kFnPropertyAsync = 4;
+// FnProperty::kNormal: the op computes on the engine's thread (PushCompute).
+const int32_t kFnPropertyNormal = 0;
 
 bool g_naive_engine = false;
 
@@ -59,6 +61,8 @@ struct OpParam {
   std::vector<NDArrayHandle> outputs;  // our shallow copies (aliases of inputs when in place)
   std::vector<NDArrayHandle> owned;    // every copy we made, freed once
   std::string failure;                 // non-empty: fail with this, run nothing
+  uint64_t turn = TensorEntry::kNoTurn;  // see Note [Same-name calls in flight]
+  ComputeFn compute;                   // PushCompute's: run this instead of a collective
 };
 
 void DeleteOpParam(void* p) {
@@ -88,9 +92,9 @@ void Complete(const CallbackOnComplete& on_complete, const Status& status) {
 // pool. That call then needed a second block, and at a pool limit of one
 // block (a 256 MiB output under HVDMX_OUTPUT_POOL_BYTES' 256 MiB) the pool
 // gave a block's pages back and faulted them in again: 3-5 calls in 40 at
-// np=2, each some 145 ms slower (docs/benchmarks.md, "Letting go of outputs
-// before completing"). Freed first, the block is back in the pool when the
-// reader drops its array.
+// np=2, each some 145 ms slower (docs/benchmark-notes.md, "Letting go of
+// outputs before completing"). Freed first, the block is back in the pool
+// when the reader drops its array.
 //
 // Safe because nothing in hvdmx touches the memory after the callback, and
 // MXNet frees memory it allocated through the engine (DeleteVariable waits
@@ -103,6 +107,30 @@ void Complete(const CallbackOnComplete& on_complete, const Status& status) {
 // (at once, under that engine) inside the push that still runs our op.
 // (Freed early anyway, tests/test_process_exit.py's NaiveEngine job passed
 // under AddressSanitizer; the old order is kept as the one MXNet expects.)
+
+// PushCompute's op: runs param->compute on the arrays' data.
+void RunCompute(void* /*run_context*/, void* on_complete_ptr, void* p) {
+  OpParam* param = static_cast<OpParam*>(p);
+  CallbackOnComplete on_complete = *static_cast<CallbackOnComplete*>(on_complete_ptr);
+  std::vector<const void*> in;
+  std::vector<void*> out;
+  for (size_t i = 0; i < param->inputs.size() + param->outputs.size(); ++i) {
+    const bool is_input = i < param->inputs.size();
+    NDArrayHandle h = is_input ? param->inputs[i] : param->outputs[i - param->inputs.size()];
+    void* data = nullptr;
+    if (!HasDefaultLayout(h) || g_api.get_data(h, &data) != 0) {
+      Complete(on_complete, Status::Internal("hvdmx: could not read an array of " +
+                                             param->request.name + ": " + g_api.last_error()));
+      return;
+    }
+    if (is_input) {
+      in.push_back(data);
+    } else {
+      out.push_back(data);
+    }
+  }
+  Complete(on_complete, param->compute(in, out));
+}
 
 // Called by the engine when the op's inputs are ready.
 void RunOp(void* /*run_context*/, void* on_complete_ptr, void* p) {
@@ -122,7 +150,9 @@ void RunOp(void* /*run_context*/, void* on_complete_ptr, void* p) {
   }
   TensorEntry entry;
   entry.request = param->request;
-  for (size_t i = 0; i < param->inputs.size(); ++i) {
+  entry.turn = param->turn;
+  std::string failed;  // see Request::error
+  for (size_t i = 0; i < param->inputs.size() && failed.empty(); ++i) {
     const bool in_place = param->outputs[i] == param->inputs[i];
     void* in = nullptr;
     void* out = nullptr;
@@ -130,19 +160,17 @@ void RunOp(void* /*run_context*/, void* on_complete_ptr, void* p) {
     int64_t out_bytes = 0;
     if (!HasDefaultLayout(param->inputs[i], &in_bytes) ||
         (!in_place && !HasDefaultLayout(param->outputs[i], &out_bytes))) {
-      Complete(on_complete,
-               Status::InvalidArgument(
-                   "hvdmx: tensor '" + param->request.name +
-                   "' is held in oneDNN's internal layout (e.g. a conv weight after an "
-                   "inference-mode forward); pass a plain copy instead, x.copy(), or use "
-                   "hvd.broadcast_parameters for parameters"));
-      return;
+      failed = "hvdmx: tensor '" + param->request.name +
+               "' is held in oneDNN's internal layout (e.g. a conv weight after an "
+               "inference-mode forward); pass a plain copy instead, x.copy(), or use "
+               "hvd.broadcast_parameters for parameters";
+      break;
     }
     if (g_api.get_data(param->inputs[i], &in) != 0 ||
         (!in_place && g_api.get_data(param->outputs[i], &out) != 0)) {
-      Complete(on_complete, Status::Internal("hvdmx: could not read the data of tensor '" +
-                                             param->request.name + "': " + g_api.last_error()));
-      return;
+      failed = "hvdmx: could not read the data of tensor '" + param->request.name +
+               "': " + g_api.last_error();
+      break;
     }
     if (in_place) out = in;
     // Large arrays on huge pages: copies into and out of them run at up to
@@ -151,6 +179,13 @@ void RunOp(void* /*run_context*/, void* on_complete_ptr, void* p) {
     if (!in_place) AdviseHugePages(out, out_bytes);
     entry.inputs.push_back(in);
     entry.outputs.push_back(out);
+  }
+  if (!failed.empty()) {
+    // The other ranks learn it through negotiation rather than wait for a
+    // request that never comes (see Request::error); nothing is read.
+    entry.request.error = failed;
+    entry.inputs.clear();
+    entry.outputs.clear();
   }
   std::shared_ptr<std::promise<void>> done;
   if (g_naive_engine) done = std::make_shared<std::promise<void>>();
@@ -226,11 +261,13 @@ Status Push(std::unique_ptr<OpParam> param, std::vector<NDArrayHandle> const_han
             std::vector<NDArrayHandle> mutable_handles, int dev_type, int dev_id,
             int priority, const std::string& op_name) {
   Context ctx{dev_type, dev_id};
+  const bool compute = static_cast<bool>(param->compute);
   OpParam* raw = param.release();
-  int rc = g_api.push_async_nd(RunOp, raw, DeleteOpParam, &ctx, const_handles.data(),
-                               static_cast<int>(const_handles.size()), mutable_handles.data(),
-                               static_cast<int>(mutable_handles.size()), &kFnPropertyAsync,
-                               priority, op_name.c_str(), false);
+  int rc = g_api.push_async_nd(compute ? RunCompute : RunOp, raw, DeleteOpParam, &ctx,
+                               const_handles.data(), static_cast<int>(const_handles.size()),
+                               mutable_handles.data(), static_cast<int>(mutable_handles.size()),
+                               compute ? &kFnPropertyNormal : &kFnPropertyAsync, priority,
+                               op_name.c_str(), false);
   if (rc != 0) {
     // The engine did not take the op; it owns `raw` and its deleter.
     return Status::Internal(std::string("hvdmx: MXEnginePushAsyncND failed: ") +
@@ -269,11 +306,40 @@ Status PushCollective(const std::shared_ptr<Runtime>& runtime, PushArgs args) {
     param->outputs.push_back(out_copy);
   }
   const std::string op_name = "hvdmx_" + CollectiveTypeName(param->request.type);
-  runtime->AddInEngine(1);  // before the push: the engine may run the op at once
+  // Both before the push: the engine may run the op at once.
+  const std::string name = param->request.name;
+  param->turn = runtime->ReserveTurn(name);
+  const uint64_t turn = param->turn;
+  runtime->AddInEngine(1);
   Status pushed = Push(std::move(param), const_handles, mutable_handles, args.dev_type,
                        args.dev_id, args.priority, op_name);
-  if (!pushed.ok()) runtime->AddInEngine(-1);
+  if (!pushed.ok()) {
+    runtime->AddInEngine(-1);
+    runtime->CancelTurn(name, turn);
+  }
   return pushed;
+}
+
+Status PushCompute(const std::vector<void*>& inputs, const std::vector<void*>& outputs,
+                   ComputeFn fn, const std::string& op_name) {
+  HVDMX_CHECK(g_api.push_async_nd != nullptr, "MXNet API not loaded");
+  auto param = std::make_unique<OpParam>();
+  param->compute = std::move(fn);
+  param->request.name = op_name;
+  std::vector<NDArrayHandle> const_handles;
+  std::vector<NDArrayHandle> mutable_handles;
+  for (size_t i = 0; i < inputs.size() + outputs.size(); ++i) {
+    const bool is_input = i < inputs.size();
+    NDArrayHandle copy = nullptr;
+    if (g_api.shallow_copy(is_input ? inputs[i] : outputs[i - inputs.size()], &copy) != 0) {
+      for (NDArrayHandle h : param->owned) g_api.free_ndarray(h);
+      return Status::Internal(std::string("hvdmx: MXShallowCopyNDArray: ") + g_api.last_error());
+    }
+    param->owned.push_back(copy);
+    (is_input ? param->inputs : param->outputs).push_back(copy);
+    (is_input ? const_handles : mutable_handles).push_back(copy);
+  }
+  return Push(std::move(param), const_handles, mutable_handles, 1, 0, 0, op_name);
 }
 
 Status PushFailure(const std::vector<void*>& outputs, const std::string& message, int dev_type,

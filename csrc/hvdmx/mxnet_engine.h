@@ -24,6 +24,7 @@
 #ifndef HVDMX_MXNET_ENGINE_H_
 #define HVDMX_MXNET_ENGINE_H_
 
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -90,6 +91,17 @@ struct PushArgs {
 // Pushes the collective onto MXNet's engine (see Note [Engine completion]).
 // The name is checked against `runtime`'s queue when the engine runs the op.
 Status PushCollective(const std::shared_ptr<Runtime>& runtime, PushArgs args);
+
+// Runs `fn` as an MXNet engine op once `inputs` are ready, with their data
+// pointers and those of `outputs` (distinct arrays, all dense and on the
+// CPU), on an engine thread; an error it returns fails the op, raised as
+// MXNetError when an output is read. For hvdmx's own small kernels on arrays
+// (one-bit compression, onebit.h), which must stay in the engine's order
+// with the collectives around them.
+using ComputeFn =
+    std::function<Status(const std::vector<const void*>& in, const std::vector<void*>& out)>;
+Status PushCompute(const std::vector<void*>& inputs, const std::vector<void*>& outputs,
+                   ComputeFn fn, const std::string& op_name);
 
 // Pushes an op that writes `outputs` and fails with `message`, so that a
 // collective whose negotiation failed at the call (allgather's and

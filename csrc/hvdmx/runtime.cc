@@ -56,6 +56,11 @@ Runtime::Runtime(std::unique_ptr<Comm> control, std::unique_ptr<Comm> data, cons
       config_(config),
       controller_(*control_, config.cache_capacity, config.stall_shutdown_seconds),
       executor_(*data_, config_, shm_.get(), peers_on_host) {
+  if (config_.stall_shutdown_seconds > 0) {
+    // The coordinator's exchanges give up as a round's bit-and does (Note
+    // [Background loop]); without a stall shutdown they wait as MPI does.
+    control_->set_idle([this](int64_t i) { return Idle(i); });
+  }
   if (config_.autotune && control_->rank() == 0) {
     tuner_ = std::make_unique<Autotuner>(config_, /*leader=*/true);
   }
@@ -84,13 +89,26 @@ bool Runtime::WaitNoneInEngine(std::chrono::milliseconds timeout) {
   return in_engine_cv_.wait_for(lock, timeout, [this] { return in_engine_ == 0; });
 }
 
+bool Runtime::Idle() {
+  if (!WaitNoneInEngine(std::chrono::milliseconds(0))) return false;
+  size_t queued = 0;
+  queue_.EnqueuedBefore(std::chrono::steady_clock::time_point::max(), 0, &queued);
+  return queued == 0;
+}
+
 Status Runtime::Enqueue(TensorEntry entry) {
   if (stopped_) {
     entry.callback(StoppedStatus());
     return Status::Ok();
   }
-  Status added = queue_.Add(std::move(entry));
+  bool deferred = false;
+  Status added = queue_.Add(std::move(entry), &deferred);
   if (!added.ok()) return added;
+  // Until its turn comes it counts as inside the engine, for join(); the
+  // background thread takes it off (CountReleased) when it enters
+  // negotiation. The push's own count is held until this returns, so the
+  // count never drops below zero in between.
+  if (deferred) AddInEngine(1);
   if (stopped_) {
     // The loop may have exited between the check above and the Add.
     FailAll(StoppedStatus());
@@ -113,6 +131,7 @@ void Runtime::Shutdown() {
   wake_.notify_one();
   if (thread_.joinable()) thread_.join();
   stopped_ = true;
+  if (shm_) shm_->MarkStopped();
   FailAll(ShutdownStatus());
 }
 
@@ -123,6 +142,12 @@ Status Runtime::StoppedStatus() {
 
 void Runtime::FailAll(const Status& status) {
   for (TensorEntry& entry : queue_.TakeAll()) entry.callback(status);
+  CountReleased();
+}
+
+void Runtime::CountReleased() {
+  const int64_t released = queue_.TakeReleasedCount();
+  if (released > 0) AddInEngine(-static_cast<int>(released));
 }
 
 bool Runtime::Idle(int64_t iteration) {
@@ -224,8 +249,13 @@ bool Runtime::LoopOnce() {
     }
   }
   if (tuner_) controller_.set_tuning_word(EncodeSetting(tuner_->current()));
-  RoundResult round = controller_.RunRound(queue_.TakeNewRequests(), want_shutdown, stalled,
-                                           [this](int64_t i) { return Idle(i); });
+  RoundResult round;
+  try {
+    round = controller_.RunRound(queue_.TakeNewRequests(), want_shutdown, stalled,
+                                 [this](int64_t i) { return Idle(i); });
+  } catch (const ShmPeerGone& gone) {
+    return StopAfterPeer(gone);
+  }
   if (round.abandoned) {
     size_t total = 0;
     const std::vector<std::string> pending =
@@ -239,13 +269,7 @@ bool Runtime::LoopOnce() {
         << "; a rank may have died or be stuck outside hvdmx. hvdmx has stopped on this "
            "rank: end the job and look at the other ranks' output (see docs/errors.md).";
     HVDMX_LOG(kError) << why.str();
-    {
-      std::lock_guard<std::mutex> lock(stop_mu_);
-      stop_reason_ = why.str();
-    }
-    stopped_ = true;
-    FailAll(Status::Shutdown(why.str()));
-    return false;
+    return Stop(why.str());
   }
   made_progress_ = !round.responses.empty();
   if (made_progress_) backoff_us_ = 0;
@@ -256,7 +280,12 @@ bool Runtime::LoopOnce() {
     config_.cycle_time_ms = setting.cycle_time_ms;
     config_.allreduce_algo = setting.algo;
   }
-  executor_.Run(round.responses, &queue_);
+  try {
+    executor_.Run(round.responses, &queue_);
+  } catch (const ShmPeerGone& gone) {
+    return StopAfterPeer(gone);
+  }
+  CountReleased();
   if (tuner_) {
     int64_t bytes = 0;
     for (const Response& r : round.responses) {
@@ -268,16 +297,27 @@ bool Runtime::LoopOnce() {
   }
   MaybeWarnStall();
   if (round.shutdown) {
-    if (!want_shutdown) {
-      // Say so to this rank's later calls: its user did not shut hvdmx down.
-      std::lock_guard<std::mutex> lock(stop_mu_);
-      if (stop_reason_.empty()) stop_reason_ = kShutDownByPeer;
-    }
-    stopped_ = true;
-    FailAll(StoppedStatus());
-    return false;
+    // Say so to this rank's later calls when its user did not shut hvdmx down.
+    return Stop(want_shutdown ? std::string() : kShutDownByPeer);
   }
   return true;
+}
+
+bool Runtime::Stop(const std::string& why) {
+  if (!why.empty()) {
+    std::lock_guard<std::mutex> lock(stop_mu_);
+    if (stop_reason_.empty()) stop_reason_ = why;
+  }
+  stopped_ = true;
+  // See Note [A peer that stops] in shm_allreduce.h.
+  if (shm_) shm_->MarkStopped();
+  FailAll(StoppedStatus());
+  return false;
+}
+
+bool Runtime::StopAfterPeer(const ShmPeerGone& gone) {
+  HVDMX_LOG(kError) << gone.what();
+  return Stop(gone.what());
 }
 
 void Runtime::Loop() {

@@ -20,7 +20,9 @@
 // single round's bit-AND has waited T seconds, the peers are not taking part
 // in rounds at all (dead, or busy outside hvdmx): the runtime then fails
 // everything pending on this rank with that report and stops, since the
-// round it abandoned can never complete.
+// round it abandoned can never complete. A peer on this host that stops or
+// dies while this rank waits for it in shared memory stops this rank too, at
+// once (Note [A peer that stops] in shm_allreduce.h).
 //
 // Note [Shutdown]
 // ~~~~~~~~~~~~~~~
@@ -77,10 +79,18 @@ class Runtime {
   const Controller& controller() const { return controller_; }
 
   // Any thread (MXNet engine threads). Refuses, returning the error and
-  // leaving the callback unfired, an entry whose name is already queued on
-  // this rank. Otherwise the callback fires exactly once, from the
-  // background thread (or at once if the runtime has stopped).
+  // leaving the callback unfired, an entry without a turn whose name is
+  // already queued on this rank. Otherwise the callback fires exactly once,
+  // from the background thread (or at once if the runtime has stopped).
+  // An entry with a turn waits for the turns before it (Note [Same-name
+  // calls in flight] in tensor_queue.h), counted as still in the engine
+  // meanwhile (see AddInEngine).
   Status Enqueue(TensorEntry entry);
+  // The thread that calls the collective, at the call: the name's next
+  // turn, for the entry's `turn`; Cancel when the call fails before it is
+  // pushed.
+  uint64_t ReserveTurn(const std::string& name) { return queue_.Reserve(name); }
+  void CancelTurn(const std::string& name, uint64_t turn) { queue_.Cancel(name, turn); }
 
   // Collectives pushed onto MXNet's engine for this runtime whose entries
   // the engine has not yet handed to Enqueue (it runs an op only once its
@@ -92,6 +102,10 @@ class Runtime {
   // Waits up to `timeout` for no collective to be inside the engine; true
   // when none is.
   bool WaitNoneInEngine(std::chrono::milliseconds timeout);
+  // True when no collective of this runtime is inside MXNet's engine or
+  // waiting here for the other ranks (a round may still be running the last
+  // ones; they complete without waiting for anything else). Any thread.
+  bool Idle();
 
   // See Note [Shutdown]. Idempotent. Any thread but the background thread.
   void Shutdown();
@@ -110,6 +124,17 @@ class Runtime {
  private:
   void Loop();
   void FailAll(const Status& status);
+  // Entries that waited for their turn leave the engine's count once they
+  // enter negotiation or fail (see Enqueue). Background thread.
+  void CountReleased();
+  // Stops the runtime from the background thread: records `why` (unless
+  // empty or a reason is there already), tells the host's peers (Note [A
+  // peer that stops] in shm_allreduce.h) and fails everything pending.
+  // Returns false, for LoopOnce.
+  bool Stop(const std::string& why);
+  // Stop after a peer in shared memory stopped or died in the middle of a
+  // round.
+  bool StopAfterPeer(const ShmPeerGone& gone);
   // The status for entries that arrive after the runtime has stopped.
   Status StoppedStatus();
   // Waits a little while a round waits for peers; false once it has waited

@@ -1,8 +1,10 @@
 #include "shm_allreduce.h"
 
+#include <signal.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <chrono>
 #include <cstring>
 
@@ -92,7 +94,8 @@ ShmAllreduce::ShmAllreduce(int rank, int size, std::vector<char*> regions, int64
                      StageStoreChooser(stores, kPushStreamMinBytes),
                      StageStoreChooser(stores, kPushStreamMinBytes)}},
       scratch_(kBlockBytes),
-      wide_(std::max(kWideBlockElems, cross_ ? chunk_bytes_ / 2 : 0)) {
+      wide_(std::max(kWideBlockElems, cross_ ? chunk_bytes_ / 2 : 0)),
+      next_pid_check_(size) {
   static_assert(sizeof(Control) <= kControlBlockBytes, "control block too large");
   // Regions are consecutive in one mapping, so a page-aligned start keeps every
   // one of them aligned for its Control block: RegionBytes is a multiple of it
@@ -110,8 +113,53 @@ ShmAllreduce::ShmAllreduce(int rank, int size, std::vector<char*> regions, int64
   control(rank_).pid.store(getpid(), std::memory_order_relaxed);
 }
 
+namespace {
+
+std::string PeerGoneMessage(const std::string& why) {
+  return "hvdmx: " + why +
+         ", while this rank waited for it in shared memory; hvdmx has stopped on this rank "
+         "too. Look at that rank's output for why (see docs/errors.md, \"A rank that stops\")";
+}
+
+}  // namespace
+
+ShmAllreduce::~ShmAllreduce() { MarkStopped(); }
+
 ShmAllreduce::Control& ShmAllreduce::control(int j) const {
   return *reinterpret_cast<Control*>(regions_[j]);
+}
+
+void ShmAllreduce::MarkStopped() { control(rank_).stopped.store(1, std::memory_order_release); }
+
+std::string ShmAllreduce::PeerGoneReason(int j) {
+  const Control& peer = control(j);
+  const int64_t pid = peer.pid.load(std::memory_order_relaxed);
+  const std::string who = "rank " + std::to_string(j) + " of this host (pid " +
+                          std::to_string(pid) + ")";
+  if (peer.stopped.load(std::memory_order_acquire) != 0) {
+    return who + " has stopped hvdmx (a stall shutdown, a failure, or hvd.shutdown() there)";
+  }
+  const auto now = shm_internal::Clock::now();
+  if (now < next_pid_check_[j]) return std::string();
+  next_pid_check_[j] = now + std::chrono::microseconds(kPidCheckMicros);
+  if (pid > 0 && kill(static_cast<pid_t>(pid), 0) != 0 && errno == ESRCH) {
+    return who + " has exited";
+  }
+  return std::string();
+}
+
+void ShmAllreduce::Await(int j, const std::atomic<uint64_t>& counter, uint64_t target) {
+  struct Watch {
+    ShmAllreduce* self;
+    int j;
+    std::string why;
+    bool operator()() {
+      why = self->PeerGoneReason(j);
+      return !why.empty();
+    }
+    [[noreturn]] void Throw() const { throw ShmPeerGone(j, PeerGoneMessage(why)); }
+  } watch{this, j, std::string()};
+  WaitFor(counter, target, spin_micros_, watch);
 }
 
 char* ShmAllreduce::Mailbox(int j, int i) const {
@@ -217,7 +265,7 @@ char* ShmAllreduce::ClaimStage(uint64_t seq, const char* src) {
   if (seq >= kStages) {
     // The stage held chunk seq - kStages: wait until every rank is done with it.
     for (int j = 0; j < size_; ++j) {
-      if (j != rank_) WaitFor(control(j).done.value, seq - kStages + 1, spin_micros_);
+      if (j != rank_) Await(j, control(j).done.value, seq - kStages + 1);
     }
   }
   // See Note [Where a chunk sits in its stage].
@@ -250,7 +298,7 @@ void ShmAllreduce::Reduce(const Call& call, int64_t k) {
   const uint64_t seq = call.seq(k);
   const bool wide = HalfReducesWide(call.dtype);
   for (int j = 0; j < size_; ++j) {
-    if (j != rank_) WaitFor(control(j).copied.value, seq + 1, spin_micros_);
+    if (j != rank_) Await(j, control(j).copied.value, seq + 1);
   }
   const int64_t begin = call.chunk_begin(k);
   const int64_t lo = call.slice_begin(k, size_, rank_);
@@ -341,7 +389,7 @@ void ShmAllreduce::CopyOut(const Call& call, int64_t k) {
     const int j = (rank_ + i) % size_;
     const int64_t lo = call.slice_begin(k, size_, j);
     const int64_t hi = call.slice_begin(k, size_, j + 1);
-    WaitFor(control(j).reduced.value, seq + 1, spin_micros_);
+    Await(j, control(j).reduced.value, seq + 1);
     const char* from = Stage(j, seq) + lo * call.elem;
     ForPieces(call, begin + lo, begin + hi, [&](char* dst, const char*, int64_t at,
                                                 int64_t bytes) {
@@ -377,7 +425,14 @@ bool ShmAllreduce::TestBitAnd() {
   HVDMX_CHECK(bit_and_words_ != nullptr, "no bit-and outstanding");
   const uint64_t seq = bit_and_seq_;
   for (int j = 0; j < size_; ++j) {
-    if (control(j).anded.value.load(std::memory_order_acquire) < seq) return false;
+    if (control(j).anded.value.load(std::memory_order_acquire) >= seq) continue;
+    // See Note [A peer that stops]; its last bit-and is visible once its
+    // stop is.
+    const std::string why = PeerGoneReason(j);
+    if (!why.empty() && control(j).anded.value.load(std::memory_order_acquire) < seq) {
+      throw ShmPeerGone(j, PeerGoneMessage(why));
+    }
+    return false;
   }
   for (int j = 0; j < size_; ++j) {
     if (j == rank_) continue;
@@ -413,7 +468,7 @@ bool ShmAllreduce::BcastString(std::string* data, int root) {
   int64_t bytes = 0;
   if (rank_ == root) {
     for (int j = 0; j < size_; ++j) {
-      if (j != rank_ && c > 2) WaitFor(control(j).taken.value, c - 2, spin_micros_);
+      if (j != rank_ && c > 2) Await(j, control(j).taken.value, c - 2);
     }
     const bool fits = static_cast<int64_t>(data->size()) <= kMaxPayloadBytes;
     bytes = fits ? static_cast<int64_t>(data->size()) : -1;
@@ -421,7 +476,7 @@ bool ShmAllreduce::BcastString(std::string* data, int root) {
     control(rank_).posted_bytes[c % 2].store(bytes, std::memory_order_relaxed);
     control(rank_).posted.value.store(c, std::memory_order_release);
   } else {
-    WaitFor(control(root).posted.value, c, spin_micros_);
+    Await(root, control(root).posted.value, c);
     bytes = control(root).posted_bytes[c % 2].load(std::memory_order_relaxed);
     if (bytes >= 0) data->assign(Mailbox(root, box), static_cast<size_t>(bytes));
   }

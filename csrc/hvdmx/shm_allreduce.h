@@ -85,9 +85,11 @@
 
 #include <array>
 #include <atomic>
+#include <chrono>
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -102,6 +104,29 @@ namespace hvdmx {
 // empty. ShmSliceStart(len, n, 0, u) == 0 and ShmSliceStart(len, n, n, u) == len.
 int64_t ShmSliceStart(int64_t len, int n, int j, int64_t unit);
 
+// Note [A peer that stops]
+// ~~~~~~~~~~~~~~~~~~~~~~~~
+// A rank whose runtime stops (a stall shutdown, a peer's failure, its own
+// hvd.shutdown()) sets `stopped` in its control block, and a rank whose
+// process ends without that is seen through its pid (kill(pid, 0) fails with
+// ESRCH; asked at most every kPidCheckMicros per peer). Every wait in shared
+// memory, and the bit-and's Test, ask about the peer they wait for once they
+// sleep; a peer that is gone and has not written what the wait needs makes
+// the call throw ShmPeerGone. The runtime then fails what it was running and
+// what is pending, and stops in turn (runtime.h), so hvd.shutdown() and the
+// process's exit never wait for a peer that will not come. A clean shutdown
+// stops every rank after the same round, whose writes every peer has made
+// before it marks itself stopped, so no wait of that round throws.
+class ShmPeerGone : public std::runtime_error {
+ public:
+  ShmPeerGone(int peer, const std::string& what) : std::runtime_error(what), peer_(peer) {}
+  // The peer's rank among the host's ranks.
+  int peer() const { return peer_; }
+
+ private:
+  int peer_;
+};
+
 class ShmAllreduce {
  public:
   static constexpr int kStages = 4;
@@ -111,7 +136,9 @@ class ShmAllreduce {
   // and up were 1.1-1.4x faster than through the stages, broadcasts
   // (the root writing half of the peer's output, Note [Reading peers'
   // buffers directly]) 1.2-2.3x; at 4 MiB both were mixed
-  // (docs/benchmarks.md). Allgathers were mixed read directly; most write
+  // (docs/benchmark-notes.md, "Single-copy moves and huge pages" and
+  // "Broadcasts read directly, the root writing half"). Allgathers were
+  // mixed read directly; most write
   // into the peers' outputs instead.
   static constexpr int64_t kAutoDirectMinBytes = int64_t{8} << 20;
   // Under StageStores::kAuto, a write into the peers' outputs (Note
@@ -119,7 +146,8 @@ class ShmAllreduce {
   // by the rank, and smaller ones stay cached. At np=2 here, streaming made
   // 16 and 64 MiB allgathers and alltoalls 1.15-1.5x faster, and those of
   // 1-4 MiB 1.2-1.9x slower (they stay in the 32 MiB L3); 8 and 12 MiB were
-  // mixed (docs/benchmarks.md, "Streaming stores into the peers' outputs").
+  // mixed (docs/benchmark-notes.md, "Streaming stores into the peers'
+  // outputs").
   // A choice among sizes that stay in cache would only pay for its trials.
   static constexpr int64_t kPushStreamMinBytes = int64_t{8} << 20;
   // An in-place allreduce of `count` elements among the ranks of one local
@@ -271,11 +299,23 @@ class ShmAllreduce {
   // BcastStrings that went through shared memory; any thread may read it.
   int64_t strings_broadcast() const { return strings_broadcast_.load(std::memory_order_relaxed); }
 
+  // Tells the peers that this rank will make no more calls (Note [A peer
+  // that stops]). Idempotent; the destructor calls it too.
+  void MarkStopped();
+  ~ShmAllreduce();
+
  private:
   struct Call;
   struct Control;
 
   Control& control(int j) const;
+  // Waits until peer j's `counter` >= `target`; throws ShmPeerGone if j
+  // stops or dies first (Note [A peer that stops]).
+  void Await(int j, const std::atomic<uint64_t>& counter, uint64_t target);
+  // Why peer j will write no more (it stopped, or its process is gone);
+  // empty while it may.
+  std::string PeerGoneReason(int j);
+  static constexpr int64_t kPidCheckMicros = 100000;
   // Rank j's mailbox i: 0 and 1 hold bit-and payloads, 2 and 3 broadcast
   // strings; kMaxPayloadBytes each, after its Control block.
   char* Mailbox(int j, int i) const;
@@ -404,6 +444,7 @@ class ShmAllreduce {
   int64_t arena_bytes_ = 0;
   int64_t push_min_output_bytes_ = 0;
   std::atomic<int64_t> push_exchanges_{0};
+  std::vector<std::chrono::steady_clock::time_point> next_pid_check_;  // per peer
 };
 
 }  // namespace hvdmx

@@ -4,7 +4,7 @@
 // everything else, and strings too long for a mailbox, go to `inner`.
 // Measured at np=2 here: an MPI_Iallreduce bit-and took 8.5 us a round; a
 // round that needs the coordinator took about 16 us more than one that
-// does not with MPI's gather and broadcast (docs/benchmarks.md,
+// does not with MPI's gather and broadcast (docs/benchmark-notes.md,
 // "Negotiation through shared memory").
 #ifndef HVDMX_SHM_CONTROL_COMM_H_
 #define HVDMX_SHM_CONTROL_COMM_H_
@@ -44,6 +44,7 @@ class ShmControlComm : public Comm {
   void BcastString(std::string* data, int root) override {
     if (!shm_->BcastString(data, root)) inner_->BcastString(data, root);
   }
+  void set_idle(std::function<bool(int64_t)> idle) override { inner_->set_idle(std::move(idle)); }
   void StartBitAnd(uint64_t* words, int n) override { shm_->StartBitAnd(words, n); }
   bool TestBitAnd() override { return shm_->TestBitAnd(); }
   int64_t BitAndPayloadCapacity() const override { return ShmAllreduce::kMaxPayloadBytes; }

@@ -16,7 +16,6 @@ namespace hvdmx {
 
 using shm_internal::kBlockBytes;
 using shm_internal::kSliceAlignBytes;
-using shm_internal::WaitFor;
 
 void ShmAllreduce::Broadcast(const void* in, void* out, int64_t bytes, int root) {
   HVDMX_CHECK(!cross_ && root >= 0 && root < size_, "shared-memory broadcast: one host, root in it");
@@ -128,7 +127,7 @@ void ShmAllreduce::ReduceScatter(const void* in, void* out, const std::vector<in
   auto reduce = [&](int64_t k) {
     const uint64_t seq = first_seq + static_cast<uint64_t>(k);
     for (int j = 0; j < size_; ++j) {
-      if (j != rank_) WaitFor(control(j).copied.value, seq + 1, spin_micros_);
+      if (j != rank_) Await(j, control(j).copied.value, seq + 1);
     }
     int64_t lo = 0;
     const int64_t n = piece(rank_, k, &lo);
@@ -230,7 +229,7 @@ void ShmAllreduce::Collect(const Stream& stream, uint64_t seq, int64_t k) {
     const int64_t a = std::max(lo, read.offset);
     const int64_t b = std::min(hi, read.offset + read.bytes);
     if (b <= a) continue;
-    WaitFor(control(j).copied.value, seq + 1, spin_micros_);
+    Await(j, control(j).copied.value, seq + 1);
     std::memcpy(read.dst + (a - read.offset), Stage(j, seq) + (a - lo), b - a);
   }
   control(rank_).done.value.store(seq + 1, std::memory_order_release);
@@ -303,7 +302,8 @@ int64_t ShmAllreduce::RootWrittenBytes(int64_t read_bytes) const {
 // then publishes done. A peer's output is whole once the root's done is
 // in, which every rank waits for anyway. At np=2 the two halves move at
 // once: 16 MiB in 555-590 us against 745-800 for one whole read, 64 MiB in
-// 2.8-3.1 ms against 3.2-3.9 (docs/benchmarks.md). Out of place, the root
+// 2.8-3.1 ms against 3.2-3.9 (docs/benchmark-notes.md, "Broadcasts read
+// directly, the root writing half"). Out of place, the root
 // copies the whole message into its own output, as much as each peer
 // reads, so it writes nothing for them (root_writes = 0 in its control
 // block).
@@ -352,7 +352,7 @@ void ShmAllreduce::ExchangeDirect(Move move, const Stream& stream) {
     const Control& peer = control(j);
     if (root) {
       if (!root_writes) continue;
-      WaitFor(peer.copied.value, seq + 1, spin_micros_);
+      Await(j, peer.copied.value, seq + 1);
       const int64_t pid = peer.pid.load(std::memory_order_relaxed);
       const int64_t bytes = peer.read_bytes.load(std::memory_order_relaxed);
       const int64_t written = RootWrittenBytes(bytes);
@@ -370,7 +370,7 @@ void ShmAllreduce::ExchangeDirect(Move move, const Stream& stream) {
     }
     const Read& read = reads_[j];
     if (read.bytes == 0) continue;
-    WaitFor(peer.copied.value, seq + 1, spin_micros_);
+    Await(j, peer.copied.value, seq + 1);
     // The read is one of the peer's blocks, wholly before its hole or
     // wholly after it (alltoall's hole is the peer's block for itself).
     const int64_t hole_at = peer.stream_hole_at.load(std::memory_order_relaxed);
@@ -385,7 +385,7 @@ void ShmAllreduce::ExchangeDirect(Move move, const Stream& stream) {
   if (wrote) root_writes_.fetch_add(1, std::memory_order_relaxed);
   mine.done.value.store(seq + 1, std::memory_order_release);
   for (int j = 0; j < size_; ++j) {
-    if (j != rank_) WaitFor(control(j).done.value, seq + 1, spin_micros_);
+    if (j != rank_) Await(j, control(j).done.value, seq + 1);
   }
 }
 
@@ -418,7 +418,8 @@ int64_t ShmAllreduce::OffsetInFile(const char* data, int64_t bytes) const {
 // processes (no system call, no pages to pin), where the stages copy it
 // twice. At np=2 that made alltoalls of 1-4 MiB 1.2-2.5x and allgathers of
 // 1-2 MiB 1.04-1.17x faster than the stages in one run (mixed in another),
-// and level from 16 MiB (docs/benchmarks.md, "Writing into peers' outputs").
+// and level from 16 MiB (docs/benchmark-notes.md, "Writing into peers'
+// outputs").
 //
 // One call takes one chunk seq, s, and no stage:
 // - each rank writes its output's offset in its file (or -1 when the
@@ -444,7 +445,7 @@ bool ShmAllreduce::ExchangePush(Move move) {
   bool all = offset >= 0;
   for (int j = 0; j < size_; ++j) {
     if (j == rank_) continue;
-    WaitFor(control(j).copied.value, seq + 1, spin_micros_);
+    Await(j, control(j).copied.value, seq + 1);
     all = all && control(j).out_offset.load(std::memory_order_relaxed) >= 0;
   }
   if (all) {
@@ -466,7 +467,7 @@ bool ShmAllreduce::ExchangePush(Move move) {
   }
   mine.done.value.store(seq + 1, std::memory_order_release);
   for (int j = 0; j < size_; ++j) {
-    if (j != rank_) WaitFor(control(j).done.value, seq + 1, spin_micros_);
+    if (j != rank_) Await(j, control(j).done.value, seq + 1);
   }
   if (all) push_exchanges_.fetch_add(1, std::memory_order_relaxed);
   return all;

@@ -25,9 +25,10 @@ namespace shm_internal {
 // kYieldMicros have passed (another process may need it), then sleeps
 // kSleepMicros at a time. When the host's ranks outnumber the cores this
 // process may run on (mpiexec -n 4 on two cores), the peer may be waiting
-// for this very core: the spin is skipped. No wait ends other than by the
-// peer's counter: a peer that dies leaves this rank waiting, as in any MPI
-// collective, and the launcher ends the job.
+// for this very core: the spin is skipped. Once a wait sleeps it also asks
+// whether the peer is still there (Note [A peer that stops]); if not, and
+// the counter still falls short, it throws ShmPeerGone instead of waiting
+// for a write that will never come.
 constexpr int64_t kSpinMicros = 20;
 constexpr int64_t kYieldMicros = 2000;
 constexpr int64_t kSleepMicros = 50;
@@ -67,7 +68,13 @@ inline int64_t MicrosSince(Clock::time_point start) {
 }
 
 // Returns once `counter` >= `target`. See Note [Waiting in shared memory].
-inline void WaitFor(const std::atomic<uint64_t>& counter, uint64_t target, int64_t spin_micros) {
+// `gone()` is asked between sleeps; it returns false while the peer that
+// writes `counter` may still write it, and otherwise throws once a last look
+// at the counter has found it short (the peer's writes before it stopped
+// are visible by then: it publishes its stop after them).
+template <typename Gone>
+inline void WaitFor(const std::atomic<uint64_t>& counter, uint64_t target, int64_t spin_micros,
+                    Gone&& gone) {
   if (counter.load(std::memory_order_acquire) >= target) return;
   const Clock::time_point start = Clock::now();
   for (;;) {
@@ -80,6 +87,10 @@ inline void WaitFor(const std::atomic<uint64_t>& counter, uint64_t target, int64
     if (waited < kYieldMicros) {
       sched_yield();
     } else {
+      if (gone()) {
+        if (counter.load(std::memory_order_acquire) >= target) return;
+        gone.Throw();
+      }
       std::this_thread::sleep_for(std::chrono::microseconds(kSleepMicros));
     }
   }
@@ -148,6 +159,9 @@ struct ShmAllreduce::Control {
   // [Writing into peers' outputs]). Written before `copied` is released for
   // the call, read after acquiring it.
   std::atomic<int64_t> out_offset;
+  // 1 once this rank has stopped using the region (Note [A peer that
+  // stops]); released after its last write to the counters.
+  alignas(128) std::atomic<int64_t> stopped;
 };
 
 }  // namespace hvdmx

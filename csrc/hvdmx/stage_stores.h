@@ -13,7 +13,8 @@
 // crossing. On this project's 2-core VM both happen in one job: the
 // hypervisor moves the two cores, and a 64 MiB allreduce took 5.0-5.8 ms
 // streaming and 7.9-9.8 ms cached in one phase, 8.5 and 5.3 ms in the
-// other, switching within minutes (docs/benchmarks.md).
+// other, switching within minutes (docs/benchmark-notes.md, "Streaming
+// stores: faster in the slow phase").
 //
 // So under HVDMX_SHM_STREAMING_STORES=auto each rank measures. Calls are
 // sorted by size into classes (factors of 2 from the least size that may

@@ -336,7 +336,54 @@ std::pair<std::vector<std::vector<std::vector<py::bytes>>>, int64_t> TestingShmC
 
 }  // namespace
 
+// One host of `size` ranks, one thread each, over plain memory: rank
+// `stopper` marks itself stopped (MarkStopped) without making the call,
+// and every other rank makes one call of `kind` (allreduce, broadcast from
+// the stopper, bitand, string from the stopper). Returns, per rank, what
+// ShmPeerGone said, or "" if its call returned (the stopper's is "").
+std::vector<std::string> TestingShmPeerStops(int size, int stopper, const std::string& kind) {
+  if (size < 2 || stopper < 0 || stopper >= size) throw py::value_error("bad size or stopper");
+  if (kind != "allreduce" && kind != "broadcast" && kind != "bitand" && kind != "string") {
+    throw py::value_error("unknown kind " + kind);
+  }
+  py::gil_scoped_release release;
+  PlainShmRegions memory(size, 4096);
+  std::vector<std::string> said(size);
+  std::vector<std::thread> threads;
+  for (int r = 0; r < size; ++r) {
+    threads.emplace_back([&, r] {
+      ShmAllreduce shm(r, size, memory.regions, 4096, memory.memory);
+      if (r == stopper) {
+        shm.MarkStopped();
+        return;
+      }
+      std::vector<float> data(1000, 1.0f);
+      uint64_t words[1] = {~uint64_t{0}};
+      std::string text;
+      try {
+        if (kind == "allreduce") {
+          shm.Allreduce(data.data(), static_cast<int64_t>(data.size()), DataType::kFloat32,
+                        ReduceOp::kSum);
+        } else if (kind == "broadcast") {
+          shm.Broadcast(data.data(), data.data(), 4000, stopper);
+        } else if (kind == "bitand") {
+          shm.StartBitAnd(words, 1);
+          while (!shm.TestBitAnd()) std::this_thread::yield();
+        } else {
+          shm.BcastString(&text, stopper);
+        }
+      } catch (const ShmPeerGone& gone) {
+        said[r] = gone.what();
+      }
+    });
+  }
+  for (auto& th : threads) th.join();
+  return said;
+}
+
 void DefineTestingShmBindings(py::module_& m) {
+  m.def("_testing_shm_peer_stops", &TestingShmPeerStops, py::arg("size"), py::arg("stopper"),
+        py::arg("kind"));
   m.def("_testing_shm_control_comm", &TestingShmControlComm, py::arg("size"), py::arg("steps"));
   m.attr("_SHM_MAX_PAYLOAD_BYTES") = ShmAllreduce::kMaxPayloadBytes;
   m.def("_testing_shm_allreduce", &TestingShmAllreduce, py::arg("calls"), py::arg("dtype"),

@@ -102,9 +102,11 @@ void Timeline::Phase(const std::string& tensor, const char* phase, Clock::time_p
   if (!enabled()) return;
   using std::chrono::duration_cast;
   using std::chrono::microseconds;
-  Record(Event{tensor, phase, std::move(args), 'X',
-               duration_cast<microseconds>(start - origin_).count(),
-               std::max<int64_t>(0, duration_cast<microseconds>(end - start).count())});
+  // Both ends rounded the same way, so that a step inside an operation is
+  // inside it in whole microseconds too (Note [Timeline names] in executor.cc).
+  const int64_t from = duration_cast<microseconds>(start - origin_).count();
+  const int64_t to = duration_cast<microseconds>(end - origin_).count();
+  Record(Event{tensor, phase, std::move(args), 'X', from, std::max<int64_t>(0, to - from)});
 }
 
 void Timeline::Mark(const std::string& tensor, std::string what, Clock::time_point at) {

@@ -1,11 +1,14 @@
 // The timeline: a Chrome trace (chrome://tracing, Perfetto) of what each
 // tensor went through on this rank, written by a thread of its own.
 //
-// One row ("process" in the trace) per tensor name, with complete events for
-// its phases: NEGOTIATE (submitted until every rank was ready), QUEUE (ready
-// until its group started), MEMCPY_IN_FUSION_BUFFER, the collective under its
+// One row ("process" in the trace) per tensor name, with complete events
+// named as in Horovod's timeline (Note [Timeline names] in executor.cc):
+// NEGOTIATE_<OP> (submitted until every rank was ready), then the operation
+// <OP> (ALLREDUCE, BROADCAST, ...) holding its steps: QUEUE (ready until its
+// group started), MEMCPY_IN_FUSION_BUFFER, the collective under its
 // algorithm's name (RING_ALLREDUCE, MPI_ALLREDUCE, RING_ALLGATHER, ...),
-// MEMCPY_OUT_FUSION_BUFFER; each with the dtype and shape. Rank 0 adds an
+// MEMCPY_OUT_FUSION_BUFFER. The negotiation and the operation carry the
+// dtype and shape. Rank 0 adds an
 // instant event as each rank's request reaches it (slow path only: a cached
 // round has no per-rank arrivals), and, with mark_cycles, one per round.
 //

@@ -343,6 +343,17 @@ def test_mkldnn_layout_weight(world):
     assert np.array_equal(out.asnumpy(), weight.asnumpy())
     hvd.broadcast_parameters(net.collect_params(), root_rank=0, prefix="mkldnn.")
     assert all_equal_across_ranks(net[1].weight.data().asnumpy())
+    # Only the last rank holds such an array: the others do not wait for it,
+    # they get its error too, naming it; and the name can be used again.
+    weight = net[1].weight.data()
+    net(mx.nd.ones((2, 4, 12, 12))).wait_to_read()
+    mine = weight if rank == size - 1 else weight.copy()
+    with pytest.raises(mx.base.MXNetError,
+                       match=f"failed on rank {size - 1}, so it has failed on every rank: "
+                             "hvdmx: tensor 'mkldnn.one' is held in oneDNN's internal layout"):
+        hvd.allreduce(mine, op=hvd.Max, name="mkldnn.one").wait_to_read()
+    out = hvd.allreduce(weight.copy(), op=hvd.Max, name="mkldnn.one")
+    assert np.array_equal(out.asnumpy(), weight.asnumpy())
 
 
 @pytest.mark.skipif(hvd.size() > 2, reason="needs ~6 GiB per rank: runs at -n 1 and -n 2")

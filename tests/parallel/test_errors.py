@@ -103,27 +103,61 @@ def test_grouped_needs_a_list_of_distinct_arrays():
         hvd.grouped_allreduce_([a, a])
 
 
-def test_name_still_pending(world):
-    # Reusing a name is fine once the engine has run the earlier op (the
-    # training loop does it every step); two ops of one name inside the
-    # runtime at once are refused, at read, on the rank that did it.
+def test_same_name_calls_take_turns(world):
+    # Note [Same-name calls in flight]: calls of one name that are in flight
+    # together run one after the other, in the order they were called, on
+    # every rank, whatever order the engine runs them in. Rank 0 is early
+    # (its first call waits for the others meanwhile).
     rank, size = world
-    if size == 1:
-        pytest.skip("at one rank the first op completes at once")
-    if rank == 0:
-        first = hvd.allreduce(mx.nd.ones((1,)), name="pending.name", op=hvd.Sum)
-        second = hvd.allreduce(mx.nd.ones((1,)), name="pending.name", op=hvd.Sum)
-        with pytest.raises(mx.base.MXNetError, match="'pending.name' is still pending"):
-            second.wait_to_read()
-    else:
-        time.sleep(0.3)  # rank 0's first op waits for this rank meanwhile
-        first = hvd.allreduce(mx.nd.ones((1,)), name="pending.name", op=hvd.Sum)
-    assert first.asnumpy().tolist() == [size]
+    if rank != 0:
+        time.sleep(0.3)
+    first = hvd.allreduce(mx.nd.ones((1,)) * (rank + 1), name="pending.name", op=hvd.Sum)
+    second = hvd.allreduce(mx.nd.ones((1,)) * 10 * (rank + 1), name="pending.name", op=hvd.Sum)
+    total = size * (size + 1) // 2
+    assert second.asnumpy().tolist() == [10 * total]
+    assert first.asnumpy().tolist() == [total]
+    # Logging code: a broadcast and an allgather of one name every step,
+    # read only at the end.
+    steps = [(hvd.broadcast(mx.nd.full((2,), 100 * step + rank), root_rank=size - 1,
+                            name="log.b"),
+              hvd.allgather(mx.nd.full((rank + 1, 2), step * 10 + rank), name="log.g"))
+             for step in range(4)]
+    for step, (b, g) in enumerate(steps):
+        assert b.asnumpy().tolist() == [100 * step + size - 1] * 2
+        expect = [[step * 10 + r] * 2 for r in range(size) for _ in range(r + 1)]
+        assert g.asnumpy().tolist() == expect
     # reusing the name for an op ordered after the first one is fine
     x = mx.nd.ones((3,))
     for _ in range(3):
         hvd.allreduce_(x, name="reused.name", op=hvd.Sum)
     assert x.asnumpy().tolist() == [size ** 3] * 3
+
+
+def test_join_waits_for_same_name_calls_still_waiting_their_turn(world):
+    # Calls waiting for their turn count as not yet submitted: join() must
+    # not overtake them, or they would complete without this rank's data.
+    rank, size = world
+    outs = [hvd.allreduce(mx.nd.ones((2,)) * (rank + 1) * (k + 1), name="turns.join",
+                          op=hvd.Sum) for k in range(3)]
+    assert hvd.join() in range(size)
+    total = size * (size + 1) // 2
+    for k, out in enumerate(outs):
+        assert out.asnumpy().tolist() == [total * (k + 1)] * 2
+
+
+def test_same_name_calls_keep_call_order_when_the_engine_does_not(world):
+    # The first call's input comes from a slow op, the second's is ready: the
+    # engine runs the second first. Each result still belongs to its call.
+    rank, size = world
+    a = mx.nd.ones((300, 300))
+    slow = mx.nd.dot(mx.nd.dot(mx.nd.dot(a, a), a), a)  # every entry 300**3
+    first_in = slow[0, :4] / 300 ** 3 * (rank + 1)
+    second_in = mx.nd.ones((4,)) * 1000 * (rank + 1)
+    first = hvd.allreduce(first_in, name="order.name", op=hvd.Sum)
+    second = hvd.allreduce(second_in, name="order.name", op=hvd.Sum)
+    total = size * (size + 1) // 2
+    assert second.asnumpy().tolist() == [1000 * total] * 4
+    assert first.asnumpy().tolist() == [total] * 4
 
 
 def test_gpu_context_without_cuda(monkeypatch):

@@ -268,12 +268,91 @@ def test_bad_input():
     with pytest.raises(TypeError, match="'prefix' must be a str or None, got int"):
         hvd.KVStore(prefix=1)
     params = make_net("kvbadtrainer_").collect_params()
-    with pytest.raises(ValueError, match="compression=hvd.Compression.fp16"):
+    with pytest.raises(ValueError, match="\\['threshold'\\]=-1.0 must be a finite number > 0"):
         trainer = gluon.Trainer(params, "sgd", kvstore=store,
-                                compression_params={"type": "2bit", "threshold": 0.5})
+                                compression_params={"type": "2bit", "threshold": -1.0})
         trainer._init_kvstore()
+    fn = "hvdmx.KVStore.set_gradient_compression"
+    for bad, message in [
+            ({"type": "3bit"}, "\\['type'\\]='3bit' is not supported; use '2bit'"),
+            ({"threshold": 0.5}, "\\['type'\\]=None is not supported"),
+            ({"type": "2bit", "threshold": 0}, "\\['threshold'\\]=0 must be a finite number > 0"),
+            ({"type": "2bit", "threshold": float("nan")}, "\\['threshold'\\]=nan must be"),
+            ({"type": "1bit", "threshold": 0.5}, "'threshold'\\] does not apply to '1bit'"),
+            ({"type": "2bit", "thresh": 1}, "unknown compression_params \\['thresh'\\]")]:
+        with pytest.raises(ValueError, match=f"{fn}: .*{message}"):
+            hvd.KVStore().set_gradient_compression(bad)
+    with pytest.raises(TypeError, match="'compression_params' must be a dict"):
+        hvd.KVStore().set_gradient_compression("2bit")
+    with pytest.raises(ValueError, match="created with compression=FP16Compressor; use one"):
+        hvd.KVStore(compression=hvd.Compression.fp16).set_gradient_compression({"type": "2bit"})
+    quantized = hvd.KVStore(prefix="kvbad.int.")
+    quantized.set_gradient_compression({"type": "2bit"})
+    with pytest.raises(TypeError, match="gradient compression '2bit' needs float32 values on "
+                                        "the CPU; value\\[0\\] of 'kvbad.int.kvstore.pushpull.0' "
+                                        "is int32"):
+        quantized.pushpull(0, mx.nd.ones((3,), dtype="int32"))
     with pytest.raises(ValueError, match="update_on_kvstore=False"):  # MXNet's own check
         trainer = gluon.Trainer(params, "sgd", kvstore=store, update_on_kvstore=True)
         trainer._init_kvstore()
     out = hvd.allreduce(mx.nd.ones((3,)), op=hvd.Sum, name="after.kvbad")
     assert out.asnumpy().tolist() == [hvd.size()] * 3
+
+
+def two_bit_inputs(rank, step, n=40):
+    """Values on both sides of +-0.5 and exactly on it, rank- and step-dependent."""
+    i = np.arange(n)
+    return ((((i * 7 + rank * 5 + step * 3) % 13) - 6) / 8).astype(np.float32)
+
+
+@pytest.mark.parametrize("threshold", [0.5, 0.25])
+def test_two_bit_compression_matches_mxnet_device_kvstore(threshold):
+    # MXNet's own 2-bit kvstore, on one device per rank of this job, each
+    # holding that rank's gradient: hvd.KVStore must give the same sums.
+    rank, size = hvd.rank(), hvd.size()
+    params = {"type": "2bit", "threshold": threshold}
+    reference = mx.kv.create("device")
+    reference.set_gradient_compression(params)
+    reference.init(0, mx.nd.zeros((40,)))
+    store = hvd.KVStore(prefix=f"kv2bit.{threshold}.")
+    store.set_gradient_compression(params)
+    for step in range(4):
+        reference.push(0, [mx.nd.array(two_bit_inputs(r, step), ctx=mx.cpu(r))
+                           for r in range(size)])
+        expect = mx.nd.zeros((40,))
+        reference.pull(0, out=expect)
+        out = mx.nd.zeros((40,))
+        store.pushpull(0, mx.nd.array(two_bit_inputs(rank, step)), out=out)
+        got = out.asnumpy()
+        assert got.tolist() == expect.asnumpy().tolist()
+        assert set(np.unique(np.abs(got) / threshold)) - set(range(size + 1)) == set()
+        assert all_equal_across_ranks(got)
+
+
+def test_one_bit_through_the_kvstore_and_a_trainer():
+    from test_compression import gradient, model_pack
+    rank, size = hvd.rank(), hvd.size()
+    store = hvd.KVStore(prefix="kv1bit.")
+    store.set_gradient_compression({"type": "1bit"})
+    residuals = [np.zeros(300, np.float32) for _ in range(size)]
+    for step in range(2):
+        value = mx.nd.array(gradient(rank, step, 300))
+        store.pushpull("g", value)  # in place
+        expect = np.zeros(300, np.float32)
+        for r in range(size):
+            sent, residuals[r] = model_pack(gradient(r, step, 300), residuals[r])
+            expect += sent
+        assert np.array_equal(value.asnumpy().view(np.uint32), expect.view(np.uint32))
+    # A gluon.Trainer with MXNet's compression_params, as dist_sync scripts pass them.
+    net = make_net("kv2bittrainer_", seed=0)
+    trainer = gluon.Trainer(net.collect_params(), "sgd", {"learning_rate": LR},
+                            kvstore=hvd.KVStore(prefix="kv2bittrainer."),
+                            compression_params={"type": "2bit", "threshold": 0.5})
+    xs, ys = batches(2)
+    for x, y in zip(xs, ys):
+        with mx.autograd.record():
+            loss = ((net(mx.nd.array(local(x))) - mx.nd.array(local(y))) ** 2).sum()
+        loss.backward()
+        trainer.step(B * size)
+    for p in net.collect_params().values():
+        assert all_equal_across_ranks(p.data().asnumpy())

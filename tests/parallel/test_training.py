@@ -497,8 +497,8 @@ def test_distributed_optimizer_update_single_and_list(num_groups):
 # --- bad input ---------------------------------------------------------------
 
 def test_parameters_differ_across_ranks():
-    """A shape that differs on the last rank: every rank raises a ValueError
-    naming the parameter, and nothing hangs."""
+    """A shape that differs on the last rank: every rank raises a
+    MismatchError (a ValueError) naming the parameter, and nothing hangs."""
     if hvd.size() == 1:
         pytest.skip("needs two ranks")
     last = hvd.rank() == hvd.size() - 1
@@ -516,8 +516,11 @@ def test_parameters_differ_across_ranks():
         loss.backward()
         want = (f"differ across ranks.*position 2.*'differ{case}_dense1_bias' shape \\(3,\\)"
                 if case == "shape" else "differ across ranks.*position 4.*no parameter")
-        with pytest.raises(ValueError, match=want):
+        # a MismatchError: caught by except ValueError and by Horovod's
+        # except (MXNetError, RuntimeError) alike
+        with pytest.raises(hvd.errors.MismatchError, match=want) as caught:
             trainer.step(2)
+        assert isinstance(caught.value, ValueError) and isinstance(caught.value, RuntimeError)
     out = hvd.allreduce(mx.nd.ones((3,)), op=hvd.Sum, name="after.differ")
     assert out.asnumpy().tolist() == [hvd.size()] * 3
 
@@ -587,3 +590,69 @@ def test_mnist_example_smoke():
     accuracy = example.main(["--epochs", str(max(2, size)), "--lr", str(0.1 / size),
                              "--log-interval", "1000"])
     assert 0.25 < accuracy <= 1.0  # chance is 0.1; the full run reaches 0.98
+
+
+# --- local SGD ---------------------------------------------------------------
+
+def _local_sgd_trainer(h, prefix):
+    # One parameter w (4 values); loss sum(w * x) has gradient x, rank r's x
+    # being 2r at step k (k+1): integers, so every update and average is exact.
+    w = gluon.Parameter(f"{prefix}w", shape=(4,), init=mx.init.Constant(10.0))
+    w.initialize()
+    trainer = hvd.DistributedTrainer([w], "sgd", {"learning_rate": 1.0}, local_sgd_steps=h,
+                                     prefix=prefix)
+    return w, trainer
+
+
+def _local_sgd_step(w, trainer, k):
+    x = mx.nd.full((4,), 2 * hvd.rank() * (k + 1))
+    with autograd.record():
+        loss = (w.data() * x).sum()
+    loss.backward()
+    trainer.step(1)
+
+
+@pytest.mark.parametrize("h", [1, 2, 3])
+def test_local_sgd_averages_every_h_steps(h):
+    rank, size = hvd.rank(), hvd.size()
+    w, trainer = _local_sgd_trainer(h, f"lsgd{h}.")
+    for k in range(2 * h):
+        _local_sgd_step(w, trainer, k)
+        value = w.data().asnumpy()
+        if (k + 1) % h == 0:
+            # The average over ranks of each rank's own updates since the
+            # last average: 10 - sum_k (k+1) * mean_r(2r) = 10 - (size-1) * ...
+            assert value.tolist() == [10.0 - (size - 1) * (k + 1) * (k + 2) / 2] * 4
+            assert all_equal_across_ranks(value)
+        else:
+            # In between, each rank has moved by its own gradients only.
+            last = (k + 1) // h * h  # steps done at the last average
+            synced = 10.0 - (size - 1) * last * (last + 1) / 2
+            own = sum(2 * rank * (j + 1) for j in range(last, k + 1))
+            assert value.tolist() == [synced - own] * 4
+
+
+def test_local_sgd_average_parameters_on_demand_and_bad_input():
+    w, trainer = _local_sgd_trainer(4, "lsgd.demand.")
+    _local_sgd_step(w, trainer, 0)
+    trainer.average_parameters()
+    assert w.data().asnumpy().tolist() == [10.0 - (hvd.size() - 1)] * 4
+    assert all_equal_across_ranks(w.data().asnumpy())
+    params = make_net("lsgd.bad.").collect_params()
+    for bad in (0, -1, 1.5, True, "2"):
+        with pytest.raises(ValueError, match=f"'local_sgd_steps'={bad!r} must be an int >= 1"):
+            hvd.DistributedTrainer(params, "sgd", local_sgd_steps=bad)
+    with pytest.raises(ValueError, match="local_sgd_steps=2 sends no gradients, so "
+                                         "'compression'"):
+        hvd.DistributedTrainer(params, "sgd", local_sgd_steps=2,
+                               compression=hvd.Compression.fp16)
+
+
+@pytest.mark.skipif(hvd.size() != 2, reason="the accuracy target is for 2 ranks")
+def test_mnist_example_with_local_sgd_reaches_the_accuracy():
+    path = os.path.join(os.path.dirname(__file__), "..", "..", "examples", "mnist_gluon.py")
+    spec = importlib.util.spec_from_file_location("mnist_gluon_example_lsgd", path)
+    example = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(example)
+    accuracy = example.main(["--local-sgd-steps", "4", "--log-interval", "1000"])
+    assert accuracy >= 0.95  # its final check raises if the ranks' parameters differ

@@ -77,3 +77,64 @@ def test_process_set_argument_errors(world):
         hvd.DistributedOptimizer(mx.optimizer.SGD(), process_set=hvd.ProcessSet([0]))
     with pytest.raises(ValueError, match="'root_rank'=.* is out of range"):
         hvd.broadcast_parameters(net.collect_params(), root_rank=size)
+
+
+def count_pushes(monkeypatch):
+    """Counts the collectives this rank hands to the core from now on."""
+    pushed = []
+    for fn in ("push_async", "push_allreduce_each", "negotiate"):
+        real = getattr(hvd.ops._core, fn)
+        monkeypatch.setattr(hvd.ops._core, fn,
+                            lambda *a, _real=real, _fn=fn: pushed.append(_fn) or _real(*a))
+    return pushed
+
+
+def one_step(kind, ps, rank, f):
+    """One SGD step (learning rate 1) of a 3-element weight from 0 with the
+    gradient rank + 1, through `kind` on `ps`; returns the weight."""
+    if kind == "optimizer":
+        opt = hvd.DistributedOptimizer(mx.optimizer.SGD(learning_rate=1.0, rescale_grad=1.0),
+                                       gradient_predivide_factor=f, process_set=ps)
+        weight = mx.nd.zeros((3,))
+        opt.update(0, weight, mx.nd.full((3,), rank + 1.0), None)
+        return weight.asnumpy()
+    w = gluon.Parameter("w", shape=(3,), init=mx.init.Zero())
+    w.initialize()
+    trainer = hvd.DistributedTrainer([w], "sgd", {"learning_rate": 1.0},
+                                     gradient_predivide_factor=f, process_set=ps)
+    with mx.autograd.record():
+        loss = (w.data() * (rank + 1.0)).sum()
+    loss.backward()
+    trainer.step(1)
+    return w.data().asnumpy()
+
+
+@pytest.mark.parametrize("kind", ["optimizer", "trainer"])
+def test_a_rank_outside_the_set_sends_nothing_and_steps_alone(world, monkeypatch, kind):
+    # Horovod reduces only where process_set.included(); elsewhere the update
+    # applies the rank's own gradient, scaled by f / set size. A set of one
+    # sends nothing either: its rank averages over itself. f = 2 makes each
+    # case's result different; the values stay exact.
+    rank, size = world
+    sets = [[0]] + ([[0, 1]] if size >= 3 else [])
+    for members in sets:
+        ps = hvd.add_process_set(members)
+        # Nothing waits for a rank outside a set of one: the other ranks
+        # start their step only after rank 0 has finished its own.
+        if members == [0] and rank > 0:
+            assert MPI.COMM_WORLD.recv(source=0, tag=40) == "done"
+        pushed = count_pushes(monkeypatch)
+        got = one_step(kind, ps, rank, 2.0)
+        monkeypatch.undo()
+        if members == [0] and rank == 0:
+            for r in range(1, size):
+                MPI.COMM_WORLD.send("done", dest=r, tag=40)
+        if rank not in members:
+            want, sent = -(rank + 1.0) * 2.0 / len(members), False
+        elif len(members) == 1:
+            want, sent = -(rank + 1.0), False
+        else:
+            want, sent = -np.mean([m + 1.0 for m in members]), True
+        assert got.tolist() == [want] * 3, (members, got)
+        assert bool(pushed) == sent, (members, pushed)
+        hvd.remove_process_set(ps)
