@@ -352,7 +352,8 @@ def core_extension() -> Pybind11Extension:
         include_dirs=[CSRC_DIR],
         # Pybind11Extension adds -std=c++17, -fvisibility=hidden and -g0.
         cxx_std=17,
-        extra_compile_args=["-O3", "-Wall"],
+        # -ffp-contract=off: see Note [Half precision summed in float32].
+        extra_compile_args=["-O3", "-Wall", "-ffp-contract=off"],
         language="c++",
     )
 

@@ -55,6 +55,8 @@ def test_hvdmx_names_and_horovod_twins():
     ("HOROVOD_STALL_SHUTDOWN_TIME_SECONDS", "-2", "seconds >= 0"),
     ("HVDMX_HUGE_PAGES", "yes", "1 or 0"),
     ("HVDMX_SHM_PUSH", "on", "1 or 0"),
+    ("HVDMX_HALF_PARTIALS", "float16", "float32 (exact: partial sums in float32, rounded once) "
+     "or half"),
     ("HVDMX_CPU_BIND", "socket", "one of auto, core, none"),
 ])
 def test_bad_values_name_the_variable_the_value_and_the_fix(name, value, accepted):
@@ -100,6 +102,13 @@ def test_writing_into_peers_outputs():
     assert _core._testing_load_config({})["shm_push"] is True
     assert _core._testing_load_config({"HVDMX_SHM_PUSH": "0"})["shm_push"] is False
     assert _core._testing_load_config({"HOROVOD_SHM_PUSH": "1"})["shm_push"] is True
+
+
+def test_half_partials_variable():
+    assert _core._testing_load_config({})["half_partials"] == "float32"
+    for value in ("float32", "half"):
+        assert _core._testing_load_config({"HVDMX_HALF_PARTIALS": value})["half_partials"] == value
+    assert _core._testing_load_config({"HOROVOD_HALF_PARTIALS": "half"})["half_partials"] == "half"
 
 
 def test_cpu_binding_variable():

@@ -288,3 +288,100 @@ def test_reduce_then_scale_in_one_call(dtype, op, n):
         out = np.zeros_like(a)
         _core._testing_reduce3_scaled(out, a, b, dtype, op, factor)
         assert_same_bits(out, scale(reference(a, b, dtype, op), dtype, factor))
+
+
+# The widened kernels (Note [Half precision summed in float32]): float16 and
+# bfloat16 operands folded into float32 partials and rounded once.
+HALVES = [FLOAT16, BFLOAT16]
+WIDEN, REDUCE_WIDENED, NARROW = 0, 1, 2
+WIDE_FACTORS = [1.0, 0.5, 3.0, 1 / 3, -2.5, 1e-3]
+
+
+def widened_kernel(kernel, out, inp, dtype, op=SUM, factor=1.0, portable=False):
+    out = out.copy()
+    _core._testing_widened_kernel(kernel, out, inp, dtype, op, factor, portable)
+    return out
+
+
+def canonical32(x):
+    """float32 with every NaN the canonical one, as bits."""
+    x = np.asarray(x, dtype=np.float32)
+    return np.where(np.isnan(x), np.uint32(CANONICAL_NAN[FLOAT32]), x.view(np.uint32))
+
+
+def times(x, factor):
+    """x * float32(factor) in float32, as the kernels scale (none at 1)."""
+    with np.errstate(all="ignore"):
+        return x if factor == 1.0 else x * np.float32(factor)
+
+
+@pytest.mark.parametrize("portable", [False, True])
+@pytest.mark.parametrize("n", LENGTHS)
+@pytest.mark.parametrize("factor", WIDE_FACTORS)
+@pytest.mark.parametrize("dtype", HALVES)
+def test_widen_scaled(dtype, factor, n, portable):
+    rng = np.random.default_rng([dtype, n, int(abs(factor) * 1000)])
+    x = random_array(rng, dtype, n)
+    got = widened_kernel(WIDEN, np.zeros(n, np.float32), x, dtype, factor=factor,
+                         portable=portable)
+    # A NaN's payload here is the hardware's; only the narrowed result fixes it.
+    np.testing.assert_array_equal(canonical32(got), canonical32(times(widen(x, dtype), factor)))
+
+
+@pytest.mark.parametrize("portable", [False, True])
+@pytest.mark.parametrize("n", LENGTHS)
+@pytest.mark.parametrize("factor", [1.0, 0.5, 1 / 3])
+@pytest.mark.parametrize("op", ALL_OPS)
+@pytest.mark.parametrize("dtype", HALVES)
+def test_reduce_widened_into(dtype, op, factor, n, portable):
+    rng = np.random.default_rng([dtype, op, n, int(abs(factor) * 1000)])
+    acc = random_array(rng, FLOAT32, n)
+    x = random_array(rng, dtype, n)
+    operand = times(widen(x, dtype), factor)
+    want = reference(acc, narrow(operand, FLOAT32), FLOAT32, op)
+    got = widened_kernel(REDUCE_WIDENED, acc, x, dtype, op, factor, portable)
+    assert_same_bits(got, want)
+
+
+@pytest.mark.parametrize("portable", [False, True])
+@pytest.mark.parametrize("n", LENGTHS)
+@pytest.mark.parametrize("factor", WIDE_FACTORS)
+@pytest.mark.parametrize("dtype", HALVES)
+def test_narrow_scaled(dtype, factor, n, portable):
+    rng = np.random.default_rng([dtype, n, int(abs(factor) * 1000), 7])
+    acc = random_array(rng, FLOAT32, n)
+    got = widened_kernel(NARROW, np.zeros(n, STORAGE[dtype]), acc, dtype, factor=factor,
+                         portable=portable)
+    assert_same_bits(got, narrow(times(acc, factor), dtype))
+
+
+@pytest.mark.parametrize("dtype", HALVES)
+def test_narrow_every_float32_exponent_and_tie(dtype):
+    # Values just below, at and above each halfway point between two
+    # neighbours of the half dtype, over the whole exponent range.
+    kept = 10 if dtype == FLOAT16 else 7  # mantissa bits the dtype keeps
+    exponents = np.arange(0, 255, dtype=np.uint32) << 23
+    mantissas = np.array([0, 1, 3], dtype=np.uint32) << (22 - kept)
+    bits = (exponents[:, None] | mantissas[None, :]).ravel()
+    bits = np.concatenate([bits, bits - 1, bits + 1, bits | 0x80000000]).astype(np.uint32)
+    acc = bits.view(np.float32)
+    for portable in [False, True]:
+        got = widened_kernel(NARROW, np.zeros(acc.size, STORAGE[dtype]), acc, dtype,
+                             portable=portable)
+        assert_same_bits(got, narrow(acc, dtype))
+
+
+@pytest.mark.parametrize("dtype", HALVES)
+def test_widened_sum_rounds_once_where_pairwise_rounds_twice(dtype):
+    # Three operands exact in the dtype whose running sum is not: widened,
+    # the sum is rounded once; ReduceInto rounds it after each step.
+    one = 1024.0 if dtype == FLOAT16 else 128.0  # the spacing there is 1
+    # (one + 1) + one is a tie, rounded down to 2 one; plus one + 1 another.
+    values = [narrow(np.array([v], np.float32), dtype) for v in [one + 1, one, one + 1]]
+    acc = widened_kernel(WIDEN, np.zeros(1, np.float32), values[0], dtype)
+    for v in values[1:]:
+        acc = widened_kernel(REDUCE_WIDENED, acc, v, dtype)
+    once = widened_kernel(NARROW, np.zeros(1, STORAGE[dtype]), acc, dtype)
+    assert_same_bits(once, narrow(np.array([3 * one + 2], np.float32), dtype))
+    pairwise = reduce_into(reduce_into(values[0], values[1], dtype, SUM), values[2], dtype, SUM)
+    assert pairwise.view(np.uint16)[0] != once.view(np.uint16)[0]

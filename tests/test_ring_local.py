@@ -55,3 +55,58 @@ def test_ring_float_results_bitwise_identical_on_every_rank(size):
     for a in arrays[1:]:
         assert a.tobytes() == arrays[0].tobytes()
     np.testing.assert_allclose(arrays[0], approx, rtol=1e-4, atol=1e-5)
+
+
+# float16 and bfloat16 with float32 partials (RingAllreduceWidened): the
+# result is the float32 reduction rounded once. Inputs in [1024, 2048) for
+# float16 and [128, 256) for bfloat16 are exact in the dtype, their sums are
+# not, and their float32 sums are exact in any order.
+HALF_CODES = {"float16": 2, "bfloat16": 12}
+
+
+def half_inputs(size, count, dtype, op):
+    i = np.arange(count)
+    if op == PRODUCT:
+        values = [(1 + (i + r) % 2).astype(np.float32) for r in range(size)]
+    else:
+        top = 1024 if dtype == "float16" else 128
+        values = [(top + (i * 37 + r * 101) % top).astype(np.float32) for r in range(size)]
+    return values, [to_half(v, dtype) for v in values]
+
+
+def to_half(x, dtype):
+    """float32 to the dtype's storage, rounded to nearest-even (bfloat16 as bits)."""
+    if dtype == "float16":
+        return x.astype(np.float16)
+    bits = x.astype(np.float32).view(np.uint32)
+    return ((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16).astype(np.uint16)
+
+
+@settings(max_examples=60, deadline=None)
+@given(size=st.integers(1, 7), count=st.integers(0, 300),
+       segment=st.sampled_from([4, 8, 12, 64, 1 << 20]),
+       dtype=st.sampled_from(sorted(HALF_CODES)), op=st.sampled_from([SUM, MIN, MAX, PRODUCT]),
+       scales=st.sampled_from([(1.0, 1.0), (0.5, 3.0), (2.0, 0.25)]))
+def test_widened_ring_rounds_once(size, count, segment, dtype, op, scales):
+    pre, post = scales
+    wide, arrays = half_inputs(size, count, dtype, op)
+    scaled = [w * np.float32(pre) for w in wide]
+    fn = {SUM: np.sum, MIN: np.min, MAX: np.max, PRODUCT: np.prod}[op]
+    reduced = fn(np.stack(scaled), axis=0).astype(np.float32) if count else np.zeros(0, np.float32)
+    want = to_half(reduced * np.float32(post), dtype)
+    _core._testing_ring_allreduce_widened(arrays, HALF_CODES[dtype], op, segment, pre, post)
+    for a in arrays:
+        assert a.tobytes() == want.tobytes()
+
+
+@pytest.mark.parametrize("size", [3, 4, 5])
+def test_widened_ring_differs_from_the_half_ring(size):
+    # The same inputs through the ring in float16 round at every step.
+    _, arrays = half_inputs(size, 1001, "float16", SUM)
+    pairwise = [a.copy() for a in arrays]
+    _core._testing_ring_allreduce_widened(arrays, HALF_CODES["float16"], SUM, 64, 1.0, 1.0)
+    _core._testing_ring_allreduce(pairwise, HALF_CODES["float16"], SUM, 64)
+    assert not np.array_equal(arrays[0], pairwise[0])
+    want = np.sum([a.astype(np.float32) for a in half_inputs(size, 1001, "float16", SUM)[1]],
+                  axis=0).astype(np.float16)
+    assert np.array_equal(arrays[0], want)

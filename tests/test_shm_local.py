@@ -634,3 +634,42 @@ def test_a_peer_that_stops_ends_the_waits_for_it(size, kind):
     for r in range(size - 1):
         assert said[r].startswith(f"hvdmx: rank {stopper} of this host (pid "), said
         assert "has stopped hvdmx" in said[r] and "hvdmx has stopped on this rank too" in said[r]
+
+
+def half_values(size, count, code, seed=0):
+    """float32 integers exact in the half dtype (spacing 1 there) whose sums
+    are not: [1024, 2048) for float16, [128, 256) for bfloat16."""
+    top = 1024 if code == FLOAT16 else 128
+    i = np.arange(count)
+    return [(top + (i * 37 + r * 101 + seed) % top).astype(np.float32) for r in range(size)]
+
+
+def round_half(x, code):
+    """float32 to the half dtype's holder, to nearest-even."""
+    if code == FLOAT16:
+        return x.astype(np.float16)
+    bits = x.astype(np.float32).view(np.uint32)
+    return ((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16).astype(np.uint16)
+
+
+@settings(max_examples=40, deadline=None)
+@given(layout=st.sampled_from([(3, 1), (4, 1), (5, 1), (4, 2), (6, 2), (6, 3)]),
+       counts=st.lists(st.integers(0, 300), min_size=1, max_size=3),
+       chunk=st.sampled_from(CHUNKS), code=st.sampled_from([FLOAT16, BFLOAT16]),
+       scales=st.sampled_from([(1.0, 1.0), (0.5, 3.0), (2.0, 0.25)]),
+       stores=st.sampled_from(STORES))
+def test_half_summed_in_float32_rounded_once(layout, counts, chunk, code, scales, stores):
+    # Note [Half precision summed in float32]: on one host and across
+    # pretend hosts (the hosts' ring takes float32 host sums), the result is
+    # the float32 sum of the prescaled operands, postscaled, rounded once.
+    size, hosts = layout
+    pre, post = scales
+    values = [half_values(size, count, code, seed=c) for c, count in enumerate(counts)]
+    calls = [[round_half(v, code) for v in vs] for vs in values]
+    wants = [round_half(np.sum([v * np.float32(pre) for v in vs], axis=0, dtype=np.float32)
+                        * np.float32(post), code) for vs in values]
+    _core._testing_shm_allreduce([[[a] for a in arrays] for arrays in calls], code, SUM, chunk,
+                                 hosts, postscale=post, stores=stores, prescale=pre)
+    for arrays, want in zip(calls, wants):
+        for a in arrays:
+            assert a.tobytes() == want.tobytes()

@@ -9,7 +9,9 @@ on the ring and MPI paths:
       HVDMX_HUGE_PAGES=0,1 --set HVDMX_ALLREDUCE_ALGO=ring --rounds 3
 
 Prints one row per round, collective and size: microseconds per call (mean
-over --iters, slowest rank), one column per value, then MPI. Sizes as in
+over --iters, slowest rank), one column per value, then MPI. hvdmx's arrays
+are --dtype (float32 by default; float16 for half-precision paths, e.g.
+HVDMX_HALF_PARTIALS=half,float32), MPI's always float32. Sizes as in
 `python -m hvdmx.bench`: the buffer for allreduce (in place, Sum) and
 broadcast (in place, root 0), the output for allgather, what each rank
 sends for alltoall.
@@ -52,6 +54,8 @@ def main(argv=None, *, variable=None, labels=None, kinds=KINDS, description=__do
                         help="untimed calls after each start (default 5)")
     parser.add_argument("--sizes", default="4M,16M,64M",
                         help="sizes in bytes, comma-separated, K/M/G allowed (default 4M,16M,64M)")
+    parser.add_argument("--dtype", default="float32", choices=["float32", "float16"],
+                        help="hvdmx's arrays (default float32; MPI's stay float32)")
     parser.add_argument("--kinds", default=",".join(kinds),
                         help=f"collectives, comma-separated (default {','.join(kinds)})")
     args = parser.parse_args(argv)
@@ -87,12 +91,12 @@ def main(argv=None, *, variable=None, labels=None, kinds=KINDS, description=__do
 
     def hvdmx_call(kind, count):
         if kind == "alltoall":
-            x = mx.nd.ones((count // n * n,))
+            x = mx.nd.ones((count // n * n,), dtype=args.dtype)
             return lambda: hvd.alltoall(x, name="interleave").wait_to_read()
         if kind == "allgather":
-            x = mx.nd.ones((count // n,))
+            x = mx.nd.ones((count // n,), dtype=args.dtype)
             return lambda: hvd.allgather(x, name="interleave").wait_to_read()
-        x = mx.nd.zeros((count,))
+        x = mx.nd.zeros((count,), dtype=args.dtype)
         if kind == "allreduce":
             return lambda: hvd.allreduce_(x, op=hvd.Sum, name="interleave").wait_to_read()
         return lambda: hvd.broadcast_(x, root_rank=0, name="interleave").wait_to_read()
@@ -114,6 +118,7 @@ def main(argv=None, *, variable=None, labels=None, kinds=KINDS, description=__do
     heads = labels or values
     if comm.rank == 0:
         also = "".join(f" {var}={value}" for var, (value,) in fixed.items())
+        also += f" --dtype {args.dtype}" if args.dtype != "float32" else ""
         print(f"# {n} ranks; us per call: {name}=" + ", =".join(
             v if h == v else f"{v} ({h})" for v, h in zip(values, heads))
             + ", and the MPI call on numpy arrays" + (f"; with{also}" if also else ""))
@@ -127,7 +132,8 @@ def main(argv=None, *, variable=None, labels=None, kinds=KINDS, description=__do
                 for value in values:
                     os.environ[name] = value
                     hvd.init()
-                    row.append(_timed(hvdmx_call(kind, count), args.warmup, args.iters, comm))
+                    call = hvdmx_call(kind, size // np.dtype(args.dtype).itemsize)
+                    row.append(_timed(call, args.warmup, args.iters, comm))
                     hvd.shutdown()
                 row.append(_timed(mpi_call(kind, count), args.warmup, args.iters, comm))
                 if comm.rank == 0:

@@ -189,6 +189,11 @@ Status LoadConfig(const EnvLookup& lookup, Config* out) {
   if (!s.ok()) return s;
   s = ReadWord(lookup, "SHM_PUSH", {{"1", true}, {"0", false}}, "1 or 0", &config.shm_push);
   if (!s.ok()) return s;
+  s = ReadWord(lookup, "HALF_PARTIALS", {{"float32", true}, {"half", false}},
+               "float32 (exact: partial sums in float32, rounded once) or half (partial sums "
+               "rounded at every step, half the ring's reduce-scatter bytes)",
+               &config.half_partials_wide);
+  if (!s.ok()) return s;
   s = ReadWord(lookup, "CPU_BIND",
                {{"auto", CpuBind::kAuto}, {"core", CpuBind::kCore}, {"none", CpuBind::kNone}},
                "one of auto, core, none", &config.cpu_bind);
@@ -223,6 +228,7 @@ std::string Config::ToString() const {
                                                  : std::to_string(shm_direct_min_bytes))
       << " shm_streaming_stores=" << StageStoresName(shm_streaming_stores)
       << " huge_pages=" << huge_pages << " shm_push=" << shm_push
+      << " half_partials=" << (half_partials_wide ? "float32" : "half")
       << " cpu_bind=" << CpuBindName(cpu_bind)
       << " hierarchical_allreduce=" << hierarchical_allreduce
       << " testing_ranks_per_host=" << testing_ranks_per_host

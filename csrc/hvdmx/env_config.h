@@ -90,6 +90,14 @@ struct Config {
   // CPU] in cpu_binding.h); auto: when the host's ranks are at least as many
   // as their CPUs. May differ per rank.
   CpuBind cpu_bind = CpuBind::kAuto;
+  // HVDMX_HALF_PARTIALS: float32 or half. How float16 and bfloat16
+  // allreduces and reducescatters pass partial results between ranks: in
+  // float32, rounded once at the end (Note [Half precision summed in
+  // float32] in reduce_kernels.cc), or with `half` in the dtype on the ring
+  // (and between hosts) and never through MPI, rounded at every step, which
+  // halves the ring's reduce-scatter bytes. Shared memory inside a host
+  // always sums in float32.
+  bool half_partials_wide = true;
   // HVDMX_HIERARCHICAL_ALLREDUCE (HOROVOD_HIERARCHICAL_ALLREDUCE): 0 or 1.
   // 1: on several hosts with equal rank counts, shared memory inside each
   // host and our ring between hosts (shm_allreduce.h).

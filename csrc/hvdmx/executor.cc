@@ -27,24 +27,75 @@ AllreduceAlgo ChooseAllreduce(const Config& config, int64_t bytes, bool shm_on) 
 
 }  // namespace
 
-const char* Executor::Allreduce(void* buf, int64_t count, DataType dtype, ReduceOp op) {
-  if (comm_.size() == 1 || count == 0) return "LOCAL_ALLREDUCE";
+const char* Executor::Allreduce(void* buf, int64_t count, DataType dtype, ReduceOp op,
+                                double prescale, double postscale) {
+  // float16 and bfloat16 are summed in float32 on every path; see Note
+  // [Half precision summed in float32] in reduce_kernels.cc.
+  const bool half = HalfReducesWide(dtype);
+  if (comm_.size() == 1 || count == 0) {
+    if (half) return AllreduceWide(buf, count, dtype, op, prescale, postscale, false);
+    ScaleBuffer(buf, count, dtype, prescale);
+    ScaleBuffer(buf, count, dtype, postscale);
+    return "LOCAL_ALLREDUCE";
+  }
   const int64_t bytes = count * static_cast<int64_t>(DataTypeSize(dtype));
   AllreduceAlgo algo = ChooseAllreduce(config_, bytes, shm_ != nullptr);
   if (algo != AllreduceAlgo::kShm) mpi_pages_.Collapse(buf, bytes);
+  // Shared memory sums halves in float32 at no cost, so auto sends it the
+  // small ones too, which MPI could only reduce as twice the bytes;
+  // elsewhere HVDMX_HALF_PARTIALS=half keeps them in the dtype.
+  const bool auto_shm = shm_ != nullptr && config_.allreduce_algo == AllreduceAlgo::kAuto;
+  if (half && algo == AllreduceAlgo::kMpi && auto_shm) algo = AllreduceAlgo::kShm;
+  if (half && algo == AllreduceAlgo::kShm) {
+    shm_->Allreduce(buf, count, dtype, op, postscale, prescale);
+    return "SHM_ALLREDUCE";
+  }
+  if (half && config_.half_partials_wide) {
+    return AllreduceWide(buf, count, dtype, op, prescale, postscale, algo == AllreduceAlgo::kMpi);
+  }
+  ScaleBuffer(buf, count, dtype, prescale);
   if (algo == AllreduceAlgo::kMpi) {
-    if (comm_.NativeAllreduce(buf, count, dtype, op)) return "MPI_ALLREDUCE";
-    // MPI has no float16/bfloat16 reductions: those take shared memory
-    // where auto would use it, else the ring.
-    const bool shm_ok = shm_ != nullptr && config_.allreduce_algo == AllreduceAlgo::kAuto;
-    algo = shm_ok ? AllreduceAlgo::kShm : AllreduceAlgo::kRing;
+    if (comm_.NativeAllreduce(buf, count, dtype, op)) {
+      ScaleBuffer(buf, count, dtype, postscale);
+      return "MPI_ALLREDUCE";
+    }
+    // MPI has no float16/bfloat16 reductions: with HVDMX_HALF_PARTIALS=half
+    // those take shared memory where auto would use it, else the ring.
+    algo = auto_shm ? AllreduceAlgo::kShm : AllreduceAlgo::kRing;
   }
   if (algo == AllreduceAlgo::kShm) {
-    shm_->Allreduce(buf, count, dtype, op);
+    shm_->Allreduce(buf, count, dtype, op, postscale);
     return "SHM_ALLREDUCE";
   }
   RingAllreduce(comm_, buf, count, dtype, op, config_.ring_segment_bytes, &ring_scratch_);
+  ScaleBuffer(buf, count, dtype, postscale);
   return "RING_ALLREDUCE";
+}
+
+const char* Executor::AllreduceWide(void* buf, int64_t count, DataType dtype, ReduceOp op,
+                                    double prescale, double postscale, bool mpi) {
+  const char* algorithm = comm_.size() == 1 ? "LOCAL_ALLREDUCE" : "RING_ALLREDUCE";
+  const int64_t elem = static_cast<int64_t>(DataTypeSize(dtype));
+  for (int64_t done = 0; done < count; done += kWidePieceElems) {
+    const int64_t n = std::min(kWidePieceElems, count - done);
+    char* piece = static_cast<char*>(buf) + done * elem;
+    auto* wide = reinterpret_cast<float*>(wide_.Get(n * 4));
+    if (comm_.size() > 1) mpi_pages_.Collapse(wide, n * 4);
+    if (mpi && comm_.size() > 1) {
+      WidenScaled(wide, piece, n, dtype, prescale);
+      if (comm_.NativeAllreduce(wide, n, DataType::kFloat32, op)) {
+        NarrowScaled(piece, wide, n, dtype, postscale);
+        algorithm = "MPI_ALLREDUCE";
+      } else {  // a comm without MPI's (LocalComm): the ring, from the widened operands
+        RingAllreduceWidened(comm_, piece, wide, /*operands_in_wide=*/true, n, dtype, op, 1.0,
+                             postscale, config_.ring_segment_bytes, &ring_scratch_);
+      }
+      continue;
+    }
+    RingAllreduceWidened(comm_, piece, wide, /*operands_in_wide=*/false, n, dtype, op, prescale,
+                         postscale, config_.ring_segment_bytes, &ring_scratch_);
+  }
+  return algorithm;
 }
 
 namespace {
@@ -274,6 +325,7 @@ void Executor::RunAllreduceGroup(const FusionGroup& group, const std::vector<Res
   auto t0 = Clock::now();
 
   const bool shm = ShmReduces(group.bytes);
+  const bool half = HalfReducesWide(dtype);  // scaled inside the reduction
   if (group.items.size() == 1 || shm) {
     // Each tensor is reduced where it lies, in its output: one tensor needs
     // no fusion buffer, and shared memory reads and writes a fused group's
@@ -289,7 +341,7 @@ void Executor::RunAllreduceGroup(const FusionGroup& group, const std::vector<Res
       const void* in = entry.inputs[item.tensor];
       if (out == in) {
         spans_.push_back({out, count});
-      } else if (shm && head.prescale == 1.0) {
+      } else if (shm && (head.prescale == 1.0 || half)) {
         spans_.push_back({out, count, in});
       } else {
         if (count > 0) std::memcpy(out, in, count * elem);
@@ -302,15 +354,15 @@ void Executor::RunAllreduceGroup(const FusionGroup& group, const std::vector<Res
       record("MEMCPY_IN_OUTPUT", t0, now);
       t0 = now;
     }
-    for (const ShmAllreduce::Span& span : spans_) {
-      ScaleBuffer(span.data, span.count, dtype, head.prescale);
-    }
     const char* algorithm = "SHM_ALLREDUCE";
     if (shm) {
-      shm_->Allreduce(spans_, dtype, head.op, postscale);
+      for (const ShmAllreduce::Span& span : spans_) {
+        if (!half) ScaleBuffer(span.data, span.count, dtype, head.prescale);
+      }
+      shm_->Allreduce(spans_, dtype, head.op, postscale, half ? head.prescale : 1.0);
     } else {
-      algorithm = Allreduce(spans_[0].data, spans_[0].count, dtype, head.op);
-      ScaleBuffer(spans_[0].data, spans_[0].count, dtype, postscale);
+      algorithm = Allreduce(spans_[0].data, spans_[0].count, dtype, head.op, head.prescale,
+                            postscale);
     }
     record(algorithm, t0, Clock::now());
     return;
@@ -353,9 +405,7 @@ void Executor::RunAllreduceGroup(const FusionGroup& group, const std::vector<Res
     copy_in += now - t;
     t = now;
     const int64_t count = piece / elem;
-    ScaleBuffer(buffer, count, dtype, head.prescale);
-    algorithm = Allreduce(buffer, count, dtype, head.op);
-    ScaleBuffer(buffer, count, dtype, postscale);
+    algorithm = Allreduce(buffer, count, dtype, head.op, head.prescale, postscale);
     now = Clock::now();
     reduce += now - t;
     t = now;

@@ -40,9 +40,13 @@ class Executor {
   // completed, when a peer stops in the middle (Note [A peer that stops]).
   void Run(const std::vector<Response>& responses, TensorQueue* queue);
 
-  // In-place allreduce of one buffer with the configured algorithm; returns
-  // the algorithm's name for the timeline.
-  const char* Allreduce(void* buf, int64_t count, DataType dtype, ReduceOp op);
+  // In-place allreduce of one buffer with the configured algorithm, each
+  // rank's operand multiplied by `prescale` first and the result by
+  // `postscale` (for float16 and bfloat16 in float32, rounded once: Note
+  // [Half precision summed in float32]); returns the algorithm's name for
+  // the timeline.
+  const char* Allreduce(void* buf, int64_t count, DataType dtype, ReduceOp op, double prescale,
+                        double postscale);
 
   int64_t fusion_buffer_bytes() const { return fusion_.capacity(); }
   const HugePageCollapser& mpi_pages() const { return mpi_pages_; }
@@ -65,6 +69,13 @@ class Executor {
   const char* RunBroadcast(const Response& response, TensorEntry& entry);
   const char* RunAllgather(const Response& response, TensorEntry& entry);
   const char* RunAlltoall(const Response& response, TensorEntry& entry);
+  // A float16 or bfloat16 allreduce of `buf` with float32 partials, through
+  // the wide buffer in pieces of at most kWidePieceElems: on the ring, or,
+  // with `mpi`, MPI's float32 allreduce where the comm has one. Returns the
+  // algorithm's name for the timeline.
+  const char* AllreduceWide(void* buf, int64_t count, DataType dtype, ReduceOp op,
+                            double prescale, double postscale, bool mpi);
+  static constexpr int64_t kWidePieceElems = int64_t{8} << 20;
   // Returns the algorithm's name for the timeline.
   const char* RunReducescatter(const Response& response, TensorEntry& entry);
   // Whether a unit of `type` moving `bytes` in all takes shared memory:
@@ -98,6 +109,7 @@ class Executor {
   // unless a peer shares the host and HVDMX_HUGE_PAGES is 1.
   HugePageCollapser mpi_pages_;
   FusionBuffer fusion_;
+  FusionBuffer wide_;  // a half dtype's float32 operands on the ring and MPI
   RingScratch ring_scratch_;
   std::vector<int64_t> starts_;             // chunk boundaries, reused
   std::vector<int64_t> tensor_starts_;      // one tensor's blocks (allgather unpacking:

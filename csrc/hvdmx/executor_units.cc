@@ -292,12 +292,24 @@ const char* Executor::RunReducescatter(const Response& response, TensorEntry& en
                       count * elem);
         });
       }
-      ScaleBuffer(buffer, piece_starts_[n], dtype, response.prescale);
-      mpi_pages_.Collapse(buffer, piece_starts_[n] * elem);
-      RingReduceScatter(comm_, buffer, piece_starts_, dtype, response.op,
-                        config_.ring_segment_bytes, &ring_scratch_);
       char* mine = buffer + piece_starts_[me] * elem;
-      ScaleBuffer(mine, piece_starts_[me + 1] - piece_starts_[me], dtype, postscale);
+      const int64_t mine_count = piece_starts_[me + 1] - piece_starts_[me];
+      if (HalfReducesWide(dtype) && config_.half_partials_wide) {
+        // float32 partials, rounded once (Note [Half precision summed in
+        // float32] in reduce_kernels.cc).
+        auto* wide = reinterpret_cast<float*>(wide_.Get(piece_starts_[n] * 4));
+        WidenScaled(wide, buffer, piece_starts_[n], dtype, response.prescale);
+        mpi_pages_.Collapse(wide, piece_starts_[n] * 4);
+        RingReduceScatter(comm_, wide, piece_starts_, DataType::kFloat32, response.op,
+                          config_.ring_segment_bytes, &ring_scratch_);
+        NarrowScaled(mine, wide + piece_starts_[me], mine_count, dtype, postscale);
+      } else {
+        ScaleBuffer(buffer, piece_starts_[n], dtype, response.prescale);
+        mpi_pages_.Collapse(buffer, piece_starts_[n] * elem);
+        RingReduceScatter(comm_, buffer, piece_starts_, dtype, response.op,
+                          config_.ring_segment_bytes, &ring_scratch_);
+        ScaleBuffer(mine, mine_count, dtype, postscale);
+      }
       for_range(me, part(me, p), part(me, p + 1), [&](size_t t, int64_t first, int64_t at,
                                                       int64_t count) {
         std::memcpy(static_cast<char*>(entry.outputs[t]) + first * elem, mine + at * elem,

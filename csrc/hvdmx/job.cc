@@ -154,6 +154,7 @@ void CheckSettingsAgree(MPI_Comm comm, const Config& c, int size) {
       {"SHM_CHUNK_BYTES", c.shm_chunk_bytes},
       {"SHM_DIRECT_MIN_BYTES", c.shm_direct_min_bytes},
       {"SHM_PUSH", c.shm_push ? 1 : 0},
+      {"HALF_PARTIALS", c.half_partials_wide ? 1 : 0},
       {"HIERARCHICAL_ALLREDUCE", c.hierarchical_allreduce ? 1 : 0},
       {"TESTING_RANKS_PER_HOST", c.testing_ranks_per_host},
   };
@@ -163,6 +164,7 @@ void CheckSettingsAgree(MPI_Comm comm, const Config& c, int size) {
   std::vector<int64_t> all(static_cast<size_t>(size) * n);
   MPI_Allgather(values, n, MPI_INT64_T, all.data(), n, MPI_INT64_T, comm);
   auto show = [&](int i, int64_t v) {
+    if (std::string(mine[i].var) == "HALF_PARTIALS") return std::string(v ? "float32" : "half");
     return std::string(mine[i].var) == "ALLREDUCE_ALGO"
                ? AllreduceAlgoName(static_cast<AllreduceAlgo>(v))
                : std::to_string(v);

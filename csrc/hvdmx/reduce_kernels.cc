@@ -14,8 +14,10 @@
 // tail). Replicas must never drift, so every path computes each element the
 // same way:
 // - one IEEE operation (an add or a multiply) in the type the header states,
-//   rounded to nearest-even. No second operation exists to fuse into an FMA,
-//   and -ffast-math, which would allow reassociation, is refused below.
+//   rounded to nearest-even. Where a multiply feeds an add (the widened
+//   kernels), -ffp-contract=off keeps them apart (Note [Half precision summed
+//   in float32]); -ffast-math, which would allow reassociation, is refused
+//   below.
 // - float16 and bfloat16 widen to float32 exactly and narrow with
 //   round-to-nearest-even: in integer code on the portable path, with
 //   VCVTPS2PH and an explicit rounding mode on the F16C path.
@@ -30,6 +32,22 @@
 // its values, sums and products are all float32 normals.
 // testing::ReduceIntoScalarForTest runs the portable path one element at a
 // time, so tests can compare it with the path this CPU takes.
+//
+// Note [Half precision summed in float32]
+// A float16 or bfloat16 allreduce (and reducescatter) is computed as if the
+// tensors were float32, rounded to the dtype once at the end:
+//   out = dtype(float32(postscale) * (w_0 OP w_1 OP ... OP w_{n-1})),
+//   w_j = float32(x_j) * float32(prescale),
+// every operation in float32, the OP chain in the algorithm's fixed order.
+// Reducing in the dtype instead rounds after every pairwise step (and after
+// each scaling): a float16 sum of n values then carries up to n - 1
+// roundings, and its error grows with the job. The kernels below are what
+// the collectives build this from: WidenScaled makes w_j, ReduceWidenedInto
+// folds an operand into a float32 partial, and NarrowScaled applies the
+// postscale and rounds. Partials travel between ranks as float32 (the
+// collectives say how). Two operations in a row (a multiply, then an add)
+// could be fused into an FMA where the target has one (aarch64 always):
+// setup.py builds with -ffp-contract=off so that no compiler does.
 #include "reduce_kernels.h"
 
 #include <algorithm>
@@ -205,6 +223,59 @@ HVDMX_AVX2 void ScaleAvx2(void* buf, int64_t n, double factor) {
   Scale<Op>(buf, n, factor);
 }
 
+// The widened loops (Note [Half precision summed in float32]): F is Float16
+// or BFloat16, Op a float32 element operation; kScaled multiplies by f.
+template <typename Op>
+HVDMX_ALWAYS_INLINE float ApplyFloat(float a, float b) {
+  if constexpr (std::is_same_v<typename Op::T, float>) {
+    return Op::Apply(a, b);
+  } else {  // Min and Max order the bits
+    return BitCast<float>(Op::Apply(BitCast<uint32_t>(a), BitCast<uint32_t>(b)));
+  }
+}
+
+template <typename F, bool kScaled>
+HVDMX_ALWAYS_INLINE void Widen(float* __restrict out, const void* __restrict in_bytes,
+                               int64_t n, float f) {
+  const auto* in = static_cast<const uint16_t*>(in_bytes);
+  for (int64_t i = 0; i < n; ++i) {
+    const float x = F::Load(in[i]);
+    out[i] = kScaled ? x * f : x;
+  }
+}
+
+template <typename F, typename Op, bool kScaled>
+HVDMX_ALWAYS_INLINE void ReduceWide(float* __restrict acc, const void* __restrict in_bytes,
+                                    int64_t n, float f) {
+  const auto* in = static_cast<const uint16_t*>(in_bytes);
+  for (int64_t i = 0; i < n; ++i) {
+    const float x = F::Load(in[i]);
+    acc[i] = ApplyFloat<Op>(acc[i], kScaled ? x * f : x);
+  }
+}
+
+template <typename F, bool kScaled>
+HVDMX_ALWAYS_INLINE void Narrow(void* __restrict out_bytes, const float* __restrict acc,
+                                int64_t n, float f) {
+  auto* out = static_cast<uint16_t*>(out_bytes);
+  for (int64_t i = 0; i < n; ++i) out[i] = F::Store(kScaled ? acc[i] * f : acc[i]);
+}
+
+template <typename F, bool kScaled>
+HVDMX_AVX2 void WidenAvx2(float* out, const void* in, int64_t n, float f) {
+  Widen<F, kScaled>(out, in, n, f);
+}
+
+template <typename F, typename Op, bool kScaled>
+HVDMX_AVX2 void ReduceWideAvx2(float* acc, const void* in, int64_t n, float f) {
+  ReduceWide<F, Op, kScaled>(acc, in, n, f);
+}
+
+template <typename F, bool kScaled>
+HVDMX_AVX2 void NarrowAvx2(void* out, const float* acc, int64_t n, float f) {
+  Narrow<F, kScaled>(out, acc, n, f);
+}
+
 // One (type, op) pair: dst OP= src, and out = a OP b with no aliasing.
 struct Kernel {
   void (*in_place)(void* dst, const void* src, int64_t n);
@@ -281,9 +352,65 @@ HVDMX_AVX2 void ScaleAvx2<FloatScale<Float16>>(void* buf, int64_t n, double fact
   for (; i < n; ++i) x[i] = FloatScale<Float16>::Apply(x[i], factor);
 }
 
+// The widened float16 kernels with F16C, eight elements at a time; the
+// portable path finishes the tail with the same bits. A NaN left in a
+// float32 partial is made canonical as the portable path makes it.
+HVDMX_AVX2 inline __m256 CanonicalNaN8(__m256 x) {
+  const __m256 nan = _mm256_castsi256_ps(_mm256_set1_epi32(static_cast<int>(Float32::kNaNBits)));
+  return _mm256_blendv_ps(x, nan, _mm256_cmp_ps(x, x, _CMP_UNORD_Q));
+}
+
+template <bool kScaled>
+HVDMX_AVX2 void WidenHalfF16c(float* out, const void* in_bytes, int64_t n, float f) {
+  const auto* in = static_cast<const uint16_t*>(in_bytes);
+  const __m256 factor = _mm256_set1_ps(f);
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    const __m256 x = LoadHalf8(in + i);
+    _mm256_storeu_ps(out + i, kScaled ? _mm256_mul_ps(x, factor) : x);
+  }
+  Widen<Float16, kScaled>(out + i, in + i, n - i, f);
+}
+
+template <typename Op, bool kScaled>
+HVDMX_AVX2 void ReduceWideHalfF16c(float* acc, const void* in_bytes, int64_t n, float f) {
+  constexpr bool kProduct = std::is_same_v<Op, FloatProduct<Float32>>;
+  const auto* in = static_cast<const uint16_t*>(in_bytes);
+  const __m256 factor = _mm256_set1_ps(f);
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    __m256 x = LoadHalf8(in + i);
+    if (kScaled) x = _mm256_mul_ps(x, factor);
+    const __m256 a = _mm256_loadu_ps(acc + i);
+    _mm256_storeu_ps(acc + i, CanonicalNaN8(kProduct ? _mm256_mul_ps(a, x) : _mm256_add_ps(a, x)));
+  }
+  ReduceWide<Float16, Op, kScaled>(acc + i, in + i, n - i, f);
+}
+
+template <bool kScaled>
+HVDMX_AVX2 void NarrowHalfF16c(void* out_bytes, const float* acc, int64_t n, float f) {
+  auto* out = static_cast<uint16_t*>(out_bytes);
+  const __m256 factor = _mm256_set1_ps(f);
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    const __m256 x = _mm256_loadu_ps(acc + i);
+    StoreHalf8(out + i, kScaled ? _mm256_mul_ps(x, factor) : x);
+  }
+  Narrow<Float16, kScaled>(out + i, acc + i, n - i, f);
+}
+
+
 #else
 
 bool CpuHasAvx2() { return false; }
+
+// Never called: CpuHasAvx2() is false.
+template <bool kScaled>
+void WidenHalfF16c(float*, const void*, int64_t, float) {}
+template <typename Op, bool kScaled>
+void ReduceWideHalfF16c(float*, const void*, int64_t, float) {}
+template <bool kScaled>
+void NarrowHalfF16c(void*, const float*, int64_t, float) {}
 
 #endif
 
@@ -388,7 +515,128 @@ void ScaleBuffer(void* buf, int64_t count, DataType dtype, double factor) {
   WithOps(dtype, [&](auto ops) { return decltype(ops)::ScaleFor(avx2); })(buf, count, factor);
 }
 
+namespace {
+
+// The widened kernels of one half format: each picks its loop by op, by
+// whether the factor is 1, and by the CPU.
+using WidenFn = void (*)(float* out, const void* in, int64_t n, float f);
+using ReduceWideFn = void (*)(float* acc, const void* in, int64_t n, float f);
+using NarrowFn = void (*)(void* out, const float* acc, int64_t n, float f);
+
+template <typename F, bool kScaled>
+WidenFn SelectWiden(bool avx2) {
+  if (!avx2) return &Widen<F, kScaled>;
+  if constexpr (std::is_same_v<F, Float16>) return &WidenHalfF16c<kScaled>;
+  return &WidenAvx2<F, kScaled>;
+}
+
+template <typename F, typename Op, bool kScaled>
+ReduceWideFn SelectReduceWide(bool avx2) {
+  if (!avx2) return &ReduceWide<F, Op, kScaled>;
+  constexpr bool kArithmetic = std::is_same_v<Op, FloatSum<Float32>> ||
+                               std::is_same_v<Op, FloatProduct<Float32>>;
+  if constexpr (std::is_same_v<F, Float16> && kArithmetic) {
+    return &ReduceWideHalfF16c<Op, kScaled>;
+  }
+  return &ReduceWideAvx2<F, Op, kScaled>;
+}
+
+template <typename F, bool kScaled>
+NarrowFn SelectNarrow(bool avx2) {
+  if (!avx2) return &Narrow<F, kScaled>;
+  if constexpr (std::is_same_v<F, Float16>) return &NarrowHalfF16c<kScaled>;
+  return &NarrowAvx2<F, kScaled>;
+}
+
+template <typename F, bool kScaled>
+ReduceWideFn SelectReduceWideOp(ReduceOp op, bool avx2) {
+  switch (op) {
+    case ReduceOp::kAverage:
+    case ReduceOp::kSum: return SelectReduceWide<F, FloatSum<Float32>, kScaled>(avx2);
+    case ReduceOp::kProduct: return SelectReduceWide<F, FloatProduct<Float32>, kScaled>(avx2);
+    case ReduceOp::kMin: return SelectReduceWide<F, FloatMinMax<Float32, false>, kScaled>(avx2);
+    case ReduceOp::kMax: return SelectReduceWide<F, FloatMinMax<Float32, true>, kScaled>(avx2);
+    case ReduceOp::kAdasum: break;
+  }
+  HVDMX_CHECK(false, "no widened reduction for op " + ReduceOpName(op));
+}
+
+// Returns fn(format) for a half dtype.
+template <typename Fn>
+auto WithHalfFormat(DataType dtype, Fn fn) {
+  if (dtype == DataType::kFloat16) return fn(Float16());
+  HVDMX_CHECK(dtype == DataType::kBFloat16,
+              "a widened kernel called for " + DataTypeName(dtype) + ", not a half dtype");
+  return fn(BFloat16());
+}
+
+}  // namespace
+
+bool HalfReducesWide(DataType dtype) {
+  return dtype == DataType::kFloat16 || dtype == DataType::kBFloat16;
+}
+
+namespace {
+
+void WidenScaledOn(bool avx2, float* out, const void* in, int64_t count, DataType dtype,
+                   double factor) {
+  const float f = static_cast<float>(factor);
+  WithHalfFormat(dtype, [&](auto format) {
+    using F = decltype(format);
+    return factor == 1.0 ? SelectWiden<F, false>(avx2) : SelectWiden<F, true>(avx2);
+  })(out, in, count, f);
+}
+
+void ReduceWidenedIntoOn(bool avx2, float* acc, const void* in, int64_t count, DataType dtype,
+                         ReduceOp op, double factor) {
+  const float f = static_cast<float>(factor);
+  WithHalfFormat(dtype, [&](auto format) {
+    using F = decltype(format);
+    return factor == 1.0 ? SelectReduceWideOp<F, false>(op, avx2)
+                         : SelectReduceWideOp<F, true>(op, avx2);
+  })(acc, in, count, f);
+}
+
+void NarrowScaledOn(bool avx2, void* out, const float* acc, int64_t count, DataType dtype,
+                    double factor) {
+  const float f = static_cast<float>(factor);
+  WithHalfFormat(dtype, [&](auto format) {
+    using F = decltype(format);
+    return factor == 1.0 ? SelectNarrow<F, false>(avx2) : SelectNarrow<F, true>(avx2);
+  })(out, acc, count, f);
+}
+
+}  // namespace
+
+void WidenScaled(float* out, const void* in, int64_t count, DataType dtype, double factor) {
+  WidenScaledOn(CpuHasAvx2(), out, in, count, dtype, factor);
+}
+
+void ReduceWidenedInto(float* acc, const void* in, int64_t count, DataType dtype, ReduceOp op,
+                       double factor) {
+  ReduceWidenedIntoOn(CpuHasAvx2(), acc, in, count, dtype, op, factor);
+}
+
+void NarrowScaled(void* out, const float* acc, int64_t count, DataType dtype, double factor) {
+  NarrowScaledOn(CpuHasAvx2(), out, acc, count, dtype, factor);
+}
+
 namespace testing {
+
+void WidenedKernelForTest(int kernel, bool portable, void* out, const void* in, int64_t count,
+                          DataType dtype, ReduceOp op, double factor) {
+  const bool avx2 = !portable && CpuHasAvx2();
+  switch (kernel) {
+    case 0: WidenScaledOn(avx2, static_cast<float*>(out), in, count, dtype, factor); return;
+    case 1:
+      ReduceWidenedIntoOn(avx2, static_cast<float*>(out), in, count, dtype, op, factor);
+      return;
+    case 2:
+      NarrowScaledOn(avx2, out, static_cast<const float*>(in), count, dtype, factor);
+      return;
+  }
+  HVDMX_CHECK(false, "no widened kernel " + std::to_string(kernel));
+}
 
 void ReduceIntoScalarForTest(void* dst, const void* src, int64_t count, DataType dtype,
                              ReduceOp op) {

@@ -52,11 +52,39 @@ void Reduce3Scaled(void* out, const void* a, const void* b, int64_t count, DataT
 // undefined). factor == 1.0 returns at once without touching buf.
 void ScaleBuffer(void* buf, int64_t count, DataType dtype, double factor);
 
+// Half precision reduced in float32 (see Note [Half precision summed in
+// float32] in reduce_kernels.cc): a collective that reduces float16 or
+// bfloat16 widens every rank's operand to float32 (times the prescale),
+// combines the operands and partial results in float32, and rounds to the
+// dtype once, after the postscale. Each call below takes a half dtype
+// (HalfReducesWide(dtype)) and computes every element as stated, with one
+// rounding per float32 operation (never fused into an FMA) and every NaN
+// canonical where the result is stored.
+bool HalfReducesWide(DataType dtype);
+
+// out[i] = float32(in[i]) * float32(factor); exact widening when factor == 1.
+// in holds count elements of dtype.
+void WidenScaled(float* out, const void* in, int64_t count, DataType dtype, double factor);
+
+// acc[i] = acc[i] OP (float32(in[i]) * float32(factor)), in float32 (Average
+// as Sum; Min and Max as for float32 above). in holds elements of dtype.
+void ReduceWidenedInto(float* acc, const void* in, int64_t count, DataType dtype, ReduceOp op,
+                       double factor);
+
+// out[i] = dtype(acc[i] * float32(factor)): rounded to nearest-even once
+// (no multiply when factor == 1). out holds elements of dtype.
+void NarrowScaled(void* out, const float* acc, int64_t count, DataType dtype, double factor);
+
 namespace testing {
 // ReduceInto one element at a time on the portable path (no AVX2/F16C), so
 // tests can check that it matches the vector path bit for bit.
 void ReduceIntoScalarForTest(void* dst, const void* src, int64_t count, DataType dtype,
                              ReduceOp op);
+// kernel 0: WidenScaled(out, in), 1: ReduceWidenedInto(out, in), 2:
+// NarrowScaled(out, in), on the portable path if `portable`, else on the
+// path this CPU takes; count elements of the half dtype.
+void WidenedKernelForTest(int kernel, bool portable, void* out, const void* in, int64_t count,
+                          DataType dtype, ReduceOp op, double factor);
 }  // namespace testing
 
 }  // namespace hvdmx

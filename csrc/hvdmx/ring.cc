@@ -9,8 +9,9 @@ namespace hvdmx {
 
 void RingScratch::Reserve(int64_t segment_bytes) {
   if (half_bytes_ >= segment_bytes) return;
-  half_bytes_ = segment_bytes;
-  buffer_.assign(2 * segment_bytes, 0);  // assign touches every page now
+  // Whole cache lines, so that both halves are aligned for any element.
+  half_bytes_ = (segment_bytes + 63) / 64 * 64;
+  buffer_.assign(2 * half_bytes_, 0);  // assign touches every page now
 }
 
 int64_t RingChunkStart(int64_t count, int n, int c) {
@@ -25,15 +26,16 @@ int Mod(int a, int n) { return ((a % n) + n) % n; }
 
 // One step: send chunk `send_c` to the right, receive chunk `recv_c` from the
 // left, segment by segment, two segments in flight each way. Chunk c is
-// elements [starts[c], starts[c+1]). With `reduce`, received segments land
-// in scratch and are reduced into place; without, they are received straight
-// into place.
-void RingStep(Comm& comm, char* base, const int64_t* starts, DataType dtype, ReduceOp op,
-              int64_t seg_elems, int send_c, int recv_c, bool reduce, RingScratch* scratch) {
+// elements [starts[c], starts[c+1]) of `elem` bytes. With `reduce`, received
+// segments land in scratch and fold(segment, first element, elements)
+// combines each with this rank's elements (and may change the scratch);
+// without, they are received straight into place.
+template <typename Fold>
+void RingStep(Comm& comm, char* base, const int64_t* starts, int64_t elem, int64_t seg_elems,
+              int send_c, int recv_c, bool reduce, RingScratch* scratch, Fold&& fold) {
   const int n = comm.size();
   const int right = (comm.rank() + 1) % n;
   const int left = Mod(comm.rank() - 1, n);
-  const int64_t elem = static_cast<int64_t>(DataTypeSize(dtype));
 
   const int64_t send_begin = starts[send_c];
   const int64_t send_len = starts[send_c + 1] - send_begin;
@@ -63,10 +65,7 @@ void RingStep(Comm& comm, char* base, const int64_t* starts, DataType dtype, Red
   for (int64_t k = 0; k < std::max(send_segs, recv_segs); ++k) {
     if (k < recv_segs) {
       comm.Wait(recv_req[k % 2]);
-      if (reduce) {
-        ReduceInto(base + (recv_begin + k * seg_elems) * elem, scratch->half(k % 2),
-                   seg_len(recv_len, k), dtype, op);
-      }
+      if (reduce) fold(scratch->half(k % 2), recv_begin + k * seg_elems, seg_len(recv_len, k));
       if (k + 2 < recv_segs) recv_req[k % 2] = post_recv(k + 2);
     }
     if (k < send_segs) {
@@ -82,15 +81,29 @@ int64_t SegmentElems(int64_t segment_bytes, DataType dtype) {
 }
 
 // Reduce-scatter steps: afterwards rank r holds the finished chunk r + shift.
-void ReduceScatterSteps(Comm& comm, char* base, const int64_t* starts, DataType dtype,
-                        ReduceOp op, int64_t seg_elems, int shift, RingScratch* scratch) {
+// fold_for_step(s) is step s's fold (see RingStep).
+template <typename FoldForStep>
+void ReduceScatterSteps(Comm& comm, char* base, const int64_t* starts, int64_t elem,
+                        int64_t seg_elems, int shift, RingScratch* scratch,
+                        FoldForStep&& fold_for_step) {
   const int n = comm.size();
   const int r = comm.rank();
-  scratch->Reserve(seg_elems * static_cast<int64_t>(DataTypeSize(dtype)));
+  scratch->Reserve(seg_elems * elem);
   for (int s = 0; s < n - 1; ++s) {
-    RingStep(comm, base, starts, dtype, op, seg_elems, Mod(r + shift - 1 - s, n),
-             Mod(r + shift - 2 - s, n), /*reduce=*/true, scratch);
+    RingStep(comm, base, starts, elem, seg_elems, Mod(r + shift - 1 - s, n),
+             Mod(r + shift - 2 - s, n), /*reduce=*/true, scratch, fold_for_step(s));
   }
+}
+
+// The reduce-scatter in the dtype: own = own OP received.
+void ReduceScatterSteps(Comm& comm, char* base, const int64_t* starts, DataType dtype,
+                        ReduceOp op, int64_t seg_elems, int shift, RingScratch* scratch) {
+  const int64_t elem = static_cast<int64_t>(DataTypeSize(dtype));
+  ReduceScatterSteps(comm, base, starts, elem, seg_elems, shift, scratch, [&](int) {
+    return [&](const char* received, int64_t first, int64_t len) {
+      ReduceInto(base + first * elem, received, len, dtype, op);
+    };
+  });
 }
 
 // Allgather steps, starting from rank r holding chunk r + shift.
@@ -98,9 +111,11 @@ void AllgatherSteps(Comm& comm, char* base, const int64_t* starts, DataType dtyp
                     int64_t seg_elems, int shift, RingScratch* scratch) {
   const int n = comm.size();
   const int r = comm.rank();
+  const int64_t elem = static_cast<int64_t>(DataTypeSize(dtype));
   for (int s = 0; s < n - 1; ++s) {
-    RingStep(comm, base, starts, dtype, ReduceOp::kSum, seg_elems, Mod(r + shift - s, n),
-             Mod(r + shift - 1 - s, n), /*reduce=*/false, scratch);
+    RingStep(comm, base, starts, elem, seg_elems, Mod(r + shift - s, n),
+             Mod(r + shift - 1 - s, n), /*reduce=*/false, scratch,
+             [](const char*, int64_t, int64_t) {});
   }
 }
 
@@ -117,6 +132,67 @@ void RingAllreduce(Comm& comm, void* buf, int64_t count, DataType dtype, ReduceO
   char* base = static_cast<char*>(buf);
   ReduceScatterSteps(comm, base, starts.data(), dtype, op, seg_elems, /*shift=*/1, scratch);
   AllgatherSteps(comm, base, starts.data(), dtype, seg_elems, /*shift=*/1, scratch);
+}
+
+void RingAllreduceWidened(Comm& comm, void* buf, float* wide, bool operands_in_wide,
+                          int64_t count, DataType dtype, ReduceOp op, double prescale,
+                          double postscale, int64_t segment_bytes, RingScratch* scratch) {
+  const int n = comm.size();
+  if (count == 0) return;
+  char* half = static_cast<char*>(buf);
+  const int64_t elem = static_cast<int64_t>(DataTypeSize(dtype));
+  if (n == 1) {
+    if (!operands_in_wide) WidenScaled(wide, half, count, dtype, prescale);
+    NarrowScaled(half, wide, count, dtype, postscale);
+    return;
+  }
+  std::vector<int64_t>& starts = scratch->starts;
+  starts.resize(n + 1);
+  for (int c = 0; c <= n; ++c) starts[c] = RingChunkStart(count, n, c);
+  // Step 0 sends this rank's own chunk r: widened first. Every other chunk's
+  // float32 partials are written by the step that receives it, from the
+  // received partials and this rank's operands, which are read where they
+  // are; the last step rounds its chunk, the rank's finished one, into buf.
+  const int r = comm.rank();
+  if (!operands_in_wide) {
+    WidenScaled(wide + starts[r], half + starts[r] * elem, starts[r + 1] - starts[r], dtype,
+                prescale);
+  }
+  ReduceScatterSteps(
+      comm, reinterpret_cast<char*>(wide), starts.data(), int64_t{4},
+      SegmentElems(segment_bytes, DataType::kFloat32), /*shift=*/1, scratch, [&](int s) {
+        const bool last = s == n - 2;
+        return [&, last](char* received, int64_t first, int64_t len) {
+          auto* partial = reinterpret_cast<float*>(received);  // partial OP= own
+          if (operands_in_wide) {
+            ReduceInto(partial, wide + first, len, DataType::kFloat32, op);
+          } else {
+            ReduceWidenedInto(partial, half + first * elem, len, dtype, op, prescale);
+          }
+          if (last) {
+            NarrowScaled(half + first * elem, partial, len, dtype, postscale);
+          } else {
+            std::memcpy(wide + first, partial, len * 4);
+          }
+        };
+      });
+  AllgatherSteps(comm, half, starts.data(), dtype, SegmentElems(segment_bytes, dtype),
+                 /*shift=*/1, scratch);
+}
+
+void RingCrossAllreduce(Comm& comm, void* buf, float* wide, int64_t count, DataType dtype,
+                        ReduceOp op, double postscale, bool wide_partials,
+                        int64_t segment_bytes, RingScratch* scratch) {
+  if (wide == nullptr) {
+    RingAllreduce(comm, buf, count, dtype, op, segment_bytes, scratch);
+  } else if (wide_partials) {
+    RingAllreduceWidened(comm, buf, wide, /*operands_in_wide=*/true, count, dtype, op, 1.0,
+                         postscale, segment_bytes, scratch);
+  } else {
+    NarrowScaled(buf, wide, count, dtype, 1.0);
+    RingAllreduce(comm, buf, count, dtype, op, segment_bytes, scratch);
+    ScaleBuffer(buf, count, dtype, postscale);
+  }
 }
 
 void RingReduceScatter(Comm& comm, void* buf, const std::vector<int64_t>& starts,

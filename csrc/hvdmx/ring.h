@@ -49,6 +49,30 @@ class RingScratch {
 void RingAllreduce(Comm& comm, void* buf, int64_t count, DataType dtype, ReduceOp op,
                    int64_t segment_bytes, RingScratch* scratch);
 
+// A float16 or bfloat16 allreduce of `buf` (count elements of the half
+// `dtype`) with float32 partials (Note [Half precision summed in float32]
+// in reduce_kernels.cc): the reduce-scatter passes float32 partials, each
+// rank multiplies the chunk it finishes by `postscale` and rounds it once
+// into `buf`, and the allgather moves the rounded chunks. Bytes each rank
+// sends: (n-1)/n * count * (4 + 2), 1.5x a half ring. `wide` is count
+// floats: with operands_in_wide, this rank's operands in float32 (scaled
+// already; `prescale` is not applied), else scratch, the operands being
+// buf's elements times `prescale`, widened as the steps reach them. `wide`
+// is clobbered; every chunk is still reduced once, on one rank.
+void RingAllreduceWidened(Comm& comm, void* buf, float* wide, bool operands_in_wide,
+                          int64_t count, DataType dtype, ReduceOp op, double prescale,
+                          double postscale, int64_t segment_bytes, RingScratch* scratch);
+
+// The hosts' part of a hierarchical allreduce (ShmAllreduce::CrossAllreduce's
+// contract): without `wide`, RingAllreduce of buf; with it (a half dtype's
+// float32 host sums), RingAllreduceWidened, or with !wide_partials
+// (HVDMX_HALF_PARTIALS=half) the sums rounded into buf, RingAllreduce in
+// the dtype and the postscale applied, which halves the reduce-scatter's
+// bytes and rounds at every step.
+void RingCrossAllreduce(Comm& comm, void* buf, float* wide, int64_t count, DataType dtype,
+                        ReduceOp op, double postscale, bool wide_partials,
+                        int64_t segment_bytes, RingScratch* scratch);
+
 // The same two phases on their own, over chunks of any sizes: chunk c is
 // elements [starts[c], starts[c+1]) of `buf`, starts having size + 1
 // entries. After RingReduceScatter rank r holds the reduction of chunk r

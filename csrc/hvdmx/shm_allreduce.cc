@@ -20,6 +20,7 @@ using shm_internal::kControlBytes;
 using shm_internal::kPageBytes;
 using shm_internal::kSliceAlignBytes;
 using shm_internal::kSpinMicros;
+using shm_internal::kWideBlockElems;
 using shm_internal::WaitFor;
 
 // Note [Where a chunk sits in its stage]
@@ -43,6 +44,7 @@ struct ShmAllreduce::Call {
   DataType dtype;
   ReduceOp op;
   double postscale;     // applied to each reduced block
+  double prescale;      // a half dtype's, applied to each operand
   int64_t elem;         // bytes per element
   int64_t chunk_elems;  // elements per chunk (the last may be shorter)
   int64_t unit;         // slice granularity, elements
@@ -92,6 +94,7 @@ ShmAllreduce::ShmAllreduce(int rank, int size, std::vector<char*> regions, int64
                      StageStoreChooser(stores, kPushStreamMinBytes),
                      StageStoreChooser(stores, kPushStreamMinBytes)}},
       scratch_(kBlockBytes),
+      wide_(std::max(kWideBlockElems, cross_ ? chunk_bytes_ / 2 : 0)),
       next_pid_check_(size) {
   static_assert(sizeof(Control) <= kControlBlockBytes, "control block too large");
   // Regions are consecutive in one mapping, so a page-aligned start keeps every
@@ -170,13 +173,15 @@ char* ShmAllreduce::Stage(int j, uint64_t seq) const {
 }
 
 void ShmAllreduce::Allreduce(void* buf, int64_t count, DataType dtype, ReduceOp op,
-                             double postscale) {
+                             double postscale, double prescale) {
   one_span_.assign(1, Span{buf, count});
-  Allreduce(one_span_, dtype, op, postscale);
+  Allreduce(one_span_, dtype, op, postscale, prescale);
 }
 
 void ShmAllreduce::Allreduce(const std::vector<Span>& spans, DataType dtype, ReduceOp op,
-                             double postscale) {
+                             double postscale, double prescale) {
+  const bool wide = HalfReducesWide(dtype);
+  HVDMX_CHECK(wide || prescale == 1.0, "a shared-memory prescale for " + DataTypeName(dtype));
   calls_.fetch_add(1, std::memory_order_relaxed);
   span_starts_.resize(spans.size() + 1);
   span_starts_[0] = 0;
@@ -184,6 +189,13 @@ void ShmAllreduce::Allreduce(const std::vector<Span>& spans, DataType dtype, Red
   const int64_t count = span_starts_.back();
   if ((size_ == 1 && !cross_) || count == 0) {
     for (const Span& span : spans) {
+      for (int64_t b = 0; wide && b < span.count; b += kWideBlockElems) {
+        const int64_t m = std::min(kWideBlockElems, span.count - b);
+        const char* in = static_cast<const char*>(span.in != nullptr ? span.in : span.data);
+        WidenScaled(wide_.data(), in + 2 * b, m, dtype, prescale);
+        NarrowScaled(static_cast<char*>(span.data) + 2 * b, wide_.data(), m, dtype, postscale);
+      }
+      if (wide) continue;
       if (span.in != nullptr && span.count > 0) {
         std::memcpy(span.data, span.in, span.count * static_cast<int64_t>(DataTypeSize(dtype)));
       }
@@ -193,6 +205,7 @@ void ShmAllreduce::Allreduce(const std::vector<Span>& spans, DataType dtype, Red
   }
   Call call;
   call.postscale = postscale;
+  call.prescale = prescale;
   call.spans = spans.data();
   call.nspans = spans.size();
   call.starts = span_starts_.data();
@@ -283,6 +296,7 @@ void ShmAllreduce::CopyIn(const Call& call, int64_t k) {
 
 void ShmAllreduce::Reduce(const Call& call, int64_t k) {
   const uint64_t seq = call.seq(k);
+  const bool wide = HalfReducesWide(call.dtype);
   for (int j = 0; j < size_; ++j) {
     if (j != rank_) Await(j, control(j).copied.value, seq + 1);
   }
@@ -304,20 +318,29 @@ void ShmAllreduce::Reduce(const Call& call, int64_t k) {
       // come first (then the scale is applied after them). Streaming
       // (never hierarchical): reduced into the scratch block, which is then
       // read twice from the first-level cache.
+      // A half dtype's host sums stay float32 for the hosts' ring.
       if (streaming_) {
-        ReduceOperands(scratch_.data(), n, call.dtype, call.op, call.postscale);
+        ReduceOperands(scratch_.data(), n, call.dtype, call.op, call.postscale, call.prescale);
         std::memcpy(mine + b, scratch_.data(), block);
         StreamingCopy(out + at, scratch_.data(), block);
+      } else if (cross_ && wide) {
+        ReduceOperandsWide(wide_.data() + at / call.elem, 0, n, call.dtype, call.op,
+                           call.prescale);
       } else {
-        ReduceOperands(out + at, n, call.dtype, call.op, cross_ ? 1.0 : call.postscale);
+        ReduceOperands(out + at, n, call.dtype, call.op, cross_ ? 1.0 : call.postscale,
+                       call.prescale);
         if (!cross_) std::memcpy(mine + b, out + at, block);
       }
     }
   });
   if (cross_) {
     // Called for empty slices too: the same calls on every host.
-    cross_(out, hi - lo, call.dtype, call.op);
-    ScaleBuffer(out, hi - lo, call.dtype, call.postscale);
+    if (wide) {
+      cross_(out, wide_.data(), hi - lo, call.dtype, call.op, call.postscale);
+    } else {
+      cross_(out, nullptr, hi - lo, call.dtype, call.op, 1.0);
+      ScaleBuffer(out, hi - lo, call.dtype, call.postscale);
+    }
     ForPieces(call, begin + lo, begin + hi, [&](char* mine, const char*, int64_t at,
                                                 int64_t bytes) {
       std::memcpy(mine, out + at, bytes);
@@ -326,8 +349,26 @@ void ShmAllreduce::Reduce(const Call& call, int64_t k) {
   PublishOwn(control(rank_).reduced.value, seq + 1);
 }
 
+void ShmAllreduce::ReduceOperandsWide(float* acc, int64_t first, int64_t n, DataType dtype,
+                                      ReduceOp op, double prescale) const {
+  const int64_t at = first * static_cast<int64_t>(DataTypeSize(dtype));
+  WidenScaled(acc, operands_[0] + at, n, dtype, prescale);
+  for (int j = 1; j < size_; ++j) ReduceWidenedInto(acc, operands_[j] + at, n, dtype, op, prescale);
+}
+
 void ShmAllreduce::ReduceOperands(char* out, int64_t n, DataType dtype, ReduceOp op,
-                                  double scale) {
+                                  double scale, double prescale) {
+  if (HalfReducesWide(dtype)) {
+    // Note [Half precision summed in float32]: a block of partials at a time.
+    for (int64_t b = 0; b < n; b += kWideBlockElems) {
+      const int64_t m = std::min(kWideBlockElems, n - b);
+      ReduceOperandsWide(wide_.data(), b, m, dtype, op, prescale);
+      NarrowScaled(out + b * static_cast<int64_t>(DataTypeSize(dtype)), wide_.data(), m, dtype,
+                   scale);
+    }
+    return;
+  }
+  HVDMX_CHECK(prescale == 1.0, "a prescale inside the reduction for " + DataTypeName(dtype));
   if (size_ == 1) {
     std::memcpy(out, operands_[0], n * static_cast<int64_t>(DataTypeSize(dtype)));
     ScaleBuffer(out, n, dtype, scale);

@@ -47,10 +47,17 @@
 // one fixed order (rank 0 first), with the kernels of reduce_kernels.h, and
 // then copied; every rank ends with the same bits.
 //
+// float16 and bfloat16 are reduced in float32 (Note [Half precision summed
+// in float32] in reduce_kernels.cc): the reducing rank widens every rank's
+// operand (times the prescale), combines them in float32 a block at a time
+// and rounds once, after the postscale. Nothing else changes: the stages
+// carry the dtype's bytes.
+//
 // Across hosts (hierarchical allreduce): given a `cross` allreduce that
 // joins this rank with the ranks of the same local rank on the other hosts
 // (every host with the same number of ranks), the reduce phase runs it on
-// the slice it has just reduced for its host, before publishing it. Each
+// the slice it has just reduced for its host, before publishing it. A half
+// dtype's host sums go to it in float32, and it rounds the result. Each
 // rank of a host thus works on its own shard across hosts, and the copy-out
 // spreads the job-wide result inside the host. The results stay bitwise
 // identical if `cross` gives identical bits on all its ranks (the ring does).
@@ -144,8 +151,12 @@ class ShmAllreduce {
   // A choice among sizes that stay in cache would only pay for its trials.
   static constexpr int64_t kPushStreamMinBytes = int64_t{8} << 20;
   // An in-place allreduce of `count` elements among the ranks of one local
-  // rank on every host (the same calls on all of them).
-  using CrossAllreduce = std::function<void(void* buf, int64_t count, DataType dtype, ReduceOp op)>;
+  // rank on every host (the same calls on all of them). For a half dtype,
+  // `wide` holds this rank's operands in float32 and the result, multiplied
+  // by `postscale` and rounded once, lands in `buf` (`wide` is clobbered);
+  // otherwise `wide` is null, `postscale` is 1 and the result is in `buf`.
+  using CrossAllreduce = std::function<void(void* buf, float* wide, int64_t count, DataType dtype,
+                                            ReduceOp op, double postscale)>;
 
   // Bytes of one rank's region for a chunk size (rounded as the constructor
   // rounds it).
@@ -185,8 +196,11 @@ class ShmAllreduce {
   // Allreduces `buf` (count elements of dtype) in place with `op` (kAverage
   // reduces as kSum), then multiplies the result by `postscale`: each block
   // as soon as it is reduced, while it is in cache, with the bits that
-  // ScaleBuffer on the result would give.
-  void Allreduce(void* buf, int64_t count, DataType dtype, ReduceOp op, double postscale = 1.0);
+  // ScaleBuffer on the result would give. For a half dtype, the operands are
+  // multiplied by `prescale` and everything is computed in float32 and
+  // rounded once; other dtypes take prescale 1 (the caller scales them).
+  void Allreduce(void* buf, int64_t count, DataType dtype, ReduceOp op, double postscale = 1.0,
+                 double prescale = 1.0);
   // `count` elements at `data`: one tensor of a fused allreduce. Out of
   // place, `in` is where its input is (read, never written) and the result
   // lands in `data`; nullptr: in place.
@@ -201,7 +215,7 @@ class ShmAllreduce {
   // tensors, and the bits are those of one Allreduce on the concatenated
   // buffer. Every rank passes spans of the same counts.
   void Allreduce(const std::vector<Span>& spans, DataType dtype, ReduceOp op,
-                 double postscale = 1.0);
+                 double postscale = 1.0, double prescale = 1.0);
 
   // The byte-moving calls below need a single host (not hierarchical()).
   // `root`'s `bytes` of `in` land in `out` on every rank (`in` is read on
@@ -319,8 +333,14 @@ class ShmAllreduce {
   void Reduce(const Call& call, int64_t k);
   void CopyOut(const Call& call, int64_t k);
   // operands_[0..size) reduced in rank order into `out` (n elements),
-  // multiplied by `scale`.
-  void ReduceOperands(char* out, int64_t n, DataType dtype, ReduceOp op, double scale);
+  // multiplied by `scale`; a half dtype's in float32, each operand times
+  // `prescale`, rounded once.
+  void ReduceOperands(char* out, int64_t n, DataType dtype, ReduceOp op, double scale,
+                      double prescale = 1.0);
+  // A half dtype's operands_, from element `first`, each times `prescale`,
+  // reduced in rank order in float32 into acc (n elements).
+  void ReduceOperandsWide(float* acc, int64_t first, int64_t n, DataType dtype, ReduceOp op,
+                          double prescale) const;
   // A copy into this rank's stage, with the current call's stores.
   void StageCopy(char* dst, const char* src, int64_t bytes) const;
   // Releases `value` in one of this rank's counters, after the current
@@ -407,6 +427,9 @@ class ShmAllreduce {
   std::array<StageStoreChooser, kMoves> push_stores_;  // writes into peers' outputs
   bool streaming_ = false;     // the current call's stores
   std::vector<char> scratch_;  // Reduce's block when streaming
+  // A half dtype's float32 partials: ReduceOperands' (kWideBlockElems), or
+  // when hierarchical a slice's host sums (a chunk's elements).
+  std::vector<float> wide_;
   std::atomic<int64_t> bit_ands_{0};
   uint64_t bit_and_seq_ = 0;        // bit-ands this rank has started
   uint64_t* bit_and_words_ = nullptr;

@@ -36,6 +36,10 @@ constexpr int64_t kSleepMicros = 50;
 // Bytes reduced (and then copied to the rank's buffer) at a time, so that the
 // copy reads the result from the first-level cache.
 constexpr int64_t kBlockBytes = 16 * 1024;
+// Elements of a half dtype reduced in float32 at a time (Note [Half
+// precision summed in float32]): 4 KiB of partials, which stay in the
+// first-level cache while every operand is folded in.
+constexpr int64_t kWideBlockElems = 1024;
 // Slices are cut at multiples of this many bytes (one cache line).
 constexpr int64_t kSliceAlignBytes = 64;
 // See Note [Where a chunk sits in its stage].

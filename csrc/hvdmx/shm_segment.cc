@@ -128,8 +128,12 @@ ShmAllreduce::CrossAllreduce RingAcrossHosts(MPI_Comm comm, int local_rank,
   MPI_Comm_free(&cross);
   auto scratch = std::make_shared<RingScratch>();
   const int64_t segment_bytes = config.ring_segment_bytes;
-  return [ring, scratch, segment_bytes](void* buf, int64_t count, DataType dtype, ReduceOp op) {
-    RingAllreduce(*ring, buf, count, dtype, op, segment_bytes, scratch.get());
+  const bool wide_partials = config.half_partials_wide;
+  return [ring, scratch, segment_bytes, wide_partials](void* buf, float* wide, int64_t count,
+                                                       DataType dtype, ReduceOp op,
+                                                       double postscale) {
+    RingCrossAllreduce(*ring, buf, wide, count, dtype, op, postscale, wide_partials,
+                       segment_bytes, scratch.get());
   };
 }
 

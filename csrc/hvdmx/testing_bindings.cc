@@ -77,6 +77,49 @@ void TestingScale(py::array buf, int dtype, double factor) {
               factor);
 }
 
+// One widened kernel (reduce_kernels.h: 0 widen, 1 reduce, 2 narrow) over
+// `count` elements of a half dtype; the float32 side is a float32 array.
+void TestingWidenedKernel(int kernel, py::array out, py::array in, int dtype, int op,
+                          double factor, bool portable) {
+  DataType t = CheckedType(dtype);
+  if (!HalfReducesWide(t)) throw py::value_error("not a half dtype");
+  const py::array& half = kernel == 2 ? out : in;
+  const py::array& wide = kernel == 2 ? in : out;
+  const int64_t count = half.nbytes() / 2;
+  if (wide.nbytes() != count * 4) throw py::value_error("the float32 side differs in size");
+  testing::WidenedKernelForTest(kernel, portable, out.mutable_data(), in.data(), count, t,
+                                static_cast<ReduceOp>(op), factor);
+}
+
+// Runs RingAllreduceWidened on LocalComm, one thread per array (= rank), in
+// place, the operands read from the half arrays.
+void TestingRingAllreduceWidened(std::vector<py::array> arrays, int dtype, int op,
+                                 int64_t segment_bytes, double prescale, double postscale) {
+  DataType t = CheckedType(dtype);
+  if (!HalfReducesWide(t)) throw py::value_error("not a half dtype");
+  const int n = static_cast<int>(arrays.size());
+  std::vector<void*> data;
+  std::vector<int64_t> counts;
+  for (auto& a : arrays) {
+    data.push_back(a.mutable_data());
+    counts.push_back(a.nbytes() / 2);
+  }
+  py::gil_scoped_release release;
+  auto world = std::make_shared<LocalWorld>(n);
+  std::vector<std::thread> threads;
+  for (int r = 0; r < n; ++r) {
+    threads.emplace_back([&, r] {
+      LocalComm comm(world, r);
+      RingScratch scratch;
+      std::vector<float> wide(counts[r]);
+      RingAllreduceWidened(comm, data[r], wide.data(), /*operands_in_wide=*/false, counts[r], t,
+                           static_cast<ReduceOp>(op), prescale, postscale, segment_bytes,
+                           &scratch);
+    });
+  }
+  for (auto& th : threads) th.join();
+}
+
 // Runs RingAllreduce on LocalComm, one thread per array (= rank), in place.
 void TestingRingAllreduce(std::vector<py::array> arrays, int dtype, int op,
                           int64_t segment_bytes) {
@@ -131,6 +174,7 @@ py::dict TestingLoadConfig(const std::map<std::string, std::string>& env) {
   d["hierarchical_allreduce"] = c.hierarchical_allreduce;
   d["huge_pages"] = c.huge_pages;
   d["shm_push"] = c.shm_push;
+  d["half_partials"] = c.half_partials_wide ? "float32" : "half";
   d["cpu_bind"] = CpuBindName(c.cpu_bind);
   d["testing_ranks_per_host"] = c.testing_ranks_per_host;
   d["log_level"] = static_cast<int>(c.log_level);
@@ -357,6 +401,8 @@ void DefineTestingBindings(py::module_& m) {
   m.def("_testing_scale", &TestingScale);
   m.def("_testing_reduce3_scaled", &TestingReduce3Scaled);
   m.def("_testing_ring_allreduce", &TestingRingAllreduce);
+  m.def("_testing_widened_kernel", &TestingWidenedKernel);
+  m.def("_testing_ring_allreduce_widened", &TestingRingAllreduceWidened);
   m.def("_testing_load_config", &TestingLoadConfig);
   m.def("_testing_choose_cpu", [](const std::string& mode, const std::vector<int>& cpus,
                                   int local_rank, int local_size, bool same_cpus_on_host) {

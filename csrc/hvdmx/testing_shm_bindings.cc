@@ -76,7 +76,8 @@ std::pair<int64_t, int64_t> TestingCollapseHugePages(const std::vector<py::array
 // Runs ShmAllreduce in one process, one thread per rank over plain memory:
 // calls[c][r] is rank r's list of arrays in call c, reduced in place as one
 // fused allreduce of their concatenation (ShmAllreduce::Span), calls in order,
-// each result multiplied by `postscale` inside the allreduce.
+// each result multiplied by `postscale` inside the allreduce (a half dtype's
+// operands by `prescale` too).
 // With hosts > 1, runs of size/hosts consecutive ranks are hosts, each with
 // its own memory, and the ring over LocalComm joins them (hierarchical).
 // `stores` (0 auto, 1 cached, 2 streaming) sets every rank's StageStores;
@@ -85,7 +86,7 @@ std::vector<int64_t> TestingShmAllreduce(std::vector<std::vector<std::vector<py:
                                          int dtype, int op, int64_t chunk_bytes, int hosts,
                                          double postscale,
                                          std::vector<std::vector<std::vector<py::array>>> outputs,
-                                         int stores) {
+                                         int stores, double prescale) {
   DataType t = CheckedType(dtype);
   const StageStores stage_stores = CheckedStores(stores);
   if (calls.empty()) return {};
@@ -127,14 +128,16 @@ std::vector<int64_t> TestingShmAllreduce(std::vector<std::vector<std::vector<py:
       if (hosts > 1) {
         auto comm = std::make_shared<LocalComm>(cross_worlds[l], h);
         auto scratch = std::make_shared<RingScratch>();
-        cross = [comm, scratch](void* buf, int64_t count, DataType dtype, ReduceOp op) {
-          RingAllreduce(*comm, buf, count, dtype, op, 4096, scratch.get());
+        cross = [comm, scratch](void* buf, float* wide, int64_t count, DataType dtype,
+                                ReduceOp op, double postscale) {
+          RingCrossAllreduce(*comm, buf, wide, count, dtype, op, postscale,
+                             /*wide_partials=*/true, 4096, scratch.get());
         };
       }
       ShmAllreduce shm(l, local, host_memory[h].regions, chunk_bytes, host_memory[h].memory,
                        cross, -1, stage_stores);
       for (size_t c = 0; c < calls.size(); ++c) {
-        shm.Allreduce(spans[c][r], t, static_cast<ReduceOp>(op), postscale);
+        shm.Allreduce(spans[c][r], t, static_cast<ReduceOp>(op), postscale, prescale);
       }
       streamed[r] = shm.streamed_calls();
     });
@@ -387,7 +390,7 @@ void DefineTestingShmBindings(py::module_& m) {
         py::arg("op"), py::arg("chunk_bytes"), py::arg("hosts") = 1,
         py::arg("postscale") = 1.0,
         py::arg("outputs") = std::vector<std::vector<std::vector<py::array>>>{},
-        py::arg("stores") = 0);
+        py::arg("stores") = 0, py::arg("prescale") = 1.0);
   m.def("_testing_shm_sequence", &TestingShmSequence, py::arg("calls"), py::arg("chunk_bytes"),
         py::arg("direct_min_bytes") = -1, py::arg("stores") = 0,
         py::arg("push") = std::vector<bool>{});

@@ -60,8 +60,31 @@ def scaled(values, dtype, factor):
     if dt == np.float64:
         return (values * factor).astype(dt)
     if dt.kind == "f":
-        return (values.astype(dt).astype(np.float32) * np.float32(factor)).astype(dt)
+        # float16 is scaled in float32 before its one rounding (Note [Half
+        # precision summed in float32] in reduce_kernels.cc).
+        return (values.astype(np.float32) * np.float32(factor)).astype(dt)
     return np.trunc(values * factor).astype(dt)
+
+
+def half_input(rank, count, offset=0):
+    """float16 integers in [1024, 2048), where the spacing is 1: every rank's
+    value is exact, but the sum of two or more falls where the spacing is 2
+    or 4, so a sum rounded after every pairwise step differs from one
+    rounded once in some elements, whatever the order."""
+    i = np.arange(offset, offset + count)
+    return (1024 + (i * 37 + rank * 101) % 1024).astype(np.float16)
+
+
+def half_expected(size, count, op, prescale=1.0, postscale=1.0, offset=0):
+    """The float32 reference: every rank's input times the prescale, summed,
+    times the postscale (over size for Average), in float32, rounded to
+    float16 once. The inputs are integers, so the float32 sum is exact in any
+    order."""
+    total = np.zeros(count, np.float32)
+    for r in range(size):
+        total += half_input(r, count, offset).astype(np.float32) * np.float32(prescale)
+    factor = postscale / size if op == hvd.Average else postscale
+    return (total * np.float32(factor)).astype(np.float16)
 
 
 def my_rows(dim0, size, rank):

@@ -7,7 +7,8 @@ import pytest
 import hvdmx as hvd
 from hvdmx import _core
 from conftest import all_equal_across_ranks, restart
-from helpers import DTYPES, OPS, counts_for, expected, rank_input, reduced
+from helpers import (DTYPES, OPS, counts_for, expected, half_expected, half_input, rank_input,
+                     reduced)
 
 
 def check(out, want):
@@ -39,6 +40,89 @@ def test_every_algorithm_with_a_tiny_segment(world, algo):
                 for count in counts_for(size) + [17, 257]:
                     x = mx.nd.array(rank_input(rank, count, dtype, op), dtype=dtype)
                     check(hvd.allreduce(x, op=op), expected(size, count, dtype, op))
+    finally:
+        restart({})
+
+
+# Every allreduce algorithm, each with settings that make it cut the data
+# small: shared memory (tiny chunks), the ring (tiny segments and pieces, so
+# fused groups go through the fusion buffer in many pieces), MPI, and
+# hierarchical on pretend hosts of two ranks (at -n 4; elsewhere the ring or
+# one host's shared memory).
+HALF_ALGORITHMS = {
+    "shm": {"HVDMX_ALLREDUCE_ALGO": "shm", "HVDMX_SHM_CHUNK_BYTES": "4160"},
+    "ring": {"HVDMX_ALLREDUCE_ALGO": "ring", "HVDMX_RING_SEGMENT_BYTES": "64",
+             "HVDMX_FUSION_PIECE_BYTES": "300"},
+    "mpi": {"HVDMX_ALLREDUCE_ALGO": "mpi", "HVDMX_FUSION_PIECE_BYTES": "300"},
+    "hierarchical": {"HVDMX_ALLREDUCE_ALGO": "shm", "HVDMX_HIERARCHICAL_ALLREDUCE": "1",
+                     "HVDMX_TESTING_RANKS_PER_HOST": "2", "HVDMX_SHM_CHUNK_BYTES": "4160"},
+}
+
+
+@pytest.mark.parametrize("algo", sorted(HALF_ALGORITHMS))
+def test_half_is_summed_in_float32_and_rounded_once(world, algo):
+    # Against the float32 reference: with three or more ranks, rounding
+    # after every pairwise step (and after each scaling) gives other bits.
+    rank, size = world
+    restart(HALF_ALGORITHMS[algo])
+    try:
+        if algo == "hierarchical" and size == 4:
+            assert _core._testing_shm_info()["hierarchical"]
+        counts = [1, size + 1, 1001, 20_011]
+        for op in [hvd.Sum, hvd.Average]:
+            for pre, post in [(1.0, 1.0), (0.5, 3.0), (2.0, 0.25)]:
+                tag = f"half.{algo}.{op}.{pre}.{post}"
+                for count in counts:
+                    x = mx.nd.array(half_input(rank, count), dtype="float16")
+                    out = hvd.allreduce(x, op=op, prescale_factor=pre, postscale_factor=post,
+                                        name=f"{tag}.{count}")
+                    check(out, half_expected(size, count, op, pre, post))
+                # Fused: a grouped call's tensors share chunks or pieces.
+                xs = [mx.nd.array(half_input(rank, c, offset=k), dtype="float16")
+                      for k, c in enumerate(counts)]
+                outs = hvd.grouped_allreduce(xs, op=op, prescale_factor=pre,
+                                             postscale_factor=post, name=f"{tag}.grouped")
+                for k, (out, c) in enumerate(zip(outs, counts)):
+                    check(out, half_expected(size, c, op, pre, post, offset=k))
+                # In place, prescaled: the input is the output.
+                y = mx.nd.array(half_input(rank, 1001), dtype="float16")
+                hvd.allreduce_(y, op=op, prescale_factor=pre, postscale_factor=post,
+                               name=f"{tag}.inplace")
+                check(y, half_expected(size, 1001, op, pre, post))
+        # Random data, whose float32 sum depends on the order of additions:
+        # still the same bits on every rank (MPI: when MPI's float32 results
+        # are, since every rank rounds them alike).
+        rng = np.random.default_rng(1000 + rank)
+        for count in [1001, 300_007]:
+            data = (rng.standard_normal(count) * 100).astype(np.float16)
+            for op, pre, post in [(hvd.Sum, 1.0, 1.0), (hvd.Average, 0.5, 3.0)]:
+                out = hvd.allreduce(mx.nd.array(data, dtype="float16"), op=op,
+                                    prescale_factor=pre, postscale_factor=post).asnumpy()
+                assert all_equal_across_ranks(out)
+    finally:
+        restart({})
+
+
+@pytest.mark.parametrize("algo", ["ring", "mpi"])
+def test_half_partials_half_keeps_the_dtype_on_the_wire(world, algo):
+    # HVDMX_HALF_PARTIALS=half: the ring reduces in float16 (rounding at every
+    # step); MPI, which has no float16 sum, hands halves to the ring. The bits
+    # are still the same on every rank, and exact sums stay exact.
+    rank, size = world
+    restart({**HALF_ALGORITHMS[algo], "HVDMX_HALF_PARTIALS": "half"})
+    try:
+        count = 20_011
+        x = mx.nd.array(half_input(rank, count), dtype="float16")
+        out = hvd.allreduce(x, op=hvd.Sum, name="half.wire").asnumpy()
+        assert all_equal_across_ranks(out)
+        want = half_expected(size, count, hvd.Sum)
+        if size <= 2:
+            assert np.array_equal(out, want)  # one addition: rounded once anyway
+        else:
+            assert not np.array_equal(out, want)
+            assert np.all(np.abs(out.astype(np.float32) - want.astype(np.float32)) <= 8 * size)
+        small = mx.nd.array(rank_input(rank, 101, "float16", hvd.Sum), dtype="float16")
+        check(hvd.allreduce(small, op=hvd.Sum), expected(size, 101, "float16", hvd.Sum))
     finally:
         restart({})
 

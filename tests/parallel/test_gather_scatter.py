@@ -8,7 +8,7 @@ import pytest
 import hvdmx as hvd
 from hvdmx import _core
 from conftest import all_equal_across_ranks, restart
-from helpers import DTYPES, expected, my_rows, rank_input
+from helpers import DTYPES, expected, half_expected, half_input, my_rows, rank_input
 
 # Each test runs over shared memory and over MPI (conftest.transport).
 pytestmark = pytest.mark.usefixtures("transport")
@@ -235,6 +235,35 @@ def test_reducescatter_scale_factors_and_large(world):
     start, end = my_rows(dim0, size, rank)
     want = expected(size, dim0 * 3, "float64", hvd.Sum, 2.0, 0.5).reshape(dim0, 3)[start:end]
     assert np.array_equal(out.asnumpy(), want)
+
+
+def test_reducescatter_sums_half_in_float32_and_rounds_once(world, transport):
+    # As allreduce does (test_allreduce.py): against the float32 reference.
+    # Shared memory takes the unscaled calls under shm, the ring the rest (in
+    # pieces of at least a 1 KiB segment per rank).
+    rank, size = world
+    restart({"HVDMX_ALLREDUCE_ALGO": transport, "HVDMX_FUSION_PIECE_BYTES": "4096",
+             "HVDMX_RING_SEGMENT_BYTES": "1024"})
+    try:
+        shapes = [(size + 1, 3), (4001,), (2 * size + 1, 2, 5)]
+        for op in (hvd.Sum, hvd.Average):
+            for pre, post in [(1.0, 1.0), (1.0, 3.0), (0.5, 3.0)]:
+                xs = [mx.nd.array(half_input(rank, int(np.prod(s)), offset=k).reshape(s),
+                                  dtype="float16") for k, s in enumerate(shapes)]
+                outs = hvd.grouped_reducescatter(xs, op=op, prescale_factor=pre,
+                                                 postscale_factor=post)
+                alone = hvd.reducescatter(xs[1], op=op, prescale_factor=pre,
+                                          postscale_factor=post)
+                for k, out in zip([0, 1, 2, 1], outs + [alone]):
+                    s = shapes[k]
+                    start, end = my_rows(s[0], size, rank)
+                    want = half_expected(size, int(np.prod(s)), op, pre, post,
+                                         offset=k).reshape(s)[start:end]
+                    got = out.asnumpy()
+                    assert got.dtype == want.dtype and got.shape == want.shape
+                    assert np.array_equal(got, want), (op, pre, post, k)
+    finally:
+        restart({"HVDMX_ALLREDUCE_ALGO": transport})
 
 
 def test_grouped_reducescatter_mixed_dtypes(world):
