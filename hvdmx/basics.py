@@ -85,6 +85,9 @@ def init(comm: Optional[Union[Any, Sequence[int]]] = None,
     importlib.import_module("hvdmx.kvstore")
     if not _atexit_registered:
         atexit.register(shutdown)
+        # Registered after shutdown, so it runs before it (and before MPI is
+        # finalized by hvdmx or by mpi4py).
+        atexit.register(_exit_if_peers_are_gone)
         _atexit_registered = True
     for process_set in process_sets or ():
         _process_sets.add_process_set(process_set)
@@ -139,9 +142,47 @@ def _finalize_mpi() -> None:
         MPI.Finalize()
 
 
+# The stall shutdown's report when the other ranks stopped taking part in
+# negotiation (csrc/hvdmx/runtime.cc, Runtime::LoopOnce); set by shutdown()
+# when it ends a runtime that stopped so.
+_STALL_MARK = "have not taken part in negotiation"
+_peers_gone: Optional[str] = None
+
+
+def _exit_if_peers_are_gone() -> None:
+    """At exit, after a stall shutdown found that the other ranks no longer
+    take part in negotiation (one died, or its host cannot be reached), ends
+    the process at once with status 1 instead of letting MPI_Finalize run:
+    MPI_Finalize waits, through the launcher, for every rank of the job, and
+    would wait forever for one that is dead or cut off (seen across hosts
+    with MPICH's Hydra: a killed rank under -disable-auto-cleanup, or a
+    host's link taken down). Not MPI_Abort: that would make the launcher kill
+    the other survivors, perhaps before their own stall shutdown reports."""
+    reason = _peers_gone or _core.stop_reason()
+    if _STALL_MARK not in (reason or "") or MPI.Is_finalized():
+        return
+    import sys
+    try:
+        sys.stdout.flush()
+    except (OSError, ValueError):
+        pass
+    try:
+        sys.stderr.write(f"hvdmx: rank {MPI.COMM_WORLD.Get_rank()} exits with status 1 "
+                         "without finalizing MPI, which would wait forever for the ranks that "
+                         "stopped taking part (see docs/errors.md)\n")
+        sys.stderr.flush()
+    except (OSError, ValueError):
+        pass
+    os._exit(1)
+
+
 def shutdown() -> None:
     """Stops hvdmx on every rank (agreed by all); pending ops fail with a
     "shut down" error. ``init`` may be called again afterwards."""
+    global _peers_gone
+    reason = _core.stop_reason()
+    if _STALL_MARK in reason:
+        _peers_gone = reason
     _core.shutdown()
     _process_sets._forget_all()
 
