@@ -133,3 +133,27 @@ def test_init_with_process_sets(world):
             assert out.asnumpy().tolist() == [3, 3]
     finally:
         hvd.remove_process_set(ps)
+
+
+def test_a_set_per_host(world):
+    # The ranks of each host as a set of their own (one set of every rank on
+    # one host); across test hosts (tests/test_many_hosts.py) these sets stay
+    # inside a host while the even and odd sets above span hosts.
+    rank, size = world
+    hosts = MPI.COMM_WORLD.allgather(MPI.Get_processor_name())
+    names = sorted(set(hosts), key=hosts.index)
+    sets = [hvd.add_process_set([r for r in range(size) if hosts[r] == h]) for h in names]
+    try:
+        mine = sets[names.index(hosts[rank])]
+        members = mine.ranks
+        assert len(members) == hvd.local_size()
+        out = hvd.allreduce(mx.nd.array(np.arange(5) + rank), op=hvd.Sum, process_set=mine)
+        assert out.asnumpy().tolist() == (np.arange(5) * len(members) + sum(members)).tolist()
+        got = hvd.allgather(mx.nd.array([[rank, rank]]), process_set=mine).asnumpy()
+        assert got.tolist() == [[r, r] for r in members]
+        got = hvd.broadcast(mx.nd.array([rank]), root_rank=members[-1], process_set=mine)
+        assert got.asnumpy().tolist() == [members[-1]]
+        hvd.barrier(process_set=mine)
+    finally:
+        for process_set in sets:
+            assert hvd.remove_process_set(process_set)
