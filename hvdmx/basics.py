@@ -143,10 +143,17 @@ def _finalize_mpi() -> None:
 
 
 # The stall shutdown's report when the other ranks stopped taking part in
-# negotiation (csrc/hvdmx/runtime.cc, Runtime::LoopOnce); set by shutdown()
-# when it ends a runtime that stopped so.
+# negotiation while this rank waited for collectives (csrc/hvdmx/runtime.cc,
+# Runtime::LoopOnce); set by shutdown() when it ends a runtime that stopped
+# so. Not the report of a wait in hvd.shutdown() itself: there the others
+# may only be busy elsewhere, and MPI_Finalize waits for them as it should.
 _STALL_MARK = "have not taken part in negotiation"
+_SHUTDOWN_WAIT_MARK = "waited in hvd.shutdown()"
 _peers_gone: Optional[str] = None
+
+
+def _peers_stopped_taking_part(reason: str) -> bool:
+    return _STALL_MARK in reason and _SHUTDOWN_WAIT_MARK not in reason
 
 
 def _exit_if_peers_are_gone() -> None:
@@ -159,7 +166,7 @@ def _exit_if_peers_are_gone() -> None:
     host's link taken down). Not MPI_Abort: that would make the launcher kill
     the other survivors, perhaps before their own stall shutdown reports."""
     reason = _peers_gone or _core.stop_reason()
-    if _STALL_MARK not in (reason or "") or MPI.Is_finalized():
+    if not _peers_stopped_taking_part(reason or "") or MPI.Is_finalized():
         return
     import sys
     try:
@@ -181,7 +188,7 @@ def shutdown() -> None:
     "shut down" error. ``init`` may be called again afterwards."""
     global _peers_gone
     reason = _core.stop_reason()
-    if _STALL_MARK in reason:
+    if _peers_stopped_taking_part(reason):
         _peers_gone = reason
     _core.shutdown()
     _process_sets._forget_all()
