@@ -370,6 +370,17 @@ class TestHosts:
         _run(["ip", "-n", self.switch, "link", "set", self._port(host),
               "up" if up else "down"])
 
+    def cap(self, host: str, rate: Optional[str]) -> None:
+        """Caps `host`'s link at `rate` in each direction from now on (as
+        --rate does for every host), or lifts the cap with None."""
+        host = self.host(host)
+        for ns, dev in ((host, "eth0"), (self.switch, self._port(host))):
+            if rate is None:
+                _run(["tc", "-n", ns, "qdisc", "del", "dev", dev, "root"], check=False)
+            else:
+                _run(["tc", "-n", ns, "qdisc", "replace", "dev", dev, "root", "tbf", "rate",
+                      rate, "burst", _tbf_burst(rate), "latency", "20ms"])
+
     def counters(self, host: str) -> Dict[str, int]:
         """Bytes and packets `host`'s eth0 has sent and received."""
         out = _run(["ip", "-n", self.host(host), "-s", "-j", "link", "show", "dev", "eth0"])
