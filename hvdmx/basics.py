@@ -164,7 +164,8 @@ def _exit_if_peers_are_gone() -> None:
     would wait forever for one that is dead or cut off (seen across hosts
     with MPICH's Hydra: a killed rank under -disable-auto-cleanup, or a
     host's link taken down). Not MPI_Abort: that would make the launcher kill
-    the other survivors, perhaps before their own stall shutdown reports."""
+    the other survivors, perhaps before their own stall shutdown reports, and
+    with a host's link down it did not return either (tried)."""
     reason = _peers_gone or _core.stop_reason()
     if not _peers_stopped_taking_part(reason or "") or MPI.Is_finalized():
         return

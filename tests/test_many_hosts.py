@@ -25,6 +25,9 @@ PYTHON = sys.executable
 ENV = dict(os.environ, PYTHONPATH=REPO, OMP_NUM_THREADS="1", MXNET_CPU_WORKER_NTHREADS="1",
            MXNET_ENGINE_TYPE="ThreadedEnginePerDevice")
 JOB_TIMEOUT = 240
+# A layout's job takes up to two minutes here (3 hosts x 2 ranks on two
+# cores); tests/run_all.sh gives each test 120 s by default.
+pytestmark = pytest.mark.timeout(300)
 PREFIX_OTHER = "hvdmx-other"  # names no test host has
 
 
