@@ -87,6 +87,9 @@ def init(comm: Optional[Union[Any, Sequence[int]]] = None,
     importlib.import_module("hvdmx.kvstore")
     if not _atexit_registered:
         atexit.register(_shutdown_at_exit)
+        # Registered after it, so it runs before it (and before MPI is
+        # finalized by hvdmx or by mpi4py).
+        atexit.register(_exit_if_peers_are_gone)
         _atexit_registered = True
     for process_set in process_sets or ():
         _process_sets.add_process_set(process_set)
@@ -141,6 +144,60 @@ def _finalize_mpi() -> None:
         MPI.Finalize()
 
 
+# Why hvdmx stopped on this rank when the peers it waited for may be gone:
+# the stall shutdown's report when the other ranks stopped taking part in
+# negotiation while this rank waited for collectives (csrc/hvdmx/runtime.cc,
+# Runtime::LoopOnce), and a peer on this host found stopped or exited in
+# shared memory (Note [A peer that stops] in csrc/hvdmx/shm_allreduce.h).
+# Set by shutdown() when it ends a runtime that stopped so. Not the report of
+# a wait in hvd.shutdown() itself: there the others may only be busy
+# elsewhere, and MPI_Finalize waits for them as it should.
+_GONE_MARKS = ("have not taken part in negotiation",
+               "while this rank waited for it in shared memory")
+_SHUTDOWN_WAIT_MARK = "waited in hvd.shutdown()"
+_peers_gone: Optional[str] = None
+# The least time MPI_Finalize is given, after such a stop, before the
+# process ends without it (HVDMX_STALL_SHUTDOWN_TIME_SECONDS when longer).
+_FINALIZE_GRACE_SECONDS = 5.0
+
+
+def _peers_stopped_taking_part(reason: str) -> bool:
+    return any(mark in reason for mark in _GONE_MARKS) and _SHUTDOWN_WAIT_MARK not in reason
+
+
+def _finalize_grace() -> float:
+    for name in ("HVDMX_STALL_SHUTDOWN_TIME_SECONDS", "HOROVOD_STALL_SHUTDOWN_TIME_SECONDS"):
+        try:
+            return max(_FINALIZE_GRACE_SECONDS, float(os.environ.get(name, "")))
+        except ValueError:
+            continue
+    return _FINALIZE_GRACE_SECONDS
+
+
+def _exit_if_peers_are_gone() -> None:
+    """At exit, after hvdmx stopped because the peers it waited for stopped
+    taking part (one died, its host cannot be reached, or it stopped hvdmx
+    itself), bounds the wait in MPI_Finalize: MPI_Finalize waits, through
+    the launcher, for every rank of the job, and would wait forever for one
+    that is dead or cut off (seen across hosts with MPICH's Hydra: a killed
+    rank under -disable-auto-cleanup, or a host's link taken down). A timer
+    ends the process with status 1 if the exit has not finished within
+    _finalize_grace() seconds; until then the other ranks may still finish
+    their scripts and finalize with this one (a rank that ended at once
+    would make the launcher kill them). Not MPI_Abort: that would kill the
+    other survivors, and with a host's link down it did not return either
+    (tried)."""
+    reason = _peers_gone or _core.stop_reason()
+    if not _peers_stopped_taking_part(reason or "") or MPI.Is_finalized():
+        return
+    grace = _finalize_grace()
+    # A thread of the core's, not a Python timer: when mpi4py finalizes MPI,
+    # it does so after the interpreter has stopped running Python code.
+    _core.exit_after(grace, f"hvdmx: rank {MPI.COMM_WORLD.Get_rank()} exits with status 1 "
+                            f"without finalizing MPI, which has waited {grace:g} s for the "
+                            "ranks that stopped taking part (see docs/errors.md)\n")
+
+
 def shutdown() -> None:
     """Stops hvdmx on every rank (agreed by all); pending ops fail with a
     "shut down" error. ``init`` may be called again afterwards.
@@ -151,6 +208,10 @@ def shutdown() -> None:
     process's exit. Only when nothing of hvdmx is pending on this rank: a
     pending collective fails with the shutdown, and its "shut down" error
     must still come at its read; the exit hook reports what is left."""
+    global _peers_gone
+    reason = _core.stop_reason()
+    if _peers_stopped_taking_part(reason):
+        _peers_gone = reason
     unread = _unread_errors() if _core.is_initialized() and _core.all_idle() else []
     _core.shutdown()
     _process_sets._forget_all()

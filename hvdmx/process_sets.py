@@ -183,10 +183,16 @@ def remove_process_set(process_set: ProcessSet) -> bool:
 
 
 def _forget_all() -> None:
-    """After shutdown: every set but the global one is gone."""
+    """After shutdown: every set but the global one is gone, and so are the
+    counts of their unnamed calls: the next init gives their ids again, and
+    a new set must name its calls alike on every rank, whichever old sets of
+    that id the rank was in."""
+    from hvdmx import ops
     for process_set in _registered.values():
         process_set.process_set_id = None
     _registered.clear()
+    for key in [key for key in ops._counters if key[1] != 0]:
+        del ops._counters[key]
 
 
 def _check_registered(fn: str, process_set) -> None:

@@ -22,8 +22,10 @@ import re
 import shlex
 import shutil
 import signal
+import socket
 import subprocess
 import sys
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Dict, List, Mapping, NamedTuple, Optional, Sequence, TextIO
 
@@ -169,6 +171,117 @@ def resolve_num_proc(num_proc: Optional[int], hosts: Optional[List[Host]],
                          f"({format_hosts(hosts)}); lower -np to {slots} or give the hosts "
                          "more slots (host:slots)")
     return num_proc
+
+
+def unused_hosts(num_proc: int, hosts: Sequence[Host]) -> List[str]:
+    """The hosts that get no process: the slots fill in list order, so -np
+    below the total leaves the last hosts empty."""
+    unused, left = [], num_proc
+    for host in hosts:
+        if left <= 0:
+            unused.append(host.name)
+        left -= host.slots
+    return unused
+
+
+def unresolved_hosts(hosts: Sequence[Host], host_flag: str,
+                     resolve=socket.getaddrinfo) -> None:
+    """Refuses a host whose name does not resolve here: the launcher would
+    fail on it later, with a message about ssh or a proxy."""
+    for host in hosts:
+        try:
+            resolve(host.name, None)
+        except (OSError, UnicodeError) as e:
+            reason = getattr(e, "strerror", None) or str(e)
+            raise UsageError(f"{host_flag}: host {host.name!r} does not resolve on this machine "
+                             f"({reason}); check the name, or give its address, or make it "
+                             "resolve (DNS, /etc/hosts)") from None
+
+
+def _is_this_host(name: str) -> bool:
+    here = socket.gethostname()
+    if name in ("localhost", here, here.split(".")[0]):
+        return True
+    try:
+        addresses = {a[4][0] for a in socket.getaddrinfo(name, None)}
+        mine = {a[4][0] for a in socket.getaddrinfo(here, None)}
+    except OSError:
+        return False
+    return any(a.startswith("127.") or a == "::1" or a in mine for a in addresses)
+
+
+def remote_shell(launcher: Launcher, mpi_args: Sequence[str]) -> Optional[List[str]]:
+    """The command the launcher starts remote processes with, as hvdmxrun can
+    try it: the -launcher-exec (-bootstrap-exec) of Hydra or the
+    plm_rsh_agent of Open MPI, else ssh; None when the launcher starts them
+    another way (Slurm, a batch system, fork)."""
+    args = list(mpi_args)
+
+    def value(flags):
+        for i, arg in enumerate(args):
+            name, eq, rest = arg.partition("=")
+            if name in flags:
+                return rest if eq else (args[i + 1] if i + 1 < len(args) else None)
+        return None
+
+    if launcher.flavor == OPENMPI:
+        for i, arg in enumerate(args[:-2]):
+            if arg in ("--mca", "-mca") and args[i + 1] in ("plm_rsh_agent", "orte_rsh_agent"):
+                return shlex.split(args[i + 2])
+        if value(("--launch-agent",)) is not None or os.environ.get("SLURM_JOB_ID"):
+            return None
+        return ["ssh", "-o", "BatchMode=yes", "-o", "ConnectTimeout=20"]
+    exec_path = value(("-launcher-exec", "-bootstrap-exec"))
+    kind = value(("-launcher", "-bootstrap"))
+    if exec_path:
+        return [exec_path]
+    if kind not in (None, "ssh", "rsh"):
+        return None
+    if kind is None and any(os.environ.get(v) for v in ("SLURM_JOB_ID", "PBS_JOBID",
+                                                           "LSB_JOBID")):
+        return None  # Hydra starts the proxies through the batch system
+    if kind == "rsh":
+        return ["rsh"]
+    return ["ssh", "-o", "BatchMode=yes", "-o", "ConnectTimeout=20"]
+
+
+def check_remote_starts(hosts: Sequence[Host], shell: Sequence[str], timeout: float = 60,
+                        is_this_host=_is_this_host) -> None:
+    """Starts `true` on every host that is not this one through `shell`, all
+    at once; refuses the first that fails or takes over `timeout` seconds,
+    naming it and the fix, before the launcher would fail or wait on it."""
+    remote = [h.name for h in hosts if not is_this_host(h.name)]
+    if not remote:
+        return
+    if shutil.which(shell[0]) is None:
+        raise UsageError(f"hosts {', '.join(remote)} would be reached with {shell[0]!r}, which "
+                         "is not found; install it, or name the remote shell with "
+                         "--mpi-args \"-launcher-exec PATH\" (Open MPI: \"--mca "
+                         "plm_rsh_agent PATH\"), or pass --no-host-check")
+
+    def attempt(name):
+        cmd = [*shell, name, "true"]
+        try:
+            result = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout,
+                                    stdin=subprocess.DEVNULL)
+        except subprocess.TimeoutExpired:
+            return name, cmd, f"no answer within {timeout:g} s"
+        except OSError as e:
+            return name, cmd, str(e)
+        if result.returncode != 0:
+            said = (result.stderr or result.stdout).strip().splitlines()
+            return name, cmd, f"exit {result.returncode}" + (f": {said[-1]}" if said else "")
+        return None
+
+    with ThreadPoolExecutor(max_workers=min(16, len(remote))) as pool:
+        for failure in pool.map(attempt, remote):
+            if failure:
+                name, cmd, why = failure
+                raise UsageError(f"cannot start a process on host {name!r}: '{shlex.join(cmd)}' "
+                                 f"failed ({why}); make '{shlex.join([*shell, name])}' work "
+                                 "without a password prompt (ssh keys, known hosts), or name "
+                                 "another remote shell with --mpi-args \"-launcher-exec "
+                                 "PATH\", or pass --no-host-check to skip this check")
 
 
 def _positive_int(text: str) -> int:
@@ -466,6 +579,9 @@ def make_parser() -> argparse.ArgumentParser:
     launch.add_argument("--mpi-args", metavar='"ARGS"', default="",
                         help="extra launcher flags, split like a shell would and added "
                              "before the command, e.g. --mpi-args \"-ppn 2\"")
+    launch.add_argument("--no-host-check", action="store_true",
+                        help="do not check, before starting, that every host of -H/--hostfile "
+                             "resolves and that the remote shell starts a process there")
     launch.add_argument("--verbose", action="store_true",
                         help="print the launcher command to stderr before running it")
     launch.add_argument("--dry-run", action="store_true",
@@ -524,8 +640,17 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             hosts, host_flag = None, ""
         num_proc = resolve_num_proc(args.num_proc, hosts, host_flag)
         launcher = detect_launcher(find_mpiexec(args.mpiexec, os.environ, sys.executable))
+        if hosts and not args.no_host_check and not args.dry_run:
+            unresolved_hosts(hosts, host_flag)
+            shell = remote_shell(launcher, mpi_args)
+            if shell is not None:
+                check_remote_starts(hosts, shell)
     except UsageError as e:
         parser.error(str(e))  # exits with code 2
+    if hosts and unused_hosts(num_proc, hosts):
+        print(f"{PROG}: warning: -np {num_proc} fills the slots of {host_flag} "
+              f"({format_hosts(hosts)}) in order, so {', '.join(unused_hosts(num_proc, hosts))} "
+              "get(s) no process; raise -np or list fewer hosts", file=sys.stderr)
 
     cmd = build_command(launcher, num_proc, hosts, tuning_env(args), mpi_args, command,
                         os.environ, as_root=os.geteuid() == 0)

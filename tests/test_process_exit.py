@@ -225,7 +225,10 @@ def test_a_rank_stopped_by_the_stall_shutdown_lets_every_rank_exit(n, algo):
             time.sleep(4)
         sys.stderr.write(f"rank {rank} at the end\\n")
     """, timeout=90, HVDMX_STALL_SHUTDOWN_TIME_SECONDS="2", HVDMX_ALLREDUCE_ALGO=algo)
-    assert result.returncode == 0, result.stderr
+    # The job ended (run_job's timeout did not fire). Its status may be 1:
+    # rank 0, whose peers stopped taking part, gives MPI_Finalize 5 s to
+    # meet them (docs/errors.md, "A rank that stops").
+    assert result.returncode in (0, 1), result.stderr
     assert "rank 0 failed: hvdmx: the other ranks have not taken part" in result.stderr
     for r in range(n):
         assert f"rank {r} at the end" in result.stderr

@@ -6,6 +6,7 @@ import os
 import re
 import shlex
 import signal
+import socket
 import subprocess
 import sys
 import textwrap
@@ -125,6 +126,101 @@ def test_process_count_from_np_or_slots():
     with pytest.raises(UsageError, match="give the number of processes with -np N"):
         run.resolve_num_proc(None, None, "")
 
+
+
+def test_hosts_left_without_a_process_are_named():
+    hosts = [Host("a", 2), Host("b", 2), Host("c", 1)]
+    assert run.unused_hosts(5, hosts) == []
+    assert run.unused_hosts(3, hosts) == ["c"]
+    assert run.unused_hosts(2, hosts) == ["b", "c"]
+
+
+def test_np_below_the_slots_warns_naming_the_empty_hosts(capsys):
+    assert run.main(["-np", "2", "-H", "a:2,b:2", "--dry-run", "prog"]) == 0
+    err = capsys.readouterr().err
+    assert ("hvdmxrun: warning: -np 2 fills the slots of -H (a:2,b:2) in order, so b get(s) "
+            "no process; raise -np or list fewer hosts") in err
+
+
+def test_a_host_that_does_not_resolve_is_named():
+    def resolve(name, port):
+        if name == "nowhere":
+            raise socket.gaierror(-2, "Name or service not known")
+        return []
+    run.unresolved_hosts([Host("here", 1)], "-H", resolve)
+    with pytest.raises(UsageError) as info:
+        run.unresolved_hosts([Host("here", 1), Host("nowhere", 2)], "--hostfile 'h'", resolve)
+    assert str(info.value) == (
+        "--hostfile 'h': host 'nowhere' does not resolve on this machine (Name or service not "
+        "known); check the name, or give its address, or make it resolve (DNS, /etc/hosts)")
+
+
+def test_a_host_that_does_not_resolve_stops_hvdmxrun(capsys):
+    message = usage_error(capsys, "-H", "localhost:1,no-such-host.invalid:1", "python", "-V")
+    assert "host 'no-such-host.invalid' does not resolve on this machine" in message
+
+
+@pytest.mark.parametrize("mpi_args,shell", [
+    ([], ["ssh", "-o", "BatchMode=yes", "-o", "ConnectTimeout=20"]),
+    (["-launcher", "rsh"], ["rsh"]),
+    (["-launcher", "ssh", "-launcher-exec", "/x/launch"], ["/x/launch"]),
+    (["-bootstrap-exec=/y/l"], ["/y/l"]),
+    (["-launcher", "slurm"], None),
+    (["-launcher=fork"], None),
+])
+def test_remote_shell_of_hydra(mpi_args, shell, monkeypatch):
+    for name in ("SLURM_JOB_ID", "PBS_JOBID", "LSB_JOBID"):
+        monkeypatch.delenv(name, raising=False)
+    assert run.remote_shell(MPICH, mpi_args) == shell
+
+
+def test_remote_shell_of_open_mpi(monkeypatch):
+    monkeypatch.delenv("SLURM_JOB_ID", raising=False)
+    assert run.remote_shell(OPENMPI, ["--mca", "plm_rsh_agent", "rsh -x"]) == ["rsh", "-x"]
+    assert run.remote_shell(OPENMPI, [])[0] == "ssh"
+
+
+def remote_shell_script(tmp_path, body):
+    script = tmp_path / "shell"
+    script.write_text("#!/bin/sh\n" + body)
+    script.chmod(0o755)
+    return str(script)
+
+
+def test_a_host_the_remote_shell_cannot_reach_is_named(tmp_path):
+    shell = remote_shell_script(tmp_path, 'if [ "$1" = bad ]; then echo "ssh: connect to host '
+                                          'bad port 22: Connection refused" >&2; exit 255; fi\n')
+    here = {"near"}.__contains__
+    run.check_remote_starts([Host("near", 1), Host("good", 2)], [shell], is_this_host=here)
+    with pytest.raises(UsageError) as info:
+        run.check_remote_starts([Host("good", 1), Host("bad", 1)], [shell], is_this_host=here)
+    text = str(info.value)
+    assert text.startswith(f"cannot start a process on host 'bad': '{shell} bad true' failed "
+                           "(exit 255: ssh: connect to host bad port 22: Connection refused)")
+    assert "or pass --no-host-check" in text
+
+
+def test_a_remote_shell_that_hangs_is_named(tmp_path):
+    shell = remote_shell_script(tmp_path, "exec sleep 30\n")
+    with pytest.raises(UsageError, match=r"host 'slow'.*\(no answer within 0.5 s\)"):
+        run.check_remote_starts([Host("slow", 1)], [shell], timeout=0.5,
+                                is_this_host=lambda name: False)
+
+
+def test_a_missing_remote_shell_is_named():
+    with pytest.raises(UsageError, match=r"hosts far would be reached with '/no/such/ssh', "
+                                         "which is not found"):
+        run.check_remote_starts([Host("far", 1)], ["/no/such/ssh"],
+                                is_this_host=lambda name: False)
+
+
+def test_a_failing_remote_shell_stops_hvdmxrun(tmp_path, capsys):
+    shell = remote_shell_script(tmp_path, "echo 'no route to that host' >&2; exit 255\n")
+    # 192.0.2.1 (TEST-NET-1) resolves as an address and is not this machine.
+    message = usage_error(capsys, "-H", "localhost:1,192.0.2.1:1", "--mpi-args",
+                          f"-launcher ssh -launcher-exec {shell}", "python", "-V")
+    assert f"cannot start a process on host '192.0.2.1': '{shell} 192.0.2.1 true' failed " \
+           "(exit 255: no route to that host)" in message
 
 # ---- tuning flags -----------------------------------------------------------
 

@@ -4,6 +4,7 @@
 // whose names start with _testing exist for the test suite only; most are
 // defined in testing_bindings.cc.
 #include <mpi.h>
+#include <unistd.h>
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
@@ -377,6 +378,18 @@ PYBIND11_MODULE(_core, m) {
   });
   m.def("twobit_words", &TwoBitPackedWords);
   m.def("all_idle", &AllIdle, py::call_guard<py::gil_scoped_release>());
+  // Ends the process with status 1 after `seconds`, writing `message` to
+  // stderr first, unless it has exited by then: a bound on MPI_Finalize's
+  // wait for peers that may be gone (hvdmx/basics.py). A native thread, so
+  // that it fires even while the interpreter is finalizing.
+  m.def("exit_after", [](double seconds, const std::string& message) {
+    std::thread([seconds, message] {
+      std::this_thread::sleep_for(std::chrono::duration<double>(seconds));
+      ssize_t ignored = write(2, message.data(), message.size());
+      (void)ignored;
+      _exit(1);
+    }).detach();
+  });
   m.def("push_failure", [](const std::vector<uintptr_t>& outputs, const std::string& message,
                            int dev_type, int dev_id) {
     std::vector<void*> handles;

@@ -14,12 +14,25 @@ def test_rank_and_size_match_mpi():
     assert hvd.rank() == MPI.COMM_WORLD.Get_rank()
 
 
-def test_topology_on_one_host():
-    # The test job runs on one host: every rank is local, one "cross" group.
-    assert hvd.local_size() == hvd.size()
-    assert hvd.local_rank() == hvd.rank()
-    assert hvd.cross_size() == 1
-    assert hvd.cross_rank() == 0
+def expected_topology():
+    """(local_rank, local_size, cross_rank, cross_size) of this rank, worked
+    out from each rank's host name: on one host every rank is local and there
+    is one "cross" group; across hosts (tests/test_many_hosts.py runs this
+    file on test hosts) the local ranks count within each host and the cross
+    ranks among the ranks of the same local rank."""
+    hosts = MPI.COMM_WORLD.allgather(MPI.Get_processor_name())
+    rank = MPI.COMM_WORLD.Get_rank()
+    local = [r for r, host in enumerate(hosts) if host == hosts[rank]]
+    local_rank = local.index(rank)
+    local_ranks = [[r for r, host in enumerate(hosts) if host == h].index(r)
+                   for r, h in enumerate(hosts)]
+    cross = [r for r, lr in enumerate(local_ranks) if lr == local_rank]
+    return local_rank, len(local), cross.index(rank), len(cross)
+
+
+def test_topology_matches_the_hosts():
+    assert (hvd.local_rank(), hvd.local_size(), hvd.cross_rank(),
+            hvd.cross_size()) == expected_topology()
 
 
 def test_second_init_is_a_noop():
@@ -120,6 +133,7 @@ def test_shutdown_on_one_rank_stops_every_rank(world):
     rank, size = world
     if size == 1:
         pytest.skip("needs a second rank")
+    topology = expected_topology()  # collective: before rank 0 goes its own way
     # Rank 0 shuts down once the others have submitted a call it never makes.
     if rank == 0:
         shutdown_together()
@@ -141,8 +155,8 @@ def test_shutdown_on_one_rank_stops_every_rank(world):
         # Where this rank is in the job still answers until its own shutdown,
         # as in Horovod: a handler of the error above can log it.
         assert (hvd.rank(), hvd.size()) == (rank, size)
-        assert (hvd.local_rank(), hvd.local_size()) == (rank, size)  # one host
-        assert (hvd.cross_rank(), hvd.cross_size()) == (0, 1)
+        assert (hvd.local_rank(), hvd.local_size(), hvd.cross_rank(),
+                hvd.cross_size()) == topology
         assert hvd.mpi_threads_supported() is True
     hvd.init()
     out = hvd.allreduce(mx.nd.ones((1,)), name="after-restart", op=hvd.Sum)

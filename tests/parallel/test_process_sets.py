@@ -133,3 +133,59 @@ def test_init_with_process_sets(world):
             assert out.asnumpy().tolist() == [3, 3]
     finally:
         hvd.remove_process_set(ps)
+
+
+def test_a_set_per_host(world):
+    # The ranks of each host as a set of their own (one set of every rank on
+    # one host); across test hosts (tests/test_many_hosts.py) these sets stay
+    # inside a host while the even and odd sets above span hosts.
+    rank, size = world
+    hosts = MPI.COMM_WORLD.allgather(MPI.Get_processor_name())
+    names = sorted(set(hosts), key=hosts.index)
+    sets = [hvd.add_process_set([r for r in range(size) if hosts[r] == h]) for h in names]
+    try:
+        mine = sets[names.index(hosts[rank])]
+        members = mine.ranks
+        assert len(members) == hvd.local_size()
+        out = hvd.allreduce(mx.nd.array(np.arange(5) + rank), op=hvd.Sum, process_set=mine,
+                            name="per-host.allreduce")
+        assert out.asnumpy().tolist() == (np.arange(5) * len(members) + sum(members)).tolist()
+        got = hvd.allgather(mx.nd.array([[rank, rank]]), process_set=mine,
+                            name="per-host.allgather").asnumpy()
+        assert got.tolist() == [[r, r] for r in members]
+        got = hvd.broadcast(mx.nd.array([rank]), root_rank=members[-1], process_set=mine,
+                            name="per-host.broadcast")
+        assert got.asnumpy().tolist() == [members[-1]]
+        hvd.barrier(process_set=mine)
+    finally:
+        for process_set in sets:
+            assert hvd.remove_process_set(process_set)
+
+
+
+def test_unnamed_calls_on_a_set_that_reuses_an_id(world):
+    # After a restart, set ids are given again from 1. Unnamed calls count per
+    # kind and set id: a new set must start its counts afresh on every rank,
+    # whatever the ranks did on the old set of that id (before, ranks that had
+    # been in different old sets named the same call differently, and it
+    # never ran; found running this file across test hosts).
+    rank, size = world
+    if size == 1:
+        pytest.skip("needs a second rank")
+    shutdown_together()  # ids from 1 on, as after the restart below
+    hvd.init()
+    singles = [hvd.add_process_set([r]) for r in range(size)]
+    ids = {s.process_set_id for s in singles}
+    for _ in range(rank + 1):  # a different number of calls on each rank's own set
+        hvd.barrier(process_set=singles[rank])
+    shutdown_together()
+    hvd.init()
+    pair = hvd.add_process_set([0, size - 1])
+    try:
+        assert pair.process_set_id in ids  # the test needs an id given again
+        if pair.included():
+            hvd.barrier(process_set=pair)
+            out = hvd.allreduce(mx.nd.ones((2,)), op=hvd.Sum, process_set=pair)
+            assert out.asnumpy().tolist() == [2, 2]
+    finally:
+        assert hvd.remove_process_set(pair)

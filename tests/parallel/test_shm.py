@@ -522,6 +522,36 @@ def test_hierarchical_on_pretend_hosts(world, per_host):
         restart({})
 
 
+def test_hierarchical_on_the_hosts(world):
+    # As above on the real hosts, by MPI's host names: on one host nothing
+    # changes (shm), across hosts of equal rank counts above one the
+    # allreduce is hierarchical, and otherwise the ring runs.
+    # tests/test_many_hosts.py runs this across test hosts.
+    rank, size = world
+    hosts = MPI.COMM_WORLD.allgather(MPI.Get_processor_name())
+    per_host = [hosts.count(h) for h in sorted(set(hosts))]
+    restart({"HVDMX_ALLREDUCE_ALGO": "shm", "HVDMX_HIERARCHICAL_ALLREDUCE": "1",
+             "HVDMX_SHM_CHUNK_BYTES": "4160"})
+    try:
+        info = _core._testing_shm_info()
+        if size == 1 or (len(per_host) > 1 and (len(set(per_host)) > 1 or per_host[0] == 1)):
+            assert info is None
+        elif len(per_host) == 1:
+            assert info["local_size"] == size and not info["hierarchical"]
+        else:
+            assert info["local_size"] == per_host[0] and info["hierarchical"]
+        calls = -1 if info is None else info["calls"]
+        for dtype in ["float32", "float16", "int64"]:
+            for op in [hvd.Sum, hvd.Max, hvd.Product]:
+                for count in counts_for(size) + [17]:
+                    x = mx.nd.array(rank_input(rank, count, dtype, op), dtype=dtype)
+                    check(hvd.allreduce(x, op=op), expected(size, count, dtype, op))
+        if info is not None:
+            assert _core._testing_shm_info()["calls"] > calls
+    finally:
+        restart({})
+
+
 @pytest.mark.parametrize("env", [{}, {"HVDMX_SHM_PUSH": "0"}, {"HVDMX_OUTPUT_POOL_BYTES": "0"}],
                          ids=["default", "push-off", "pool-off"])
 def test_allgathers_and_alltoalls_write_into_peers_outputs(world, env):
