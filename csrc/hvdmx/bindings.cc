@@ -11,6 +11,7 @@
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <thread>
@@ -80,6 +81,33 @@ void PushAsync(int set_id, int type, const std::string& name,
   args.dev_id = dev_id;
   args.priority = priority;
   ThrowIfError(PushCollective(runtime, std::move(args)));
+}
+
+// A compression kernel's pack as an engine op: reads `gradient`, updates
+// `residual` and writes `packed` (see onebit.h, twobit.h).
+void PushPack(uintptr_t gradient, uintptr_t residual, uintptr_t packed, const char* op_name,
+              std::function<void(const float*, float*, uint32_t*)> kernel) {
+  ThrowIfError(PushCompute(
+      {reinterpret_cast<void*>(gradient)},
+      {reinterpret_cast<void*>(residual), reinterpret_cast<void*>(packed)},
+      [kernel](const std::vector<const void*>& in, const std::vector<void*>& out) {
+        kernel(static_cast<const float*>(in[0]), static_cast<float*>(out[0]),
+               static_cast<uint32_t*>(out[1]));
+        return Status::Ok();
+      },
+      op_name));
+}
+
+// Its unpack: reads every rank's `packed` words, writes their sum to `out`.
+void PushUnpackSum(uintptr_t packed, uintptr_t out, const char* op_name,
+                   std::function<void(const uint32_t*, float*)> kernel) {
+  ThrowIfError(PushCompute(
+      {reinterpret_cast<void*>(packed)}, {reinterpret_cast<void*>(out)},
+      [kernel](const std::vector<const void*>& in, const std::vector<void*>& outs) {
+        kernel(static_cast<const uint32_t*>(in[0]), static_cast<float*>(outs[0]));
+        return Status::Ok();
+      },
+      op_name));
 }
 
 // One in-place allreduce per tensor, each its own unit and engine op, as
@@ -330,51 +358,27 @@ PYBIND11_MODULE(_core, m) {
   m.def("push_async", &PushAsync);
   m.def("push_allreduce_each", &PushAllreduceEach);
   m.def("negotiate", &Negotiate);
-  // One-bit compression (onebit.h): float32 arrays, all on the CPU.
+  // One-bit compression (onebit.h) and MXNet's 2-bit (twobit.h), as engine
+  // ops on float32 arrays on the CPU.
   m.def("onebit_pack", [](uintptr_t gradient, uintptr_t residual, uintptr_t packed, int64_t n) {
-    ThrowIfError(PushCompute(
-        {reinterpret_cast<void*>(gradient)},
-        {reinterpret_cast<void*>(residual), reinterpret_cast<void*>(packed)},
-        [n](const std::vector<const void*>& in, const std::vector<void*>& out) {
-          OneBitPack(static_cast<const float*>(in[0]), static_cast<float*>(out[0]), n,
-                     static_cast<uint32_t*>(out[1]));
-          return Status::Ok();
-        },
-        "hvdmx_onebit_pack"));
+    PushPack(gradient, residual, packed, "hvdmx_onebit_pack",
+             [n](const float* g, float* r, uint32_t* p) { OneBitPack(g, r, n, p); });
   });
   m.def("onebit_unpack_sum", [](uintptr_t packed, int ranks, uintptr_t out, int64_t n) {
-    ThrowIfError(PushCompute(
-        {reinterpret_cast<void*>(packed)}, {reinterpret_cast<void*>(out)},
-        [ranks, n](const std::vector<const void*>& in, const std::vector<void*>& outs) {
-          OneBitUnpackSum(static_cast<const uint32_t*>(in[0]), ranks, n,
-                          static_cast<float*>(outs[0]));
-          return Status::Ok();
-        },
-        "hvdmx_onebit_unpack_sum"));
+    PushUnpackSum(packed, out, "hvdmx_onebit_unpack_sum",
+                  [ranks, n](const uint32_t* p, float* o) { OneBitUnpackSum(p, ranks, n, o); });
   });
   m.def("onebit_words", &OneBitPackedWords);
-  // MXNet's 2-bit compression (twobit.h): float32 arrays, all on the CPU.
   m.def("twobit_pack", [](uintptr_t gradient, uintptr_t residual, uintptr_t packed, int64_t n,
                           float threshold) {
-    ThrowIfError(PushCompute(
-        {reinterpret_cast<void*>(gradient)},
-        {reinterpret_cast<void*>(residual), reinterpret_cast<void*>(packed)},
-        [n, threshold](const std::vector<const void*>& in, const std::vector<void*>& out) {
-          TwoBitPack(static_cast<const float*>(in[0]), static_cast<float*>(out[0]), n, threshold,
-                     static_cast<uint32_t*>(out[1]));
-          return Status::Ok();
-        },
-        "hvdmx_twobit_pack"));
+    PushPack(gradient, residual, packed, "hvdmx_twobit_pack",
+             [n, threshold](const float* g, float* r, uint32_t* p) {
+               TwoBitPack(g, r, n, threshold, p);
+             });
   });
   m.def("twobit_unpack_sum", [](uintptr_t packed, int ranks, uintptr_t out, int64_t n) {
-    ThrowIfError(PushCompute(
-        {reinterpret_cast<void*>(packed)}, {reinterpret_cast<void*>(out)},
-        [ranks, n](const std::vector<const void*>& in, const std::vector<void*>& outs) {
-          TwoBitUnpackSum(static_cast<const uint32_t*>(in[0]), ranks, n,
-                          static_cast<float*>(outs[0]));
-          return Status::Ok();
-        },
-        "hvdmx_twobit_unpack_sum"));
+    PushUnpackSum(packed, out, "hvdmx_twobit_unpack_sum",
+                  [ranks, n](const uint32_t* p, float* o) { TwoBitUnpackSum(p, ranks, n, o); });
   });
   m.def("twobit_words", &TwoBitPackedWords);
   m.def("all_idle", &AllIdle, py::call_guard<py::gil_scoped_release>());

@@ -92,3 +92,16 @@ def my_rows(dim0, size, rank):
     base, rem = divmod(dim0, size)
     start = rank * base + min(rank, rem)
     return start, start + base + (1 if rank < rem else 0)
+
+
+def mnist_example_accuracy(args):
+    """Runs examples/mnist_gluon.py's main() in this job with ``args`` and
+    returns its test accuracy (its own last check raises if the ranks'
+    parameters differ)."""
+    import importlib.util
+    import os
+    path = os.path.join(os.path.dirname(__file__), "..", "..", "examples", "mnist_gluon.py")
+    spec = importlib.util.spec_from_file_location("mnist_gluon_example", path)
+    example = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(example)
+    return example.main(args)

@@ -8,6 +8,7 @@ from mxnet import autograd, gluon
 
 import hvdmx as hvd
 from conftest import all_equal_across_ranks
+from helpers import mnist_example_accuracy
 
 # Sizes that break naive packing: one value, a word or chunk boundary on either
 # side, and a large count that is no multiple of either. (MXNet makes no empty arrays
@@ -118,13 +119,7 @@ def test_trainer_with_onebit_keeps_the_ranks_identical_and_refuses_other_dtypes(
 
 @pytest.mark.skipif(hvd.size() != 2, reason="the accuracy target is for 2 ranks")
 def test_mnist_example_with_onebit_reaches_the_accuracy():
-    import importlib.util
-    import os
-    path = os.path.join(os.path.dirname(__file__), "..", "..", "examples", "mnist_gluon.py")
-    spec = importlib.util.spec_from_file_location("mnist_gluon_example_onebit", path)
-    example = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(example)
-    accuracy = example.main(["--compression", "onebit", "--log-interval", "1000"])
+    accuracy = mnist_example_accuracy(["--compression", "onebit", "--log-interval", "1000"])
     assert accuracy >= 0.95  # its final check raises if the ranks' parameters differ
 
 

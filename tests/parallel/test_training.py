@@ -7,8 +7,6 @@ gluon.Trainer or Module with kvstore=None on the N*B batch), from the same
 initial parameters and the same data, so no result is sent between ranks
 except for the bitwise comparisons.
 """
-import importlib.util
-import os
 import pickle
 import warnings
 
@@ -20,6 +18,7 @@ from mxnet.gluon import nn
 
 import hvdmx as hvd
 from conftest import all_equal_across_ranks
+from helpers import mnist_example_accuracy
 
 IN, HIDDEN, OUT = 6, 8, 3
 B = 4  # samples per rank and step
@@ -579,16 +578,12 @@ def test_trainer_sorts_a_list_of_parameters():
 # --- the example -------------------------------------------------------------
 
 def test_mnist_example_smoke():
-    path = os.path.join(os.path.dirname(__file__), "..", "..", "examples", "mnist_gluon.py")
-    spec = importlib.util.spec_from_file_location("mnist_gluon_example", path)
-    example = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(example)
     # The job's learning rate (--lr x ranks) stays 0.1, and the steps about as
     # many, at any number of ranks: each rank has 1/size of the data, and a
     # learning rate scaled with 8 ranks makes so short a run diverge.
     size = hvd.size()
-    accuracy = example.main(["--epochs", str(max(2, size)), "--lr", str(0.1 / size),
-                             "--log-interval", "1000"])
+    accuracy = mnist_example_accuracy(["--epochs", str(max(2, size)), "--lr", str(0.1 / size),
+                                       "--log-interval", "1000"])
     assert 0.25 < accuracy <= 1.0  # chance is 0.1; the full run reaches 0.98
 
 
@@ -650,9 +645,5 @@ def test_local_sgd_average_parameters_on_demand_and_bad_input():
 
 @pytest.mark.skipif(hvd.size() != 2, reason="the accuracy target is for 2 ranks")
 def test_mnist_example_with_local_sgd_reaches_the_accuracy():
-    path = os.path.join(os.path.dirname(__file__), "..", "..", "examples", "mnist_gluon.py")
-    spec = importlib.util.spec_from_file_location("mnist_gluon_example_lsgd", path)
-    example = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(example)
-    accuracy = example.main(["--local-sgd-steps", "4", "--log-interval", "1000"])
+    accuracy = mnist_example_accuracy(["--local-sgd-steps", "4", "--log-interval", "1000"])
     assert accuracy >= 0.95  # its final check raises if the ranks' parameters differ
