@@ -77,6 +77,21 @@ void TestingScale(py::array buf, int dtype, double factor) {
               factor);
 }
 
+// Runs body(comm, r) on one thread per rank of an in-process world of n
+// ranks (LocalComm), and returns once every rank's body has.
+template <typename F>
+void OnLocalRanks(int n, F body) {
+  auto world = std::make_shared<LocalWorld>(n);
+  std::vector<std::thread> threads;
+  for (int r = 0; r < n; ++r) {
+    threads.emplace_back([&, r] {
+      LocalComm comm(world, r);
+      body(comm, r);
+    });
+  }
+  for (auto& th : threads) th.join();
+}
+
 // One widened kernel (reduce_kernels.h: 0 widen, 1 reduce, 2 narrow) over
 // `count` elements of a half dtype; the float32 side is a float32 array.
 void TestingWidenedKernel(int kernel, py::array out, py::array in, int dtype, int op,
@@ -105,19 +120,12 @@ void TestingRingAllreduceWidened(std::vector<py::array> arrays, int dtype, int o
     counts.push_back(a.nbytes() / 2);
   }
   py::gil_scoped_release release;
-  auto world = std::make_shared<LocalWorld>(n);
-  std::vector<std::thread> threads;
-  for (int r = 0; r < n; ++r) {
-    threads.emplace_back([&, r] {
-      LocalComm comm(world, r);
-      RingScratch scratch;
-      std::vector<float> wide(counts[r]);
-      RingAllreduceWidened(comm, data[r], wide.data(), /*operands_in_wide=*/false, counts[r], t,
-                           static_cast<ReduceOp>(op), prescale, postscale, segment_bytes,
-                           &scratch);
-    });
-  }
-  for (auto& th : threads) th.join();
+  OnLocalRanks(n, [&](LocalComm& comm, int r) {
+    RingScratch scratch;
+    std::vector<float> wide(counts[r]);
+    RingAllreduceWidened(comm, data[r], wide.data(), /*operands_in_wide=*/false, counts[r], t,
+                         static_cast<ReduceOp>(op), prescale, postscale, segment_bytes, &scratch);
+  });
 }
 
 // Runs RingAllreduce on LocalComm, one thread per array (= rank), in place.
@@ -132,17 +140,11 @@ void TestingRingAllreduce(std::vector<py::array> arrays, int dtype, int op,
     counts.push_back(a.nbytes() / static_cast<int64_t>(DataTypeSize(t)));
   }
   py::gil_scoped_release release;
-  auto world = std::make_shared<LocalWorld>(n);
-  std::vector<std::thread> threads;
-  for (int r = 0; r < n; ++r) {
-    threads.emplace_back([&, r] {
-      LocalComm comm(world, r);
-      RingScratch scratch;
-      RingAllreduce(comm, data[r], counts[r], t, static_cast<ReduceOp>(op), segment_bytes,
-                    &scratch);
-    });
-  }
-  for (auto& th : threads) th.join();
+  OnLocalRanks(n, [&](LocalComm& comm, int r) {
+    RingScratch scratch;
+    RingAllreduce(comm, data[r], counts[r], t, static_cast<ReduceOp>(op), segment_bytes,
+                  &scratch);
+  });
 }
 
 // An EnvLookup over a map, for tests that pass their own environment.
