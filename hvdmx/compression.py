@@ -59,16 +59,16 @@ class FP16Compressor(Compressor):
 
 
 class OneBitCompressor(Compressor):
-    """Sends each float32 gradient as its signs and one scale, with error
-    feedback: 1 bit a value, 32x fewer bytes than float32.
+    """Sends each float32 gradient as a sign per value and, per 256 values,
+    two levels (the mean of the values >= 0 and of the others), with error
+    feedback: 1.25 bits a value, 25.6x fewer bytes than float32.
 
     Each rank adds its residual (what it has not yet sent of past gradients)
-    to the gradient, sends +scale where the sum is >= 0 and -scale elsewhere
-    (scale: the mean absolute value of the sum), and keeps the difference as
-    its new residual, so nothing is lost, only delayed. The packed signs and
-    scales are allgathered and every rank adds up every rank's values in rank
-    order, so all ranks get the same bits. See Note [One-bit compression] in
-    csrc/hvdmx/onebit.h.
+    to the gradient, sends each value as its chunk's level for its sign, and
+    keeps the difference as its new residual, so nothing is lost, only
+    delayed. The packed signs and levels are allgathered and every rank adds
+    up every rank's values in rank order, so all ranks get the same bits. See
+    Note [One-bit compression] in csrc/hvdmx/onebit.h.
 
     It keeps state (the residuals), so it has no stateless compress() and
     decompress(): DistributedTrainer and DistributedOptimizer use it through
@@ -89,6 +89,25 @@ class OneBitCompressor(Compressor):
         process set's ranks of what each sends for it, updating ``residual``
         (this rank's, shaped like ``grad``); asynchronous."""
         _packed_exchange("onebit", grad, residual, name, process_set)
+
+
+def _check_quantizable(head: str, label: str, array: mx.nd.NDArray, fix: str = "") -> None:
+    """Raises TypeError unless ``array`` is float32 on the CPU, which the
+    packing kernels need: "``head`` on the CPU; ``label`` is <dtype> on
+    <context>``fix``"."""
+    if np.dtype(array.dtype) != np.float32 or array.context.device_type != "cpu":
+        raise TypeError(f"{head} on the CPU; {label} is {np.dtype(array.dtype)} on "
+                        f"{array.context}{fix}")
+
+
+def _exchange_with_residual(kind: str, residuals: dict, key, grad: mx.nd.NDArray, name: str,
+                            process_set, *extra) -> None:
+    """_packed_exchange with this rank's residual for ``key`` in
+    ``residuals``, zeros at the first call."""
+    residual = residuals.get(key)
+    if residual is None:
+        residual = residuals[key] = mx.nd.zeros(grad.shape, dtype="float32")
+    _packed_exchange(kind, grad, residual, name, process_set, *extra)
 
 
 def _packed_exchange(kind: str, grad: mx.nd.NDArray, residual: mx.nd.NDArray, name: str,

@@ -38,11 +38,10 @@ import numbers
 from typing import Dict, List, Optional, Tuple
 
 import mxnet as mx
-import numpy as np
 from mxnet.kvstore import KVStoreBase
 
 from hvdmx.basics import rank, size
-from hvdmx.compression import Compression, _packed_exchange
+from hvdmx.compression import Compression, _check_quantizable, _exchange_with_residual
 from hvdmx.errors import InvalidArgumentError
 from hvdmx.process_sets import global_process_set
 from hvdmx.ops import Sum, allreduce, allreduce_, broadcast_
@@ -267,20 +266,17 @@ class KVStore(KVStoreBase):
         order (csrc/hvdmx/twobit.h, onebit.h)."""
         kind, threshold = self._gradient_compression
         for i, v in enumerate(values):
-            if np.dtype(v.dtype) != np.float32 or v.context.device_type != "cpu":
-                raise TypeError(f"hvdmx.KVStore.pushpull: gradient compression '{kind}' needs "
-                                f"float32 values on the CPU; value[{i}] of '{name}' is "
-                                f"{np.dtype(v.dtype)} on {v.context}")
+            _check_quantizable(f"hvdmx.KVStore.pushpull: gradient compression '{kind}' needs "
+                               "float32 values", f"value[{i}] of '{name}'", v)
         total = values[0] if outs is None else values[0].copy()
         for other in values[1:]:
             total += other.as_in_context(total.context)
-        residual = self._residuals.get(name)
-        if residual is None:
-            residual = self._residuals[name] = mx.nd.zeros(total.shape, dtype="float32")
         if kind == "2bit":
-            _packed_exchange("twobit", total, residual, name, global_process_set, threshold)
+            _exchange_with_residual("twobit", self._residuals, name, total, name,
+                                    global_process_set, threshold)
         else:
-            _packed_exchange("onebit", total, residual, name, global_process_set)
+            _exchange_with_residual("onebit", self._residuals, name, total, name,
+                                    global_process_set)
         for t in (values[1:] if outs is None else outs):
             if t.handle.value != total.handle.value:
                 total.copyto(t)

@@ -27,7 +27,7 @@ from mxnet.gluon.parameter import DeferredInitializationError, Parameter, Parame
 
 from hvdmx import _core
 from hvdmx.basics import size
-from hvdmx.compression import Compression
+from hvdmx.compression import Compression, _check_quantizable, _exchange_with_residual
 from hvdmx.errors import MismatchError
 from hvdmx.process_sets import _check_registered, _set_for_call, global_process_set
 from hvdmx.ops import Average, Max, Sum, _allreduce_each_, _check_root, allreduce, broadcast_, \
@@ -85,18 +85,13 @@ def _onebit_exchange(who: str, residuals: Dict[Any, mx.nd.NDArray], keys: list, 
     key, made at the first call; ``prescale`` multiplies the gradients
     first. Checks every gradient before it exchanges any."""
     for grad, label in zip(grads, labels):
-        if np.dtype(grad.dtype) != np.float32 or grad.context.device_type != "cpu":
-            raise TypeError(f"hvdmx.{who}: compression=hvd.Compression.onebit needs float32 "
-                            f"gradients on the CPU; the gradient of '{label}' is "
-                            f"{np.dtype(grad.dtype)} on {grad.context}; use Compression.none "
-                            "or Compression.fp16 for it")
+        _check_quantizable(f"hvdmx.{who}: compression=hvd.Compression.onebit needs float32 "
+                           "gradients", f"the gradient of '{label}'", grad,
+                           "; use Compression.none or Compression.fp16 for it")
     for grad, key, name in zip(grads, keys, names):
         if prescale != 1.0:
             grad *= prescale
-        residual = residuals.get(key)
-        if residual is None:
-            residual = residuals[key] = mx.nd.zeros(grad.shape, dtype="float32")
-        Compression.onebit.exchange(grad, residual, name, process_set)
+        _exchange_with_residual("onebit", residuals, key, grad, name, process_set)
 
 
 class DistributedOptimizer(mx.optimizer.Optimizer):

@@ -394,12 +394,6 @@ PYBIND11_MODULE(_core, m) {
       _exit(1);
     }).detach();
   });
-  m.def("push_failure", [](const std::vector<uintptr_t>& outputs, const std::string& message,
-                           int dev_type, int dev_id) {
-    std::vector<void*> handles;
-    for (uintptr_t h : outputs) handles.push_back(reinterpret_cast<void*>(h));
-    ThrowIfError(PushFailure(handles, message, dev_type, dev_id));
-  });
 
   m.def("_testing_shm_info", &TestingShmInfo);
   m.def("_testing_fusion_buffer_bytes", &TestingFusionBufferBytes);

@@ -356,8 +356,10 @@ void Executor::RunAllreduceGroup(const FusionGroup& group, const std::vector<Res
     }
     const char* algorithm = "SHM_ALLREDUCE";
     if (shm) {
-      for (const ShmAllreduce::Span& span : spans_) {
-        if (!half) ScaleBuffer(span.data, span.count, dtype, head.prescale);
+      if (!half) {
+        for (const ShmAllreduce::Span& span : spans_) {
+          ScaleBuffer(span.data, span.count, dtype, head.prescale);
+        }
       }
       shm_->Allreduce(spans_, dtype, head.op, postscale, half ? head.prescale : 1.0);
     } else {

@@ -199,9 +199,9 @@ std::shared_ptr<Runtime> RunningRuntime(int set_id) {
 
 bool AllIdle() {
   std::lock_guard<std::mutex> lock(G().mu);
-  if (G().runtime && !G().runtime->Idle()) return false;
+  if (G().runtime && !G().runtime->NothingPending()) return false;
   for (const auto& kv : G().sets) {
-    if (!kv.second->Idle()) return false;
+    if (!kv.second->NothingPending()) return false;
   }
   return true;
 }

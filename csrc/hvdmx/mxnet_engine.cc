@@ -60,7 +60,6 @@ struct OpParam {
   std::vector<NDArrayHandle> inputs;   // our shallow copies
   std::vector<NDArrayHandle> outputs;  // our shallow copies (aliases of inputs when in place)
   std::vector<NDArrayHandle> owned;    // every copy we made, freed once
-  std::string failure;                 // non-empty: fail with this, run nothing
   uint64_t turn = TensorEntry::kNoTurn;  // see Note [Same-name calls in flight]
   ComputeFn compute;                   // PushCompute's: run this instead of a collective
 };
@@ -144,10 +143,6 @@ void RunOp(void* /*run_context*/, void* on_complete_ptr, void* p) {
       if (runtime != nullptr) runtime->AddInEngine(-1);
     }
   } leave{param->runtime.get()};
-  if (!param->failure.empty()) {
-    Complete(on_complete, Status::Mismatch(param->failure));
-    return;
-  }
   TensorEntry entry;
   entry.request = param->request;
   entry.turn = param->turn;
@@ -340,24 +335,6 @@ Status PushCompute(const std::vector<void*>& inputs, const std::vector<void*>& o
     (is_input ? const_handles : mutable_handles).push_back(copy);
   }
   return Push(std::move(param), const_handles, mutable_handles, 1, 0, 0, op_name);
-}
-
-Status PushFailure(const std::vector<void*>& outputs, const std::string& message, int dev_type,
-                   int dev_id) {
-  HVDMX_CHECK(g_api.push_async_nd != nullptr, "MXNet API not loaded");
-  auto param = std::make_unique<OpParam>();
-  param->failure = message;
-  std::vector<NDArrayHandle> mutable_handles;
-  for (void* handle : outputs) {
-    NDArrayHandle copy = nullptr;
-    if (g_api.shallow_copy(handle, &copy) != 0) {
-      for (NDArrayHandle h : param->owned) g_api.free_ndarray(h);
-      return Status::Internal(std::string("hvdmx: MXShallowCopyNDArray: ") + g_api.last_error());
-    }
-    param->owned.push_back(copy);
-    mutable_handles.push_back(copy);
-  }
-  return Push(std::move(param), {}, mutable_handles, dev_type, dev_id, 0, "hvdmx_failed");
 }
 
 }  // namespace hvdmx

@@ -103,12 +103,6 @@ using ComputeFn =
 Status PushCompute(const std::vector<void*>& inputs, const std::vector<void*>& outputs,
                    ComputeFn fn, const std::string& op_name);
 
-// Pushes an op that writes `outputs` and fails with `message`, so that a
-// collective whose negotiation failed at the call (allgather's and
-// alltoall's sizes round) raises MXNetError at read, like every other.
-Status PushFailure(const std::vector<void*>& outputs, const std::string& message, int dev_type,
-                   int dev_id);
-
 }  // namespace hvdmx
 
 #endif  // HVDMX_MXNET_ENGINE_H_

@@ -399,7 +399,6 @@ HVDMX_AVX2 void NarrowHalfF16c(void* out_bytes, const float* acc, int64_t n, flo
   Narrow<Float16, kScaled>(out + i, acc + i, n - i, f);
 }
 
-
 #else
 
 bool CpuHasAvx2() { return false; }

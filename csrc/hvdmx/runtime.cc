@@ -89,7 +89,7 @@ bool Runtime::WaitNoneInEngine(std::chrono::milliseconds timeout) {
   return in_engine_cv_.wait_for(lock, timeout, [this] { return in_engine_ == 0; });
 }
 
-bool Runtime::Idle() {
+bool Runtime::NothingPending() {
   if (!WaitNoneInEngine(std::chrono::milliseconds(0))) return false;
   size_t queued = 0;
   queue_.EnqueuedBefore(std::chrono::steady_clock::time_point::max(), 0, &queued);

@@ -105,7 +105,7 @@ class Runtime {
   // True when no collective of this runtime is inside MXNet's engine or
   // waiting here for the other ranks (a round may still be running the last
   // ones; they complete without waiting for anything else). Any thread.
-  bool Idle();
+  bool NothingPending();
 
   // See Note [Shutdown]. Idempotent. Any thread but the background thread.
   void Shutdown();

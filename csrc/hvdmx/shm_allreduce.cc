@@ -148,18 +148,17 @@ std::string ShmAllreduce::PeerGoneReason(int j) {
   return std::string();
 }
 
+void ShmAllreduce::ThrowIfGone(int j, const std::atomic<uint64_t>& counter, uint64_t target) {
+  const std::string why = PeerGoneReason(j);
+  // The peer's writes before its stop are visible once the stop is: a last
+  // look at the counter tells whether it wrote what the wait needs.
+  if (!why.empty() && counter.load(std::memory_order_acquire) < target) {
+    throw ShmPeerGone(j, PeerGoneMessage(why));
+  }
+}
+
 void ShmAllreduce::Await(int j, const std::atomic<uint64_t>& counter, uint64_t target) {
-  struct Watch {
-    ShmAllreduce* self;
-    int j;
-    std::string why;
-    bool operator()() {
-      why = self->PeerGoneReason(j);
-      return !why.empty();
-    }
-    [[noreturn]] void Throw() const { throw ShmPeerGone(j, PeerGoneMessage(why)); }
-  } watch{this, j, std::string()};
-  WaitFor(counter, target, spin_micros_, watch);
+  WaitFor(counter, target, spin_micros_, [&] { ThrowIfGone(j, counter, target); });
 }
 
 char* ShmAllreduce::Mailbox(int j, int i) const {
@@ -426,12 +425,7 @@ bool ShmAllreduce::TestBitAnd() {
   const uint64_t seq = bit_and_seq_;
   for (int j = 0; j < size_; ++j) {
     if (control(j).anded.value.load(std::memory_order_acquire) >= seq) continue;
-    // See Note [A peer that stops]; its last bit-and is visible once its
-    // stop is.
-    const std::string why = PeerGoneReason(j);
-    if (!why.empty() && control(j).anded.value.load(std::memory_order_acquire) < seq) {
-      throw ShmPeerGone(j, PeerGoneMessage(why));
-    }
+    ThrowIfGone(j, control(j).anded.value, seq);  // see Note [A peer that stops]
     return false;
   }
   for (int j = 0; j < size_; ++j) {

@@ -315,6 +315,9 @@ class ShmAllreduce {
   // Why peer j will write no more (it stopped, or its process is gone);
   // empty while it may.
   std::string PeerGoneReason(int j);
+  // Throws ShmPeerGone if peer j is gone and `counter` still falls short of
+  // `target`.
+  void ThrowIfGone(int j, const std::atomic<uint64_t>& counter, uint64_t target);
   static constexpr int64_t kPidCheckMicros = 100000;
   // Rank j's mailbox i: 0 and 1 hold bit-and payloads, 2 and 3 broadcast
   // strings; kMaxPayloadBytes each, after its Control block.

@@ -68,13 +68,11 @@ inline int64_t MicrosSince(Clock::time_point start) {
 }
 
 // Returns once `counter` >= `target`. See Note [Waiting in shared memory].
-// `gone()` is asked between sleeps; it returns false while the peer that
-// writes `counter` may still write it, and otherwise throws once a last look
-// at the counter has found it short (the peer's writes before it stopped
-// are visible by then: it publishes its stop after them).
-template <typename Gone>
+// `check()` is called between sleeps, and throws when the peer that writes
+// `counter` will not write it any more (ShmAllreduce::ThrowIfGone).
+template <typename Check>
 inline void WaitFor(const std::atomic<uint64_t>& counter, uint64_t target, int64_t spin_micros,
-                    Gone&& gone) {
+                    Check&& check) {
   if (counter.load(std::memory_order_acquire) >= target) return;
   const Clock::time_point start = Clock::now();
   for (;;) {
@@ -87,10 +85,7 @@ inline void WaitFor(const std::atomic<uint64_t>& counter, uint64_t target, int64
     if (waited < kYieldMicros) {
       sched_yield();
     } else {
-      if (gone()) {
-        if (counter.load(std::memory_order_acquire) >= target) return;
-        gone.Throw();
-      }
+      check();
       std::this_thread::sleep_for(std::chrono::microseconds(kSleepMicros));
     }
   }
