@@ -15,7 +15,7 @@ INSTALLED := $(VENV)/.hvdmx-installed
 EXT_SUFFIX := $(shell $(if $(wildcard $(PY)),$(PY),$(PYTHON)) -c \
 	'import sysconfig; print(sysconfig.get_config_var("EXT_SUFFIX"))')
 CORE := hvdmx/_core$(EXT_SUFFIX)
-CSRC := $(wildcard csrc/hvdmx/*.cc csrc/hvdmx/*.h)
+CSRC := $(wildcard csrc/hvdmx/*/*.cc csrc/hvdmx/*/*.h)
 
 # Build requirements from pyproject.toml, quoted for the shell (they contain '>').
 BUILD_REQUIRES = $(shell $(PY) -c 'import re, shlex, sys; t = open("pyproject.toml").read(); \
@@ -48,10 +48,10 @@ $(INSTALLED): pyproject.toml setup.py | $(PY)
 build: $(CORE)
 
 # Make decides when to rebuild (a source, a header or setup.py is newer, or a file
-# was added to or removed from csrc/hvdmx); --force makes setuptools relink
+# was added to or removed from a folder of csrc/hvdmx); --force makes setuptools relink
 # rather than second-guess that, while setup.py recompiles only the objects whose
 # inputs changed. HVDMX_BUILD_JOBS sets the parallel compile jobs (default: all CPUs).
-$(CORE): $(CSRC) csrc/hvdmx setup.py | $(INSTALLED)
+$(CORE): $(CSRC) $(wildcard csrc/hvdmx/*/) setup.py | $(INSTALLED)
 	$(PY) setup.py -q build_ext --inplace --force
 
 # Packages that single tests need but that must stay out of the venv, each pinned

@@ -1,6 +1,7 @@
 """Builds hvdmx: the Python package hvdmx/ and one extension, hvdmx._core.
 
-The extension is every csrc/hvdmx/*.cc compiled together (C++17, pybind11).
+The extension is every csrc/hvdmx/<layer>/*.cc compiled together (C++17, pybind11);
+csrc/hvdmx/README.md says what each layer folder holds.
 It needs two things from the build environment, both found here:
 
 MPI
@@ -263,7 +264,7 @@ def usable_cpus() -> int:
 
 class ObjectFreshness:
     """ParallelCompile's needs_recompile: an object file is rebuilt when it is older
-    than its source, any header in csrc/hvdmx, or setup.py, or when the compile
+    than its source, any header under csrc/hvdmx, or setup.py, or when the compile
     command changed since the last build (see build_ext.build_extensions)."""
 
     def __init__(self):
@@ -272,7 +273,7 @@ class ObjectFreshness:
     def __call__(self, obj: str, src: str) -> bool:
         if self.force:
             return True
-        inputs = [src, __file__] + glob.glob(os.path.join(CSRC_DIR, "*.h"))
+        inputs = [src, __file__] + glob.glob(os.path.join(CSRC_DIR, "*", "*.h"))
         newest_input = max(os.stat(path).st_mtime for path in inputs)
         return os.stat(obj).st_mtime < newest_input
 
@@ -342,13 +343,13 @@ class build_ext(_pybind11_build_ext):
 
 
 def core_extension() -> Pybind11Extension:
-    sources = sorted(glob.glob(os.path.join(CSRC_DIR, "*.cc")))
+    sources = sorted(glob.glob(os.path.join(CSRC_DIR, "*", "*.cc")))
     if not sources:
-        raise BuildError(f"no C++ sources in {CSRC_DIR}/*.cc")
+        raise BuildError(f"no C++ sources in {CSRC_DIR}/*/*.cc")
     return Pybind11Extension(
         "hvdmx._core",
         sources,
-        depends=sorted(glob.glob(os.path.join(CSRC_DIR, "*.h"))),
+        depends=sorted(glob.glob(os.path.join(CSRC_DIR, "*", "*.h"))),
         include_dirs=[CSRC_DIR],
         # Pybind11Extension adds -std=c++17, -fvisibility=hidden and -g0.
         cxx_std=17,

@@ -146,9 +146,9 @@ def _finalize_mpi() -> None:
 
 # Why hvdmx stopped on this rank when the peers it waited for may be gone:
 # the stall shutdown's report when the other ranks stopped taking part in
-# negotiation while this rank waited for collectives (csrc/hvdmx/runtime.cc,
+# negotiation while this rank waited for collectives (csrc/hvdmx/runtime/runtime.cc,
 # Runtime::LoopOnce), and a peer on this host found stopped or exited in
-# shared memory (Note [A peer that stops] in csrc/hvdmx/shm_allreduce.h).
+# shared memory (Note [A peer that stops] in csrc/hvdmx/shm/shm_allreduce.h).
 # Set by shutdown() when it ends a runtime that stopped so. Not the report of
 # a wait in hvd.shutdown() itself: there the others may only be busy
 # elsewhere, and MPI_Finalize waits for them as it should.

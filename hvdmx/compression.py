@@ -68,7 +68,7 @@ class OneBitCompressor(Compressor):
     keeps the difference as its new residual, so nothing is lost, only
     delayed. The packed signs and levels are allgathered and every rank adds
     up every rank's values in rank order, so all ranks get the same bits. See
-    Note [One-bit compression] in csrc/hvdmx/onebit.h.
+    Note [One-bit compression] in csrc/hvdmx/algorithms/onebit.h.
 
     It keeps state (the residuals), so it has no stateless compress() and
     decompress(): DistributedTrainer and DistributedOptimizer use it through

@@ -263,7 +263,7 @@ class KVStore(KVStoreBase):
         """pushpull under set_gradient_compression: this rank's sum over its
         devices is quantized with its residual for the key, the codes are
         allgathered, and every rank adds up every rank's values in rank
-        order (csrc/hvdmx/twobit.h, onebit.h)."""
+        order (csrc/hvdmx/algorithms/twobit.h, onebit.h)."""
         kind, threshold = self._gradient_compression
         for i, v in enumerate(values):
             _check_quantizable(f"hvdmx.KVStore.pushpull: gradient compression '{kind}' needs "

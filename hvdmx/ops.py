@@ -42,7 +42,7 @@ Product = 5
 _OP_NAMES = {Average: "Average", Sum: "Sum", Adasum: "Adasum", Min: "Min", Max: "Max",
              Product: "Product"}
 
-# MXNet dtype codes the core reduces (see csrc/hvdmx/common.h): float32,
+# MXNet dtype codes the core reduces (see csrc/hvdmx/base/common.h): float32,
 # float64, float16, uint8, int32, int8, int64.
 _SUPPORTED_CODES = frozenset(range(7))
 _SUPPORTED_NAMES = "float16, float32, float64, uint8, int8, int32, int64"

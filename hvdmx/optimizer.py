@@ -535,7 +535,7 @@ class DistributedTrainer(mx.gluon.Trainer):
 def _plain_layout(array: mx.nd.NDArray) -> mx.nd.NDArray:
     """Waits for ``array`` and converts it in place if oneDNN holds it in its
     internal layout (a conv weight after an inference-mode forward), which a
-    collective refuses; see Note [oneDNN layout] in csrc/hvdmx/mxnet_engine.h.
+    collective refuses; see Note [oneDNN layout] in csrc/hvdmx/mxnet/mxnet_engine.h.
     Waiting first matters: probing an array still being computed races its
     allocation."""
     if array.context.device_typeid != 2:

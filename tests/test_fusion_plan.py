@@ -1,4 +1,4 @@
-"""Which allreduce tensors of a round are fused together (csrc/hvdmx/fusion_plan.h)."""
+"""Which allreduce tensors of a round are fused together (csrc/hvdmx/runtime/fusion_plan.h)."""
 from hypothesis import given, settings, strategies as st
 
 from hvdmx import _core

@@ -1,4 +1,4 @@
-"""HugePageCollapser (csrc/hvdmx/huge_pages.h): the memory a rank's peers read
+"""HugePageCollapser (csrc/hvdmx/platform/huge_pages.h): the memory a rank's peers read
 directly is put on huge pages, once per page, and keeps its bytes."""
 import re
 

@@ -1,4 +1,4 @@
-"""The reduction kernels (csrc/hvdmx/reduce_kernels.*) against numpy references.
+"""The reduction kernels (csrc/hvdmx/algorithms/reduce_kernels.*) against numpy references.
 
 Every comparison is bit for bit. The references follow the semantics in
 reduce_kernels.h: float16 and bfloat16 are combined in float32 and rounded to
@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 
 from hvdmx import _core
 
-# DataType and ReduceOp codes (csrc/hvdmx/common.h).
+# DataType and ReduceOp codes (csrc/hvdmx/base/common.h).
 FLOAT32, FLOAT64, FLOAT16, UINT8, INT32, INT8, INT64, BFLOAT16 = 0, 1, 2, 3, 4, 5, 6, 12
 AVERAGE, SUM, MIN, MAX, PRODUCT = 0, 1, 3, 4, 5
 

@@ -1,5 +1,5 @@
 """The shared-memory allreduce in one process: one thread per rank over plain
-memory, any number of ranks, no MPI (csrc/hvdmx/shm_allreduce.h)."""
+memory, any number of ranks, no MPI (csrc/hvdmx/shm/shm_allreduce.h)."""
 import numpy as np
 import pytest
 from hypothesis import given, settings

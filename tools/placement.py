@@ -1,7 +1,7 @@
 """Times one collective in a loop and shows which CPUs each rank's busy
 threads ran on meanwhile, to see how thread placement moves small-message
 latency (Note [Binding a rank's threads to one CPU] in
-csrc/hvdmx/cpu_binding.h). Placement is settled per launch, so compare
+csrc/hvdmx/platform/cpu_binding.h). Placement is settled per launch, so compare
 launches, e.g. alternating:
 
     for i in 1 2 3 4 5 6 7 8; do for m in none auto; do

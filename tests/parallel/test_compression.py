@@ -1,4 +1,4 @@
-"""Compression.onebit (Note [One-bit compression] in csrc/hvdmx/onebit.h):
+"""Compression.onebit (Note [One-bit compression] in csrc/hvdmx/algorithms/onebit.h):
 the exchange against a numpy model of it, bit for bit, the error feedback,
 and training with it."""
 import numpy as np

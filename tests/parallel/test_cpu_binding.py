@@ -1,6 +1,6 @@
 """hvd.init() binds every thread of a rank to one CPU when the host's ranks are
 at least as many as their CPUs (Note [Binding a rank's threads to one CPU] in
-csrc/hvdmx/cpu_binding.h), and hvd.shutdown() gives the threads their
+csrc/hvdmx/platform/cpu_binding.h), and hvd.shutdown() gives the threads their
 affinity back. The expected CPU is worked out here from what the launcher
 gave each rank, so the tests hold at any -n and on any host.
 """

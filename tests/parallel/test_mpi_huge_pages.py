@@ -1,5 +1,5 @@
 """What hvdmx hands to MPI goes onto huge pages first when a peer shares the
-host (Note [Huge pages under what peers read] in csrc/hvdmx/huge_pages.h):
+host (Note [Huge pages under what peers read] in csrc/hvdmx/platform/huge_pages.h):
 each whole 2 MiB page of the buffer is asked about once, results are
 unchanged, and HVDMX_HUGE_PAGES=0 asks about none. Every rank of these runs
 is on this host, so a peer shares it whenever there are two ranks or more.

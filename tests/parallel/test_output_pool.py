@@ -1,5 +1,5 @@
 """Outputs of 64 KiB and more come from hvdmx's output pool (Note [Output
-pool] in csrc/hvdmx/output_pool.h): memory is handed out again once the last
+pool] in csrc/hvdmx/platform/output_pool.h): memory is handed out again once the last
 NDArray over it is gone, never while one is alive, and only up to
 HVDMX_OUTPUT_POOL_BYTES is kept.
 """

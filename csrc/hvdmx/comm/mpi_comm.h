@@ -1,0 +1,61 @@
+// Comm over an MPI communicator that this object duplicates and owns, so our
+// traffic never matches the user's own MPI calls. Also the one place that
+// asks MPI about the job's topology.
+#ifndef HVDMX_MPI_COMM_H_
+#define HVDMX_MPI_COMM_H_
+
+#include <mpi.h>
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "comm/comm.h"
+
+namespace hvdmx {
+
+class MpiComm : public Comm {
+ public:
+  // Duplicates `comm` (collective over it).
+  explicit MpiComm(MPI_Comm comm);
+  ~MpiComm() override;  // frees the duplicate (collective)
+  MpiComm(const MpiComm&) = delete;
+  MpiComm& operator=(const MpiComm&) = delete;
+
+  int rank() const override { return rank_; }
+  int size() const override { return size_; }
+  MPI_Comm handle() const { return comm_; }
+
+  Request ISend(const void* buf, int64_t bytes, int peer) override;
+  Request IRecv(void* buf, int64_t bytes, int peer) override;
+  void Wait(Request request) override;
+  void Bcast(void* buf, int64_t bytes, int root) override;
+  std::vector<std::string> Gather(const std::string& mine, int root) override;
+  void BcastString(std::string* data, int root) override;
+  void StartBitAnd(uint64_t* words, int n) override;
+  bool TestBitAnd() override;
+  bool NativeAllreduce(void* buf, int64_t count, DataType dtype, ReduceOp op) override;
+
+ private:
+  MPI_Comm comm_ = MPI_COMM_NULL;
+  int rank_ = 0;
+  int size_ = 1;
+  // Requests live in slots; a Request is a slot index. Freed slots are reused.
+  // Stores `req` in a free slot and returns the slot as the Request.
+  Request Keep(MPI_Request req);
+  // Completes a nonblocking call of the negotiation, polled with idle_ when
+  // one is set (see Comm::set_idle).
+  void Complete(MPI_Request* req, const char* what);
+
+  std::vector<MPI_Request> requests_;
+  std::vector<int64_t> free_slots_;
+  MPI_Request bit_and_request_ = MPI_REQUEST_NULL;
+};
+
+// Initializes MPI with MPI_THREAD_MULTIPLE unless it already is (mpi4py
+// normally does it first). Returns the thread level provided.
+int EnsureMpiInitialized();
+
+}  // namespace hvdmx
+
+#endif  // HVDMX_MPI_COMM_H_

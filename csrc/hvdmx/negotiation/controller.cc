@@ -1,0 +1,315 @@
+#include "negotiation/controller.h"
+
+#include <sstream>
+
+#include "base/timeline.h"
+
+namespace hvdmx {
+namespace {
+constexpr uint64_t kNothingForCoordinator = 1;
+constexpr uint64_t kNoShutdown = 2;
+constexpr uint64_t kSentWithBitAnd = 4;
+
+// Whether slot `s`'s bit is set in a round's bit-and words.
+bool SlotBit(const std::vector<uint64_t>& bits, int64_t s) {
+  return (bits[1 + s / 64] & (uint64_t{1} << (s % 64))) != 0;
+}
+
+// The requests a rank sent with a round's bit-and that it sends the
+// coordinator, now that the AND came out as `bits`: its misses, and each
+// hit whose slot is not ready everywhere (step 3 answered a ready one from
+// the cache). See Note [Requests with the bit-and].
+std::vector<Request> ForCoordinator(const std::string& payload,
+                                    const std::vector<uint64_t>& bits) {
+  if (payload.empty()) return {};  // a rank with nothing for it
+  std::vector<int64_t> slots;
+  std::vector<Request> sent = ParseRequests(payload, &slots);
+  std::vector<Request> out;
+  for (size_t i = 0; i < sent.size(); ++i) {
+    if (slots[i] < 0 || !SlotBit(bits, slots[i])) out.push_back(std::move(sent[i]));
+  }
+  return out;
+}
+}  // namespace
+
+Controller::Controller(Comm& comm, int64_t cache_capacity, double stall_shutdown_seconds)
+    : comm_(comm),
+      stall_shutdown_seconds_(stall_shutdown_seconds),
+      cache_(cache_capacity),
+      bit_words_(BitWords(cache_capacity)),
+      joined_ranks_(comm.size(), false) {}
+
+std::vector<std::string> Controller::PendingNames() const {
+  std::vector<std::string> names;
+  for (const auto& sent : at_coordinator_) names.push_back(sent.first);
+  for (const auto& hit : cache_hits_) names.push_back(hit.second.name);
+  return names;
+}
+
+RoundResult Controller::RunRound(std::vector<Request> new_requests, bool want_shutdown,
+                                 const std::set<std::string>& stalled,
+                                 const std::function<bool(int64_t)>& idle) {
+  // Step 1: sort new requests into cache hits and misses.
+  std::vector<Request> misses;
+  for (Request& q : new_requests) {
+    if (q.type == CollectiveType::kJoin) joined_ = true;
+    int64_t slot = q.type == CollectiveType::kJoin || !q.error.empty() ? -1 : cache_.Lookup(q);
+    if (slot >= 0 && cache_hits_.count(slot) == 0) {
+      cache_hits_.emplace(slot, std::move(q));
+    } else {
+      misses.push_back(std::move(q));
+    }
+  }
+
+  // Step 2: one bitwise AND over flags and cache bits.
+  std::vector<uint64_t> bits(bit_words_, 0);
+  bits[0] = ~uint64_t{0};
+  // Marked once here, for step 4 and for what is sent with the bit-and.
+  for (Request& q : misses) q.stalled = stalled.count(q.name) > 0;
+  bool stalled_hit = false;
+  for (auto& hit : cache_hits_) {
+    hit.second.stalled = stalled.count(hit.second.name) > 0;
+    stalled_hit |= hit.second.stalled;
+  }
+  const bool for_coordinator = !misses.empty() || !at_coordinator_.empty() || stalled_hit;
+  if (for_coordinator) bits[0] &= ~kNothingForCoordinator;
+  if (want_shutdown) bits[0] &= ~kNoShutdown;
+  for (const auto& hit : cache_hits_) bits[1 + hit.first / 64] |= uint64_t{1} << (hit.first % 64);
+  bits.back() = tuning_word_;
+  // What step 4 would send rank 0, sent now (Note [Requests with the
+  // bit-and]); a rank that holds hits but has nothing of its own for the
+  // coordinator does not build it, and step 4 then gathers as before.
+  std::string payload;
+  const int64_t capacity = comm_.BitAndPayloadCapacity();
+  bool sent = capacity > 0 && (for_coordinator || cache_hits_.empty());
+  if (sent && for_coordinator) {
+    std::vector<Request> sending = misses;
+    std::vector<int64_t> slots(misses.size(), -1);
+    for (const auto& hit : cache_hits_) {
+      sending.push_back(hit.second);
+      slots.push_back(hit.first);
+    }
+    payload = SerializeRequests(sending, slots);
+    sent = static_cast<int64_t>(payload.size()) <= capacity;
+    if (!sent) payload.clear();
+  }
+  if (!sent) bits[0] &= ~kSentWithBitAnd;
+  comm_.StartBitAndWithPayload(bits.data(), static_cast<int>(bits.size()), payload);
+  RoundResult result;
+  for (int64_t i = 0; !comm_.TestBitAnd(); ++i) {
+    if (!idle(i)) {
+      result.abandoned = true;
+      return result;
+    }
+  }
+
+  result.tuning = bits.back();
+
+  // Step 3: slots ready everywhere, in ascending order.
+  for (auto it = cache_hits_.begin(); it != cache_hits_.end();) {
+    int64_t slot = it->first;
+    if (SlotBit(bits, slot)) {
+      cache_.Touch(slot);
+      result.responses.push_back(cache_.response(slot));
+      it = cache_hits_.erase(it);
+    } else {
+      ++it;
+    }
+  }
+
+  // Step 4: the slow path through the coordinator.
+  if ((bits[0] & kNothingForCoordinator) == 0) {
+    try {
+      SlowPath(bits, std::move(misses), &result);
+    } catch (const CommAbandoned&) {
+      result.abandoned = true;
+      return result;
+    }
+  }
+
+  // Step 5.
+  result.shutdown = (bits[0] & kNoShutdown) == 0;
+  return result;
+}
+
+void Controller::SlowPath(const std::vector<uint64_t>& bits, std::vector<Request> misses,
+                          RoundResult* result_out) {
+  RoundResult& result = *result_out;
+  for (auto& hit : cache_hits_) misses.push_back(std::move(hit.second));
+  cache_hits_.clear();
+  for (const Request& q : misses) at_coordinator_.emplace(q.name, q);
+  const bool with_bit_and = (bits[0] & kSentWithBitAnd) != 0;
+  std::vector<std::string> gathered;
+  if (with_bit_and) {
+    sent_with_bit_and_.fetch_add(1, std::memory_order_relaxed);
+  } else {
+    gathered = comm_.Gather(SerializeRequests(misses), 0);
+    gathered_.fetch_add(1, std::memory_order_relaxed);
+  }
+  std::string wire;
+  if (comm_.rank() == 0) {
+    std::vector<Response> fresh;
+    for (int j = 0; j < comm_.size(); ++j) {
+      Coordinate(with_bit_and ? ForCoordinator(comm_.BitAndPayload(j), bits)
+                              : ParseRequests(gathered[j]),
+                 &fresh);
+    }
+    CompleteForJoined(&fresh);
+    FailStalled(&fresh);
+    wire = SerializeResponses(fresh);
+  }
+  comm_.BcastString(&wire, 0);
+  for (Response& response : ParseResponses(wire)) {
+    auto mine = at_coordinator_.find(response.name);
+    if (mine == at_coordinator_.end() && !response.error.empty()) {
+      // A unit failed by the stall shutdown that this rank never
+      // submitted (see Note [Stall shutdown]): nothing to do here, and
+      // failed units are not cached.
+      continue;
+    }
+    if (mine == at_coordinator_.end()) {
+      // A unit this rank joined through (see Note [Join]). Every rank must
+      // put it into its cache, in the same order; ours gets a request no
+      // real one can equal (device -2), so it never hits here.
+      HVDMX_CHECK(joined_, "response for a name this rank did not send: " + response.name);
+      Request phantom;
+      phantom.type = response.type;
+      phantom.name = response.name;
+      phantom.device = -2;
+      if (response.error.empty()) cache_.Put(phantom, response);
+    } else {
+      if (response.type == CollectiveType::kJoin) {
+        joined_ = false;
+      } else if (response.error.empty()) {
+        cache_.Put(mine->second, response);
+      }
+      at_coordinator_.erase(mine);
+    }
+    result.responses.push_back(std::move(response));
+  }
+}
+
+std::vector<std::string> Controller::StallReport(std::chrono::steady_clock::time_point cutoff,
+                                                 size_t limit) const {
+  std::vector<std::string> lines;
+  for (const auto& kv : table_) {
+    if (kv.second.first_seen >= cutoff) continue;
+    if (lines.size() == limit) {
+      lines.push_back("...");
+      break;
+    }
+    std::string missing;
+    for (size_t r = 0; r < kv.second.received.size(); ++r) {
+      if (!kv.second.received[r] && !joined_ranks_[r]) missing += (missing.empty() ? "" : ", ") + std::to_string(r);
+    }
+    lines.push_back("'" + kv.first + "' (missing on ranks " + missing + ")");
+  }
+  return lines;
+}
+
+void Controller::Coordinate(const std::vector<Request>& requests, std::vector<Response>* out) {
+  const int n = comm_.size();
+  for (const Request& q : requests) {
+    if (q.type == CollectiveType::kJoin) {
+      HVDMX_CHECK(!joined_ranks_[q.rank], "rank joined twice");
+      joined_ranks_[q.rank] = true;
+      ++joined_count_;
+      join_request_ = q;
+      last_joined_ = q.rank;
+      continue;
+    }
+    TableEntry& entry = table_[q.name];
+    if (entry.requests.empty()) {
+      entry.requests.resize(n);
+      entry.received.assign(n, false);
+      entry.first_seen = std::chrono::steady_clock::now();
+    }
+    HVDMX_CHECK(!entry.received[q.rank], "rank sent the same name twice: " + q.name);
+    entry.requests[q.rank] = q;
+    entry.received[q.rank] = true;
+    ProcessTimeline().Mark(q.name, "rank " + std::to_string(q.rank) + " ready",
+                           std::chrono::steady_clock::now());
+    entry.stalled |= q.stalled;
+    if (++entry.count == n) {
+      out->push_back(MakeResponse(entry.requests));
+      table_.erase(q.name);
+    }
+  }
+}
+
+void Controller::CompleteForJoined(std::vector<Response>* out) {
+  if (joined_count_ == 0) return;
+  const int n = comm_.size();
+  for (auto it = table_.begin(); it != table_.end();) {
+    const TableEntry& entry = it->second;
+    std::vector<Request> present;
+    std::string joined;
+    bool complete = true;
+    for (int r = 0; r < n; ++r) {
+      if (entry.received[r]) {
+        present.push_back(entry.requests[r]);
+      } else if (joined_ranks_[r]) {
+        joined += (joined.empty() ? "" : ", ") + std::to_string(r);
+      } else {
+        complete = false;
+      }
+    }
+    if (!complete) {
+      ++it;
+      continue;
+    }
+    const Request& first = present[0];
+    if (first.type == CollectiveType::kAllreduce) {
+      out->push_back(MakeResponse(present));
+    } else {
+      out->push_back(ErrorResponse(
+          first, "hvdmx: " + CollectiveTypeName(first.type) + " of tensor '" + first.name +
+                     "' cannot run because rank(s) " + joined +
+                     " have called join() and have no data for it; only allreduce runs "
+                     "while ranks have joined (they contribute zeros). Call it on every rank "
+                     "before any rank calls join()."));
+    }
+    it = table_.erase(it);
+  }
+  if (joined_count_ == n) {
+    Response done;
+    done.type = CollectiveType::kJoin;
+    done.name = join_request_.name;
+    done.root = last_joined_;
+    out->push_back(done);
+    joined_ranks_.assign(n, false);
+    joined_count_ = 0;
+  }
+}
+
+void Controller::FailStalled(std::vector<Response>* out) {
+  if (stall_shutdown_seconds_ <= 0) return;
+  const auto cutoff = std::chrono::steady_clock::now() -
+                      std::chrono::duration_cast<std::chrono::steady_clock::duration>(
+                          std::chrono::duration<double>(stall_shutdown_seconds_));
+  for (auto it = table_.begin(); it != table_.end();) {
+    const TableEntry& entry = it->second;
+    if (!entry.stalled && entry.first_seen > cutoff) {
+      ++it;
+      continue;
+    }
+    std::string have, missing;
+    const Request* first = nullptr;
+    for (size_t r = 0; r < entry.received.size(); ++r) {
+      std::string& list = entry.received[r] ? have : missing;
+      list += (list.empty() ? "" : ", ") + std::to_string(r);
+      if (entry.received[r] && first == nullptr) first = &entry.requests[r];
+    }
+    std::ostringstream msg;
+    msg << "hvdmx: " << CollectiveTypeName(first->type) << " of tensor '" << it->first
+        << "' was submitted by rank(s) " << have << " but not by rank(s) " << missing
+        << " within " << stall_shutdown_seconds_
+        << " s (HVDMX_STALL_SHUTDOWN_TIME_SECONDS), so it has failed on every rank instead "
+           "of waiting on. A rank may be stuck or dead, or be running different collectives "
+           "(names, order or count); see docs/errors.md.";
+    out->push_back(ErrorResponse(*first, msg.str()));
+    it = table_.erase(it);
+  }
+}
+
+}  // namespace hvdmx

@@ -1,0 +1,89 @@
+// Requests (what one rank submitted) and responses (what every rank will
+// run), and their wire form. Pure data and pure functions.
+//
+// One request or response is one negotiation unit: a single tensor, or all
+// the tensors of a grouped call, which are negotiated and delivered together.
+#ifndef HVDMX_MESSAGE_H_
+#define HVDMX_MESSAGE_H_
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "base/common.h"
+
+namespace hvdmx {
+
+struct Request {
+  int32_t rank = 0;
+  CollectiveType type = CollectiveType::kAllreduce;
+  std::string name;
+  std::vector<DataType> dtypes;               // one per tensor
+  std::vector<std::vector<int64_t>> shapes;   // one per tensor
+  ReduceOp op = ReduceOp::kSum;
+  int32_t root = 0;
+  double prescale = 1.0;
+  double postscale = 1.0;
+  int32_t device = -1;  // -1: CPU; otherwise a GPU ordinal
+  // Allgather and alltoall negotiate twice: first only the sizes (each
+  // rank's dim 0, or its alltoall splits), at the call, so that the output
+  // can be allocated; then the data, from the engine op. The sizes round
+  // carries the name plus "#sizes", so the two rounds never share a name.
+  bool sizes_only = false;
+  // alltoall, sizes round: rows this rank sends to each rank. Data round of
+  // allgather and alltoall: the sizes round's Response::splits.
+  std::vector<int64_t> splits;
+  // Set when this rank has waited HVDMX_STALL_SHUTDOWN_TIME_SECONDS for the
+  // unit: rank 0 then fails it everywhere (see Note [Stall shutdown]).
+  bool stalled = false;
+  // Non-empty: the call failed on this rank before it could run (an array
+  // it cannot read, see Note [oneDNN layout] in mxnet_engine.h). The
+  // request still goes to the coordinator, which fails the unit on every
+  // rank with this message once all have submitted it, instead of leaving
+  // the others waiting. Never a cache hit.
+  std::string error;
+
+  // Same collective with the same parameters (ignores `rank` and `error`).
+  bool SameParams(const Request& other) const;
+};
+
+struct Response {
+  CollectiveType type = CollectiveType::kAllreduce;
+  std::string name;
+  std::vector<DataType> dtypes;
+  std::vector<int64_t> counts;  // elements per tensor
+  ReduceOp op = ReduceOp::kSum;
+  int32_t root = 0;
+  double prescale = 1.0;
+  double postscale = 1.0;
+  bool sizes_only = false;
+  // allgather: dim 0 of tensor t on rank r at [t * size + r]; alltoall:
+  // rows rank i sends to rank j at [i * size + j]. Empty for the others.
+  std::vector<int64_t> splits;
+  // Non-empty: the request failed on every rank with this message.
+  std::string error;
+};
+
+int64_t ElementCount(const std::vector<int64_t>& shape);
+
+// Builds the response for a unit every rank has requested (requests in rank
+// order, one per rank), or an error response naming the ranks and values
+// that disagree.
+Response MakeResponse(const std::vector<Request>& requests);
+
+// An error response for `request`'s unit with `message`.
+Response ErrorResponse(const Request& request, std::string message);
+
+std::string SerializeRequests(const std::vector<Request>& requests);
+std::vector<Request> ParseRequests(const std::string& bytes);
+// The same, each request with a cache slot (-1: none), for requests sent
+// with the bit-and (Note [Requests with the bit-and] in controller.h).
+std::string SerializeRequests(const std::vector<Request>& requests,
+                              const std::vector<int64_t>& slots);
+std::vector<Request> ParseRequests(const std::string& bytes, std::vector<int64_t>* slots);
+std::string SerializeResponses(const std::vector<Response>& responses);
+std::vector<Response> ParseResponses(const std::string& bytes);
+
+}  // namespace hvdmx
+
+#endif  // HVDMX_MESSAGE_H_

@@ -1,0 +1,306 @@
+// The process-wide state behind hvdmx._core: see job.h.
+#include "python/job.h"
+
+#include <pybind11/pybind11.h>
+
+#include <algorithm>
+#include <string>
+
+#include "base/logging.h"
+#include "base/timeline.h"
+#include "comm/mpi_comm.h"
+#include "platform/cpu_binding.h"
+#include "platform/output_pool.h"
+#include "shm/shm_segment.h"
+#include "testing/testing_bindings.h"
+
+namespace py = pybind11;
+
+namespace hvdmx {
+
+Global& G() {
+  static Global* g = new Global();  // never destroyed: engine threads may outlive main
+  return *g;
+}
+
+bool Running() { return G().runtime && !G().runtime->stopped(); }
+
+namespace {
+
+const char kNotInitialized[] =
+    "hvdmx has not been initialized, or has been shut down; call hvd.init() first";
+
+// The runtime of process set `set_id` (0: the global set). Callers hold mu.
+std::shared_ptr<Runtime> SetRuntimeLocked(int set_id) {
+  if (!Running()) throw std::runtime_error(kNotInitialized);
+  if (set_id == 0) return G().runtime;
+  auto it = G().sets.find(set_id);
+  if (it != G().sets.end()) return it->second;
+  if (G().set_ranks.count(set_id)) {
+    throw py::value_error("hvdmx: this rank (" + std::to_string(G().topo.rank) +
+                          ") is not in process set " + std::to_string(set_id) +
+                          "; only its ranks may call collectives on it");
+  }
+  throw py::value_error("hvdmx: process set " + std::to_string(set_id) +
+                        " does not exist (it was removed, or never added); add it with "
+                        "hvd.add_process_set on every rank first");
+}
+
+Topology ComputeTopology(MPI_Comm comm) {
+  Topology t;
+  MPI_Comm_rank(comm, &t.rank);
+  MPI_Comm_size(comm, &t.size);
+  MPI_Comm local, cross;
+  MPI_Comm_split_type(comm, MPI_COMM_TYPE_SHARED, t.rank, MPI_INFO_NULL, &local);
+  MPI_Comm_rank(local, &t.local_rank);
+  MPI_Comm_size(local, &t.local_size);
+  MPI_Comm_split(comm, t.local_rank, t.rank, &cross);
+  MPI_Comm_rank(cross, &t.cross_rank);
+  MPI_Comm_size(cross, &t.cross_size);
+  MPI_Comm_free(&local);
+  MPI_Comm_free(&cross);
+  return t;
+}
+
+// Whether another rank of `comm` runs on this host. Collective over `comm`.
+bool PeersOnThisHost(MPI_Comm comm) {
+  int rank = 0, local_size = 1;
+  MPI_Comm_rank(comm, &rank);
+  MPI_Comm local;
+  MPI_Comm_split_type(comm, MPI_COMM_TYPE_SHARED, rank, MPI_INFO_NULL, &local);
+  MPI_Comm_size(local, &local_size);
+  MPI_Comm_free(&local);
+  return local_size > 1;
+}
+
+// A fingerprint of a list of ints (FNV-1a over them, plus their count), for
+// ranks to check cheaply that they hold the same list.
+uint64_t Fingerprint(const std::vector<int>& values) {
+  uint64_t print = 1469598103934665603ULL;
+  for (int v : values) print = (print ^ static_cast<uint64_t>(v + 1)) * 1099511628211ULL;
+  return print ^ values.size();
+}
+
+// Binds this process's threads to one CPU where HVDMX_CPU_BIND says so (see
+// Note [Binding a rank's threads to one CPU]). Collective over `comm`: the
+// ranks of this host compare their CPUs.
+void MaybeBindToCpu(MPI_Comm comm, CpuBind mode) {
+  int rank = 0, local_rank = 0, local_size = 1;
+  MPI_Comm_rank(comm, &rank);
+  MPI_Comm local;
+  MPI_Comm_split_type(comm, MPI_COMM_TYPE_SHARED, rank, MPI_INFO_NULL, &local);
+  MPI_Comm_rank(local, &local_rank);
+  MPI_Comm_size(local, &local_size);
+  const std::vector<int> cpus = CurrentCpus();
+  const uint64_t print = Fingerprint(cpus);
+  // The least of every rank's fingerprint and of its complement: both are
+  // this rank's own only if every rank of the host has the same.
+  uint64_t mine[2] = {print, ~print};
+  uint64_t least[2] = {0, 0};
+  MPI_Allreduce(mine, least, 2, MPI_UINT64_T, MPI_MIN, local);
+  MPI_Comm_free(&local);
+  const bool same = least[0] == mine[0] && least[1] == mine[1];
+  const int cpu = ChooseCpu(mode, cpus, local_rank, local_size, same);
+  if (cpu < 0) return;
+  const int threads = BindAllThreads(cpu);
+  HVDMX_LOG(kDebug) << "init: bound " << threads << " threads to CPU " << cpu << " (local rank "
+                    << local_rank << " of " << local_size << ", " << cpus.size()
+                    << " CPUs; HVDMX_CPU_BIND=" << CpuBindName(mode) << ")";
+}
+
+// Collective over `comm`.
+std::shared_ptr<Runtime> StartRuntime(MPI_Comm comm) {
+  std::unique_ptr<ShmAllreduce> shm = CreateNodeShmAllreduce(comm, G().config);
+  auto runtime = std::make_shared<Runtime>(std::make_unique<MpiComm>(comm),
+                                           std::make_unique<MpiComm>(comm), G().config,
+                                           std::move(shm), PeersOnThisHost(comm));
+  runtime->Start();
+  return runtime;
+}
+
+// Stops every runtime this rank holds, process sets first (every rank stops
+// them in the same order, id order), and forgets the sets. Callers hold mu.
+void StopAllLocked() {
+  py::gil_scoped_release release;
+  for (auto& kv : G().sets) kv.second->Shutdown();
+  G().sets.clear();
+  G().set_ranks.clear();
+  if (G().runtime) G().runtime->Shutdown();
+  G().runtime.reset();
+  if (G().world != MPI_COMM_NULL) MPI_Comm_free(&G().world);
+  ProcessTimeline().Stop();
+  UnbindAllThreads();
+}
+
+// Every rank must plan the same collectives, so the settings that decide
+// fusion groups, the algorithm and its layout, and the response cache must
+// agree: compared at init (one allgather) and refused on every rank alike,
+// instead of a hang or wrong sums later. Cycle time, timeline, logging and
+// stall times may differ; autotune is rank 0's alone.
+void CheckSettingsAgree(MPI_Comm comm, const Config& c, int size) {
+  struct Setting {
+    const char* var;
+    int64_t value;
+  };
+  const Setting mine[] = {
+      {"FUSION_THRESHOLD", c.fusion_threshold},
+      {"FUSION_MAX_TENSOR_BYTES", c.fusion_max_tensor_bytes},
+      {"FUSION_PIECE_BYTES", c.fusion_piece_bytes},
+      {"CACHE_CAPACITY", c.cache_capacity},
+      {"ALLREDUCE_ALGO", static_cast<int64_t>(c.allreduce_algo)},
+      {"RING_MIN_BYTES", c.ring_min_bytes},
+      {"RING_SEGMENT_BYTES", c.ring_segment_bytes},
+      {"SHM_MIN_BYTES", c.shm_min_bytes},
+      {"SHM_CHUNK_BYTES", c.shm_chunk_bytes},
+      {"SHM_DIRECT_MIN_BYTES", c.shm_direct_min_bytes},
+      {"SHM_PUSH", c.shm_push ? 1 : 0},
+      {"HALF_PARTIALS", c.half_partials_wide ? 1 : 0},
+      {"HIERARCHICAL_ALLREDUCE", c.hierarchical_allreduce ? 1 : 0},
+      {"TESTING_RANKS_PER_HOST", c.testing_ranks_per_host},
+  };
+  constexpr int n = static_cast<int>(sizeof(mine) / sizeof(mine[0]));
+  int64_t values[n];
+  for (int i = 0; i < n; ++i) values[i] = mine[i].value;
+  std::vector<int64_t> all(static_cast<size_t>(size) * n);
+  MPI_Allgather(values, n, MPI_INT64_T, all.data(), n, MPI_INT64_T, comm);
+  auto show = [&](int i, int64_t v) {
+    if (std::string(mine[i].var) == "HALF_PARTIALS") return std::string(v ? "float32" : "half");
+    return std::string(mine[i].var) == "ALLREDUCE_ALGO"
+               ? AllreduceAlgoName(static_cast<AllreduceAlgo>(v))
+               : std::to_string(v);
+  };
+  for (int i = 0; i < n; ++i) {
+    for (int r = 1; r < size; ++r) {
+      const int64_t theirs = all[static_cast<size_t>(r) * n + i];
+      if (theirs == all[i]) continue;
+      throw py::value_error(std::string("hvdmx.init: HVDMX_") + mine[i].var +
+                            " differs between ranks (rank 0: " + show(i, all[i]) + ", rank " +
+                            std::to_string(r) + ": " + show(i, theirs) +
+                            "); every rank must run with the same value. Set it (or its "
+                            "HOROVOD_ twin) the same way for all ranks, e.g. with mpiexec "
+                            "-genv or an hvdmxrun flag, or not at all");
+    }
+  }
+}
+
+}  // namespace
+
+Topology JobTopology(int* thread_level) {
+  std::lock_guard<std::mutex> lock(G().mu);
+  if (!G().runtime) throw py::value_error(kNotInitialized);
+  *thread_level = G().thread_level;
+  return G().topo;
+}
+
+std::shared_ptr<Runtime> RunningRuntime(int set_id) {
+  std::lock_guard<std::mutex> lock(G().mu);
+  return SetRuntimeLocked(set_id);
+}
+
+bool AllIdle() {
+  std::lock_guard<std::mutex> lock(G().mu);
+  if (G().runtime && !G().runtime->NothingPending()) return false;
+  for (const auto& kv : G().sets) {
+    if (!kv.second->NothingPending()) return false;
+  }
+  return true;
+}
+
+void Init(uintptr_t comm_address) {
+  std::lock_guard<std::mutex> lock(G().mu);
+  if (Running()) return;  // a second init is a no-op
+  StopAllLocked();
+  Config config;
+  ThrowIfError(LoadConfig(ProcessEnvironment(), &config));
+  SetLogLevel(config.log_level);
+  OutputPool::Get().SetLimit(config.output_pool_bytes);
+  G().config = config;
+  G().thread_level = EnsureMpiInitialized();
+  if (G().thread_level < MPI_THREAD_MULTIPLE) {
+    HVDMX_LOG(kWarning) << "MPI provides thread level " << G().thread_level
+                        << ", not MPI_THREAD_MULTIPLE; do not call MPI from Python while "
+                           "hvdmx collectives are running";
+  }
+  MPI_Comm comm = comm_address ? *reinterpret_cast<MPI_Comm*>(comm_address) : MPI_COMM_WORLD;
+  G().topo = ComputeTopology(comm);
+  SetLogRank(G().topo.rank);
+  CheckSettingsAgree(comm, config, G().topo.size);
+  HVDMX_LOG(kDebug) << "init: size " << G().topo.size << ", local_size " << G().topo.local_size
+                    << ", " << config.ToString();
+  MPI_Comm_dup(comm, &G().world);
+  G().next_set_id = 1;
+  if (!config.timeline_path.empty() && G().topo.rank == 0) {
+    ThrowIfError(ProcessTimeline().Start(config.timeline_path, config.timeline_mark_cycles));
+  }
+  // Before the runtime starts, so that its thread starts bound.
+  MaybeBindToCpu(comm, config.cpu_bind);
+  G().runtime = StartRuntime(comm);
+}
+
+void Shutdown() {
+  std::lock_guard<std::mutex> lock(G().mu);
+  StopAllLocked();
+}
+
+int AddProcessSet(const std::vector<int>& ranks, bool same_everywhere) {
+  std::lock_guard<std::mutex> lock(G().mu);
+  if (!Running()) throw std::runtime_error(kNotInitialized);
+  if (same_everywhere) {
+    for (const auto& kv : G().set_ranks) {
+      if (kv.second == ranks) {
+        throw py::value_error("hvdmx.add_process_set: a process set with ranks " +
+                              ShapeString(std::vector<int64_t>(ranks.begin(), ranks.end())) +
+                              " already exists (id " + std::to_string(kv.first) +
+                              "); use that one");
+      }
+    }
+  }
+  // Every rank's list must be the same: compare a fingerprint of it.
+  const uint64_t mine = same_everywhere ? Fingerprint(ranks) : Fingerprint({});
+  std::vector<uint64_t> all(G().topo.size);
+  MPI_Comm sub = MPI_COMM_NULL;
+  const bool member = std::find(ranks.begin(), ranks.end(), G().topo.rank) != ranks.end();
+  bool agree = true;
+  {
+    py::gil_scoped_release release;
+    MPI_Allgather(&mine, 1, MPI_UINT64_T, all.data(), 1, MPI_UINT64_T, G().world);
+    for (uint64_t h : all) agree &= h == all[0];
+    if (agree) {
+      MPI_Comm_split(G().world, member ? ranks[0] : MPI_UNDEFINED, G().topo.rank, &sub);
+    }
+  }
+  if (!agree) {
+    throw py::value_error("hvdmx.add_process_set: ranks differ between processes; every "
+                          "rank must call add_process_set with the same ranks, in the same "
+                          "order of calls");
+  }
+  const int id = G().next_set_id++;
+  G().set_ranks[id] = ranks;
+  if (member) {
+    py::gil_scoped_release release;
+    G().sets[id] = StartRuntime(sub);
+    MPI_Comm_free(&sub);
+  }
+  return id;
+}
+
+void RemoveProcessSet(int id) {
+  std::shared_ptr<Runtime> runtime;
+  {
+    std::lock_guard<std::mutex> lock(G().mu);
+    if (!Running()) throw std::runtime_error(kNotInitialized);
+    if (!G().set_ranks.count(id)) {
+      throw py::value_error("hvdmx.remove_process_set: process set " + std::to_string(id) +
+                            " does not exist (already removed?)");
+    }
+    G().set_ranks.erase(id);
+    auto it = G().sets.find(id);
+    if (it == G().sets.end()) return;
+    runtime = std::move(it->second);
+    G().sets.erase(it);
+  }
+  py::gil_scoped_release release;
+  runtime->Shutdown();  // collective over the set's ranks (see Note [Shutdown])
+}
+
+}  // namespace hvdmx

@@ -1,0 +1,78 @@
+// The process-wide state behind the module hvdmx._core: the job's shape and
+// one Runtime per process set, with init, shutdown and the process sets'
+// life cycle. Errors reach Python as exceptions (pybind11), as in
+// bindings.cc, which defines the module.
+//
+// Threading: everything here takes G().mu, and is called from Python
+// threads only (the GIL may be released while MPI or a runtime waits).
+#ifndef HVDMX_JOB_H_
+#define HVDMX_JOB_H_
+
+#include <mpi.h>
+
+#include <map>
+#include <memory>
+#include <mutex>
+#include <vector>
+
+#include "config/env_config.h"
+#include "runtime/runtime.h"
+
+namespace hvdmx {
+
+struct Topology {
+  int rank = 0, size = 1, local_rank = 0, local_size = 1, cross_rank = 0, cross_size = 1;
+};
+
+// The process-wide state. Set 0 is the global set; every rank knows every
+// set's ranks, but holds a runtime only for the sets it belongs to.
+struct Global {
+  std::mutex mu;
+  std::shared_ptr<Runtime> runtime;  // the global set's
+  Topology topo;
+  int thread_level = 0;
+  Config config;
+  MPI_Comm world = MPI_COMM_NULL;  // our duplicate of the job's communicator
+  std::map<int, std::shared_ptr<Runtime>> sets;  // ids >= 1 this rank belongs to
+  std::map<int, std::vector<int>> set_ranks;     // ids >= 1, every rank
+  int next_set_id = 1;
+};
+Global& G();
+
+// Whether the global runtime runs. Callers hold G().mu.
+bool Running();
+
+// This rank's place in the job and MPI's thread level, from Init until this
+// rank's own Shutdown(): also after a peer's shutdown (or a stall) stopped
+// the runtime, as Horovod's answer until their own shutdown, so a rank
+// handling that error can still say which rank it is. ValueError otherwise.
+Topology JobTopology(int* thread_level);
+
+// The runtime of process set `set_id` (0: the global set); raises
+// RuntimeError before init and ValueError for a set this rank is not in.
+std::shared_ptr<Runtime> RunningRuntime(int set_id = 0);
+
+// True when no runtime (the global one and this rank's sets) has a
+// collective inside MXNet's engine or waiting for the other ranks: waiting
+// for MXNet's engine to finish then waits for nothing from other ranks.
+bool AllIdle();
+
+// Collective over the communicator at `comm_address` (0: MPI_COMM_WORLD),
+// which the caller keeps alive; a second call while running does nothing.
+void Init(uintptr_t comm_address);
+void Shutdown();
+
+// Collective over the whole job; returns the new set's id. With
+// `same_everywhere`, every rank passes the same sorted, distinct ranks
+// (checked here, so a mismatch is an error everywhere, not a hang).
+// Without, the set is a partition made from a split communicator: each rank
+// passes its own group (checked by the caller) and every group becomes a set
+// of its own under the one id.
+int AddProcessSet(const std::vector<int>& ranks, bool same_everywhere);
+
+// Collective over the set's ranks.
+void RemoveProcessSet(int id);
+
+}  // namespace hvdmx
+
+#endif  // HVDMX_JOB_H_

@@ -1,0 +1,131 @@
+// Runs one round's responses on this rank: for each fusion group, pack the
+// inputs into the fusion buffer (unless the group is one tensor, or goes
+// through shared memory, which reads the tensors where they are), run the
+// collective, unpack and scale, and fire each entry's callback as soon as
+// all of its tensors are done. The other collectives run one unit at a
+// time, several tensors of a grouped call packed into one exchange
+// (executor_units.cc).
+//
+// Threading: the runtime's background thread only.
+#ifndef HVDMX_EXECUTOR_H_
+#define HVDMX_EXECUTOR_H_
+
+#include <vector>
+
+#include "algorithms/ring.h"
+#include "base/timeline.h"
+#include "comm/comm.h"
+#include "config/env_config.h"
+#include "negotiation/message.h"
+#include "negotiation/tensor_queue.h"
+#include "platform/huge_pages.h"
+#include "runtime/fusion_buffer.h"
+#include "runtime/fusion_plan.h"
+#include "shm/shm_allreduce.h"
+
+namespace hvdmx {
+
+class Executor {
+ public:
+  // `shm`, when given, is the shared-memory allreduce over the same ranks as
+  // `comm` (all on one host); it must outlive the executor. `peers_on_host`:
+  // another rank of `comm` runs on this host, so MPI may copy this rank's
+  // buffers with cross-memory attach (see mpi_pages_).
+  Executor(Comm& comm, const Config& config, ShmAllreduce* shm = nullptr,
+           bool peers_on_host = false)
+      : comm_(comm), config_(config), mpi_pages_(config.huge_pages && peers_on_host),
+        shm_(shm) {}
+
+  // Throws ShmPeerGone, having failed the round's entries that had not
+  // completed, when a peer stops in the middle (Note [A peer that stops]).
+  void Run(const std::vector<Response>& responses, TensorQueue* queue);
+
+  // In-place allreduce of one buffer with the configured algorithm, each
+  // rank's operand multiplied by `prescale` first and the result by
+  // `postscale` (for float16 and bfloat16 in float32, rounded once: Note
+  // [Half precision summed in float32]); returns the algorithm's name for
+  // the timeline.
+  const char* Allreduce(void* buf, int64_t count, DataType dtype, ReduceOp op, double prescale,
+                        double postscale);
+
+  int64_t fusion_buffer_bytes() const { return fusion_.capacity(); }
+  const HugePageCollapser& mpi_pages() const { return mpi_pages_; }
+
+ private:
+  // Run's work, on the round's entries (each callback fired once, and
+  // then cleared).
+  void RunEntries(const std::vector<Response>& responses, TensorQueue* queue,
+                  std::vector<TensorEntry>& entries);
+  void RunAllreduceGroup(const FusionGroup& group, const std::vector<Response>& responses,
+                         std::vector<TensorEntry>& entries);
+  // Writes each response's operation to the timeline (Note [Timeline
+  // names] in executor.cc), from `ready` to the end of its last step.
+  void RecordOperations(const std::vector<Response>& responses,
+                        const std::vector<TensorEntry>& entries, Timeline::Clock::time_point ready);
+  // Runs a unit that is not an allreduce (its own fusion group); returns
+  // the algorithm's name for the timeline. Broadcast, allgather and
+  // alltoall move their bytes through shared memory when ShmMoves says so.
+  const char* RunUnit(const Response& response, TensorEntry& entry);
+  const char* RunBroadcast(const Response& response, TensorEntry& entry);
+  const char* RunAllgather(const Response& response, TensorEntry& entry);
+  const char* RunAlltoall(const Response& response, TensorEntry& entry);
+  // A float16 or bfloat16 allreduce of `buf` with float32 partials, through
+  // the wide buffer in pieces of at most kWidePieceElems: on the ring, or,
+  // with `mpi`, MPI's float32 allreduce where the comm has one. Returns the
+  // algorithm's name for the timeline.
+  const char* AllreduceWide(void* buf, int64_t count, DataType dtype, ReduceOp op,
+                            double prescale, double postscale, bool mpi);
+  static constexpr int64_t kWidePieceElems = int64_t{8} << 20;
+  // Returns the algorithm's name for the timeline.
+  const char* RunReducescatter(const Response& response, TensorEntry& entry);
+  // Whether a unit of `type` moving `bytes` in all takes shared memory:
+  // every rank is on this host and HVDMX_ALLREDUCE_ALGO is shm, or auto for
+  // a broadcast of at least HVDMX_SHM_MIN_BYTES, any alltoall or
+  // reducescatter, and an allgather of at most kShmAllgatherMaxBytes unless
+  // the large blocks are read from the peers' buffers directly, which takes
+  // any size (measured: see docs/algorithms.md). The same answer on every
+  // rank. (RunAllgather also sends a lone tensor of any size there when the
+  // ranks write into each other's outputs.)
+  bool ShmMoves(CollectiveType type, int64_t bytes) const;
+  static constexpr int64_t kShmAllgatherMaxBytes = int64_t{32} << 20;
+  // Whether an allreduce of `bytes` in all takes shared memory (then a
+  // fused group needs no fusion buffer).
+  bool ShmReduces(int64_t bytes) const;
+
+  // The most bytes that go through the fusion buffer at a time on the ring
+  // or MPI: HVDMX_FUSION_PIECE_BYTES, so that each piece is copied in,
+  // reduced and copied out while it is still in cache and the transport
+  // only sees messages of the size it was measured to like ("Fusion" in
+  // docs/algorithms.md); but at least one ring segment per rank, so that in
+  // a large job pieces do not shrink the ring's per-step messages below a
+  // segment.
+  int64_t PieceBytes() const;
+
+  Comm& comm_;
+  const Config& config_;
+  // Collapses the buffers this rank hands to MPI to move (Note [Huge pages
+  // under what peers read]): on one host MPICH copies large messages
+  // straight from the sender's memory, pinning its pages as it goes. Off
+  // unless a peer shares the host and HVDMX_HUGE_PAGES is 1.
+  HugePageCollapser mpi_pages_;
+  FusionBuffer fusion_;
+  FusionBuffer wide_;  // a half dtype's float32 operands on the ring and MPI
+  RingScratch ring_scratch_;
+  std::vector<int64_t> starts_;             // chunk boundaries, reused
+  std::vector<int64_t> tensor_starts_;      // one tensor's blocks (allgather unpacking:
+                                            // bytes each packed tensor has), reused
+  std::vector<size_t> packed_;              // allgather: tensors packed together, reused
+  std::vector<int64_t> piece_starts_;       // reducescatter on the ring: one piece's
+                                            // chunk boundaries, reused
+  std::vector<int64_t> pair_bytes_;         // alltoall: bytes i sends to j, reused
+  std::vector<Comm::Request> requests_;     // outstanding point-to-point, reused
+  std::vector<ShmAllreduce::Span> spans_;   // a group's tensors reduced in place, reused
+  // Timeline only: when each response of the round running finished its last
+  // step (QUEUE, the copies, the collective), reused.
+  std::vector<Timeline::Clock::time_point> step_ends_;
+  ShmAllreduce* shm_;  // null unless ranks share hosts (see shm_segment.h)
+};
+
+}  // namespace hvdmx
+
+#endif  // HVDMX_EXECUTOR_H_

@@ -1,0 +1,180 @@
+// The runtime: owns the communicators, the queue, the controller and the
+// executor, and the background thread that drives them. An object, not a bag
+// of globals; the one process-wide instance lives in the bindings.
+//
+// Note [Background loop]
+// ~~~~~~~~~~~~~~~~~~~~~~
+// The background thread sleeps on a condition variable while this rank has
+// nothing pending, so an idle process costs no CPU and sends nothing. When
+// work arrives it optionally waits HVDMX_CYCLE_TIME to batch more, runs one
+// negotiation round (controller.h) and executes the round's responses. While
+// requests are still pending after a round that completed none (peers have
+// not submitted them yet), the next round waits a short, growing backoff
+// unless new local work arrives first, so ranks waiting on each other do not
+// spin. The wait for the round's bit-AND polls the transport the same way: a
+// short spin, then sleeps growing to 1 ms. (The collectives themselves poll
+// without sleeping: all ranks are in them together.)
+//
+// With HVDMX_STALL_SHUTDOWN_TIME_SECONDS = T > 0, stalled collectives fail
+// on every rank after T seconds (Note [Stall shutdown] in controller.h). If a
+// single round's bit-AND has waited T seconds, the peers are not taking part
+// in rounds at all (dead, or busy outside hvdmx): the runtime then fails
+// everything pending on this rank with that report and stops, since the
+// round it abandoned can never complete. A peer on this host that stops or
+// dies while this rank waits for it in shared memory stops this rank too, at
+// once (Note [A peer that stops] in shm_allreduce.h).
+//
+// Note [Shutdown]
+// ~~~~~~~~~~~~~~~
+// Shutdown() sets a flag that the next round carries to every rank (word 0
+// bit 1). Once any rank asks, every rank runs that round's responses, fails
+// the entries still pending with a "shut down" status, and its background
+// thread exits. Shutdown() returns after the thread has been joined. Entries
+// enqueued after that fail at once.
+#ifndef HVDMX_RUNTIME_H_
+#define HVDMX_RUNTIME_H_
+
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+
+#include "comm/comm.h"
+#include "config/env_config.h"
+#include "negotiation/controller.h"
+#include "negotiation/tensor_queue.h"
+#include "runtime/autotune.h"
+#include "runtime/executor.h"
+#include "shm/shm_allreduce.h"
+
+namespace hvdmx {
+
+class Runtime {
+ public:
+  // `control` carries negotiation, `data` the collectives' bytes; both span
+  // the same ranks. `shm`, optional, is a shared-memory allreduce over those
+  // ranks when they share one host (shm_segment.h); when it spans all of
+  // them, each round's bit-and and its other exchanges that fit go through
+  // it instead of `control` (shm_control_comm.h).
+  // `peers_on_host`: another of the ranks runs on this host (see Executor).
+  Runtime(std::unique_ptr<Comm> control, std::unique_ptr<Comm> data, const Config& config,
+          std::unique_ptr<ShmAllreduce> shm = nullptr, bool peers_on_host = false);
+  ~Runtime();
+
+  // Starts the background thread.
+  void Start();
+
+  int rank() const { return control_->rank(); }
+  int size() const { return control_->size(); }
+  const Config& config() const { return config_; }
+  // Null unless the shared-memory allreduce is on.
+  const ShmAllreduce* shm() const { return shm_.get(); }
+  // For tests: bytes the fusion buffer holds (it grows on the background
+  // thread; read it only once the collectives that grew it are done).
+  int64_t fusion_buffer_bytes() const { return executor_.fusion_buffer_bytes(); }
+  const HugePageCollapser& mpi_pages() const { return executor_.mpi_pages(); }
+  const Controller& controller() const { return controller_; }
+
+  // Any thread (MXNet engine threads). Refuses, returning the error and
+  // leaving the callback unfired, an entry without a turn whose name is
+  // already queued on this rank. Otherwise the callback fires exactly once,
+  // from the background thread (or at once if the runtime has stopped).
+  // An entry with a turn waits for the turns before it (Note [Same-name
+  // calls in flight] in tensor_queue.h), counted as still in the engine
+  // meanwhile (see AddInEngine).
+  Status Enqueue(TensorEntry entry);
+  // The thread that calls the collective, at the call: the name's next
+  // turn, for the entry's `turn`; Cancel when the call fails before it is
+  // pushed.
+  uint64_t ReserveTurn(const std::string& name) { return queue_.Reserve(name); }
+  void CancelTurn(const std::string& name, uint64_t turn) { queue_.Cancel(name, turn); }
+
+  // Collectives pushed onto MXNet's engine for this runtime whose entries
+  // the engine has not yet handed to Enqueue (it runs an op only once its
+  // inputs are ready). join() waits for none to be left, so that its request
+  // reaches the coordinator after every collective called before it: a unit
+  // still inside the engine would otherwise complete without this rank's
+  // data (Note [Join] in controller.h). Any thread.
+  void AddInEngine(int delta);
+  // Waits up to `timeout` for no collective to be inside the engine; true
+  // when none is.
+  bool WaitNoneInEngine(std::chrono::milliseconds timeout);
+  // True when no collective of this runtime is inside MXNet's engine or
+  // waiting here for the other ranks (a round may still be running the last
+  // ones; they complete without waiting for anything else). Any thread.
+  bool NothingPending();
+
+  // See Note [Shutdown]. Idempotent. Any thread but the background thread.
+  void Shutdown();
+  bool stopped() const { return stopped_; }
+  // Why the runtime stopped when this rank's Shutdown() did not stop it (a
+  // stall shutdown, or another rank's Shutdown()); empty otherwise.
+  std::string stop_reason() {
+    std::lock_guard<std::mutex> lock(stop_mu_);
+    return stop_reason_;
+  }
+
+  // One pass of the background loop (see Note [Background loop]); returns
+  // false once the runtime has stopped. Exposed for tests.
+  bool LoopOnce();
+
+ private:
+  void Loop();
+  void FailAll(const Status& status);
+  // Entries that waited for their turn leave the engine's count once they
+  // enter negotiation or fail (see Enqueue). Background thread.
+  void CountReleased();
+  // Stops the runtime from the background thread: records `why` (unless
+  // empty or a reason is there already), tells the host's peers (Note [A
+  // peer that stops] in shm_allreduce.h) and fails everything pending.
+  // Returns false, for LoopOnce.
+  bool Stop(const std::string& why);
+  // Stop after a peer in shared memory stopped or died in the middle of a
+  // round.
+  bool StopAfterPeer(const ShmPeerGone& gone);
+  // The status for entries that arrive after the runtime has stopped.
+  Status StoppedStatus();
+  // Waits a little while a round waits for peers; false once it has waited
+  // the stall shutdown time (the round is then abandoned).
+  bool Idle(int64_t iteration);
+  // Logs (at most once per HVDMX_STALL_CHECK_TIME_SECONDS) the collectives
+  // pending on this rank for longer than that; rank 0 adds which ranks have
+  // not submitted them.
+  void MaybeWarnStall();
+
+  std::unique_ptr<ShmAllreduce> shm_;  // before control_ and executor_, which use it
+  std::unique_ptr<Comm> control_;
+  std::unique_ptr<Comm> data_;
+  Config config_;
+  TensorQueue queue_;
+  Controller controller_;
+  Executor executor_;
+  std::unique_ptr<Autotuner> tuner_;  // rank 0 with HVDMX_AUTOTUNE=1
+
+  std::mutex mu_;  // guards the wake-up condition below
+  std::condition_variable wake_;
+  bool shutdown_requested_ = false;
+  std::atomic<bool> stopped_{false};
+  std::mutex in_engine_mu_;  // guards in_engine_
+  std::condition_variable in_engine_cv_;
+  int64_t in_engine_ = 0;
+  std::mutex stop_mu_;
+  std::string stop_reason_;  // why the runtime stopped, when not by Shutdown()
+  bool made_progress_ = true;
+  int64_t backoff_us_ = 0;
+  std::chrono::steady_clock::time_point wait_started_;
+  std::chrono::steady_clock::time_point next_stall_check_;
+  std::chrono::steady_clock::time_point last_stall_warning_;
+  // When this rank's Shutdown() began to wait for the others (see
+  // MaybeWarnStall); the epoch until then.
+  std::chrono::steady_clock::time_point shutdown_wait_started_;
+
+  std::thread thread_;
+};
+
+}  // namespace hvdmx
+
+#endif  // HVDMX_RUNTIME_H_

@@ -1,0 +1,66 @@
+// Memory shared by the ranks of one host, and the factory that gives the
+// runtime a shared-memory allreduce (shm_allreduce.h) when its communicator
+// lives on one host.
+//
+// Note [Shared memory without MPI windows]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+// MPI_Comm_split_type(MPI_COMM_TYPE_SHARED) decides which ranks share a
+// host. The memory itself is one POSIX shared-memory object (shm_open), not
+// an MPI-3 window (MPI_Win_allocate_shared): MPI_Win_free is collective and,
+// in MPICH, waits for every rank (measured: a rank freeing a window waited
+// the 3 s its peer slept before freeing). A Runtime is destroyed when its last
+// reference goes, which can be on different threads and at different times
+// on different ranks (after a peer's shutdown, say, while this rank is in an
+// MPI call of its own), so a waiting free could deadlock. munmap is local.
+// Creation is collective and happens in hvd.init(), which is collective
+// anyway. Rank 0 unlinks the name as soon as every rank has mapped it, so
+// nothing is left in /dev/shm even if the job is killed.
+//
+// Threading: Create runs on the thread that calls init; the mapping is then
+// used by the runtime's background thread.
+#ifndef HVDMX_SHM_SEGMENT_H_
+#define HVDMX_SHM_SEGMENT_H_
+
+#include <mpi.h>
+
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "config/env_config.h"
+#include "shm/shm_allreduce.h"
+
+namespace hvdmx {
+
+class ShmSegment {
+ public:
+  // Maps one region of `region_bytes` (a multiple of 4096) per rank of
+  // `comm`, zeroed and faulted in. Collective over `comm`, whose ranks must
+  // share a host. Returns null on every rank if any rank failed, with the
+  // reason in *why.
+  static std::shared_ptr<ShmSegment> Create(MPI_Comm comm, int64_t region_bytes, std::string* why);
+  ~ShmSegment();  // unmaps; local, not collective
+  ShmSegment(const ShmSegment&) = delete;
+  ShmSegment& operator=(const ShmSegment&) = delete;
+
+  char* region(int rank) const { return base_ + rank * region_bytes_; }
+
+ private:
+  ShmSegment(char* base, int64_t region_bytes, int64_t total)
+      : base_(base), region_bytes_(region_bytes), total_(total) {}
+  char* base_;
+  int64_t region_bytes_;
+  int64_t total_;
+};
+
+// The shared-memory allreduce for `comm`: over all its ranks when they share
+// this host (and there are several); hierarchical (shared memory inside each
+// host, the ring between hosts) when config.hierarchical_allreduce is set and
+// every host has the same number of ranks, more than one. Null otherwise,
+// when config.allreduce_algo is ring or mpi, or when the memory cannot be
+// had (logged). Collective over `comm`.
+std::unique_ptr<ShmAllreduce> CreateNodeShmAllreduce(MPI_Comm comm, const Config& config);
+
+}  // namespace hvdmx
+
+#endif  // HVDMX_SHM_SEGMENT_H_

@@ -1,0 +1,436 @@
+// Entry points for the test suite (hvdmx._core._testing_*): the kernels,
+// the ring and the autotuner driven in one process, with threads as ranks
+// over plain memory or LocalComm, and whole runtimes over LocalComm
+// (LocalJob); the shared-memory collectives' are in testing_shm_bindings.cc.
+// Nothing here is used by hvdmx itself.
+#include "testing/testing_bindings.h"
+
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <pybind11/functional.h>
+#include <pybind11/numpy.h>
+#include <pybind11/stl.h>
+
+#include <algorithm>
+#include <chrono>
+#include <condition_variable>
+#include <cstring>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <thread>
+
+#include "algorithms/reduce_kernels.h"
+#include "algorithms/ring.h"
+#include "comm/local_comm.h"
+#include "config/env_config.h"
+#include "platform/cpu_binding.h"
+#include "platform/output_pool.h"
+#include "runtime/autotune.h"
+#include "runtime/fusion_plan.h"
+#include "runtime/runtime.h"
+
+namespace py = pybind11;
+
+namespace hvdmx {
+
+DataType CheckedType(int code) {
+  if (!IsSupportedDataType(code)) throw py::value_error("unsupported dtype code");
+  return static_cast<DataType>(code);
+}
+
+py::object DirectMinBytesValue(int64_t direct_min_bytes) {
+  if (direct_min_bytes == kShmDirectAuto) return py::str("auto");
+  return py::int_(direct_min_bytes);
+}
+
+namespace {
+
+void TestingReduceInto(py::array dst, py::array src, int dtype, int op, bool scalar) {
+  DataType t = CheckedType(dtype);
+  const int64_t count = dst.nbytes() / static_cast<int64_t>(DataTypeSize(t));
+  if (src.nbytes() != dst.nbytes()) throw py::value_error("dst and src differ in size");
+  void* d = dst.mutable_data();
+  const void* s = src.data();
+  if (scalar) {
+    testing::ReduceIntoScalarForTest(d, s, count, t, static_cast<ReduceOp>(op));
+  } else {
+    ReduceInto(d, s, count, t, static_cast<ReduceOp>(op));
+  }
+}
+
+void TestingReduce3Scaled(py::array out, py::array a, py::array b, int dtype, int op,
+                          double factor) {
+  DataType t = CheckedType(dtype);
+  if (a.nbytes() != out.nbytes() || b.nbytes() != out.nbytes()) {
+    throw py::value_error("out, a and b differ in size");
+  }
+  Reduce3Scaled(out.mutable_data(), a.data(), b.data(),
+                out.nbytes() / static_cast<int64_t>(DataTypeSize(t)), t,
+                static_cast<ReduceOp>(op), factor);
+}
+
+void TestingScale(py::array buf, int dtype, double factor) {
+  DataType t = CheckedType(dtype);
+  ScaleBuffer(buf.mutable_data(), buf.nbytes() / static_cast<int64_t>(DataTypeSize(t)), t,
+              factor);
+}
+
+// Runs body(comm, r) on one thread per rank of an in-process world of n
+// ranks (LocalComm), and returns once every rank's body has.
+template <typename F>
+void OnLocalRanks(int n, F body) {
+  auto world = std::make_shared<LocalWorld>(n);
+  std::vector<std::thread> threads;
+  for (int r = 0; r < n; ++r) {
+    threads.emplace_back([&, r] {
+      LocalComm comm(world, r);
+      body(comm, r);
+    });
+  }
+  for (auto& th : threads) th.join();
+}
+
+// One widened kernel (reduce_kernels.h: 0 widen, 1 reduce, 2 narrow) over
+// `count` elements of a half dtype; the float32 side is a float32 array.
+void TestingWidenedKernel(int kernel, py::array out, py::array in, int dtype, int op,
+                          double factor, bool portable) {
+  DataType t = CheckedType(dtype);
+  if (!HalfReducesWide(t)) throw py::value_error("not a half dtype");
+  const py::array& half = kernel == 2 ? out : in;
+  const py::array& wide = kernel == 2 ? in : out;
+  const int64_t count = half.nbytes() / 2;
+  if (wide.nbytes() != count * 4) throw py::value_error("the float32 side differs in size");
+  testing::WidenedKernelForTest(kernel, portable, out.mutable_data(), in.data(), count, t,
+                                static_cast<ReduceOp>(op), factor);
+}
+
+// Runs RingAllreduceWidened on LocalComm, one thread per array (= rank), in
+// place, the operands read from the half arrays.
+void TestingRingAllreduceWidened(std::vector<py::array> arrays, int dtype, int op,
+                                 int64_t segment_bytes, double prescale, double postscale) {
+  DataType t = CheckedType(dtype);
+  if (!HalfReducesWide(t)) throw py::value_error("not a half dtype");
+  const int n = static_cast<int>(arrays.size());
+  std::vector<void*> data;
+  std::vector<int64_t> counts;
+  for (auto& a : arrays) {
+    data.push_back(a.mutable_data());
+    counts.push_back(a.nbytes() / 2);
+  }
+  py::gil_scoped_release release;
+  OnLocalRanks(n, [&](LocalComm& comm, int r) {
+    RingScratch scratch;
+    std::vector<float> wide(counts[r]);
+    RingAllreduceWidened(comm, data[r], wide.data(), /*operands_in_wide=*/false, counts[r], t,
+                         static_cast<ReduceOp>(op), prescale, postscale, segment_bytes, &scratch);
+  });
+}
+
+// Runs RingAllreduce on LocalComm, one thread per array (= rank), in place.
+void TestingRingAllreduce(std::vector<py::array> arrays, int dtype, int op,
+                          int64_t segment_bytes) {
+  DataType t = CheckedType(dtype);
+  const int n = static_cast<int>(arrays.size());
+  std::vector<void*> data;
+  std::vector<int64_t> counts;
+  for (auto& a : arrays) {
+    data.push_back(a.mutable_data());
+    counts.push_back(a.nbytes() / static_cast<int64_t>(DataTypeSize(t)));
+  }
+  py::gil_scoped_release release;
+  OnLocalRanks(n, [&](LocalComm& comm, int r) {
+    RingScratch scratch;
+    RingAllreduce(comm, data[r], counts[r], t, static_cast<ReduceOp>(op), segment_bytes,
+                  &scratch);
+  });
+}
+
+// An EnvLookup over a map, for tests that pass their own environment.
+EnvLookup MapLookup(const std::map<std::string, std::string>& env) {
+  return [env](const std::string& name) -> std::optional<std::string> {
+    auto it = env.find(name);
+    if (it == env.end()) return std::nullopt;
+    return it->second;
+  };
+}
+
+py::dict TestingLoadConfig(const std::map<std::string, std::string>& env) {
+  Config c;
+  ThrowIfError(LoadConfig(MapLookup(env), &c));
+  py::dict d;
+  d["fusion_threshold"] = c.fusion_threshold;
+  d["fusion_max_tensor_bytes"] = c.fusion_max_tensor_bytes;
+  d["fusion_piece_bytes"] = c.fusion_piece_bytes;
+  d["output_pool_bytes"] = c.output_pool_bytes;
+  d["cycle_time_ms"] = c.cycle_time_ms;
+  d["cache_capacity"] = c.cache_capacity;
+  d["allreduce_algo"] = AllreduceAlgoName(c.allreduce_algo);
+  d["ring_min_bytes"] = c.ring_min_bytes;
+  d["ring_segment_bytes"] = c.ring_segment_bytes;
+  d["shm_min_bytes"] = c.shm_min_bytes;
+  d["shm_chunk_bytes"] = c.shm_chunk_bytes;
+  d["shm_direct_min_bytes"] = DirectMinBytesValue(c.shm_direct_min_bytes);
+  d["shm_streaming_stores"] = StageStoresName(c.shm_streaming_stores);
+  d["hierarchical_allreduce"] = c.hierarchical_allreduce;
+  d["huge_pages"] = c.huge_pages;
+  d["shm_push"] = c.shm_push;
+  d["half_partials"] = c.half_partials_wide ? "float32" : "half";
+  d["cpu_bind"] = CpuBindName(c.cpu_bind);
+  d["testing_ranks_per_host"] = c.testing_ranks_per_host;
+  d["log_level"] = static_cast<int>(c.log_level);
+  d["stall_check_seconds"] = c.stall_check_seconds;
+  d["stall_shutdown_seconds"] = c.stall_shutdown_seconds;
+  d["timeline"] = c.timeline_path;
+  d["timeline_mark_cycles"] = c.timeline_mark_cycles;
+  d["autotune"] = c.autotune;
+  d["autotune_log"] = c.autotune_log;
+  d["fusion_threshold_fixed"] = c.fusion_threshold_fixed;
+  d["cycle_time_fixed"] = c.cycle_time_fixed;
+  d["allreduce_algo_fixed"] = c.allreduce_algo_fixed;
+  return d;
+}
+
+// The fusion groups of a round of allreduce responses, each given as
+// (dtype code, element counts of its tensors): lists of (response, tensor).
+std::vector<std::vector<std::pair<int, int>>> TestingPlanFusion(
+    const std::vector<std::pair<int, std::vector<int64_t>>>& responses, int64_t threshold,
+    int64_t max_tensor_bytes) {
+  std::vector<Response> round;
+  for (const auto& spec : responses) {
+    Response r;
+    r.type = CollectiveType::kAllreduce;
+    r.name = "t" + std::to_string(round.size());
+    r.counts = spec.second;
+    r.dtypes.assign(spec.second.size(), CheckedType(spec.first));
+    round.push_back(std::move(r));
+  }
+  std::vector<std::vector<std::pair<int, int>>> out;
+  for (const FusionGroup& group : PlanFusion(round, threshold, max_tensor_bytes)) {
+    out.emplace_back();
+    for (const FusionGroup::Item& item : group.items) {
+      out.back().emplace_back(item.response, item.tensor);
+    }
+  }
+  return out;
+}
+
+// Drives rank 0's Autotuner on a simulated clock: under the configuration
+// `env` (as HVDMX_* variables), each round lasts 10 ms and moves
+// throughput(fusion_threshold, cycle_time_ms, algorithm name) * 10 ms bytes
+// under the setting the tuner wants at that moment. Returns the settings
+// tried in order (the warm-up first) as (threshold, cycle, algorithm)
+// tuples, the setting chosen, and the simulated seconds until the choice;
+// chosen is None if none was made within an hour.
+py::dict TestingAutotune(const std::map<std::string, std::string>& env, py::function throughput) {
+  Config config;
+  ThrowIfError(LoadConfig(MapLookup(env), &config));
+  Autotuner tuner(config, /*leader=*/true);
+  constexpr double kRoundSeconds = 0.01;
+  auto now = Autotuner::Clock::time_point{};
+  py::list tried;
+  double seconds = 0;
+  auto as_tuple = [](const TunedSetting& s) {
+    return py::make_tuple(s.fusion_threshold, s.cycle_time_ms, AllreduceAlgoName(s.algo));
+  };
+  py::object last = py::none();
+  for (; !tuner.done() && seconds < 3600; seconds += kRoundSeconds) {
+    const TunedSetting s = tuner.current();
+    py::tuple now_tuple = as_tuple(s);
+    if (!now_tuple.equal(last)) {
+      tried.append(now_tuple);
+      last = now_tuple;
+    }
+    const double rate =
+        throughput(s.fusion_threshold, s.cycle_time_ms, AllreduceAlgoName(s.algo)).cast<double>();
+    now += std::chrono::duration_cast<Autotuner::Clock::duration>(
+        std::chrono::duration<double>(kRoundSeconds));
+    tuner.RoundDone(std::max<int64_t>(1, static_cast<int64_t>(rate * kRoundSeconds)), now);
+  }
+  py::dict d;
+  d["tried"] = tried;
+  d["seconds"] = seconds;
+  d["chosen"] = tuner.done() ? py::object(as_tuple(tuner.current())) : py::object(py::none());
+  return d;
+}
+
+// A whole job in one process: `size` runtimes over LocalComm, for testing
+// negotiation, the cache and fusion without MPI. With `shm`, the ranks also
+// share a ShmAllreduce over plain memory, as ranks on one host do, so the
+// control comm is a ShmControlComm (shm_control_comm.h) and allreduces go
+// through shared memory. Arrays passed to submit must stay alive until
+// wait() has returned for that ticket.
+class LocalJob {
+ public:
+  LocalJob(int size, const std::map<std::string, std::string>& env, bool shm) {
+    Config config;
+    ThrowIfError(LoadConfig(MapLookup(env), &config));
+    auto control = std::make_shared<LocalWorld>(size);
+    auto data = std::make_shared<LocalWorld>(size);
+    const PlainShmRegions host(shm ? size : 0, config.shm_chunk_bytes);
+    for (int r = 0; r < size; ++r) {
+      std::unique_ptr<ShmAllreduce> local;
+      if (shm) {
+        local = std::make_unique<ShmAllreduce>(r, size, host.regions, config.shm_chunk_bytes,
+                                               host.memory);
+      }
+      runtimes_.push_back(std::make_unique<Runtime>(std::make_unique<LocalComm>(control, r),
+                                                    std::make_unique<LocalComm>(data, r),
+                                                    config, std::move(local)));
+      runtimes_.back()->Start();
+    }
+  }
+  // Per rank: the Controller's sent_with_bit_and() and gathered().
+  std::vector<std::pair<int64_t, int64_t>> Negotiation() const {
+    std::vector<std::pair<int64_t, int64_t>> out;
+    for (const auto& rt : runtimes_) {
+      out.emplace_back(rt->controller().sent_with_bit_and(), rt->controller().gathered());
+    }
+    return out;
+  }
+  ~LocalJob() { Shutdown(); }
+
+  int64_t Submit(int rank, const std::string& kind, const std::string& name,
+                 std::vector<py::array> inputs, std::vector<py::array> outputs, int dtype,
+                 int op, int root, double prescale, double postscale) {
+    Runtime& rt = *runtimes_.at(rank);
+    TensorEntry entry;
+    std::vector<int> dtypes;
+    std::vector<std::vector<int64_t>> shapes;
+    for (size_t i = 0; i < inputs.size(); ++i) {
+      dtypes.push_back(dtype);
+      shapes.emplace_back(inputs[i].shape(), inputs[i].shape() + inputs[i].ndim());
+      entry.inputs.push_back(inputs[i].data());
+      entry.outputs.push_back(outputs[i].mutable_data());
+    }
+    entry.request = MakeRequest(kind == "broadcast" ? CollectiveType::kBroadcast
+                                                    : CollectiveType::kAllreduce,
+                                name, dtypes, shapes, op, root, prescale, postscale, 1, 0, rank);
+    const int64_t ticket = next_ticket_++;
+    entry.callback = [this, ticket](const Status& status) {
+      std::lock_guard<std::mutex> lock(mu_);
+      done_[ticket] = status.ok() ? std::string() : "E:" + status.message();
+      cv_.notify_all();
+    };
+    ThrowIfError(rt.Enqueue(std::move(entry)));
+    return ticket;
+  }
+
+  // Returns None on success, the error message otherwise.
+  py::object Wait(int64_t ticket, double timeout_s) {
+    std::string result;
+    {
+      py::gil_scoped_release release;
+      std::unique_lock<std::mutex> lock(mu_);
+      if (!cv_.wait_for(lock, std::chrono::duration<double>(timeout_s),
+                        [&] { return done_.count(ticket) > 0; })) {
+        result = "T";
+      } else {
+        result = done_[ticket];
+        done_.erase(ticket);
+      }
+    }
+    if (result == "T") throw std::runtime_error("LocalJob.wait timed out");
+    if (result.empty()) return py::none();
+    return py::str(result.substr(2));
+  }
+
+  void Shutdown() {
+    py::gil_scoped_release release;
+    std::vector<std::thread> threads;
+    for (auto& rt : runtimes_) threads.emplace_back([&rt] { rt->Shutdown(); });
+    for (auto& th : threads) th.join();
+  }
+
+ private:
+  std::vector<std::unique_ptr<Runtime>> runtimes_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::map<int64_t, std::string> done_;
+  int64_t next_ticket_ = 0;
+};
+
+// The process's output pool: its limit, what it keeps and hands out.
+py::dict TestingOutputPool() {
+  const OutputPool::Stats s = OutputPool::Get().stats();
+  py::dict d;
+  d["limit"] = s.limit;
+  d["kept_bytes"] = s.kept_bytes;
+  d["kept_blocks"] = s.kept_blocks;
+  d["out_bytes"] = s.out_bytes;
+  d["reused"] = s.reused;
+  d["mapped"] = s.mapped;
+  d["arena_used"] = s.arena_used;
+  d["min_bytes"] = OutputPool::kMinBytes;
+  return d;
+}
+
+// Takes a block of `bytes` from the output pool and fills it, then forks;
+// the child gives the block back and trims the pool to nothing, as a
+// forked child that drops its copy of the parent's array may, and exits.
+// Returns whether the block lies in the shared output file, and whether it
+// still holds its bytes here once the child is gone.
+std::pair<bool, bool> TestingOutputPoolForkedChildDrops(int64_t bytes) {
+  OutputPool& pool = OutputPool::Get();
+  char* block = static_cast<char*>(pool.Take(bytes));
+  if (block == nullptr) throw py::value_error("the output pool is off");
+  std::memset(block, 0x5a, static_cast<size_t>(bytes));
+  int64_t offset = 0;
+  const bool shared = pool.InArena(block, bytes, &offset);
+  const pid_t child = fork();
+  if (child < 0) throw py::value_error("fork failed");
+  if (child == 0) {
+    pool.Give(block, bytes);
+    pool.SetLimit(0);
+    _exit(0);
+  }
+  int status = 0;
+  waitpid(child, &status, 0);
+  bool intact = true;
+  for (int64_t i = 0; i < bytes; ++i) intact = intact && block[i] == 0x5a;
+  pool.Give(block, bytes);
+  return {shared, intact};
+}
+
+}  // namespace
+
+void DefineTestingBindings(py::module_& m) {
+  m.def("_testing_output_pool", &TestingOutputPool);
+  m.def("_testing_output_pool_class", &OutputPool::ClassBytes);
+  m.def("_testing_output_pool_forked_child_drops", &TestingOutputPoolForkedChildDrops);
+  m.def("_testing_reduce_into", &TestingReduceInto);
+  m.def("_testing_scale", &TestingScale);
+  m.def("_testing_reduce3_scaled", &TestingReduce3Scaled);
+  m.def("_testing_ring_allreduce", &TestingRingAllreduce);
+  m.def("_testing_widened_kernel", &TestingWidenedKernel);
+  m.def("_testing_ring_allreduce_widened", &TestingRingAllreduceWidened);
+  m.def("_testing_load_config", &TestingLoadConfig);
+  m.def("_testing_choose_cpu", [](const std::string& mode, const std::vector<int>& cpus,
+                                  int local_rank, int local_size, bool same_cpus_on_host) {
+    const std::map<std::string, std::string> env = {{"HVDMX_CPU_BIND", mode}};
+    Config c;
+    ThrowIfError(LoadConfig(MapLookup(env), &c));
+    return ChooseCpu(c.cpu_bind, cpus, local_rank, local_size, same_cpus_on_host);
+  });
+  // The CPU hvd.init() bound this process to (-1: none) and the CPUs the
+  // shared-memory waits count.
+  m.def("_testing_cpu_binding", [] {
+    py::dict d;
+    d["cpu"] = BoundCpu();
+    d["usable_cpus"] = UsableCpuCount();
+    return d;
+  });
+  m.def("_testing_autotune", &TestingAutotune);
+  m.def("_testing_plan_fusion", &TestingPlanFusion);
+  DefineTestingShmBindings(m);
+  py::class_<LocalJob>(m, "_TestingLocalJob")
+      .def(py::init<int, const std::map<std::string, std::string>&, bool>(), py::arg("size"),
+           py::arg("env"), py::arg("shm") = false)
+      .def("negotiation", &LocalJob::Negotiation)
+      .def("submit", &LocalJob::Submit)
+      .def("wait", &LocalJob::Wait)
+      .def("shutdown", &LocalJob::Shutdown);
+}
+
+}  // namespace hvdmx
