@@ -15,6 +15,9 @@ INSTALLED := $(VENV)/.hvdmx-installed
 EXT_SUFFIX := $(shell $(if $(wildcard $(PY)),$(PY),$(PYTHON)) -c \
 	'import sysconfig; print(sysconfig.get_config_var("EXT_SUFFIX"))')
 CORE := hvdmx/_core$(EXT_SUFFIX)
+# The tests' own module (csrc/hvdmx/testing/), built beside _core by the same
+# setup.py build_ext; never installed.
+TESTING := tests/_hvdmx_testing$(EXT_SUFFIX)
 CSRC := $(wildcard csrc/hvdmx/*/*.cc csrc/hvdmx/*/*.h)
 
 # Build requirements from pyproject.toml, quoted for the shell (they contain '>').
@@ -45,7 +48,7 @@ $(INSTALLED): pyproject.toml setup.py | $(PY)
 	$(PY) -m pip install --no-build-isolation -e '.[test]'
 	touch $@
 
-build: $(CORE)
+build: $(CORE) $(TESTING)
 
 # Make decides when to rebuild (a source, a header or setup.py is newer, or a file
 # was added to or removed from a folder of csrc/hvdmx); --force makes setuptools relink
@@ -53,6 +56,11 @@ build: $(CORE)
 # inputs changed. HVDMX_BUILD_JOBS sets the parallel compile jobs (default: all CPUs).
 $(CORE): $(CSRC) $(wildcard csrc/hvdmx/*/) setup.py | $(INSTALLED)
 	$(PY) setup.py -q build_ext --inplace --force
+
+# The same command links it beside _core; this rule only runs when it is
+# missing or older (setuptools then relinks what is out of date).
+$(TESTING): $(CORE)
+	$(PY) setup.py -q build_ext --inplace
 
 # Packages that single tests need but that must stay out of the venv, each pinned
 # in a requirements file and installed into a directory of its own, without
@@ -91,7 +99,7 @@ test: venv build horovod-programs other-mpi
 	PYTHON=$(PY) MPIEXEC=$(MPIEXEC) MPIEXEC_FLAGS='$(MPIEXEC_FLAGS)' tests/run_all.sh
 
 clean:
-	rm -rf build *.egg-info hvdmx/_core*.so .pytest_cache .hypothesis
+	rm -rf build *.egg-info hvdmx/_core*.so tests/_hvdmx_testing*.so .pytest_cache .hypothesis
 	find . -path ./$(VENV) -prune -o -name __pycache__ -type d -prune -exec rm -rf {} +
 
 distclean: clean

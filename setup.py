@@ -1,7 +1,14 @@
 """Builds hvdmx: the Python package hvdmx/ and one extension, hvdmx._core.
 
-The extension is every csrc/hvdmx/<layer>/*.cc compiled together (C++17, pybind11);
-csrc/hvdmx/README.md says what each layer folder holds.
+The extension is every csrc/hvdmx/<layer>/*.cc compiled together (C++17, pybind11)
+except csrc/hvdmx/testing/; csrc/hvdmx/README.md says what each layer folder holds.
+
+The tests' module
+    `setup.py build_ext` (which `make build` and `make test` run) also builds
+    tests/_hvdmx_testing, the test suite's entry points (csrc/hvdmx/testing/*.cc)
+    with the rest of the core except python/bindings.cc. It is compiled with the
+    same flags, so it reuses _core's object files and costs a link. Installing
+    (pip install, a wheel, pip install -e .) leaves it out: hvdmx ships none of it.
 It needs two things from the build environment, both found here:
 
 MPI
@@ -49,6 +56,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import time
 
 from pybind11.setup_helpers import ParallelCompile, Pybind11Extension
 from pybind11.setup_helpers import build_ext as _pybind11_build_ext
@@ -265,14 +273,17 @@ def usable_cpus() -> int:
 class ObjectFreshness:
     """ParallelCompile's needs_recompile: an object file is rebuilt when it is older
     than its source, any header under csrc/hvdmx, or setup.py, or when the compile
-    command changed since the last build (see build_ext.build_extensions)."""
+    command changed since the last build (see build_ext.build_extensions). Either
+    way an object compiled during this build is not compiled again for the second
+    extension, which shares it."""
 
     def __init__(self):
         self.force = True
+        self.started = time.time()
 
     def __call__(self, obj: str, src: str) -> bool:
         if self.force:
-            return True
+            return os.stat(obj).st_mtime < self.started
         inputs = [src, __file__] + glob.glob(os.path.join(CSRC_DIR, "*", "*.h"))
         newest_input = max(os.stat(path).st_mtime for path in inputs)
         return os.stat(obj).st_mtime < newest_input
@@ -295,6 +306,11 @@ class build_ext(_pybind11_build_ext):
         else:
             rpaths = ["$ORIGIN/../../.."]  # See Note [Finding libmpi at run time]
         for ext in self.extensions:
+            ext_rpaths = rpaths
+            if ext.name == TESTING_MODULE:
+                # Never installed: it may point at the build's MPI, and so loads
+                # without hvdmx (which loads libmpi through mpi4py) imported first.
+                ext_rpaths = mpi.rpaths + mpi.library_dirs
             ext.include_dirs += mpi.include_dirs
             ext.library_dirs += mpi.library_dirs
             ext.libraries += mpi.libraries + ["dl", "pthread"]
@@ -309,7 +325,7 @@ class build_ext(_pybind11_build_ext):
             ext.extra_link_args += (
                 mpi.link_args
                 + ["-Wl,--enable-new-dtags"]
-                + ["-Wl,-rpath," + path for path in rpaths]
+                + ["-Wl,-rpath," + path for path in ext_rpaths]
             )
         print(
             f"hvdmx: MPI {vendor} from {' '.join(mpicc)}; MXNet headers {mxnet_include}"
@@ -342,12 +358,16 @@ class build_ext(_pybind11_build_ext):
         return hashlib.sha256(signature.encode()).hexdigest()
 
 
-def core_extension() -> Pybind11Extension:
-    sources = sorted(glob.glob(os.path.join(CSRC_DIR, "*", "*.cc")))
-    if not sources:
-        raise BuildError(f"no C++ sources in {CSRC_DIR}/*/*.cc")
+TESTING_DIR = os.path.join(CSRC_DIR, "testing")
+CORE_BINDINGS = os.path.join(CSRC_DIR, "python", "bindings.cc")
+TESTING_MODULE = "tests._hvdmx_testing"
+
+
+def extension(name: str, sources: list) -> Pybind11Extension:
+    """One of the two extensions; both compile with the same flags, so that they
+    share object files."""
     return Pybind11Extension(
-        "hvdmx._core",
+        name,
         sources,
         depends=sorted(glob.glob(os.path.join(CSRC_DIR, "*", "*.h"))),
         include_dirs=[CSRC_DIR],
@@ -359,12 +379,31 @@ def core_extension() -> Pybind11Extension:
     )
 
 
+def core_sources() -> list:
+    sources = sorted(glob.glob(os.path.join(CSRC_DIR, "*", "*.cc")))
+    if not sources:
+        raise BuildError(f"no C++ sources in {CSRC_DIR}/*/*.cc")
+    return [s for s in sources if os.path.dirname(s) != TESTING_DIR]
+
+
+def extensions() -> list:
+    """hvdmx._core, and with `setup.py build_ext` the tests' module
+    tests/_hvdmx_testing (see the module docstring)."""
+    core = core_sources()
+    modules = [extension("hvdmx._core", core)]
+    if "build_ext" in sys.argv[1:]:
+        testing = sorted(glob.glob(os.path.join(TESTING_DIR, "*.cc")))
+        shared = [s for s in core if s != CORE_BINDINGS]
+        modules.append(extension(TESTING_MODULE, shared + testing))
+    return modules
+
+
 ParallelCompile(
     "HVDMX_BUILD_JOBS", default=usable_cpus(), needs_recompile=object_freshness
 ).install()
 
 setup(
-    ext_modules=[core_extension()],
+    ext_modules=extensions(),
     cmdclass={"build_ext": build_ext},
     install_requires=runtime_requires(),
 )

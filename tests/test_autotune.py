@@ -1,6 +1,6 @@
 """Autotune.
 
-The search itself runs on a simulated clock (_core._testing_autotune), where
+The search itself runs on a simulated clock (_hvdmx_testing.autotune), where
 the best setting is known: it must find it, quickly, also through noise, and
 leave alone what the user fixed. On this machine real loads do not have a
 reliably best fusion setting (per-collective cost is a few microseconds next
@@ -15,6 +15,7 @@ import statistics
 import pytest
 from hypothesis import given, settings, strategies as st
 
+import _hvdmx_testing
 from hvdmx import _core
 from test_process_exit import run_job
 
@@ -39,7 +40,7 @@ def test_search_finds_the_clearly_best_setting_within_1300_rounds():
         return (1e8 * (2.0 if fusion == 4 << 20 else 1.0) * (1.3 if cycle == 1.0 else 1.0)
                 * (1.1 if algo == "ring" else 1.0))
 
-    result = _core._testing_autotune({"HVDMX_AUTOTUNE": "1"}, throughput)
+    result = _hvdmx_testing.autotune({"HVDMX_AUTOTUNE": "1"}, throughput)
     assert result["chosen"] == (4 << 20, 1.0, "ring")
     # The warm-up, every threshold at cycle 0 with auto, then every cycle time
     # at the best threshold, then every algorithm, each sweep three times over:
@@ -64,7 +65,7 @@ def test_search_finds_the_grid_best_on_separable_loads(by_fusion, by_cycle, by_a
         return (1e6 * by_fusion[FUSIONS.index(fusion)] * by_cycle[CYCLES.index(cycle)]
                 * by_algo[ALGOS.index(algo)])
 
-    result = _core._testing_autotune({"HVDMX_AUTOTUNE": "1"}, throughput)
+    result = _hvdmx_testing.autotune({"HVDMX_AUTOTUNE": "1"}, throughput)
     grid = [(f, c, a) for f in FUSIONS for c in CYCLES for a in ALGOS]
     best = max(grid, key=lambda s: throughput(*s))
     assert throughput(*result["chosen"]) >= throughput(*best) / MARGIN ** 3
@@ -86,7 +87,7 @@ def test_search_sees_through_noise():
             level *= 1.2 if algo == "mpi" else 1.0
         return 1e8 * level * rng.uniform(0.9, 1.1)
 
-    result = _core._testing_autotune({"HVDMX_AUTOTUNE": "1"}, throughput)
+    result = _hvdmx_testing.autotune({"HVDMX_AUTOTUNE": "1"}, throughput)
     assert result["chosen"] == (16 << 20, 0.5, "mpi")
 
 
@@ -97,7 +98,7 @@ def test_search_sees_through_noise():
     ({"HOROVOD_HIERARCHICAL_ALLREDUCE": "1"}, FUSIONS, CYCLES, ["auto"]),
 ])
 def test_search_leaves_fixed_values_alone(env, fusions, cycles, algos):
-    result = _core._testing_autotune({"HVDMX_AUTOTUNE": "1", **env}, lambda f, c, a: 1e8)
+    result = _hvdmx_testing.autotune({"HVDMX_AUTOTUNE": "1", **env}, lambda f, c, a: 1e8)
     tried = result["tried"]
     assert sorted({f for f, _, _ in tried}) == sorted(fusions)
     assert sorted({c for _, c, _ in tried}) == sorted(cycles)
@@ -109,7 +110,7 @@ def test_search_leaves_fixed_values_alone(env, fusions, cycles, algos):
 
 
 def test_nothing_to_tune_when_all_are_fixed():
-    result = _core._testing_autotune({"HVDMX_AUTOTUNE": "1", "HVDMX_FUSION_THRESHOLD": "0",
+    result = _hvdmx_testing.autotune({"HVDMX_AUTOTUNE": "1", "HVDMX_FUSION_THRESHOLD": "0",
                                       "HVDMX_CYCLE_TIME": "1", "HVDMX_ALLREDUCE_ALGO": "mpi"},
                                      lambda f, c, a: 1e8)
     assert result["chosen"] == (0, 1.0, "mpi") and result["seconds"] == 0
@@ -218,7 +219,7 @@ while True:
         if hvd.allreduce(mx.nd.array([time.time() > deadline]), op=hvd.Max,
                          name="stop").asscalar():
             break
-shm = _core._testing_shm_info()["calls"]
+shm = _core.stats()["shm"]["calls"]
 sys.stdout.write(f"rank {rank} calls {calls} shm {shm}\\n")  # one write: ranks share stdout
 """
 

@@ -1,11 +1,11 @@
 """The environment reader: defaults, HOROVOD_* twins, and clear errors."""
 import pytest
 
-from hvdmx import _core
+import _hvdmx_testing
 
 
 def test_defaults():
-    c = _core._testing_load_config({})
+    c = _hvdmx_testing.load_config({})
     assert c["fusion_threshold"] == 64 * 1024 * 1024
     assert c["fusion_max_tensor_bytes"] == 256 * 1024
     assert c["fusion_piece_bytes"] == 1024 * 1024
@@ -18,25 +18,25 @@ def test_defaults():
 
 
 def test_hvdmx_names_and_horovod_twins():
-    c = _core._testing_load_config({"HOROVOD_FUSION_THRESHOLD": "1024",
+    c = _hvdmx_testing.load_config({"HOROVOD_FUSION_THRESHOLD": "1024",
                                     "HOROVOD_CYCLE_TIME": "2.5",
                                     "HOROVOD_CACHE_CAPACITY": "0"})
     assert (c["fusion_threshold"], c["cycle_time_ms"], c["cache_capacity"]) == (1024, 2.5, 0)
     # the HVDMX_ name wins over its twin
-    c = _core._testing_load_config({"HOROVOD_FUSION_THRESHOLD": "1024",
+    c = _hvdmx_testing.load_config({"HOROVOD_FUSION_THRESHOLD": "1024",
                                     "HVDMX_FUSION_THRESHOLD": "2048"})
     assert c["fusion_threshold"] == 2048
-    c = _core._testing_load_config({"HVDMX_ALLREDUCE_ALGO": "ring",
+    c = _hvdmx_testing.load_config({"HVDMX_ALLREDUCE_ALGO": "ring",
                                     "HVDMX_RING_SEGMENT_BYTES": "4096",
                                     "HVDMX_LOG_LEVEL": "DEBUG"})
     assert (c["allreduce_algo"], c["ring_segment_bytes"], c["log_level"]) == ("ring", 4096, 1)
-    c = _core._testing_load_config({"HOROVOD_FUSION_MAX_TENSOR_BYTES": "1048576"})
+    c = _hvdmx_testing.load_config({"HOROVOD_FUSION_MAX_TENSOR_BYTES": "1048576"})
     assert c["fusion_max_tensor_bytes"] == 1 << 20
-    c = _core._testing_load_config({"HOROVOD_FUSION_PIECE_BYTES": "65536"})
+    c = _hvdmx_testing.load_config({"HOROVOD_FUSION_PIECE_BYTES": "65536"})
     assert c["fusion_piece_bytes"] == 65536
-    c = _core._testing_load_config({"HOROVOD_OUTPUT_POOL_BYTES": "0"})
+    c = _hvdmx_testing.load_config({"HOROVOD_OUTPUT_POOL_BYTES": "0"})
     assert c["output_pool_bytes"] == 0
-    c = _core._testing_load_config({"HOROVOD_STALL_SHUTDOWN_TIME_SECONDS": "2.5"})
+    c = _hvdmx_testing.load_config({"HOROVOD_STALL_SHUTDOWN_TIME_SECONDS": "2.5"})
     assert c["stall_shutdown_seconds"] == 2.5
 
 
@@ -61,7 +61,7 @@ def test_hvdmx_names_and_horovod_twins():
 ])
 def test_bad_values_name_the_variable_the_value_and_the_fix(name, value, accepted):
     with pytest.raises(ValueError) as info:
-        _core._testing_load_config({name: value})
+        _hvdmx_testing.load_config({name: value})
     message = str(info.value)
     assert f"{name}='{value}'" in message
     assert accepted in message
@@ -69,10 +69,10 @@ def test_bad_values_name_the_variable_the_value_and_the_fix(name, value, accepte
 
 
 def test_shared_memory_and_hierarchical_variables():
-    c = _core._testing_load_config({})
+    c = _hvdmx_testing.load_config({})
     assert (c["shm_min_bytes"], c["shm_chunk_bytes"]) == (0, 256 * 1024)
     assert c["hierarchical_allreduce"] is False and c["testing_ranks_per_host"] == 0
-    c = _core._testing_load_config({"HVDMX_ALLREDUCE_ALGO": "shm",
+    c = _hvdmx_testing.load_config({"HVDMX_ALLREDUCE_ALGO": "shm",
                                     "HVDMX_SHM_MIN_BYTES": "4096",
                                     "HOROVOD_SHM_CHUNK_BYTES": "65536",
                                     "HOROVOD_HIERARCHICAL_ALLREDUCE": "1",
@@ -80,41 +80,41 @@ def test_shared_memory_and_hierarchical_variables():
     assert c["allreduce_algo"] == "shm"
     assert (c["shm_min_bytes"], c["shm_chunk_bytes"]) == (4096, 65536)
     assert c["hierarchical_allreduce"] is True and c["testing_ranks_per_host"] == 2
-    c = _core._testing_load_config({"HOROVOD_HIERARCHICAL_ALLREDUCE": "1",
+    c = _hvdmx_testing.load_config({"HOROVOD_HIERARCHICAL_ALLREDUCE": "1",
                                     "HVDMX_HIERARCHICAL_ALLREDUCE": "0"})
     assert c["hierarchical_allreduce"] is False
 
 
 def test_huge_pages_variable():
-    assert _core._testing_load_config({})["huge_pages"] is True
-    assert _core._testing_load_config({"HVDMX_HUGE_PAGES": "0"})["huge_pages"] is False
-    assert _core._testing_load_config({"HVDMX_HUGE_PAGES": "1"})["huge_pages"] is True
+    assert _hvdmx_testing.load_config({})["huge_pages"] is True
+    assert _hvdmx_testing.load_config({"HVDMX_HUGE_PAGES": "0"})["huge_pages"] is False
+    assert _hvdmx_testing.load_config({"HVDMX_HUGE_PAGES": "1"})["huge_pages"] is True
 
 
 def test_direct_reads_between_ranks():
-    assert _core._testing_load_config({})["shm_direct_min_bytes"] == "auto"
+    assert _hvdmx_testing.load_config({})["shm_direct_min_bytes"] == "auto"
     for value, want in [("0", 0), ("-1", -1), ("1048576", 1 << 20), ("auto", "auto")]:
-        c = _core._testing_load_config({"HOROVOD_SHM_DIRECT_MIN_BYTES": value})
+        c = _hvdmx_testing.load_config({"HOROVOD_SHM_DIRECT_MIN_BYTES": value})
         assert c["shm_direct_min_bytes"] == want
 
 
 def test_writing_into_peers_outputs():
-    assert _core._testing_load_config({})["shm_push"] is True
-    assert _core._testing_load_config({"HVDMX_SHM_PUSH": "0"})["shm_push"] is False
-    assert _core._testing_load_config({"HOROVOD_SHM_PUSH": "1"})["shm_push"] is True
+    assert _hvdmx_testing.load_config({})["shm_push"] is True
+    assert _hvdmx_testing.load_config({"HVDMX_SHM_PUSH": "0"})["shm_push"] is False
+    assert _hvdmx_testing.load_config({"HOROVOD_SHM_PUSH": "1"})["shm_push"] is True
 
 
 def test_half_partials_variable():
-    assert _core._testing_load_config({})["half_partials"] == "float32"
+    assert _hvdmx_testing.load_config({})["half_partials"] == "float32"
     for value in ("float32", "half"):
-        assert _core._testing_load_config({"HVDMX_HALF_PARTIALS": value})["half_partials"] == value
-    assert _core._testing_load_config({"HOROVOD_HALF_PARTIALS": "half"})["half_partials"] == "half"
+        assert _hvdmx_testing.load_config({"HVDMX_HALF_PARTIALS": value})["half_partials"] == value
+    assert _hvdmx_testing.load_config({"HOROVOD_HALF_PARTIALS": "half"})["half_partials"] == "half"
 
 
 def test_cpu_binding_variable():
-    assert _core._testing_load_config({})["cpu_bind"] == "auto"
+    assert _hvdmx_testing.load_config({})["cpu_bind"] == "auto"
     for value in ("auto", "core", "none"):
-        assert _core._testing_load_config({"HVDMX_CPU_BIND": value})["cpu_bind"] == value
+        assert _hvdmx_testing.load_config({"HVDMX_CPU_BIND": value})["cpu_bind"] == value
 
 
 @pytest.mark.parametrize("mode,cpus,local_rank,local_size,same,want", [
@@ -133,13 +133,13 @@ def test_cpu_binding_variable():
     ("none", [0, 1], 1, 2, True, -1),
 ])
 def test_the_cpu_a_rank_binds_to(mode, cpus, local_rank, local_size, same, want):
-    assert _core._testing_choose_cpu(mode, cpus, local_rank, local_size, same) == want
+    assert _hvdmx_testing.choose_cpu(mode, cpus, local_rank, local_size, same) == want
 
 
 def test_streaming_stores():
-    assert _core._testing_load_config({})["shm_streaming_stores"] == "auto"
+    assert _hvdmx_testing.load_config({})["shm_streaming_stores"] == "auto"
     for value in ["auto", "0", "1"]:
-        c = _core._testing_load_config({"HOROVOD_SHM_STREAMING_STORES": value})
+        c = _hvdmx_testing.load_config({"HOROVOD_SHM_STREAMING_STORES": value})
         assert c["shm_streaming_stores"] == value
 
 
@@ -156,5 +156,5 @@ def test_streaming_stores():
 ])
 def test_bad_shared_memory_values(name, value, accepted):
     with pytest.raises(ValueError) as info:
-        _core._testing_load_config({name: value})
+        _hvdmx_testing.load_config({name: value})
     assert f"{name}='{value}'" in str(info.value) and accepted in str(info.value)

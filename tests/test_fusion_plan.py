@@ -1,14 +1,14 @@
 """Which allreduce tensors of a round are fused together (csrc/hvdmx/runtime/fusion_plan.h)."""
 from hypothesis import given, settings, strategies as st
 
-from hvdmx import _core
+import _hvdmx_testing
 
 FLOAT32, FLOAT64 = 0, 1
 SIZE = {FLOAT32: 4, FLOAT64: 8}
 
 
 def plan(responses, threshold, max_tensor_bytes):
-    return _core._testing_plan_fusion(responses, threshold, max_tensor_bytes)
+    return _hvdmx_testing.plan_fusion(responses, threshold, max_tensor_bytes)
 
 
 def test_small_tensors_fuse_and_a_large_one_runs_alone():

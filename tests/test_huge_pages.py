@@ -5,7 +5,7 @@ import re
 import numpy as np
 import pytest
 
-from hvdmx import _core
+import _hvdmx_testing
 
 HUGE = 2 << 20
 
@@ -48,7 +48,7 @@ def test_collapses_each_whole_page_once_and_keeps_the_bytes(small_pages, mib, of
     pages = whole_huge_pages(array)
     assert pages >= 1
     # The same array twice through one collapser: asked about once.
-    collapsed, refused = _core._testing_collapse_huge_pages([array, array])
+    collapsed, refused = _hvdmx_testing.collapse_huge_pages([array, array])
     assert np.array_equal(array, want)
     assert collapsed + refused == pages
     if collapsed == 0:
@@ -58,4 +58,4 @@ def test_collapses_each_whole_page_once_and_keeps_the_bytes(small_pages, mib, of
 
 def test_smaller_than_a_huge_page_is_left_alone():
     array = np.ones(HUGE - 1, np.uint8)
-    assert _core._testing_collapse_huge_pages([array, np.ones(0, np.uint8)]) == (0, 0)
+    assert _hvdmx_testing.collapse_huge_pages([array, np.ones(0, np.uint8)]) == (0, 0)

@@ -7,7 +7,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from hvdmx import _core
+import _hvdmx_testing
 
 F32, SUM, MAX = 0, 1, 4
 TIMEOUT = 30.0
@@ -18,7 +18,7 @@ class Job:
         # shm: the ranks share a shared-memory control block too, as on one
         # host, so slow-path rounds may send their requests with the bit-and.
         self.size = size
-        self.job = _core._TestingLocalJob(size, {k: str(v) for k, v in env.items()}, shm)
+        self.job = _hvdmx_testing.LocalJob(size, {k: str(v) for k, v in env.items()}, shm)
         self.keep = []
 
     def submit(self, rank, name, arrays, op=SUM, kind="allreduce", root=0, pre=1.0, post=1.0,
@@ -174,7 +174,7 @@ def test_requests_too_long_for_the_mailbox_are_gathered():
                 tickets[(rank, i)] = job.submit(rank, name, [data(rank, i, 5)])
         check_sums(job, tickets)
         assert all(gathered > 0 for _, gathered in job.negotiation()), job.negotiation()
-        assert _core._SHM_MAX_PAYLOAD_BYTES == 32 * 1024
+        assert _hvdmx_testing.SHM_MAX_PAYLOAD_BYTES == 32 * 1024
     finally:
         job.close()
 

@@ -13,7 +13,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from hvdmx import _core
+import _hvdmx_testing
 
 # DataType and ReduceOp codes (csrc/hvdmx/base/common.h).
 FLOAT32, FLOAT64, FLOAT16, UINT8, INT32, INT8, INT64, BFLOAT16 = 0, 1, 2, 3, 4, 5, 6, 12
@@ -50,13 +50,13 @@ SPECIAL_BITS = {
 
 def reduce_into(dst, src, dtype, op, scalar=False):
     out = dst.copy()
-    _core._testing_reduce_into(out, src, dtype, op, scalar)
+    _hvdmx_testing.reduce_into(out, src, dtype, op, scalar)
     return out
 
 
 def scale(buf, dtype, factor):
     out = buf.copy()
-    _core._testing_scale(out, dtype, factor)
+    _hvdmx_testing.scale(out, dtype, factor)
     return out
 
 
@@ -286,7 +286,7 @@ def test_reduce_then_scale_in_one_call(dtype, op, n):
     a, b = random_array(rng, dtype, n), random_array(rng, dtype, n)
     for factor in [1.0, 0.5, 1 / 3, -2.5e-3]:
         out = np.zeros_like(a)
-        _core._testing_reduce3_scaled(out, a, b, dtype, op, factor)
+        _hvdmx_testing.reduce3_scaled(out, a, b, dtype, op, factor)
         assert_same_bits(out, scale(reference(a, b, dtype, op), dtype, factor))
 
 
@@ -299,7 +299,7 @@ WIDE_FACTORS = [1.0, 0.5, 3.0, 1 / 3, -2.5, 1e-3]
 
 def widened_kernel(kernel, out, inp, dtype, op=SUM, factor=1.0, portable=False):
     out = out.copy()
-    _core._testing_widened_kernel(kernel, out, inp, dtype, op, factor, portable)
+    _hvdmx_testing.widened_kernel(kernel, out, inp, dtype, op, factor, portable)
     return out
 
 

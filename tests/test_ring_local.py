@@ -4,7 +4,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from hvdmx import _core
+import _hvdmx_testing
 
 CODES = {"float32": 0, "float64": 1, "float16": 2, "uint8": 3, "int32": 4, "int8": 5,
          "int64": 6}
@@ -29,7 +29,7 @@ def reference(arrays, op):
 def test_ring_matches_reference(size, count, segment, dtype, op):
     arrays = inputs(size, count, dtype)
     want = reference(arrays, op)
-    _core._testing_ring_allreduce(arrays, CODES[dtype], op, segment)
+    _hvdmx_testing.ring_allreduce(arrays, CODES[dtype], op, segment)
     for a in arrays:
         assert np.array_equal(a, want)
 
@@ -39,7 +39,7 @@ def test_ring_product_small_values(size):
     i = np.arange(1000)
     arrays = [(1 + (i + r) % 2).astype(np.int32) for r in range(size)]
     want = reference(arrays, PRODUCT)
-    _core._testing_ring_allreduce(arrays, CODES["int32"], PRODUCT, 24)
+    _hvdmx_testing.ring_allreduce(arrays, CODES["int32"], PRODUCT, 24)
     for a in arrays:
         assert np.array_equal(a, want)
 
@@ -51,7 +51,7 @@ def test_ring_float_results_bitwise_identical_on_every_rank(size):
     rng = np.random.default_rng(size)
     arrays = [rng.standard_normal(10_001).astype(np.float32) for _ in range(size)]
     approx = np.sum([a.astype(np.float64) for a in arrays], axis=0)
-    _core._testing_ring_allreduce(arrays, CODES["float32"], SUM, 256)
+    _hvdmx_testing.ring_allreduce(arrays, CODES["float32"], SUM, 256)
     for a in arrays[1:]:
         assert a.tobytes() == arrays[0].tobytes()
     np.testing.assert_allclose(arrays[0], approx, rtol=1e-4, atol=1e-5)
@@ -94,7 +94,7 @@ def test_widened_ring_rounds_once(size, count, segment, dtype, op, scales):
     fn = {SUM: np.sum, MIN: np.min, MAX: np.max, PRODUCT: np.prod}[op]
     reduced = fn(np.stack(scaled), axis=0).astype(np.float32) if count else np.zeros(0, np.float32)
     want = to_half(reduced * np.float32(post), dtype)
-    _core._testing_ring_allreduce_widened(arrays, HALF_CODES[dtype], op, segment, pre, post)
+    _hvdmx_testing.ring_allreduce_widened(arrays, HALF_CODES[dtype], op, segment, pre, post)
     for a in arrays:
         assert a.tobytes() == want.tobytes()
 
@@ -104,8 +104,8 @@ def test_widened_ring_differs_from_the_half_ring(size):
     # The same inputs through the ring in float16 round at every step.
     _, arrays = half_inputs(size, 1001, "float16", SUM)
     pairwise = [a.copy() for a in arrays]
-    _core._testing_ring_allreduce_widened(arrays, HALF_CODES["float16"], SUM, 64, 1.0, 1.0)
-    _core._testing_ring_allreduce(pairwise, HALF_CODES["float16"], SUM, 64)
+    _hvdmx_testing.ring_allreduce_widened(arrays, HALF_CODES["float16"], SUM, 64, 1.0, 1.0)
+    _hvdmx_testing.ring_allreduce(pairwise, HALF_CODES["float16"], SUM, 64)
     assert not np.array_equal(arrays[0], pairwise[0])
     want = np.sum([a.astype(np.float32) for a in half_inputs(size, 1001, "float16", SUM)[1]],
                   axis=0).astype(np.float16)

@@ -14,6 +14,7 @@ import textwrap
 import pytest
 
 import hvdmx
+import _hvdmx_testing
 from hvdmx import _core
 from hvdmx import run
 from hvdmx.run import Host, Launcher, UsageError
@@ -264,14 +265,14 @@ def test_tuning_values_are_what_the_core_accepts():
                                "--cache-capacity", "7", "--log-level", "Info",
                                "--stall-check-warning-time-seconds", "1e1",
                                "--allreduce-algo", "Ring", "--output-pool-mb", "0.25", "prog"))
-    config = _core._testing_load_config(env)
+    config = _hvdmx_testing.load_config(env)
     assert config["allreduce_algo"] == "ring"
     assert config["output_pool_bytes"] == 262144
     assert config["fusion_threshold"] == 1572864
     assert config["cycle_time_ms"] == 0.25
     assert config["cache_capacity"] == 7
     assert config["stall_check_seconds"] == 10
-    assert config["log_level"] == _core._testing_load_config(
+    assert config["log_level"] == _hvdmx_testing.load_config(
         {"HVDMX_LOG_LEVEL": "info"})["log_level"]
 
 
@@ -289,7 +290,7 @@ def test_every_flag_together_passes_the_cores_validation(tmp_path, stall):
         "--timeline-mark-cycles", "--autotune", "--autotune-log-file",
         str(tmp_path / "tune.csv"), "--log-level", "TRACE", *stall, "prog"))
     assert len(env) == 15
-    _core._testing_load_config(env)
+    _hvdmx_testing.load_config(env)
 
 
 @pytest.mark.parametrize("argv,expected", [

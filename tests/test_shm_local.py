@@ -5,7 +5,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from hvdmx import _core
+import _hvdmx_testing
 
 FLOAT32, FLOAT64, FLOAT16, UINT8, INT32, INT8, INT64, BFLOAT16 = 0, 1, 2, 3, 4, 5, 6, 12
 # The numpy type that holds each code; bfloat16 travels as its bits.
@@ -50,7 +50,7 @@ def reference(arrays, code, op):
 def run(calls, code, op, chunk, hosts=1, stores=AUTO):
     """Reduces calls[c][r] (rank r's array in call c) in place, call by call;
     returns the calls each rank streamed."""
-    return _core._testing_shm_allreduce([[[a] for a in arrays] for arrays in calls], code, op,
+    return _hvdmx_testing.shm_allreduce([[[a] for a in arrays] for arrays in calls], code, op,
                                         chunk, hosts, stores=stores)
 
 
@@ -97,7 +97,7 @@ def test_out_of_place_reads_inputs_and_writes_outputs(hosts, local, counts, chun
         outs.append([[np.full(n, 99, HOLDER[code]) for n in spans] for _ in range(size)])
         wants.append([reference(arrays, code, op) for arrays in per_span])
     kept = [[[a.copy() for a in rank] for rank in call] for call in calls]
-    streamed = _core._testing_shm_allreduce(calls, code, op, chunk, hosts, 1.0, outs, stores)
+    streamed = _hvdmx_testing.shm_allreduce(calls, code, op, chunk, hosts, 1.0, outs, stores)
     assert streamed == streamed_calls_wanted(stores, size, hosts, [sum(c) for c in counts])
     for c in range(len(calls)):
         for r in range(size):
@@ -196,14 +196,14 @@ def run_fused(calls, counts, code, op, chunk, hosts=1, postscale=1.0, stores=AUT
     """Like run(), but each rank's array travels as separate pieces in one
     fused call (ShmAllreduce::Span); returns the results joined again."""
     scattered = [[scatter(a, counts, shift=r) for r, a in enumerate(arrays)] for arrays in calls]
-    _core._testing_shm_allreduce(scattered, code, op, chunk, hosts, postscale, stores=stores)
+    _hvdmx_testing.shm_allreduce(scattered, code, op, chunk, hosts, postscale, stores=stores)
     return [[np.concatenate(pieces) for pieces in ranks] for ranks in scattered]
 
 
 def scaled(array, code, factor):
     """ScaleBuffer's result: what the scale inside the allreduce must give."""
     out = array.copy()
-    _core._testing_scale(out, code, factor)
+    _hvdmx_testing.scale(out, code, factor)
     return out
 
 
@@ -266,7 +266,7 @@ EXPLORE_EVERY, TRIALS, SAMPLES = 64, 3, 5
 def choices(stores, calls):
     """StageStoreChooser's picks for calls of (bytes, seconds cached, seconds
     streaming), as a string: c cached, s streamed."""
-    return "".join("s" if s else "c" for s in _core._testing_stage_store_chooser(stores, calls))
+    return "".join("s" if s else "c" for s in _hvdmx_testing.stage_store_chooser(stores, calls))
 
 
 def test_chooser_keeps_the_faster_kind_and_looks_at_the_other_now_and_then():
@@ -335,7 +335,7 @@ def test_chooser_forced_kinds_never_change(stores, want):
 
 def test_chooser_refuses_an_unknown_kind():
     with pytest.raises(ValueError, match="stores must be"):
-        _core._testing_stage_store_chooser(3, [])
+        _hvdmx_testing.stage_store_chooser(3, [])
 
 
 @pytest.mark.parametrize("length", [0, 1, 15, 16, 17, 63, 64, 65, 127, 200, 4096 + 33])
@@ -348,7 +348,7 @@ def test_streaming_copy_copies_every_byte_at_every_alignment(length):
             dst_base = np.full(length + 64, 0xEE, np.uint8)
             dst = dst_base[dst_offset:dst_offset + length]
             src = src_base[src_offset:src_offset + length]
-            _core._testing_streaming_copy(dst, src)
+            _hvdmx_testing.streaming_copy(dst, src)
             assert np.array_equal(dst, src), (dst_offset, src_offset)
             assert (dst_base[:dst_offset] == 0xEE).all()
             assert (dst_base[dst_offset + length:] == 0xEE).all()
@@ -357,7 +357,7 @@ def test_streaming_copy_copies_every_byte_at_every_alignment(length):
 @settings(max_examples=200, deadline=None)
 @given(length=st.integers(0, 10_000), n=st.integers(1, 9), unit=st.sampled_from([1, 8, 16, 64]))
 def test_slices_cover_the_chunk_in_order(length, n, unit):
-    starts = [_core._testing_shm_slice_start(length, n, j, unit) for j in range(n + 1)]
+    starts = [_hvdmx_testing.shm_slice_start(length, n, j, unit) for j in range(n + 1)]
     assert starts[0] == 0 and starts[-1] == length
     assert starts == sorted(starts)
     units = -(-length // unit)
@@ -369,7 +369,7 @@ def test_slices_cover_the_chunk_in_order(length, n, unit):
 
 
 # ---- broadcast, allgather and alltoall through the stages --------------------
-# Calls for _core._testing_shm_sequence: (kind, inputs, outputs, ints), one
+# Calls for _hvdmx_testing.shm_sequence: (kind, inputs, outputs, ints), one
 # array per rank; built with what each rank should end up holding.
 
 def bytes_of(rank, call, n):
@@ -495,7 +495,7 @@ def test_mixed_calls_move_every_byte(calls, chunk, direct, stores, push):
     size = len(specs[0][1])
     flags = {"off": [], "every rank": [True] * size,
              "all but the last": [True] * (size - 1) + [False]}[push]
-    direct_calls, pushed_calls, root_writes = _core._testing_shm_sequence(
+    direct_calls, pushed_calls, root_writes = _hvdmx_testing.shm_sequence(
         specs, chunk, direct, stores, flags)
     pushed = [push == "every rank" and size > 1 and kind in ("allgather", "alltoall")
               and smallest_output(kind, ints, size) > 0 for kind, _, _, ints in specs]
@@ -530,7 +530,7 @@ def test_mixed_calls_move_every_byte(calls, chunk, direct, stores, push):
 def test_bit_ands_in_a_row(size):
     # Each rank keeps two sets of words and reuses them every other call.
     calls = [bitand_call(size, c, [1, MAX_BIT_AND_WORDS, 18][c % 3]) for c in range(200)]
-    _core._testing_shm_sequence([spec for spec, _, _ in calls], 4096)
+    _hvdmx_testing.shm_sequence([spec for spec, _, _ in calls], 4096)
     for c, (spec, wants, results) in enumerate(calls):
         for rank, (got, want) in enumerate(zip(results, wants)):
             assert np.array_equal(got, want), f"bit-and {c} on rank {rank}"
@@ -551,7 +551,7 @@ def test_large_byte_moves_over_many_chunks(size, direct, push):
              allreduce_call(size, 3, n),
              reducescatter_call(size, 5, [n // 3 + j * 1001 for j in range(size)]),
              reducescatter_call(size, 6, [0] + [n // 5] * (size - 1), FLOAT64, MAX)]
-    direct_calls, pushed_calls, root_writes = _core._testing_shm_sequence(
+    direct_calls, pushed_calls, root_writes = _hvdmx_testing.shm_sequence(
         [spec for spec, _, _ in calls], 4096 + 64, direct,
         STREAMING if direct == 0 else CACHED, [push] * size)
     # Broadcasts never push: an in-place one writes the caller's own array.
@@ -578,14 +578,14 @@ def test_allgather_in_place_block_is_left_alone(direct, push):
         out[starts[r]:starts[r + 1]] = want[starts[r]:starts[r + 1]]
         outs.append(out)
     ins = [out[starts[r]:starts[r + 1]] for r, out in enumerate(outs)]
-    counts = _core._testing_shm_sequence([("allgather", ins, outs, starts)], 64, direct, 0,
+    counts = _hvdmx_testing.shm_sequence([("allgather", ins, outs, starts)], 64, direct, 0,
                                          [push] * size)
     assert counts == ((0, 1, 0) if push else (int(direct == 0), 0, 0))
     for out in outs:
         assert np.array_equal(out, want)
 
 
-MAX_PAYLOAD = _core._SHM_MAX_PAYLOAD_BYTES
+MAX_PAYLOAD = _hvdmx_testing.SHM_MAX_PAYLOAD_BYTES
 
 
 @pytest.mark.parametrize("size", [2, 3, 5])
@@ -607,7 +607,7 @@ def test_control_comm_carries_payloads_and_strings(size):
         else:
             n = [0, 7, 5000, MAX_PAYLOAD, MAX_PAYLOAD + 1, 3 * MAX_PAYLOAD][i // 3 % 6]
             steps.append((int(rng.integers(0, size)), [blob(n)]))
-    got, through_shm = _core._testing_shm_control_comm(size, steps)
+    got, through_shm = _hvdmx_testing.shm_control_comm(size, steps)
     for rank in range(size):
         for i, (root, data) in enumerate(steps):
             if root < 0:
@@ -620,7 +620,7 @@ def test_control_comm_carries_payloads_and_strings(size):
 
 def test_control_comm_refuses_a_payload_longer_than_its_mailbox():
     with pytest.raises(ValueError, match="kMaxPayloadBytes"):
-        _core._testing_shm_control_comm(2, [(-1, [b"", b"x" * (MAX_PAYLOAD + 1)])])
+        _hvdmx_testing.shm_control_comm(2, [(-1, [b"", b"x" * (MAX_PAYLOAD + 1)])])
 
 
 @pytest.mark.parametrize("size", [2, 3, 4])
@@ -629,7 +629,7 @@ def test_a_peer_that_stops_ends_the_waits_for_it(size, kind):
     # Note [A peer that stops]: the last rank marks itself stopped instead of
     # making the call; every other rank's call throws instead of waiting.
     stopper = size - 1
-    said = _core._testing_shm_peer_stops(size, stopper, kind)
+    said = _hvdmx_testing.shm_peer_stops(size, stopper, kind)
     assert said[stopper] == ""
     for r in range(size - 1):
         assert said[r].startswith(f"hvdmx: rank {stopper} of this host (pid "), said
@@ -668,7 +668,7 @@ def test_half_summed_in_float32_rounded_once(layout, counts, chunk, code, scales
     calls = [[round_half(v, code) for v in vs] for vs in values]
     wants = [round_half(np.sum([v * np.float32(pre) for v in vs], axis=0, dtype=np.float32)
                         * np.float32(post), code) for vs in values]
-    _core._testing_shm_allreduce([[[a] for a in arrays] for arrays in calls], code, SUM, chunk,
+    _hvdmx_testing.shm_allreduce([[[a] for a in arrays] for arrays in calls], code, SUM, chunk,
                                  hosts, postscale=post, stores=stores, prescale=pre)
     for arrays, want in zip(calls, wants):
         for a in arrays:

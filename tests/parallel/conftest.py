@@ -14,6 +14,8 @@ from mpi4py import MPI
 import hvdmx as hvd
 from hvdmx import _core
 
+# The tests' module, _hvdmx_testing (setup.py build_ext builds it), is in tests/.
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 _config = None
 # The CPUs the launcher let this rank run on, before hvd.init() could bind it
@@ -102,7 +104,7 @@ def shm_exchanges() -> int:
     in the running runtime (0 when hvdmx is not running)."""
     if not _core.is_initialized():
         return 0
-    info = _core._testing_shm_info()
+    info = _core.stats()["shm"]
     return 0 if info is None else info["exchanges"]
 
 
@@ -123,7 +125,7 @@ def transport(request):
     memory really carried the first run."""
     restart({"HVDMX_ALLREDUCE_ALGO": request.param})
     if request.param == "mpi":
-        assert _core._testing_shm_info() is None
+        assert _core.stats()["shm"] is None
     before = all_shm_exchanges()
     yield request.param
     # Across hosts (tests/test_many_hosts.py) these calls take MPI.

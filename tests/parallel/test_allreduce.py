@@ -67,7 +67,7 @@ def test_half_is_summed_in_float32_and_rounded_once(world, algo):
     restart(HALF_ALGORITHMS[algo])
     try:
         if algo == "hierarchical" and size == 4:
-            assert _core._testing_shm_info()["hierarchical"]
+            assert _core.stats()["shm"]["hierarchical"]
         counts = [1, size + 1, 1001, 20_011]
         for op in [hvd.Sum, hvd.Average]:
             for pre, post in [(1.0, 1.0), (0.5, 3.0), (2.0, 0.25)]:
@@ -284,7 +284,7 @@ def test_fused_group_goes_through_the_buffer_in_pieces(world, algo):
                 for out, c in zip(outs, counts):
                     check(out, expected(size, c, dtype, op, prescale=2.0, postscale=0.5))
         # The buffer holds one piece, not the group (16.9 KB of float64).
-        assert _core._testing_fusion_buffer_bytes() == 4096
+        assert _core.stats()["fusion_buffer_bytes"] == 4096
         # A group of empty tensors has no piece at all.
         empty = hvd.grouped_allreduce([mx.nd.array(np.zeros(0)), mx.nd.array(np.zeros((0, 3)))],
                                       op=hvd.Sum)
@@ -304,7 +304,7 @@ def test_a_piece_holds_a_ring_segment_per_rank(world):
         outs = hvd.grouped_allreduce(xs, op=hvd.Sum, name="segment.pieces")
         for i, out in enumerate(outs):
             check(out, np.full(65536, sum(r + i for r in range(size)), dtype="float32"))
-        assert _core._testing_fusion_buffer_bytes() == size * 65536
+        assert _core.stats()["fusion_buffer_bytes"] == size * 65536
     finally:
         restart({})
 

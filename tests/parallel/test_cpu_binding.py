@@ -65,7 +65,7 @@ def test_binds_every_thread_and_gives_the_affinity_back(mode):
     want = expected_cpu(mode, cpus, local_rank, local_size, same)
     try:
         restart({"HVDMX_CPU_BIND": mode})
-        binding = _core._testing_cpu_binding()
+        binding = _core.stats()["cpu_binding"]
         now = thread_cpus()
         if want is None:
             assert binding["cpu"] == -1
@@ -86,7 +86,7 @@ def test_binds_every_thread_and_gives_the_affinity_back(mode):
     finally:
         restart({"HVDMX_CPU_BIND": "none"})
     # Shutdown gave every thread its launch affinity back.
-    assert _core._testing_cpu_binding()["cpu"] == -1
+    assert _core.stats()["cpu_binding"]["cpu"] == -1
     assert set(thread_cpus().values()) == {frozenset(cpus)}
     restart({})
 

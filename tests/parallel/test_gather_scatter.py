@@ -97,13 +97,13 @@ def test_grouped_allgather_above_the_fusion_threshold_skips_the_buffer(world, tr
             outs = hvd.grouped_allgather(xs, name=f"gag.big.{rows}")
             for out, want in zip(outs, wants(rows, step)):
                 assert np.array_equal(out.asnumpy(), want) and out.dtype == want.dtype
-        assert _core._testing_fusion_buffer_bytes() == 0
+        assert _core.stats()["fusion_buffer_bytes"] == 0
         # A group of at most 256 bytes still goes through the buffer (one page).
         xs = [mx.nd.array(x, dtype=x.dtype) for x in group(1, 9)]
         outs = hvd.grouped_allgather(xs, name="gag.small")
         for out, want in zip(outs, wants(1, 9)):
             assert np.array_equal(out.asnumpy(), want)
-        assert _core._testing_fusion_buffer_bytes() == 4096
+        assert _core.stats()["fusion_buffer_bytes"] == 4096
     finally:
         restart({"HVDMX_ALLREDUCE_ALGO": transport})
 
@@ -127,7 +127,7 @@ def test_grouped_allgather_moves_large_tensors_alone(world, transport):
                 assert np.array_equal(out.asnumpy(), want) and out.dtype == want.dtype
                 assert all_equal_across_ranks(out.asnumpy())
         # Only the two small tensors (a few bytes a rank) used the buffer: one page.
-        assert _core._testing_fusion_buffer_bytes() == 4096
+        assert _core.stats()["fusion_buffer_bytes"] == 4096
     finally:
         restart({"HVDMX_ALLREDUCE_ALGO": transport})
 
@@ -311,7 +311,7 @@ def test_reducescatter_on_the_ring_goes_a_piece_at_a_time(world, transport):
             results[piece] = [o.asnumpy() for o in outs] + [scaled.asnumpy()]
             if piece == "4096":
                 # One piece (plus an element a rank), in whole pages.
-                assert _core._testing_fusion_buffer_bytes() <= 8192
+                assert _core.stats()["fusion_buffer_bytes"] <= 8192
         finally:
             restart({"HVDMX_ALLREDUCE_ALGO": transport})
     everyone = [inputs(r) for r in range(size)]

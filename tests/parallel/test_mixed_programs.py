@@ -178,12 +178,12 @@ def run_and_check(program, process_set, where):
 @pytest.mark.parametrize("seed", [1, 2, 3])
 def test_random_program_pushed_at_once(world, algo, seed):
     _, size = world
-    info = _core._testing_shm_info()
+    info = _core.stats()["shm"]
     run_and_check(draw(seed * 100 + size, size), hvd.global_process_set,
                   f"seed {seed} ({algo})")
     if "direct" in algo and 1 < size == hvd.local_size():  # on one host
         # Some of the program's moves read the peers' buffers.
-        assert _core._testing_shm_info()["direct_exchanges"] > info["direct_exchanges"]
+        assert _core.stats()["shm"]["direct_exchanges"] > info["direct_exchanges"]
 
 
 @pytest.mark.parametrize("seed", [4, 5])

@@ -30,7 +30,7 @@ def whole_huge_pages(array):
 
 def asked():
     """Huge pages collapsed or refused so far for MPI's buffers."""
-    info = _core._testing_mpi_huge_pages()
+    info = _core.stats()["mpi_huge_pages"]
     return info["collapsed"] + info["refused"]
 
 
@@ -51,7 +51,7 @@ def mpi_paths(request, world):
 
 def test_each_whole_page_is_asked_about_once(mpi_paths):
     rank, size = hvd.rank(), hvd.size()
-    assert _core._testing_mpi_huge_pages()["enabled"] == (size > 1)
+    assert _core.stats()["mpi_huge_pages"]["enabled"] == (size > 1)
     peers = 1 if size > 1 else 0
     x = mx.nd.array(rank_input(rank, ROWS, "float32", hvd.Sum))
     b = mx.nd.array(rows(rank, ROWS))
@@ -106,7 +106,7 @@ def test_off_with_huge_pages_0(world):
                 {"HVDMX_SHM_DIRECT_MIN_BYTES": "0", "HVDMX_SHM_PUSH": "0"}]:
         restart({"HVDMX_HUGE_PAGES": "0", **env})
         try:
-            assert not _core._testing_mpi_huge_pages()["enabled"]
+            assert not _core.stats()["mpi_huge_pages"]["enabled"]
             x = mx.nd.array(rank_input(rank, ROWS, "float32", hvd.Sum))
             got = hvd.allreduce_(x, op=hvd.Sum).asnumpy()
             assert np.array_equal(got, expected(size, ROWS, "float32", hvd.Sum))
@@ -115,7 +115,7 @@ def test_off_with_huge_pages_0(world):
             assert np.array_equal(got, np.concatenate(
                 [rows(s, share * size)[rank * share:(rank + 1) * share] for s in range(size)]))
             assert asked() == 0
-            shm = _core._testing_shm_info()
+            shm = _core.stats()["shm"]
             if shm is not None:
                 assert shm["collapsed_huge_pages"] + shm["refused_huge_pages"] == 0
                 assert shm["direct_exchanges"] == ("HVDMX_SHM_DIRECT_MIN_BYTES" in env)

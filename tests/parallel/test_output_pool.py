@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 
 import hvdmx as hvd
+import _hvdmx_testing
 from hvdmx import _core
 from conftest import all_equal_across_ranks, restart
 
@@ -32,7 +33,7 @@ def wait_for(condition, seconds=10.0):
 
 
 def pool():
-    return _core._testing_output_pool()
+    return _core.stats()["output_pool"]
 
 
 def source(rank, rows, salt=0):
@@ -162,7 +163,7 @@ def test_small_outputs_and_every_dtype(world):
 
 def test_the_limit_bounds_what_is_kept(world):
     rank, size = world
-    block = _core._testing_output_pool_class(ROWS * 4 * size)
+    block = _hvdmx_testing.output_pool_class(ROWS * 4 * size)
     restart({"HVDMX_OUTPUT_POOL_BYTES": str(2 * block)})
     try:
         assert pool()["limit"] == 2 * block
@@ -186,10 +187,10 @@ def test_size_classes():
     page = 4096
     for n in [1, page, page + 1, 65536, 65537, 100_000, 1 << 20, (1 << 20) + 1, 3 << 20,
               (64 << 20) - 1, 64 << 20, 1 << 30]:
-        c = _core._testing_output_pool_class(n)
+        c = _hvdmx_testing.output_pool_class(n)
         assert c >= n and c % page == 0, n
         assert c - n <= max(page, n // 8), f"{n} bytes get a block of {c}"
-    assert _core._testing_output_pool_class(64 << 20) == 64 << 20
+    assert _hvdmx_testing.output_pool_class(64 << 20) == 64 << 20
 
 
 def test_pooled_outputs_behave_as_mxnet_arrays(world, tmp_path):
@@ -228,6 +229,6 @@ def test_a_forked_child_leaves_the_parents_outputs_alone(world):
     # and trims the pool must neither give those pages back to the kernel
     # nor keep the block for itself: the parent's bytes stay.
     rank, size = world
-    shared, intact = _core._testing_output_pool_forked_child_drops(1 << 20)
+    shared, intact = _hvdmx_testing.output_pool_forked_child_drops(_core._output_pool, 1 << 20)
     assert shared == (size > 1)
     assert intact

@@ -45,16 +45,16 @@ def shm_moves(request, world):
 
 def shm_calls():
     """Calls made by the shared-memory allreduce; -1 when it is off."""
-    info = _core._testing_shm_info()
+    info = _core.stats()["shm"]
     return -1 if info is None else info["calls"]
 
 
 def test_shm_is_on_when_ranks_share_a_host(world, shm):
     rank, size = world
     if size == 1:
-        assert _core._testing_shm_info() is None  # nothing to share
+        assert _core.stats()["shm"] is None  # nothing to share
         return
-    info = _core._testing_shm_info()
+    info = _core.stats()["shm"]
     assert info["local_size"] == size and not info["hierarchical"]
     before = shm_calls()
     rounds = info["bit_ands"]
@@ -62,7 +62,7 @@ def test_shm_is_on_when_ranks_share_a_host(world, shm):
           expected(size, 10, "float32", hvd.Sum))
     assert shm_calls() == before + 1
     # Negotiation's bit-and of every round goes through shared memory too.
-    assert _core._testing_shm_info()["bit_ands"] > rounds
+    assert _core.stats()["shm"]["bit_ands"] > rounds
 
 
 def test_calls_without_names_negotiate_through_shared_memory(world):
@@ -71,7 +71,7 @@ def test_calls_without_names_negotiate_through_shared_memory(world):
     # and rank 0 broadcasts the responses through shared memory; no MPI
     # gather. Without shared memory (one rank) the round gathers.
     rank, size = world
-    before = _core._testing_negotiation_info()
+    before = _core.stats()["negotiation"]
     for i in range(30):
         n = 1 + (rank + i) % 3  # allgather rows differ per rank
         x = mx.nd.array(rank_input(rank, 6, "float32", hvd.Sum))
@@ -79,10 +79,10 @@ def test_calls_without_names_negotiate_through_shared_memory(world):
         rows = mx.nd.full((n, 2), rank, dtype="int32")
         want = np.concatenate([np.full((1 + (r + i) % 3, 2), r, np.int32) for r in range(size)])
         check(hvd.allgather(rows), want)
-    after = _core._testing_negotiation_info()
+    after = _core.stats()["negotiation"]
     sent = after["sent_with_bit_and"] - before["sent_with_bit_and"]
     gathered = after["gathered"] - before["gathered"]
-    if _core._testing_shm_info() is None:
+    if _core.stats()["shm"] is None:
         assert sent == 0 and gathered >= 90 and after["strings_broadcast"] == -1
         return
     # Each call's rounds (an allgather has two) sent their requests with
@@ -180,7 +180,7 @@ def test_broadcast_allgather_alltoall_through_shm(world, shm_moves):
     # allgather (packed in the fusion buffer), every root.
     rank, size = world
     before = shm_exchanges()
-    info = _core._testing_shm_info()
+    info = _core.stats()["shm"]
     direct_before = info["direct_exchanges"] if info else 0
     pushed_before = info["push_exchanges"] if info else 0
     moves = nonempty = pushes = 0
@@ -217,9 +217,9 @@ def test_broadcast_allgather_alltoall_through_shm(world, shm_moves):
     assert shm_exchanges() == (before + moves if size > 1 else 0)
     if info and info["direct_min_bytes"] == 0:
         # Every call with a non-empty block read its peers' buffers.
-        assert _core._testing_shm_info()["direct_exchanges"] == direct_before + nonempty
+        assert _core.stats()["shm"]["direct_exchanges"] == direct_before + nonempty
     if info:
-        pushed = _core._testing_shm_info()["push_exchanges"] - pushed_before
+        pushed = _core.stats()["shm"]["push_exchanges"] - pushed_before
         assert pushed == (pushes if info["writes_into_peers"] else 0)
 
 
@@ -239,7 +239,7 @@ def test_streaming_stores_as_asked(world, value):
     rank, size = world
     restart({**shm_with("HVDMX_SHM_STREAMING_STORES", value), "HVDMX_SHM_PUSH": "0"})
     try:
-        info = _core._testing_shm_info()
+        info = _core.stats()["shm"]
         if size == 1:
             assert info is None
             return
@@ -252,7 +252,7 @@ def test_streaming_stores_as_asked(world, value):
             check(hvd.allreduce(x, op=hvd.Sum), want.astype(np.float32))
         small = hvd.allreduce(mx.nd.array(rank_input(rank, 1000, "float32", hvd.Sum)), op=hvd.Sum)
         check(small, expected(size, 1000, "float32", hvd.Sum))
-        streamed = _core._testing_shm_info()["streamed_calls"] - before
+        streamed = _core.stats()["shm"]["streamed_calls"] - before
         if value == "1":
             assert streamed == 11
         elif value == "0":
@@ -261,7 +261,7 @@ def test_streaming_stores_as_asked(world, value):
             assert 3 <= streamed <= 6, streamed
         # The byte-moving calls and the reduce-scatter choose too (each kind
         # apart): forced, they stream; under auto, a first call warms up.
-        before = _core._testing_shm_info()["streamed_calls"]
+        before = _core.stats()["shm"]["streamed_calls"]
         x = mx.nd.array(rows(rank, 30_000))  # 360,000 bytes
         hvd.broadcast_(x, root_rank=0)
         assert np.array_equal(x.asnumpy(), rows(0, 30_000))
@@ -272,7 +272,7 @@ def test_streaming_stores_as_asked(world, value):
         total = sum(rank_input(r, count, "float32", hvd.Sum) for r in range(size))
         cut = np.array_split(np.arange(count), size)[rank]
         assert np.array_equal(got, total[cut[0]:cut[-1] + 1].astype(np.float32))
-        moves = _core._testing_shm_info()["streamed_calls"] - before
+        moves = _core.stats()["shm"]["streamed_calls"] - before
         assert moves == (4 if value == "1" else 0)
         hvd.barrier()
     finally:
@@ -289,7 +289,7 @@ def test_writes_into_peers_outputs_choose_their_stores(world, value):
     rank, size = world
     restart(shm_with("HVDMX_SHM_STREAMING_STORES", value))
     try:
-        info = _core._testing_shm_info()
+        info = _core.stats()["shm"]
         if size == 1:
             assert info is None
             return
@@ -298,7 +298,7 @@ def test_writes_into_peers_outputs_choose_their_stores(world, value):
         for step in range(2):
             check_allgather(rank, size, share, step)
             check_alltoall(rank, size, share, step)
-        after = _core._testing_shm_info()
+        after = _core.stats()["shm"]
         assert after["push_exchanges"] - before["push_exchanges"] == 4
         streamed = after["streamed_calls"] - before["streamed_calls"]
         assert streamed == (4 if value == "1" else 0)
@@ -307,7 +307,7 @@ def test_writes_into_peers_outputs_choose_their_stores(world, value):
         want = np.concatenate([rows(r, big) for r in range(size)])
         for _ in range(7):
             assert np.array_equal(hvd.allgather(x).asnumpy(), want)
-        streamed = _core._testing_shm_info()["streamed_calls"] - after["streamed_calls"]
+        streamed = _core.stats()["shm"]["streamed_calls"] - after["streamed_calls"]
         assert streamed == {"1": 7, "0": 0, "auto": 3}[value]
         hvd.barrier()
     finally:
@@ -322,7 +322,7 @@ def test_direct_reads_are_on_when_asked(world, value):
     rank, size = world
     restart(shm_with("HVDMX_SHM_DIRECT_MIN_BYTES", value))
     try:
-        info = _core._testing_shm_info()
+        info = _core.stats()["shm"]
         if size == 1:
             assert info is None
             return
@@ -333,14 +333,14 @@ def test_direct_reads_are_on_when_asked(world, value):
         hvd.broadcast_(x, root_rank=size - 1)
         assert np.array_equal(x.asnumpy(), rows(size - 1, 30_000))
         direct = want != "auto" and 0 <= want <= 360_000
-        info = _core._testing_shm_info()
+        info = _core.stats()["shm"]
         assert info["direct_exchanges"] == before + direct
         # Read directly, the root writes the end of every peer's output.
         assert info["root_writes"] == wrote + (direct and rank == size - 1)
         # Out of place, from another root, which copies its own output instead.
         got = hvd.broadcast(mx.nd.array(rows(rank, 30_001)), root_rank=0).asnumpy()
         assert np.array_equal(got, rows(0, 30_001))
-        assert _core._testing_shm_info()["root_writes"] == wrote + (direct and rank == size - 1)
+        assert _core.stats()["shm"]["root_writes"] == wrote + (direct and rank == size - 1)
         hvd.barrier()
     finally:
         restart({})
@@ -357,13 +357,13 @@ def test_auto_sends_large_moves_through_shm_when_read_directly(world):
     try:
         if size == 1:
             return
-        info = _core._testing_shm_info()
+        info = _core.stats()["shm"]
         moves, direct = shm_exchanges(), info["direct_exchanges"]
         asked = info["collapsed_huge_pages"] + info["refused_huge_pages"]
         gathered = -(-(33 << 20) // (12 * size))
         got = hvd.allgather(mx.nd.array(rows(rank, gathered))).asnumpy()
         assert np.array_equal(got, np.concatenate([rows(r, gathered) for r in range(size)]))
-        info = _core._testing_shm_info()
+        info = _core.stats()["shm"]
         assert info["collapsed_huge_pages"] + info["refused_huge_pages"] > asked
         share = -(-1_400_000 // size)
         big = share * size
@@ -371,7 +371,7 @@ def test_auto_sends_large_moves_through_shm_when_read_directly(world):
         assert np.array_equal(out, np.concatenate(
             [rows(s, big)[rank * share:(rank + 1) * share] for s in range(size)]))
         assert shm_exchanges() == moves + 2
-        assert _core._testing_shm_info()["direct_exchanges"] == direct + 2
+        assert _core.stats()["shm"]["direct_exchanges"] == direct + 2
         hvd.barrier()
     finally:
         restart({})
@@ -391,23 +391,23 @@ def test_auto_reads_large_alltoalls_and_broadcasts_directly(world):
         limit = 8 << 20  # ShmAllreduce::kAutoDirectMinBytes; rows are 12 bytes
         for share, direct in [((limit - 1) // (12 * (size - 1)), False),
                               (-(-limit // (12 * (size - 1))), True)]:
-            before = _core._testing_shm_info()["direct_exchanges"]
+            before = _core.stats()["shm"]["direct_exchanges"]
             check_alltoall(rank, size, share)
-            assert _core._testing_shm_info()["direct_exchanges"] == before + direct, share
+            assert _core.stats()["shm"]["direct_exchanges"] == before + direct, share
         for count, direct in [((limit - 1) // 12, False), (limit // 12 + 1, True)]:
-            info = _core._testing_shm_info()
+            info = _core.stats()["shm"]
             before, wrote = info["direct_exchanges"], info["root_writes"]
             x = mx.nd.array(rows(rank, count))
             hvd.broadcast_(x, root_rank=size - 1)
             assert np.array_equal(x.asnumpy(), rows(size - 1, count))
-            info = _core._testing_shm_info()
+            info = _core.stats()["shm"]
             assert info["direct_exchanges"] == before + direct, count
             assert info["root_writes"] == wrote + (direct and rank == size - 1), count
-        before = _core._testing_shm_info()["direct_exchanges"]
+        before = _core.stats()["shm"]["direct_exchanges"]
         big = limit // 12 + 1
         got = hvd.allgather(mx.nd.array(rows(rank, big // size))).asnumpy()
         assert np.array_equal(got, np.concatenate([rows(r, big // size) for r in range(size)]))
-        assert _core._testing_shm_info()["direct_exchanges"] == before
+        assert _core.stats()["shm"]["direct_exchanges"] == before
         hvd.barrier()
     finally:
         restart({})
@@ -495,7 +495,7 @@ def test_hierarchical_on_pretend_hosts(world, per_host):
     restart({"HVDMX_ALLREDUCE_ALGO": "shm", "HVDMX_HIERARCHICAL_ALLREDUCE": "1",
              "HVDMX_TESTING_RANKS_PER_HOST": str(per_host), "HVDMX_SHM_CHUNK_BYTES": "4160"})
     try:
-        info = _core._testing_shm_info()
+        info = _core.stats()["shm"]
         if size == 1 or per_host == 1 or (size > per_host and size % per_host):
             assert info is None
         elif size <= per_host:  # one host
@@ -533,7 +533,7 @@ def test_hierarchical_on_the_hosts(world):
     restart({"HVDMX_ALLREDUCE_ALGO": "shm", "HVDMX_HIERARCHICAL_ALLREDUCE": "1",
              "HVDMX_SHM_CHUNK_BYTES": "4160"})
     try:
-        info = _core._testing_shm_info()
+        info = _core.stats()["shm"]
         if size == 1 or (len(per_host) > 1 and (len(set(per_host)) > 1 or per_host[0] == 1)):
             assert info is None
         elif len(per_host) == 1:
@@ -547,7 +547,7 @@ def test_hierarchical_on_the_hosts(world):
                     x = mx.nd.array(rank_input(rank, count, dtype, op), dtype=dtype)
                     check(hvd.allreduce(x, op=op), expected(size, count, dtype, op))
         if info is not None:
-            assert _core._testing_shm_info()["calls"] > calls
+            assert _core.stats()["shm"]["calls"] > calls
     finally:
         restart({})
 
@@ -562,41 +562,41 @@ def test_allgathers_and_alltoalls_write_into_peers_outputs(world, env):
     rank, size = world
     restart(env)
     try:
-        info = _core._testing_shm_info()
+        info = _core.stats()["shm"]
         if size == 1:
             assert info is None
             return
         on = not env
         assert info["writes_into_peers"] == on
         if on:
-            assert _core._testing_output_pool()["arena_used"] > 0
+            assert _core.stats()["output_pool"]["arena_used"] > 0
         # (share rows per rank, whether every output reaches 64 KiB): 12-byte rows
         for share, whole in [(-(-65536 // (12 * size)), True), (65536 // (12 * size) - 1, False),
                              (300_001, True)]:
-            before = _core._testing_shm_info()
+            before = _core.stats()["shm"]
             got = check_allgather(rank, size, share, 1)
             check_alltoall(rank, size, share, 2)
             assert all_equal_across_ranks(got)
-            after = _core._testing_shm_info()
+            after = _core.stats()["shm"]
             assert after["exchanges"] == before["exchanges"] + 2
             pushed = after["push_exchanges"] - before["push_exchanges"]
             assert pushed == (2 if on and whole else 0), share
         # Over 32 MiB of output: written into the peers' outputs when on, by
         # the ring (MPI) when not.
         gathered = -(-(33 << 20) // (12 * size))
-        before = _core._testing_shm_info()
+        before = _core.stats()["shm"]
         got = hvd.allgather(mx.nd.array(rows(rank, gathered))).asnumpy()
         assert np.array_equal(got, np.concatenate([rows(r, gathered) for r in range(size)]))
-        after = _core._testing_shm_info()
+        after = _core.stats()["shm"]
         assert after["exchanges"] - before["exchanges"] == on
         assert after["push_exchanges"] - before["push_exchanges"] == on
         # Ragged: rank 0 receives nothing from an alltoall, so no rank writes.
         splits = [0] + [3000] * (size - 1)
-        before = _core._testing_shm_info()["push_exchanges"]
+        before = _core.stats()["shm"]["push_exchanges"]
         out, received = hvd.alltoall(mx.nd.array(rows(rank, 3000 * (size - 1), 3)),
                                      splits=splits)
         assert received.asnumpy().tolist() == ([0] * size if rank == 0 else [3000] * size)
-        assert _core._testing_shm_info()["push_exchanges"] == before
+        assert _core.stats()["shm"]["push_exchanges"] == before
         hvd.barrier()
     finally:
         restart({})

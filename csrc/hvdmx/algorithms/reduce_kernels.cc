@@ -30,8 +30,8 @@
 // flush-to-zero or denormals-are-zero set (hvdmx sets neither), float32,
 // float64 and bfloat16 subnormals give other results. float16 is immune:
 // its values, sums and products are all float32 normals.
-// testing::ReduceIntoScalarForTest runs the portable path one element at a
-// time, so tests can compare it with the path this CPU takes.
+// ReduceIntoOn(KernelPath::kPortable, ...) runs the portable path, so tests
+// can compare it, one element at a time, with the path this CPU takes.
 //
 // Note [Half precision summed in float32]
 // A float16 or bfloat16 allreduce (and reducescatter) is computed as if the
@@ -475,7 +475,13 @@ bool ReduceOpSupported(DataType dtype, ReduceOp op) {
 }
 
 void ReduceInto(void* dst, const void* src, int64_t count, DataType dtype, ReduceOp op) {
-  SelectKernel(dtype, op, CpuHasAvx2()).in_place(dst, src, count);
+  ReduceIntoOn(KernelPath::kNative, dst, src, count, dtype, op);
+}
+
+void ReduceIntoOn(KernelPath path, void* dst, const void* src, int64_t count, DataType dtype,
+                  ReduceOp op) {
+  const bool avx2 = path == KernelPath::kNative && CpuHasAvx2();
+  SelectKernel(dtype, op, avx2).in_place(dst, src, count);
 }
 
 void Reduce3(void* out, const void* a, const void* b, int64_t count, DataType dtype,
@@ -575,10 +581,9 @@ bool HalfReducesWide(DataType dtype) {
   return dtype == DataType::kFloat16 || dtype == DataType::kBFloat16;
 }
 
-namespace {
-
-void WidenScaledOn(bool avx2, float* out, const void* in, int64_t count, DataType dtype,
+void WidenScaledOn(KernelPath path, float* out, const void* in, int64_t count, DataType dtype,
                    double factor) {
+  const bool avx2 = path == KernelPath::kNative && CpuHasAvx2();
   const float f = static_cast<float>(factor);
   WithHalfFormat(dtype, [&](auto format) {
     using F = decltype(format);
@@ -586,8 +591,9 @@ void WidenScaledOn(bool avx2, float* out, const void* in, int64_t count, DataTyp
   })(out, in, count, f);
 }
 
-void ReduceWidenedIntoOn(bool avx2, float* acc, const void* in, int64_t count, DataType dtype,
-                         ReduceOp op, double factor) {
+void ReduceWidenedIntoOn(KernelPath path, float* acc, const void* in, int64_t count,
+                         DataType dtype, ReduceOp op, double factor) {
+  const bool avx2 = path == KernelPath::kNative && CpuHasAvx2();
   const float f = static_cast<float>(factor);
   WithHalfFormat(dtype, [&](auto format) {
     using F = decltype(format);
@@ -596,8 +602,9 @@ void ReduceWidenedIntoOn(bool avx2, float* acc, const void* in, int64_t count, D
   })(acc, in, count, f);
 }
 
-void NarrowScaledOn(bool avx2, void* out, const float* acc, int64_t count, DataType dtype,
+void NarrowScaledOn(KernelPath path, void* out, const float* acc, int64_t count, DataType dtype,
                     double factor) {
+  const bool avx2 = path == KernelPath::kNative && CpuHasAvx2();
   const float f = static_cast<float>(factor);
   WithHalfFormat(dtype, [&](auto format) {
     using F = decltype(format);
@@ -605,47 +612,17 @@ void NarrowScaledOn(bool avx2, void* out, const float* acc, int64_t count, DataT
   })(out, acc, count, f);
 }
 
-}  // namespace
-
 void WidenScaled(float* out, const void* in, int64_t count, DataType dtype, double factor) {
-  WidenScaledOn(CpuHasAvx2(), out, in, count, dtype, factor);
+  WidenScaledOn(KernelPath::kNative, out, in, count, dtype, factor);
 }
 
 void ReduceWidenedInto(float* acc, const void* in, int64_t count, DataType dtype, ReduceOp op,
                        double factor) {
-  ReduceWidenedIntoOn(CpuHasAvx2(), acc, in, count, dtype, op, factor);
+  ReduceWidenedIntoOn(KernelPath::kNative, acc, in, count, dtype, op, factor);
 }
 
 void NarrowScaled(void* out, const float* acc, int64_t count, DataType dtype, double factor) {
-  NarrowScaledOn(CpuHasAvx2(), out, acc, count, dtype, factor);
+  NarrowScaledOn(KernelPath::kNative, out, acc, count, dtype, factor);
 }
 
-namespace testing {
-
-void WidenedKernelForTest(int kernel, bool portable, void* out, const void* in, int64_t count,
-                          DataType dtype, ReduceOp op, double factor) {
-  const bool avx2 = !portable && CpuHasAvx2();
-  switch (kernel) {
-    case 0: WidenScaledOn(avx2, static_cast<float*>(out), in, count, dtype, factor); return;
-    case 1:
-      ReduceWidenedIntoOn(avx2, static_cast<float*>(out), in, count, dtype, op, factor);
-      return;
-    case 2:
-      NarrowScaledOn(avx2, out, static_cast<const float*>(in), count, dtype, factor);
-      return;
-  }
-  HVDMX_CHECK(false, "no widened kernel " + std::to_string(kernel));
-}
-
-void ReduceIntoScalarForTest(void* dst, const void* src, int64_t count, DataType dtype,
-                             ReduceOp op) {
-  const Kernel kernel = SelectKernel(dtype, op, /*avx2=*/false);
-  const int64_t size = static_cast<int64_t>(DataTypeSize(dtype));
-  for (int64_t i = 0; i < count; ++i) {
-    kernel.in_place(static_cast<char*>(dst) + i * size, static_cast<const char*>(src) + i * size,
-                    1);
-  }
-}
-
-}  // namespace testing
 }  // namespace hvdmx

@@ -75,17 +75,19 @@ void ReduceWidenedInto(float* acc, const void* in, int64_t count, DataType dtype
 // (no multiply when factor == 1). out holds elements of dtype.
 void NarrowScaled(void* out, const float* acc, int64_t count, DataType dtype, double factor);
 
-namespace testing {
-// ReduceInto one element at a time on the portable path (no AVX2/F16C), so
-// tests can check that it matches the vector path bit for bit.
-void ReduceIntoScalarForTest(void* dst, const void* src, int64_t count, DataType dtype,
-                             ReduceOp op);
-// kernel 0: WidenScaled(out, in), 1: ReduceWidenedInto(out, in), 2:
-// NarrowScaled(out, in), on the portable path if `portable`, else on the
-// path this CPU takes; count elements of the half dtype.
-void WidenedKernelForTest(int kernel, bool portable, void* out, const void* in, int64_t count,
-                          DataType dtype, ReduceOp op, double factor);
-}  // namespace testing
+// The kernels on a chosen path. kNative is the path this CPU takes (what
+// the functions above run); kPortable never uses AVX2 or F16C. Every path
+// gives the same bits (Note [Bitwise identical reductions]), which the tests
+// check by comparing them.
+enum class KernelPath { kNative, kPortable };
+void ReduceIntoOn(KernelPath path, void* dst, const void* src, int64_t count, DataType dtype,
+                  ReduceOp op);
+void WidenScaledOn(KernelPath path, float* out, const void* in, int64_t count, DataType dtype,
+                   double factor);
+void ReduceWidenedIntoOn(KernelPath path, float* acc, const void* in, int64_t count,
+                         DataType dtype, ReduceOp op, double factor);
+void NarrowScaledOn(KernelPath path, void* out, const float* acc, int64_t count, DataType dtype,
+                    double factor);
 
 }  // namespace hvdmx
 

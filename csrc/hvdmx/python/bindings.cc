@@ -1,8 +1,8 @@
 // Thin pybind11 bindings: the module hvdmx._core. Maps Status to Python
-// exceptions and releases the GIL around anything that waits; the
-// process-wide state (init, shutdown, process sets) is in job.cc. Functions
-// whose names start with _testing exist for the test suite only; most are
-// defined in testing_bindings.cc.
+// exceptions (ThrowIfError, bindings_support.h) and releases the GIL around
+// anything that waits; the process-wide state (init, shutdown, process sets)
+// is in job.cc. The test suite's own entry points are in another module
+// (testing/testing_module.cc), which _core does not contain.
 #include <mpi.h>
 #include <unistd.h>
 #include <pybind11/pybind11.h>
@@ -20,10 +20,13 @@
 #include "algorithms/twobit.h"
 #include "base/timeline.h"
 #include "mxnet/mxnet_engine.h"
+#include "platform/cpu_binding.h"
+#include "platform/output_pool.h"
+#include "platform/stage_stores.h"
+#include "python/bindings_support.h"
 #include "python/job.h"
 #include "runtime/runtime.h"
 #include "shm/shm_allreduce.h"
-#include "testing/testing_bindings.h"
 
 #ifndef HVDMX_MPI_VENDOR
 #define HVDMX_MPI_VENDOR "unknown"
@@ -39,38 +42,22 @@ namespace py = pybind11;
 
 namespace hvdmx {
 
-void ThrowIfError(const Status& status) {
-  if (status.ok()) return;
-  if (status.code() == Status::Code::kInvalidArgument) throw py::value_error(status.message());
-  throw std::runtime_error(status.message());
-}
-
-Request MakeRequest(CollectiveType type, const std::string& name,
-                    const std::vector<int>& dtypes,
-                    const std::vector<std::vector<int64_t>>& shapes, int op, int root,
-                    double prescale, double postscale, int dev_type, int dev_id, int rank) {
-  Request q;
-  q.rank = rank;
-  q.type = type;
-  q.name = name;
-  for (int d : dtypes) q.dtypes.push_back(static_cast<DataType>(d));
-  q.shapes = shapes;
-  q.op = static_cast<ReduceOp>(op);
-  q.root = root;
-  q.prescale = prescale;
-  q.postscale = postscale;
-  q.device = dev_type == 2 ? dev_id : -1;
-  return q;
-}
-
 namespace {
+
+// The runtime of process set `set_id` (0: the global set), or the error
+// RunningRuntime returns, raised.
+std::shared_ptr<Runtime> RuntimeOrRaise(int set_id = 0) {
+  std::shared_ptr<Runtime> runtime;
+  ThrowIfError(RunningRuntime(set_id, &runtime));
+  return runtime;
+}
 
 void PushAsync(int set_id, int type, const std::string& name,
                const std::vector<uintptr_t>& inputs, const std::vector<uintptr_t>& outputs,
                const std::vector<int>& dtypes, const std::vector<std::vector<int64_t>>& shapes,
                int op, int root, double prescale, double postscale,
                const std::vector<int64_t>& splits, int priority, int dev_type, int dev_id) {
-  std::shared_ptr<Runtime> runtime = RunningRuntime(set_id);
+  std::shared_ptr<Runtime> runtime = RuntimeOrRaise(set_id);
   PushArgs args;
   args.request = MakeRequest(static_cast<CollectiveType>(type), name, dtypes, shapes, op, root,
                              prescale, postscale, dev_type, dev_id, runtime->rank());
@@ -122,7 +109,7 @@ int PushAllreduceEach(int set_id, const std::vector<std::string>& names,
   if (names.size() != handles.size() || priorities.size() != handles.size()) {
     throw py::value_error("push_allreduce_each: one name and one priority per tensor");
   }
-  std::shared_ptr<Runtime> runtime = RunningRuntime(set_id);
+  std::shared_ptr<Runtime> runtime = RuntimeOrRaise(set_id);
   std::vector<ArrayInfo> infos(handles.size());
   for (size_t i = 0; i < handles.size(); ++i) {
     ThrowIfError(DescribeArray(reinterpret_cast<void*>(handles[i]), &infos[i]));
@@ -161,7 +148,7 @@ py::tuple Negotiate(int set_id, int type, const std::string& name, const std::ve
                     const std::vector<std::vector<int64_t>>& shapes,
                     const std::vector<int64_t>& splits, bool sizes_only, int dev_type,
                     int dev_id) {
-  std::shared_ptr<Runtime> runtime = RunningRuntime(set_id);
+  std::shared_ptr<Runtime> runtime = RuntimeOrRaise(set_id);
   if (static_cast<CollectiveType>(type) == CollectiveType::kJoin) {
     // Every collective called before join() must reach the coordinator first
     // (Runtime::AddInEngine).
@@ -225,55 +212,72 @@ py::tuple Negotiate(int set_id, int type, const std::string& name, const std::ve
                         static_cast<int>(Status::Code::kOk));
 }
 
-// Test support that needs the running runtime; the rest is in
-// testing_bindings.cc.
-
-// The running runtime's shared-memory allreduce: None when off, else its
-// allreduce calls and byte-moving calls so far, ranks per host and whether
-// it is hierarchical.
-py::object TestingShmInfo() {
-  const ShmAllreduce* shm = RunningRuntime()->shm();
-  if (shm == nullptr) return py::none();
-  py::dict d;
-  d["calls"] = shm->calls();
-  d["local_size"] = shm->size();
-  d["hierarchical"] = shm->hierarchical();
-  d["exchanges"] = shm->exchanges();
-  d["direct_exchanges"] = shm->direct_exchanges();
-  d["root_writes"] = shm->root_writes();
-  d["writes_into_peers"] = shm->writes_into_peers();
-  d["push_exchanges"] = shm->push_exchanges();
-  d["direct_min_bytes"] = DirectMinBytesValue(shm->direct_min_bytes());
-  d["collapsed_huge_pages"] = shm->collapsed_huge_pages();
-  d["refused_huge_pages"] = shm->refused_huge_pages();
-  d["streamed_calls"] = shm->streamed_calls();
-  d["streaming_stores"] = StageStoresName(shm->stage_stores());
-  d["bit_ands"] = shm->bit_ands();
-  return d;
+// The running runtime's entries of Stats().
+void AddRuntimeStats(const Runtime& runtime, py::dict& d) {
+  py::object shm_stats = py::none();
+  if (const ShmAllreduce* shm = runtime.shm()) {
+    py::dict s;
+    s["calls"] = shm->calls();
+    s["local_size"] = shm->size();
+    s["hierarchical"] = shm->hierarchical();
+    s["exchanges"] = shm->exchanges();
+    s["direct_exchanges"] = shm->direct_exchanges();
+    s["root_writes"] = shm->root_writes();
+    s["writes_into_peers"] = shm->writes_into_peers();
+    s["push_exchanges"] = shm->push_exchanges();
+    s["direct_min_bytes"] = DirectMinBytesValue(shm->direct_min_bytes());
+    s["collapsed_huge_pages"] = shm->collapsed_huge_pages();
+    s["refused_huge_pages"] = shm->refused_huge_pages();
+    s["streamed_calls"] = shm->streamed_calls();
+    s["streaming_stores"] = StageStoresName(shm->stage_stores());
+    s["bit_ands"] = shm->bit_ands();
+    shm_stats = s;
+  }
+  d["shm"] = shm_stats;
+  // Slow-path rounds whose requests went with the bit-and and those that
+  // gathered them, and the strings (rank 0's responses) broadcast through
+  // shared memory (-1 without it).
+  py::dict negotiation;
+  negotiation["sent_with_bit_and"] = runtime.controller().sent_with_bit_and();
+  negotiation["gathered"] = runtime.controller().gathered();
+  negotiation["strings_broadcast"] = runtime.shm() == nullptr ? -1 : runtime.shm()->strings_broadcast();
+  d["negotiation"] = negotiation;
+  d["fusion_buffer_bytes"] = runtime.fusion_buffer_bytes();
+  const HugePageCollapser& pages = runtime.mpi_pages();
+  py::dict mpi_pages;
+  mpi_pages["enabled"] = pages.enabled();
+  mpi_pages["collapsed"] = pages.collapsed();
+  mpi_pages["refused"] = pages.refused();
+  d["mpi_huge_pages"] = mpi_pages;
 }
 
-int64_t TestingFusionBufferBytes() { return RunningRuntime()->fusion_buffer_bytes(); }
-
-// The running runtime's negotiation: slow-path rounds whose requests went
-// with the bit-and and those that gathered them, and the strings (rank
-// 0's responses) broadcast through shared memory (-1 without it).
-py::dict TestingNegotiationInfo() {
-  const std::shared_ptr<Runtime> rt = RunningRuntime();
+// What the running job has done so far, for diagnosis and for the tests
+// (one dict, read at once): the global set's shared-memory collectives (None
+// when off), its negotiation, its fusion buffer and its collapsing of
+// MPI's buffers into huge pages, and the process's output pool and CPU
+// binding. Counters only grow while a runtime runs. Before hvd.init() and
+// after shutdown, only the process's entries are there.
+py::dict Stats() {
   py::dict d;
-  d["sent_with_bit_and"] = rt->controller().sent_with_bit_and();
-  d["gathered"] = rt->controller().gathered();
-  d["strings_broadcast"] = rt->shm() == nullptr ? -1 : rt->shm()->strings_broadcast();
-  return d;
-}
-
-// The running runtime's collapsing of what it hands to MPI: whether it is
-// on, and the huge pages collapsed and refused so far.
-py::dict TestingMpiHugePages() {
-  const HugePageCollapser& pages = RunningRuntime()->mpi_pages();
-  py::dict d;
-  d["enabled"] = pages.enabled();
-  d["collapsed"] = pages.collapsed();
-  d["refused"] = pages.refused();
+  std::shared_ptr<Runtime> rt;
+  if (RunningRuntime(0, &rt).ok()) AddRuntimeStats(*rt, d);
+  const OutputPool::Stats p = OutputPool::Get().stats();
+  py::dict pool;
+  pool["limit"] = p.limit;
+  pool["kept_bytes"] = p.kept_bytes;
+  pool["kept_blocks"] = p.kept_blocks;
+  pool["out_bytes"] = p.out_bytes;
+  pool["reused"] = p.reused;
+  pool["mapped"] = p.mapped;
+  pool["arena_used"] = p.arena_used;
+  pool["min_bytes"] = OutputPool::kMinBytes;
+  d["output_pool"] = pool;
+  // The CPU hvd.init() bound this process to (-1: none) and the CPUs the
+  // shared-memory waits count.
+  py::dict cpu;
+  cpu["cpu"] = BoundCpu();
+  cpu["usable_cpus"] = UsableCpuCount();
+  d["cpu_binding"] = cpu;
   return d;
 }
 
@@ -292,8 +296,18 @@ PYBIND11_MODULE(_core, m) {
 
   m.def("ensure_default_layout",
         [](uintptr_t handle) { ThrowIfError(EnsureDefaultLayout(reinterpret_cast<void*>(handle))); });
-  m.def("init", &Init, py::arg("comm_address") = 0);
-  m.def("shutdown", &Shutdown);
+  m.def(
+      "init",
+      [](uintptr_t comm_address) {
+        Status status;
+        {
+          py::gil_scoped_release release;
+          status = Init(comm_address);
+        }
+        ThrowIfError(status);
+      },
+      py::arg("comm_address") = 0);
+  m.def("shutdown", &Shutdown, py::call_guard<py::gil_scoped_release>());
   // False again once any rank has shut the job down (see Note [Shutdown]).
   m.def("is_initialized", [] {
     std::lock_guard<std::mutex> lock(G().mu);
@@ -305,13 +319,14 @@ PYBIND11_MODULE(_core, m) {
   });
   m.def("topology", [] {
     int thread_level = 0;
-    const Topology t = JobTopology(&thread_level);
+    Topology t;
+    ThrowIfError(JobTopology(&t, &thread_level));
     return py::make_tuple(t.rank, t.size, t.local_rank, t.local_size, t.cross_rank, t.cross_size,
                           thread_level >= MPI_THREAD_MULTIPLE);
   });
   // The timeline is rank 0's (as in Horovod): on other ranks these do nothing.
   m.def("start_timeline", [](const std::string& path, bool mark_cycles) {
-    RunningRuntime();
+    RuntimeOrRaise();
     if (G().topo.rank != 0) return;
     py::gil_scoped_release release;
     ThrowIfError(ProcessTimeline().Start(path, mark_cycles));
@@ -320,8 +335,24 @@ PYBIND11_MODULE(_core, m) {
     py::gil_scoped_release release;
     ProcessTimeline().Stop();
   });
-  m.def("add_process_set", &AddProcessSet);
-  m.def("remove_process_set", &RemoveProcessSet);
+  m.def("add_process_set", [](const std::vector<int>& ranks, bool same_everywhere) {
+    int id = 0;
+    Status status;
+    {
+      py::gil_scoped_release release;
+      status = AddProcessSet(ranks, same_everywhere, &id);
+    }
+    ThrowIfError(status);
+    return id;
+  });
+  m.def("remove_process_set", [](int id) {
+    Status status;
+    {
+      py::gil_scoped_release release;
+      status = RemoveProcessSet(id);
+    }
+    ThrowIfError(status);
+  });
   m.def("process_set_ids", [] {
     std::lock_guard<std::mutex> lock(G().mu);
     std::vector<int> ids{0};
@@ -394,10 +425,9 @@ PYBIND11_MODULE(_core, m) {
       _exit(1);
     }).detach();
   });
-
-  m.def("_testing_shm_info", &TestingShmInfo);
-  m.def("_testing_fusion_buffer_bytes", &TestingFusionBufferBytes);
-  m.def("_testing_negotiation_info", &TestingNegotiationInfo);
-  m.def("_testing_mpi_huge_pages", &TestingMpiHugePages);
-  DefineTestingBindings(m);
+  m.def("stats", &Stats);
+  // The process's output pool, for the tests' module (tests/, built from
+  // testing/*.cc), which has its own copy of the pool's code but must act on
+  // this module's pool: a capsule named "hvdmx.OutputPool".
+  m.attr("_output_pool") = py::capsule(&OutputPool::Get(), "hvdmx.OutputPool");
 }

@@ -1,8 +1,6 @@
 // The process-wide state behind hvdmx._core: see job.h.
 #include "python/job.h"
 
-#include <pybind11/pybind11.h>
-
 #include <algorithm>
 #include <string>
 
@@ -12,9 +10,6 @@
 #include "platform/cpu_binding.h"
 #include "platform/output_pool.h"
 #include "shm/shm_segment.h"
-#include "testing/testing_bindings.h"
-
-namespace py = pybind11;
 
 namespace hvdmx {
 
@@ -31,19 +26,25 @@ const char kNotInitialized[] =
     "hvdmx has not been initialized, or has been shut down; call hvd.init() first";
 
 // The runtime of process set `set_id` (0: the global set). Callers hold mu.
-std::shared_ptr<Runtime> SetRuntimeLocked(int set_id) {
-  if (!Running()) throw std::runtime_error(kNotInitialized);
-  if (set_id == 0) return G().runtime;
-  auto it = G().sets.find(set_id);
-  if (it != G().sets.end()) return it->second;
-  if (G().set_ranks.count(set_id)) {
-    throw py::value_error("hvdmx: this rank (" + std::to_string(G().topo.rank) +
-                          ") is not in process set " + std::to_string(set_id) +
-                          "; only its ranks may call collectives on it");
+Status SetRuntimeLocked(int set_id, std::shared_ptr<Runtime>* runtime) {
+  if (!Running()) return Status::Shutdown(kNotInitialized);
+  if (set_id == 0) {
+    *runtime = G().runtime;
+    return Status::Ok();
   }
-  throw py::value_error("hvdmx: process set " + std::to_string(set_id) +
-                        " does not exist (it was removed, or never added); add it with "
-                        "hvd.add_process_set on every rank first");
+  auto it = G().sets.find(set_id);
+  if (it != G().sets.end()) {
+    *runtime = it->second;
+    return Status::Ok();
+  }
+  if (G().set_ranks.count(set_id)) {
+    return Status::InvalidArgument("hvdmx: this rank (" + std::to_string(G().topo.rank) +
+                                   ") is not in process set " + std::to_string(set_id) +
+                                   "; only its ranks may call collectives on it");
+  }
+  return Status::InvalidArgument("hvdmx: process set " + std::to_string(set_id) +
+                                 " does not exist (it was removed, or never added); add it "
+                                 "with hvd.add_process_set on every rank first");
 }
 
 Topology ComputeTopology(MPI_Comm comm) {
@@ -121,7 +122,6 @@ std::shared_ptr<Runtime> StartRuntime(MPI_Comm comm) {
 // Stops every runtime this rank holds, process sets first (every rank stops
 // them in the same order, id order), and forgets the sets. Callers hold mu.
 void StopAllLocked() {
-  py::gil_scoped_release release;
   for (auto& kv : G().sets) kv.second->Shutdown();
   G().sets.clear();
   G().set_ranks.clear();
@@ -137,7 +137,7 @@ void StopAllLocked() {
 // agree: compared at init (one allgather) and refused on every rank alike,
 // instead of a hang or wrong sums later. Cycle time, timeline, logging and
 // stall times may differ; autotune is rank 0's alone.
-void CheckSettingsAgree(MPI_Comm comm, const Config& c, int size) {
+Status CheckSettingsAgree(MPI_Comm comm, const Config& c, int size) {
   struct Setting {
     const char* var;
     int64_t value;
@@ -173,28 +173,29 @@ void CheckSettingsAgree(MPI_Comm comm, const Config& c, int size) {
     for (int r = 1; r < size; ++r) {
       const int64_t theirs = all[static_cast<size_t>(r) * n + i];
       if (theirs == all[i]) continue;
-      throw py::value_error(std::string("hvdmx.init: HVDMX_") + mine[i].var +
-                            " differs between ranks (rank 0: " + show(i, all[i]) + ", rank " +
-                            std::to_string(r) + ": " + show(i, theirs) +
-                            "); every rank must run with the same value. Set it (or its "
-                            "HOROVOD_ twin) the same way for all ranks, e.g. with mpiexec "
-                            "-genv or an hvdmxrun flag, or not at all");
+      return Status::InvalidArgument(
+          std::string("hvdmx.init: HVDMX_") + mine[i].var + " differs between ranks (rank 0: " +
+          show(i, all[i]) + ", rank " + std::to_string(r) + ": " + show(i, theirs) +
+          "); every rank must run with the same value. Set it (or its HOROVOD_ twin) the "
+          "same way for all ranks, e.g. with mpiexec -genv or an hvdmxrun flag, or not at all");
     }
   }
+  return Status::Ok();
 }
 
 }  // namespace
 
-Topology JobTopology(int* thread_level) {
+Status JobTopology(Topology* topology, int* thread_level) {
   std::lock_guard<std::mutex> lock(G().mu);
-  if (!G().runtime) throw py::value_error(kNotInitialized);
+  if (!G().runtime) return Status::InvalidArgument(kNotInitialized);
   *thread_level = G().thread_level;
-  return G().topo;
+  *topology = G().topo;
+  return Status::Ok();
 }
 
-std::shared_ptr<Runtime> RunningRuntime(int set_id) {
+Status RunningRuntime(int set_id, std::shared_ptr<Runtime>* runtime) {
   std::lock_guard<std::mutex> lock(G().mu);
-  return SetRuntimeLocked(set_id);
+  return SetRuntimeLocked(set_id, runtime);
 }
 
 bool AllIdle() {
@@ -206,12 +207,13 @@ bool AllIdle() {
   return true;
 }
 
-void Init(uintptr_t comm_address) {
+Status Init(uintptr_t comm_address) {
   std::lock_guard<std::mutex> lock(G().mu);
-  if (Running()) return;  // a second init is a no-op
+  if (Running()) return Status::Ok();  // a second init is a no-op
   StopAllLocked();
   Config config;
-  ThrowIfError(LoadConfig(ProcessEnvironment(), &config));
+  Status status = LoadConfig(ProcessEnvironment(), &config);
+  if (!status.ok()) return status;
   SetLogLevel(config.log_level);
   OutputPool::Get().SetLimit(config.output_pool_bytes);
   G().config = config;
@@ -224,17 +226,20 @@ void Init(uintptr_t comm_address) {
   MPI_Comm comm = comm_address ? *reinterpret_cast<MPI_Comm*>(comm_address) : MPI_COMM_WORLD;
   G().topo = ComputeTopology(comm);
   SetLogRank(G().topo.rank);
-  CheckSettingsAgree(comm, config, G().topo.size);
+  status = CheckSettingsAgree(comm, config, G().topo.size);
+  if (!status.ok()) return status;
   HVDMX_LOG(kDebug) << "init: size " << G().topo.size << ", local_size " << G().topo.local_size
                     << ", " << config.ToString();
   MPI_Comm_dup(comm, &G().world);
   G().next_set_id = 1;
   if (!config.timeline_path.empty() && G().topo.rank == 0) {
-    ThrowIfError(ProcessTimeline().Start(config.timeline_path, config.timeline_mark_cycles));
+    status = ProcessTimeline().Start(config.timeline_path, config.timeline_mark_cycles);
+    if (!status.ok()) return status;
   }
   // Before the runtime starts, so that its thread starts bound.
   MaybeBindToCpu(comm, config.cpu_bind);
   G().runtime = StartRuntime(comm);
+  return Status::Ok();
 }
 
 void Shutdown() {
@@ -242,16 +247,16 @@ void Shutdown() {
   StopAllLocked();
 }
 
-int AddProcessSet(const std::vector<int>& ranks, bool same_everywhere) {
+Status AddProcessSet(const std::vector<int>& ranks, bool same_everywhere, int* id) {
   std::lock_guard<std::mutex> lock(G().mu);
-  if (!Running()) throw std::runtime_error(kNotInitialized);
+  if (!Running()) return Status::Shutdown(kNotInitialized);
   if (same_everywhere) {
     for (const auto& kv : G().set_ranks) {
       if (kv.second == ranks) {
-        throw py::value_error("hvdmx.add_process_set: a process set with ranks " +
-                              ShapeString(std::vector<int64_t>(ranks.begin(), ranks.end())) +
-                              " already exists (id " + std::to_string(kv.first) +
-                              "); use that one");
+        return Status::InvalidArgument(
+            "hvdmx.add_process_set: a process set with ranks " +
+            ShapeString(std::vector<int64_t>(ranks.begin(), ranks.end())) +
+            " already exists (id " + std::to_string(kv.first) + "); use that one");
       }
     }
   }
@@ -261,46 +266,40 @@ int AddProcessSet(const std::vector<int>& ranks, bool same_everywhere) {
   MPI_Comm sub = MPI_COMM_NULL;
   const bool member = std::find(ranks.begin(), ranks.end(), G().topo.rank) != ranks.end();
   bool agree = true;
-  {
-    py::gil_scoped_release release;
-    MPI_Allgather(&mine, 1, MPI_UINT64_T, all.data(), 1, MPI_UINT64_T, G().world);
-    for (uint64_t h : all) agree &= h == all[0];
-    if (agree) {
-      MPI_Comm_split(G().world, member ? ranks[0] : MPI_UNDEFINED, G().topo.rank, &sub);
-    }
-  }
+  MPI_Allgather(&mine, 1, MPI_UINT64_T, all.data(), 1, MPI_UINT64_T, G().world);
+  for (uint64_t h : all) agree &= h == all[0];
   if (!agree) {
-    throw py::value_error("hvdmx.add_process_set: ranks differ between processes; every "
-                          "rank must call add_process_set with the same ranks, in the same "
-                          "order of calls");
+    return Status::InvalidArgument(
+        "hvdmx.add_process_set: ranks differ between processes; every rank must call "
+        "add_process_set with the same ranks, in the same order of calls");
   }
-  const int id = G().next_set_id++;
-  G().set_ranks[id] = ranks;
+  MPI_Comm_split(G().world, member ? ranks[0] : MPI_UNDEFINED, G().topo.rank, &sub);
+  *id = G().next_set_id++;
+  G().set_ranks[*id] = ranks;
   if (member) {
-    py::gil_scoped_release release;
-    G().sets[id] = StartRuntime(sub);
+    G().sets[*id] = StartRuntime(sub);
     MPI_Comm_free(&sub);
   }
-  return id;
+  return Status::Ok();
 }
 
-void RemoveProcessSet(int id) {
+Status RemoveProcessSet(int id) {
   std::shared_ptr<Runtime> runtime;
   {
     std::lock_guard<std::mutex> lock(G().mu);
-    if (!Running()) throw std::runtime_error(kNotInitialized);
+    if (!Running()) return Status::Shutdown(kNotInitialized);
     if (!G().set_ranks.count(id)) {
-      throw py::value_error("hvdmx.remove_process_set: process set " + std::to_string(id) +
-                            " does not exist (already removed?)");
+      return Status::InvalidArgument("hvdmx.remove_process_set: process set " +
+                                     std::to_string(id) + " does not exist (already removed?)");
     }
     G().set_ranks.erase(id);
     auto it = G().sets.find(id);
-    if (it == G().sets.end()) return;
+    if (it == G().sets.end()) return Status::Ok();
     runtime = std::move(it->second);
     G().sets.erase(it);
   }
-  py::gil_scoped_release release;
   runtime->Shutdown();  // collective over the set's ranks (see Note [Shutdown])
+  return Status::Ok();
 }
 
 }  // namespace hvdmx

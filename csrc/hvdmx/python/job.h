@@ -1,10 +1,11 @@
 // The process-wide state behind the module hvdmx._core: the job's shape and
 // one Runtime per process set, with init, shutdown and the process sets'
-// life cycle. Errors reach Python as exceptions (pybind11), as in
-// bindings.cc, which defines the module.
+// life cycle. Errors are returned as a Status, which bindings.cc (the module)
+// raises in Python; nothing here knows Python.
 //
 // Threading: everything here takes G().mu, and is called from Python
-// threads only (the GIL may be released while MPI or a runtime waits).
+// threads only, without the GIL wherever MPI or a runtime may wait (the
+// bindings release it).
 #ifndef HVDMX_JOB_H_
 #define HVDMX_JOB_H_
 
@@ -45,12 +46,13 @@ bool Running();
 // This rank's place in the job and MPI's thread level, from Init until this
 // rank's own Shutdown(): also after a peer's shutdown (or a stall) stopped
 // the runtime, as Horovod's answer until their own shutdown, so a rank
-// handling that error can still say which rank it is. ValueError otherwise.
-Topology JobTopology(int* thread_level);
+// handling that error can still say which rank it is. InvalidArgument
+// otherwise.
+Status JobTopology(Topology* topology, int* thread_level);
 
-// The runtime of process set `set_id` (0: the global set); raises
-// RuntimeError before init and ValueError for a set this rank is not in.
-std::shared_ptr<Runtime> RunningRuntime(int set_id = 0);
+// The runtime of process set `set_id` (0: the global set); Shutdown before
+// init (and after shutdown), InvalidArgument for a set this rank is not in.
+Status RunningRuntime(int set_id, std::shared_ptr<Runtime>* runtime);
 
 // True when no runtime (the global one and this rank's sets) has a
 // collective inside MXNet's engine or waiting for the other ranks: waiting
@@ -59,19 +61,20 @@ bool AllIdle();
 
 // Collective over the communicator at `comm_address` (0: MPI_COMM_WORLD),
 // which the caller keeps alive; a second call while running does nothing.
-void Init(uintptr_t comm_address);
+// InvalidArgument for a bad setting or settings that differ between ranks.
+Status Init(uintptr_t comm_address);
 void Shutdown();
 
-// Collective over the whole job; returns the new set's id. With
+// Collective over the whole job; sets *id to the new set's id. With
 // `same_everywhere`, every rank passes the same sorted, distinct ranks
 // (checked here, so a mismatch is an error everywhere, not a hang).
 // Without, the set is a partition made from a split communicator: each rank
 // passes its own group (checked by the caller) and every group becomes a set
 // of its own under the one id.
-int AddProcessSet(const std::vector<int>& ranks, bool same_everywhere);
+Status AddProcessSet(const std::vector<int>& ranks, bool same_everywhere, int* id);
 
 // Collective over the set's ranks.
-void RemoveProcessSet(int id);
+Status RemoveProcessSet(int id);
 
 }  // namespace hvdmx
 

@@ -1,4 +1,4 @@
-// Entry points for the test suite (hvdmx._core._testing_*): the kernels,
+// Entry points for the test suite (_hvdmx_testing): the kernels,
 // the ring and the autotuner driven in one process, with threads as ranks
 // over plain memory or LocalComm, and whole runtimes over LocalComm
 // (LocalJob); the shared-memory collectives' are in testing_shm_bindings.cc.
@@ -40,11 +40,6 @@ DataType CheckedType(int code) {
   return static_cast<DataType>(code);
 }
 
-py::object DirectMinBytesValue(int64_t direct_min_bytes) {
-  if (direct_min_bytes == kShmDirectAuto) return py::str("auto");
-  return py::int_(direct_min_bytes);
-}
-
 namespace {
 
 void TestingReduceInto(py::array dst, py::array src, int dtype, int op, bool scalar) {
@@ -54,7 +49,12 @@ void TestingReduceInto(py::array dst, py::array src, int dtype, int op, bool sca
   void* d = dst.mutable_data();
   const void* s = src.data();
   if (scalar) {
-    testing::ReduceIntoScalarForTest(d, s, count, t, static_cast<ReduceOp>(op));
+    // The portable path one element at a time: no vector body at all.
+    const int64_t size = static_cast<int64_t>(DataTypeSize(t));
+    for (int64_t i = 0; i < count; ++i) {
+      ReduceIntoOn(KernelPath::kPortable, static_cast<char*>(d) + i * size,
+                   static_cast<const char*>(s) + i * size, 1, t, static_cast<ReduceOp>(op));
+    }
   } else {
     ReduceInto(d, s, count, t, static_cast<ReduceOp>(op));
   }
@@ -102,8 +102,22 @@ void TestingWidenedKernel(int kernel, py::array out, py::array in, int dtype, in
   const py::array& wide = kernel == 2 ? in : out;
   const int64_t count = half.nbytes() / 2;
   if (wide.nbytes() != count * 4) throw py::value_error("the float32 side differs in size");
-  testing::WidenedKernelForTest(kernel, portable, out.mutable_data(), in.data(), count, t,
-                                static_cast<ReduceOp>(op), factor);
+  const KernelPath path = portable ? KernelPath::kPortable : KernelPath::kNative;
+  switch (kernel) {
+    case 0:
+      WidenScaledOn(path, static_cast<float*>(out.mutable_data()), in.data(), count, t, factor);
+      return;
+    case 1:
+      ReduceWidenedIntoOn(path, static_cast<float*>(out.mutable_data()), in.data(), count, t,
+                          static_cast<ReduceOp>(op), factor);
+      return;
+    case 2:
+      NarrowScaledOn(path, out.mutable_data(), static_cast<const float*>(in.data()), count, t,
+                     factor);
+      return;
+  }
+  throw py::value_error("kernel must be 0 (widen), 1 (reduce) or 2 (narrow), not " +
+                        std::to_string(kernel));
 }
 
 // Runs RingAllreduceWidened on LocalComm, one thread per array (= rank), in
@@ -351,28 +365,17 @@ class LocalJob {
   int64_t next_ticket_ = 0;
 };
 
-// The process's output pool: its limit, what it keeps and hands out.
-py::dict TestingOutputPool() {
-  const OutputPool::Stats s = OutputPool::Get().stats();
-  py::dict d;
-  d["limit"] = s.limit;
-  d["kept_bytes"] = s.kept_bytes;
-  d["kept_blocks"] = s.kept_blocks;
-  d["out_bytes"] = s.out_bytes;
-  d["reused"] = s.reused;
-  d["mapped"] = s.mapped;
-  d["arena_used"] = s.arena_used;
-  d["min_bytes"] = OutputPool::kMinBytes;
-  return d;
-}
-
-// Takes a block of `bytes` from the output pool and fills it, then forks;
+// Takes a block of `bytes` from hvdmx._core's output pool (`core_pool`,
+// the capsule _core._output_pool) and fills it, then forks;
 // the child gives the block back and trims the pool to nothing, as a
 // forked child that drops its copy of the parent's array may, and exits.
 // Returns whether the block lies in the shared output file, and whether it
 // still holds its bytes here once the child is gone.
-std::pair<bool, bool> TestingOutputPoolForkedChildDrops(int64_t bytes) {
-  OutputPool& pool = OutputPool::Get();
+std::pair<bool, bool> TestingOutputPoolForkedChildDrops(py::capsule core_pool, int64_t bytes) {
+  if (std::string(core_pool.name()) != "hvdmx.OutputPool") {
+    throw py::value_error("pool must be hvdmx._core._output_pool");
+  }
+  OutputPool& pool = *core_pool.get_pointer<OutputPool>();
   char* block = static_cast<char*>(pool.Take(bytes));
   if (block == nullptr) throw py::value_error("the output pool is off");
   std::memset(block, 0x5a, static_cast<size_t>(bytes));
@@ -396,35 +399,26 @@ std::pair<bool, bool> TestingOutputPoolForkedChildDrops(int64_t bytes) {
 }  // namespace
 
 void DefineTestingBindings(py::module_& m) {
-  m.def("_testing_output_pool", &TestingOutputPool);
-  m.def("_testing_output_pool_class", &OutputPool::ClassBytes);
-  m.def("_testing_output_pool_forked_child_drops", &TestingOutputPoolForkedChildDrops);
-  m.def("_testing_reduce_into", &TestingReduceInto);
-  m.def("_testing_scale", &TestingScale);
-  m.def("_testing_reduce3_scaled", &TestingReduce3Scaled);
-  m.def("_testing_ring_allreduce", &TestingRingAllreduce);
-  m.def("_testing_widened_kernel", &TestingWidenedKernel);
-  m.def("_testing_ring_allreduce_widened", &TestingRingAllreduceWidened);
-  m.def("_testing_load_config", &TestingLoadConfig);
-  m.def("_testing_choose_cpu", [](const std::string& mode, const std::vector<int>& cpus,
+  m.def("output_pool_class", &OutputPool::ClassBytes);
+  m.def("output_pool_forked_child_drops", &TestingOutputPoolForkedChildDrops);
+  m.def("reduce_into", &TestingReduceInto);
+  m.def("scale", &TestingScale);
+  m.def("reduce3_scaled", &TestingReduce3Scaled);
+  m.def("ring_allreduce", &TestingRingAllreduce);
+  m.def("widened_kernel", &TestingWidenedKernel);
+  m.def("ring_allreduce_widened", &TestingRingAllreduceWidened);
+  m.def("load_config", &TestingLoadConfig);
+  m.def("choose_cpu", [](const std::string& mode, const std::vector<int>& cpus,
                                   int local_rank, int local_size, bool same_cpus_on_host) {
     const std::map<std::string, std::string> env = {{"HVDMX_CPU_BIND", mode}};
     Config c;
     ThrowIfError(LoadConfig(MapLookup(env), &c));
     return ChooseCpu(c.cpu_bind, cpus, local_rank, local_size, same_cpus_on_host);
   });
-  // The CPU hvd.init() bound this process to (-1: none) and the CPUs the
-  // shared-memory waits count.
-  m.def("_testing_cpu_binding", [] {
-    py::dict d;
-    d["cpu"] = BoundCpu();
-    d["usable_cpus"] = UsableCpuCount();
-    return d;
-  });
-  m.def("_testing_autotune", &TestingAutotune);
-  m.def("_testing_plan_fusion", &TestingPlanFusion);
+  m.def("autotune", &TestingAutotune);
+  m.def("plan_fusion", &TestingPlanFusion);
   DefineTestingShmBindings(m);
-  py::class_<LocalJob>(m, "_TestingLocalJob")
+  py::class_<LocalJob>(m, "LocalJob")
       .def(py::init<int, const std::map<std::string, std::string>&, bool>(), py::arg("size"),
            py::arg("env"), py::arg("shm") = false)
       .def("negotiation", &LocalJob::Negotiation)

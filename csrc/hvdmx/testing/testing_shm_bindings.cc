@@ -1,5 +1,5 @@
 // Entry points for the test suite into the shared-memory collectives
-// (hvdmx._core._testing_shm_*): ShmAllreduce driven in one process, one
+// (_hvdmx_testing.shm_* and a few more): ShmAllreduce driven in one process, one
 // thread per rank over plain memory. Nothing here is used by hvdmx itself.
 #include <pybind11/numpy.h>
 #include <pybind11/stl.h>
@@ -382,23 +382,23 @@ std::vector<std::string> TestingShmPeerStops(int size, int stopper, const std::s
 }
 
 void DefineTestingShmBindings(py::module_& m) {
-  m.def("_testing_shm_peer_stops", &TestingShmPeerStops, py::arg("size"), py::arg("stopper"),
+  m.def("shm_peer_stops", &TestingShmPeerStops, py::arg("size"), py::arg("stopper"),
         py::arg("kind"));
-  m.def("_testing_shm_control_comm", &TestingShmControlComm, py::arg("size"), py::arg("steps"));
-  m.attr("_SHM_MAX_PAYLOAD_BYTES") = ShmAllreduce::kMaxPayloadBytes;
-  m.def("_testing_shm_allreduce", &TestingShmAllreduce, py::arg("calls"), py::arg("dtype"),
+  m.def("shm_control_comm", &TestingShmControlComm, py::arg("size"), py::arg("steps"));
+  m.attr("SHM_MAX_PAYLOAD_BYTES") = ShmAllreduce::kMaxPayloadBytes;
+  m.def("shm_allreduce", &TestingShmAllreduce, py::arg("calls"), py::arg("dtype"),
         py::arg("op"), py::arg("chunk_bytes"), py::arg("hosts") = 1,
         py::arg("postscale") = 1.0,
         py::arg("outputs") = std::vector<std::vector<std::vector<py::array>>>{},
         py::arg("stores") = 0, py::arg("prescale") = 1.0);
-  m.def("_testing_shm_sequence", &TestingShmSequence, py::arg("calls"), py::arg("chunk_bytes"),
+  m.def("shm_sequence", &TestingShmSequence, py::arg("calls"), py::arg("chunk_bytes"),
         py::arg("direct_min_bytes") = -1, py::arg("stores") = 0,
         py::arg("push") = std::vector<bool>{});
-  m.def("_testing_stage_store_chooser", &TestingStageStoreChooser, py::arg("stores"),
+  m.def("stage_store_chooser", &TestingStageStoreChooser, py::arg("stores"),
         py::arg("calls"));
-  m.def("_testing_streaming_copy", &TestingStreamingCopy, py::arg("dst"), py::arg("src"));
-  m.def("_testing_shm_slice_start", &ShmSliceStart);
-  m.def("_testing_collapse_huge_pages", &TestingCollapseHugePages, py::arg("arrays"));
+  m.def("streaming_copy", &TestingStreamingCopy, py::arg("dst"), py::arg("src"));
+  m.def("shm_slice_start", &ShmSliceStart);
+  m.def("collapse_huge_pages", &TestingCollapseHugePages, py::arg("arrays"));
 }
 
 }  // namespace hvdmx
