@@ -36,3 +36,15 @@ def test_includes_go_down_the_layers_only():
                 if layer != "testing" and rank[target] > rank[layer]:
                     wrong.append(f"{layer}/{name} includes {inc}")
     assert not wrong, "includes that go up a layer:\n" + "\n".join(wrong)
+
+
+def test_no_file_over_500_lines():
+    # One concern a file (issue 41): a file that grows past this is split.
+    long = []
+    for layer in layer_order():
+        for name in sorted(os.listdir(os.path.join(CSRC, layer))):
+            with open(os.path.join(CSRC, layer, name)) as f:
+                lines = sum(1 for _ in f)
+            if lines > 500:
+                long.append(f"{layer}/{name}: {lines} lines")
+    assert not long, "files over 500 lines:\n" + "\n".join(long)

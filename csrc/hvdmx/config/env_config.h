@@ -68,7 +68,7 @@ struct Config {
   // straight from the peers' buffers (cross-memory attach, one copy instead
   // of two; see docs/algorithms.md) where the kernel allows it. -1: never.
   // auto (kShmDirectAuto, the default): alltoalls and broadcasts from
-  // ShmAllreduce::kAutoDirectMinBytes, allgathers never, as measured in
+  // ShmExchange::kAutoDirectMinBytes, allgathers never, as measured in
   // docs/benchmark-notes.md, "Single-copy moves and huge pages" and
   // "Broadcasts read directly, the root writing half".
   int64_t shm_direct_min_bytes = kShmDirectAuto;
@@ -84,7 +84,7 @@ struct Config {
   // HVDMX_SHM_PUSH: 1 lets allgathers and alltoalls through shared memory
   // write each rank's rows straight into its peers' outputs, which then come
   // from a shared-memory file (Note [Writing into peers' outputs] in
-  // shm_exchange.cc); 0 never. Needs the output pool on every rank.
+  // shm_exchange_push.cc); 0 never. Needs the output pool on every rank.
   bool shm_push = true;
   // HVDMX_CPU_BIND: auto, core or none. Whether hvd.init() binds every
   // thread of the process to one CPU (Note [Binding a rank's threads to one

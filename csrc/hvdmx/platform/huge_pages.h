@@ -20,7 +20,7 @@
 // collapsed again: slower reads, never wrong ones.
 //
 // hvdmx collapses what peers read in two places: the streams of direct
-// exchanges (ShmAllreduce::ExchangeDirect), and the buffers it hands to MPI
+// exchanges (ShmExchange::ExchangeDirect), and the buffers it hands to MPI
 // when a peer of the communicator is on this host (Executor): MPICH moves
 // large messages between ranks of one host with the same cross-memory
 // attach, so the peer's reads pin these pages too. HVDMX_HUGE_PAGES=0 turns

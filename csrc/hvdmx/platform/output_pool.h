@@ -33,7 +33,7 @@
 // mappings. The ranks of the host map each other's file, so an allgather or
 // alltoall can write each rank's rows straight into its peers' outputs: one
 // copy per byte, where the stages make two (Note [Writing into peers'
-// outputs] in shm_exchange.cc). A block cut from the file keeps its place
+// outputs] in shm_exchange_push.cc). A block cut from the file keeps its place
 // in it; trimmed, its pages go back to the kernel (a hole is punched) and
 // its place waits for a block of the same class. When the file is full,
 // blocks are private mappings again. A process that forks shares the

@@ -37,9 +37,9 @@
 // Calls below kMinBytes stay cached: their time is mostly the hand-offs
 // between ranks (a 32 KiB allreduce took 18-20 us either way; from 64 KiB on,
 // streaming was faster in the slow phase). Writes into peers' outputs take
-// a higher least size (ShmAllreduce::kPushStreamMinBytes).
+// a higher least size (ShmExchange::kPushStreamMinBytes).
 //
-// Threading: one thread at a time (the ShmAllreduce's).
+// Threading: one thread at a time (the shared-memory calls').
 #ifndef HVDMX_STAGE_STORES_H_
 #define HVDMX_STAGE_STORES_H_
 

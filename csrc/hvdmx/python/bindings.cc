@@ -26,7 +26,7 @@
 #include "python/bindings_support.h"
 #include "python/job.h"
 #include "runtime/runtime.h"
-#include "shm/shm_allreduce.h"
+#include "shm/shm_host.h"
 
 #ifndef HVDMX_MPI_VENDOR
 #define HVDMX_MPI_VENDOR "unknown"
@@ -215,22 +215,23 @@ py::tuple Negotiate(int set_id, int type, const std::string& name, const std::ve
 // The running runtime's entries of Stats().
 void AddRuntimeStats(const Runtime& runtime, py::dict& d) {
   py::object shm_stats = py::none();
-  if (const ShmAllreduce* shm = runtime.shm()) {
+  if (const ShmHost* shm = runtime.shm()) {
+    const ShmStats stats = shm->stats();
     py::dict s;
-    s["calls"] = shm->calls();
+    s["calls"] = stats.calls;
     s["local_size"] = shm->size();
     s["hierarchical"] = shm->hierarchical();
-    s["exchanges"] = shm->exchanges();
-    s["direct_exchanges"] = shm->direct_exchanges();
-    s["root_writes"] = shm->root_writes();
-    s["writes_into_peers"] = shm->writes_into_peers();
-    s["push_exchanges"] = shm->push_exchanges();
-    s["direct_min_bytes"] = DirectMinBytesValue(shm->direct_min_bytes());
-    s["collapsed_huge_pages"] = shm->collapsed_huge_pages();
-    s["refused_huge_pages"] = shm->refused_huge_pages();
-    s["streamed_calls"] = shm->streamed_calls();
+    s["exchanges"] = stats.exchanges;
+    s["direct_exchanges"] = stats.direct_exchanges;
+    s["root_writes"] = stats.root_writes;
+    s["writes_into_peers"] = shm->exchange().writes_into_peers();
+    s["push_exchanges"] = stats.push_exchanges;
+    s["direct_min_bytes"] = DirectMinBytesValue(shm->exchange().direct_min_bytes());
+    s["collapsed_huge_pages"] = stats.collapsed_huge_pages;
+    s["refused_huge_pages"] = stats.refused_huge_pages;
+    s["streamed_calls"] = stats.streamed_calls;
     s["streaming_stores"] = StageStoresName(shm->stage_stores());
-    s["bit_ands"] = shm->bit_ands();
+    s["bit_ands"] = stats.bit_ands;
     shm_stats = s;
   }
   d["shm"] = shm_stats;
@@ -240,7 +241,8 @@ void AddRuntimeStats(const Runtime& runtime, py::dict& d) {
   py::dict negotiation;
   negotiation["sent_with_bit_and"] = runtime.controller().sent_with_bit_and();
   negotiation["gathered"] = runtime.controller().gathered();
-  negotiation["strings_broadcast"] = runtime.shm() == nullptr ? -1 : runtime.shm()->strings_broadcast();
+  negotiation["strings_broadcast"] =
+      runtime.shm() == nullptr ? -1 : runtime.shm()->stats().strings_broadcast;
   d["negotiation"] = negotiation;
   d["fusion_buffer_bytes"] = runtime.fusion_buffer_bytes();
   const HugePageCollapser& pages = runtime.mpi_pages();

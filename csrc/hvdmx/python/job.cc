@@ -111,7 +111,7 @@ void MaybeBindToCpu(MPI_Comm comm, CpuBind mode) {
 
 // Collective over `comm`.
 std::shared_ptr<Runtime> StartRuntime(MPI_Comm comm) {
-  std::unique_ptr<ShmAllreduce> shm = CreateNodeShmAllreduce(comm, G().config);
+  std::unique_ptr<ShmHost> shm = CreateNodeShm(comm, G().config);
   auto runtime = std::make_shared<Runtime>(std::make_unique<MpiComm>(comm),
                                            std::make_unique<MpiComm>(comm), G().config,
                                            std::move(shm), PeersOnThisHost(comm));

@@ -47,7 +47,7 @@ const char* Executor::Allreduce(void* buf, int64_t count, DataType dtype, Reduce
   const bool auto_shm = shm_ != nullptr && config_.allreduce_algo == AllreduceAlgo::kAuto;
   if (half && algo == AllreduceAlgo::kMpi && auto_shm) algo = AllreduceAlgo::kShm;
   if (half && algo == AllreduceAlgo::kShm) {
-    shm_->Allreduce(buf, count, dtype, op, postscale, prescale);
+    shm_->allreduce().Allreduce(buf, count, dtype, op, postscale, prescale);
     return "SHM_ALLREDUCE";
   }
   if (half && config_.half_partials_wide) {
@@ -64,7 +64,7 @@ const char* Executor::Allreduce(void* buf, int64_t count, DataType dtype, Reduce
     algo = auto_shm ? AllreduceAlgo::kShm : AllreduceAlgo::kRing;
   }
   if (algo == AllreduceAlgo::kShm) {
-    shm_->Allreduce(buf, count, dtype, op, postscale);
+    shm_->allreduce().Allreduce(buf, count, dtype, op, postscale);
     return "SHM_ALLREDUCE";
   }
   RingAllreduce(comm_, buf, count, dtype, op, config_.ring_segment_bytes, &ring_scratch_);
@@ -158,7 +158,7 @@ void Executor::Run(const std::vector<Response>& responses, TensorQueue* queue) {
     RunEntries(responses, queue, entries);
   } catch (const ShmPeerGone& gone) {
     // A peer stopped in the middle (Note [A peer that stops] in
-    // shm_allreduce.h): what this round took and has not finished fails
+    // shm_region.h): what this round took and has not finished fails
     // here; the runtime stops and fails the rest.
     for (TensorEntry& entry : entries) {
       if (entry.callback) Fire(entry, Status::Shutdown(gone.what()));
@@ -297,7 +297,7 @@ bool Executor::ShmMoves(CollectiveType type, int64_t bytes) const {
   // Through the stages (two copies), large allgathers lose to MPI's
   // single-copy point-to-point; read directly, they do not.
   return type == CollectiveType::kAllgather &&
-         (shm_->direct_min_bytes() >= 0 || bytes <= kShmAllgatherMaxBytes);
+         (shm_->exchange().direct_min_bytes() >= 0 || bytes <= kShmAllgatherMaxBytes);
 }
 
 void Executor::RunAllreduceGroup(const FusionGroup& group, const std::vector<Response>& responses,
@@ -361,7 +361,7 @@ void Executor::RunAllreduceGroup(const FusionGroup& group, const std::vector<Res
           ScaleBuffer(span.data, span.count, dtype, head.prescale);
         }
       }
-      shm_->Allreduce(spans_, dtype, head.op, postscale, half ? head.prescale : 1.0);
+      shm_->allreduce().Allreduce(spans_, dtype, head.op, postscale, half ? head.prescale : 1.0);
     } else {
       algorithm = Allreduce(spans_[0].data, spans_[0].count, dtype, head.op, head.prescale,
                             postscale);

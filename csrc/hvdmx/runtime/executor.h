@@ -21,7 +21,7 @@
 #include "platform/huge_pages.h"
 #include "runtime/fusion_buffer.h"
 #include "runtime/fusion_plan.h"
-#include "shm/shm_allreduce.h"
+#include "shm/shm_host.h"
 
 namespace hvdmx {
 
@@ -31,7 +31,7 @@ class Executor {
   // `comm` (all on one host); it must outlive the executor. `peers_on_host`:
   // another rank of `comm` runs on this host, so MPI may copy this rank's
   // buffers with cross-memory attach (see mpi_pages_).
-  Executor(Comm& comm, const Config& config, ShmAllreduce* shm = nullptr,
+  Executor(Comm& comm, const Config& config, ShmHost* shm = nullptr,
            bool peers_on_host = false)
       : comm_(comm), config_(config), mpi_pages_(config.huge_pages && peers_on_host),
         shm_(shm) {}
@@ -123,7 +123,7 @@ class Executor {
   // Timeline only: when each response of the round running finished its last
   // step (QUEUE, the copies, the collective), reused.
   std::vector<Timeline::Clock::time_point> step_ends_;
-  ShmAllreduce* shm_;  // null unless ranks share hosts (see shm_segment.h)
+  ShmHost* shm_;  // null unless ranks share hosts (see shm_segment.h)
 };
 
 }  // namespace hvdmx

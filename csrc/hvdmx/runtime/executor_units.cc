@@ -45,7 +45,7 @@ const char* Executor::RunBroadcast(const Response& response, TensorEntry& entry)
     const int64_t bytes = response.counts[t] * static_cast<int64_t>(DataTypeSize(response.dtypes[t]));
     if (bytes == 0) continue;
     if (shm) {
-      shm_->Broadcast(entry.inputs[t], entry.outputs[t], bytes, response.root);
+      shm_->exchange().Broadcast(entry.inputs[t], entry.outputs[t], bytes, response.root);
       continue;
     }
     if (comm_.rank() == response.root && entry.outputs[t] != entry.inputs[t]) {
@@ -93,7 +93,7 @@ const char* Executor::RunAllgather(const Response& response, TensorEntry& entry)
   // cross-memory attach pins the shared file's small pages;
   // docs/benchmark-notes.md, "Large allgathers written into the peers'
   // outputs").
-  const bool shm_lone = shm || (shm_ != nullptr && shm_->writes_into_peers() &&
+  const bool shm_lone = shm || (shm_ != nullptr && shm_->exchange().writes_into_peers() &&
                                 ShmMoves(CollectiveType::kAllgather, 0));
   const char* algorithm = shm_lone ? "SHM_ALLGATHER" : "RING_ALLGATHER";
 
@@ -108,7 +108,7 @@ const char* Executor::RunAllgather(const Response& response, TensorEntry& entry)
     for (int r = 0; r < n; ++r) tensor_starts_[r + 1] = tensor_starts_[r] + block(t, r);
     char* out = static_cast<char*>(entry.outputs[t]);
     if (shm_lone) {
-      shm_->Allgather(entry.inputs[t], out, tensor_starts_);
+      shm_->exchange().Allgather(entry.inputs[t], out, tensor_starts_);
       continue;
     }
     if (block(t, me)) std::memcpy(out + tensor_starts_[me], entry.inputs[t], block(t, me));
@@ -129,7 +129,7 @@ const char* Executor::RunAllgather(const Response& response, TensorEntry& entry)
     offset += block(t, me);
   }
   if (shm) {
-    shm_->Allgather(buffer + starts_[me], buffer, starts_);
+    shm_->exchange().Allgather(buffer + starts_[me], buffer, starts_);
   } else {
     mpi_pages_.Collapse(buffer, starts_[n]);
     RingAllgather(comm_, buffer, starts_, DataType::kUInt8, &ring_scratch_);
@@ -168,7 +168,7 @@ const char* Executor::RunAlltoall(const Response& response, TensorEntry& entry) 
   if (ShmMoves(CollectiveType::kAlltoall, total)) {
     pair_bytes_.resize(m.size());
     for (size_t i = 0; i < m.size(); ++i) pair_bytes_[i] = m[i] * row_bytes;
-    shm_->Alltoall(in, out, pair_bytes_);
+    shm_->exchange().Alltoall(in, out, pair_bytes_);
     return "SHM_ALLTOALL";
   }
   // Posts the transfer with every peer j of rows[j] rows, at consecutive
@@ -242,11 +242,11 @@ const char* Executor::RunReducescatter(const Response& response, TensorEntry& en
     // the input.)
     if (response.prescale == 1.0 && n > 1 &&
         ShmMoves(CollectiveType::kReducescatter, starts_[n] * elem) &&
-        shm_->ReduceScatterFits(dtype)) {
+        shm_->allreduce().ReduceScatterFits(dtype)) {
       tensor_starts_.resize(n + 1);
       for (size_t t : members) {
         for (int r = 0; r <= n; ++r) tensor_starts_[r] = rows_begin(t, r);
-        shm_->ReduceScatter(entry.inputs[t], entry.outputs[t], tensor_starts_, dtype,
+        shm_->allreduce().ReduceScatter(entry.inputs[t], entry.outputs[t], tensor_starts_, dtype,
                             response.op, postscale);
       }
       algorithm = "SHM_REDUCESCATTER";

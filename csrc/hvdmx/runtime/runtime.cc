@@ -36,12 +36,13 @@ std::string JoinNames(const std::vector<std::string>& names, size_t limit) {
 // How long a wait polls before it starts to sleep.
 constexpr int64_t kSpinMicros = 100;
 
-std::unique_ptr<Comm> ControlComm(std::unique_ptr<Comm> control, ShmAllreduce* shm,
+std::unique_ptr<Comm> ControlComm(std::unique_ptr<Comm> control, ShmHost* shm,
                                   const Config& config) {
   if (shm != nullptr && !shm->hierarchical() && shm->size() == control->size() &&
       control->size() > 1 &&
-      Controller::BitWords(config.cache_capacity) <= ShmAllreduce::kMaxBitAndWords) {
-    return std::make_unique<ShmControlComm>(std::move(control), shm);
+      Controller::BitWords(config.cache_capacity) <= ShmControl::kMaxBitAndWords) {
+    return std::make_unique<ShmControlComm>(std::move(control), &shm->control(), shm->rank(),
+                                            shm->size());
   }
   return control;
 }
@@ -49,7 +50,7 @@ std::unique_ptr<Comm> ControlComm(std::unique_ptr<Comm> control, ShmAllreduce* s
 }  // namespace
 
 Runtime::Runtime(std::unique_ptr<Comm> control, std::unique_ptr<Comm> data, const Config& config,
-                 std::unique_ptr<ShmAllreduce> shm, bool peers_on_host)
+                 std::unique_ptr<ShmHost> shm, bool peers_on_host)
     : shm_(std::move(shm)),
       control_(ControlComm(std::move(control), shm_.get(), config)),
       data_(std::move(data)),
@@ -309,7 +310,7 @@ bool Runtime::Stop(const std::string& why) {
     if (stop_reason_.empty()) stop_reason_ = why;
   }
   stopped_ = true;
-  // See Note [A peer that stops] in shm_allreduce.h.
+  // See Note [A peer that stops] in shm_region.h.
   if (shm_) shm_->MarkStopped();
   FailAll(StoppedStatus());
   return false;

@@ -22,7 +22,7 @@
 // everything pending on this rank with that report and stops, since the
 // round it abandoned can never complete. A peer on this host that stops or
 // dies while this rank waits for it in shared memory stops this rank too, at
-// once (Note [A peer that stops] in shm_allreduce.h).
+// once (Note [A peer that stops] in shm_region.h).
 //
 // Note [Shutdown]
 // ~~~~~~~~~~~~~~~
@@ -48,20 +48,20 @@
 #include "negotiation/tensor_queue.h"
 #include "runtime/autotune.h"
 #include "runtime/executor.h"
-#include "shm/shm_allreduce.h"
+#include "shm/shm_host.h"
 
 namespace hvdmx {
 
 class Runtime {
  public:
   // `control` carries negotiation, `data` the collectives' bytes; both span
-  // the same ranks. `shm`, optional, is a shared-memory allreduce over those
+  // the same ranks. `shm`, optional, is shared memory (shm_host.h) over those
   // ranks when they share one host (shm_segment.h); when it spans all of
   // them, each round's bit-and and its other exchanges that fit go through
   // it instead of `control` (shm_control_comm.h).
   // `peers_on_host`: another of the ranks runs on this host (see Executor).
   Runtime(std::unique_ptr<Comm> control, std::unique_ptr<Comm> data, const Config& config,
-          std::unique_ptr<ShmAllreduce> shm = nullptr, bool peers_on_host = false);
+          std::unique_ptr<ShmHost> shm = nullptr, bool peers_on_host = false);
   ~Runtime();
 
   // Starts the background thread.
@@ -71,7 +71,7 @@ class Runtime {
   int size() const { return control_->size(); }
   const Config& config() const { return config_; }
   // Null unless the shared-memory allreduce is on.
-  const ShmAllreduce* shm() const { return shm_.get(); }
+  const ShmHost* shm() const { return shm_.get(); }
   // For tests: bytes the fusion buffer holds (it grows on the background
   // thread; read it only once the collectives that grew it are done).
   int64_t fusion_buffer_bytes() const { return executor_.fusion_buffer_bytes(); }
@@ -129,7 +129,7 @@ class Runtime {
   void CountReleased();
   // Stops the runtime from the background thread: records `why` (unless
   // empty or a reason is there already), tells the host's peers (Note [A
-  // peer that stops] in shm_allreduce.h) and fails everything pending.
+  // peer that stops] in shm_region.h) and fails everything pending.
   // Returns false, for LoopOnce.
   bool Stop(const std::string& why);
   // Stop after a peer in shared memory stopped or died in the middle of a
@@ -145,7 +145,7 @@ class Runtime {
   // not submitted them.
   void MaybeWarnStall();
 
-  std::unique_ptr<ShmAllreduce> shm_;  // before control_ and executor_, which use it
+  std::unique_ptr<ShmHost> shm_;  // before control_ and executor_, which use it
   std::unique_ptr<Comm> control_;
   std::unique_ptr<Comm> data_;
   Config config_;

@@ -1,6 +1,6 @@
 // The control communicator of a job whose ranks all share one host: the
 // negotiation's bit-and, its payloads and its string broadcasts go through
-// the ranks' shared-memory control blocks (ShmAllreduce) instead of MPI;
+// the ranks' shared-memory control blocks (ShmControl) instead of MPI;
 // everything else, and strings too long for a mailbox, go to `inner`.
 // Measured at np=2 here: an MPI_Iallreduce bit-and took 8.5 us a round; a
 // round that needs the coordinator took about 16 us more than one that
@@ -15,17 +15,17 @@
 #include <vector>
 
 #include "comm/comm.h"
-#include "shm/shm_allreduce.h"
+#include "shm/shm_control.h"
 
 namespace hvdmx {
 
 class ShmControlComm : public Comm {
  public:
-  // `shm` spans the same ranks as `inner`, in the same order, and outlives
-  // this comm.
-  ShmControlComm(std::unique_ptr<Comm> inner, ShmAllreduce* shm)
+  // `shm` spans the same ranks as `inner` (`size` of them, this rank being
+  // `rank`), in the same order, and outlives this comm.
+  ShmControlComm(std::unique_ptr<Comm> inner, ShmControl* shm, int rank, int size)
       : inner_(std::move(inner)), shm_(shm) {
-    HVDMX_CHECK(shm_->size() == inner_->size() && shm_->rank() == inner_->rank(),
+    HVDMX_CHECK(size == inner_->size() && rank == inner_->rank(),
                 "the shared-memory control comm must span the control comm's ranks");
   }
   int rank() const override { return inner_->rank(); }
@@ -47,7 +47,7 @@ class ShmControlComm : public Comm {
   void set_idle(std::function<bool(int64_t)> idle) override { inner_->set_idle(std::move(idle)); }
   void StartBitAnd(uint64_t* words, int n) override { shm_->StartBitAnd(words, n); }
   bool TestBitAnd() override { return shm_->TestBitAnd(); }
-  int64_t BitAndPayloadCapacity() const override { return ShmAllreduce::kMaxPayloadBytes; }
+  int64_t BitAndPayloadCapacity() const override { return ShmControl::kMaxPayloadBytes; }
   void StartBitAndWithPayload(uint64_t* words, int n, const std::string& payload) override {
     shm_->StartBitAnd(words, n, payload);
   }
@@ -58,7 +58,7 @@ class ShmControlComm : public Comm {
 
  private:
   std::unique_ptr<Comm> inner_;
-  ShmAllreduce* shm_;
+  ShmControl* shm_;
 };
 
 }  // namespace hvdmx

@@ -1,7 +1,7 @@
-// What shm_allreduce.cc (the allreduce, the bit-and) and shm_exchange.cc
-// (broadcast, allgather, alltoall, reduce-scatter) share and nothing else
-// includes: the waiting loop, the sizes stages and blocks are cut by, and
-// the layout of a rank's control block. The vocabulary is shm_allreduce.h's.
+// What the shared-memory collectives (shm_region.cc, shm_allreduce.cc,
+// shm_exchange*.cc, shm_control.cc) share and nothing else includes: the
+// waiting loop, the sizes stages and blocks are cut by, and the layout of a
+// rank's control block. The vocabulary is shm_region.h's.
 #ifndef HVDMX_SHM_INTERNAL_H_
 #define HVDMX_SHM_INTERNAL_H_
 
@@ -12,7 +12,7 @@
 #include <cstdint>
 #include <thread>
 
-#include "shm/shm_allreduce.h"
+#include "shm/shm_region.h"
 
 namespace hvdmx {
 namespace shm_internal {
@@ -47,11 +47,11 @@ constexpr int64_t kPageBytes = 4096;
 // The counters sit at the start of each region, one per 128 bytes (two
 // cache lines: the adjacent-line prefetcher would otherwise couple them),
 // in its Control block; the negotiation's four mailboxes follow it
-// (ShmAllreduce::Mailbox).
+// (ShmRegion::Mailbox).
 constexpr int64_t kControlBlockBytes = 8192;
 constexpr int64_t kMailboxes = 4;
 constexpr int64_t kControlBytes =
-    kControlBlockBytes + kMailboxes * ShmAllreduce::kMaxPayloadBytes;
+    kControlBlockBytes + kMailboxes * ShmRegion::kMaxPayloadBytes;
 
 #if defined(__x86_64__)
 inline void CpuRelax() { __builtin_ia32_pause(); }
@@ -69,7 +69,7 @@ inline int64_t MicrosSince(Clock::time_point start) {
 
 // Returns once `counter` >= `target`. See Note [Waiting in shared memory].
 // `check()` is called between sleeps, and throws when the peer that writes
-// `counter` will not write it any more (ShmAllreduce::ThrowIfGone).
+// `counter` will not write it any more (ShmRegion::ThrowIfGone).
 template <typename Check>
 inline void WaitFor(const std::atomic<uint64_t>& counter, uint64_t target, int64_t spin_micros,
                     Check&& check) {
@@ -97,33 +97,18 @@ struct alignas(128) PaddedCounter {
 static_assert(std::atomic<uint64_t>::is_always_lock_free,
               "the counters must be lock-free to work across processes");
 
-}  // namespace shm_internal
-
-template <typename F>
-void ShmAllreduce::WithStores(StageStoreChooser& chooser, int64_t bytes, bool choose, F&& body) {
-  streaming_ = choose && chooser.Streams(bytes);
-  const shm_internal::Clock::time_point start = shm_internal::Clock::now();
-  body();
-  if (choose) {
-    chooser.Took(bytes, streaming_,
-                 std::chrono::duration<double>(shm_internal::Clock::now() - start).count());
-  }
-  if (streaming_) streamed_calls_.fetch_add(1, std::memory_order_relaxed);
-  streaming_ = false;
-}
-
 // Lives at the start of each rank's region; only its owner writes it.
-struct ShmAllreduce::Control {
-  shm_internal::PaddedCounter copied;   // chunks whose copy-in this rank has finished
-  shm_internal::PaddedCounter reduced;  // chunks whose slice this rank has reduced
-  shm_internal::PaddedCounter done;     // chunks this rank has finished reading
+struct Control {
+  PaddedCounter copied;   // chunks whose copy-in this rank has finished
+  PaddedCounter reduced;  // chunks whose slice this rank has reduced
+  PaddedCounter done;     // chunks this rank has finished reading
   // Per stage: where its chunk starts in it. Written before `copied` is
   // released for the chunk, read after acquiring it.
-  alignas(128) std::atomic<int64_t> shift[ShmAllreduce::kStages];
+  alignas(128) std::atomic<int64_t> shift[ShmRegion::kStages];
   // Bit-and seq (from 1) uses words[seq % 2], written before `anded` is
-  // released with seq; see StartBitAnd.
-  shm_internal::PaddedCounter anded;
-  alignas(128) uint64_t words[2][ShmAllreduce::kMaxBitAndWords];
+  // released with seq; see ShmControl::StartBitAnd.
+  PaddedCounter anded;
+  alignas(128) uint64_t words[2][ShmRegion::kMaxBitAndWords];
   // Bit-and seq's payload is payload_bytes[seq % 2] long, in mailbox
   // seq % 2; both written before `anded` is released with seq.
   alignas(128) std::atomic<int64_t> payload_bytes[2];
@@ -131,9 +116,9 @@ struct ShmAllreduce::Control {
   // this rank is: its length in posted_bytes[c % 2] (-1: too long for the
   // mailbox), its bytes in mailbox 2 + c % 2, then `posted` released with
   // c. Every rank releases `taken` with c once it is done with call c.
-  shm_internal::PaddedCounter posted;
+  PaddedCounter posted;
   alignas(128) std::atomic<int64_t> posted_bytes[2];
-  shm_internal::PaddedCounter taken;
+  PaddedCounter taken;
   // A direct exchange's stream, in this rank's address space (see Note
   // [Reading peers' buffers directly]): written before `copied` is released
   // for the call, read after acquiring it. `pid` is set by the constructor.
@@ -159,6 +144,7 @@ struct ShmAllreduce::Control {
   alignas(128) std::atomic<int64_t> stopped;
 };
 
+}  // namespace shm_internal
 }  // namespace hvdmx
 
 #endif  // HVDMX_SHM_INTERNAL_H_

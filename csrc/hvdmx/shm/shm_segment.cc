@@ -139,7 +139,7 @@ ShmAllreduce::CrossAllreduce RingAcrossHosts(MPI_Comm comm, int local_rank,
 
 // Whether every rank of `local` can read every other's memory with
 // cross-memory attach (Note [Reading peers' buffers directly] in
-// shm_exchange.cc): each tries a word of each peer. Collective over `comm`
+// shm_exchange_direct.cc): each tries a word of each peer. Collective over `comm`
 // (every rank of the job agrees). On failure *why says why, on the rank
 // that failed.
 bool CrossMemoryAttachWorksOnHost(MPI_Comm comm, MPI_Comm local, std::string* why) {
@@ -157,8 +157,8 @@ bool CrossMemoryAttachWorksOnHost(MPI_Comm comm, MPI_Comm local, std::string* wh
   for (int j = 0; j < size && ok; ++j) {
     const void* address = reinterpret_cast<const void*>(static_cast<uintptr_t>(all[3 * j + 1]));
     void* writable = reinterpret_cast<void*>(static_cast<uintptr_t>(all[3 * j + 2]));
-    if (j != rank && !ShmAllreduce::CrossMemoryAttachWorks(all[3 * j], address, &kProbe, writable,
-                                                           sizeof(kProbe), why)) {
+    if (j != rank && !ShmExchange::CrossMemoryAttachWorks(all[3 * j], address, &kProbe, writable,
+                                                          sizeof(kProbe), why)) {
       *why = "local rank " + std::to_string(rank) + " cannot read or write local rank " +
              std::to_string(j) + "'s memory: " + *why;
       ok = 0;
@@ -173,7 +173,7 @@ bool CrossMemoryAttachWorksOnHost(MPI_Comm comm, MPI_Comm local, std::string* wh
 // included), or -1 (never) on every rank when some rank cannot read its
 // peers' memory. Collective over `comm` unless it is -1.
 int64_t DirectMinBytes(MPI_Comm comm, MPI_Comm local, const Config& config) {
-  static_assert(kShmDirectAuto == ShmAllreduce::kDirectAuto, "one value for auto");
+  static_assert(kShmDirectAuto == ShmExchange::kDirectAuto, "one value for auto");
   if (config.shm_direct_min_bytes == -1) return -1;
   std::string why;
   if (!CrossMemoryAttachWorksOnHost(comm, local, &why)) {
@@ -263,7 +263,7 @@ std::shared_ptr<OutputFiles> MapOutputFiles(MPI_Comm comm, MPI_Comm local, const
 
 }  // namespace
 
-std::unique_ptr<ShmAllreduce> CreateNodeShmAllreduce(MPI_Comm comm, const Config& config) {
+std::unique_ptr<ShmHost> CreateNodeShm(MPI_Comm comm, const Config& config) {
   if (config.allreduce_algo != AllreduceAlgo::kAuto &&
       config.allreduce_algo != AllreduceAlgo::kShm) {
     return nullptr;
@@ -291,7 +291,7 @@ std::unique_ptr<ShmAllreduce> CreateNodeShmAllreduce(MPI_Comm comm, const Config
     MPI_Comm_free(&local);
     return nullptr;
   }
-  const int64_t region_bytes = ShmAllreduce::RegionBytes(config.shm_chunk_bytes);
+  const int64_t region_bytes = ShmRegion::RegionBytes(config.shm_chunk_bytes);
   std::string why;
   // Direct reads are for one host's byte moves: no probe when hierarchical.
   const int64_t direct_min_bytes = hierarchical ? -1 : DirectMinBytes(comm, local, config);
@@ -330,11 +330,11 @@ std::unique_ptr<ShmAllreduce> CreateNodeShmAllreduce(MPI_Comm comm, const Config
                     << (files ? ", writes into peers' outputs" : "");
   auto owner = std::make_shared<std::pair<std::shared_ptr<ShmSegment>,
                                           std::shared_ptr<OutputFiles>>>(segment, files);
-  auto shm = std::make_unique<ShmAllreduce>(local_rank, local_size, std::move(regions),
-                                            config.shm_chunk_bytes, std::move(owner),
-                                            std::move(cross), direct_min_bytes,
-                                            config.shm_streaming_stores, config.huge_pages);
-  if (files) shm->WriteIntoPeers(files->bases, OutputPool::kArenaBytes, OutputPool::kMinBytes);
+  auto shm = std::make_unique<ShmHost>(local_rank, local_size, std::move(regions),
+                                       config.shm_chunk_bytes, std::move(owner), std::move(cross),
+                                       direct_min_bytes, config.shm_streaming_stores,
+                                       config.huge_pages);
+  if (files) shm->exchange().WriteIntoPeers(files->bases, OutputPool::kArenaBytes, OutputPool::kMinBytes);
   return shm;
 }
 

@@ -1,5 +1,5 @@
 // Memory shared by the ranks of one host, and the factory that gives the
-// runtime a shared-memory allreduce (shm_allreduce.h) when its communicator
+// runtime shared memory (shm_host.h) when its communicator
 // lives on one host.
 //
 // Note [Shared memory without MPI windows]
@@ -28,7 +28,7 @@
 #include <string>
 
 #include "config/env_config.h"
-#include "shm/shm_allreduce.h"
+#include "shm/shm_host.h"
 
 namespace hvdmx {
 
@@ -53,13 +53,13 @@ class ShmSegment {
   int64_t total_;
 };
 
-// The shared-memory allreduce for `comm`: over all its ranks when they share
+// Shared memory among the ranks of `comm` (shm_host.h), for the allreduce: over all its ranks when they share
 // this host (and there are several); hierarchical (shared memory inside each
 // host, the ring between hosts) when config.hierarchical_allreduce is set and
 // every host has the same number of ranks, more than one. Null otherwise,
 // when config.allreduce_algo is ring or mpi, or when the memory cannot be
 // had (logged). Collective over `comm`.
-std::unique_ptr<ShmAllreduce> CreateNodeShmAllreduce(MPI_Comm comm, const Config& config);
+std::unique_ptr<ShmHost> CreateNodeShm(MPI_Comm comm, const Config& config);
 
 }  // namespace hvdmx
 

@@ -271,7 +271,7 @@ py::dict TestingAutotune(const std::map<std::string, std::string>& env, py::func
 
 // A whole job in one process: `size` runtimes over LocalComm, for testing
 // negotiation, the cache and fusion without MPI. With `shm`, the ranks also
-// share a ShmAllreduce over plain memory, as ranks on one host do, so the
+// share a ShmHost over plain memory, as ranks on one host do, so the
 // control comm is a ShmControlComm (shm_control_comm.h) and allreduces go
 // through shared memory. Arrays passed to submit must stay alive until
 // wait() has returned for that ticket.
@@ -284,9 +284,9 @@ class LocalJob {
     auto data = std::make_shared<LocalWorld>(size);
     const PlainShmRegions host(shm ? size : 0, config.shm_chunk_bytes);
     for (int r = 0; r < size; ++r) {
-      std::unique_ptr<ShmAllreduce> local;
+      std::unique_ptr<ShmHost> local;
       if (shm) {
-        local = std::make_unique<ShmAllreduce>(r, size, host.regions, config.shm_chunk_bytes,
+        local = std::make_unique<ShmHost>(r, size, host.regions, config.shm_chunk_bytes,
                                                host.memory);
       }
       runtimes_.push_back(std::make_unique<Runtime>(std::make_unique<LocalComm>(control, r),

@@ -19,7 +19,7 @@ DataType CheckedType(int code);
 
 // Plain memory laid out as one host's shared-memory segment, for ranks
 // that are threads of this process: `ranks` zeroed regions of
-// ShmAllreduce::RegionBytes(chunk_bytes), the first on a page as a real
+// ShmRegion::RegionBytes(chunk_bytes), the first on a page as a real
 // mapping's is (testing_shm_bindings.cc).
 struct PlainShmRegions {
   PlainShmRegions(int ranks, int64_t chunk_bytes);

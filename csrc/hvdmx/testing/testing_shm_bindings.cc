@@ -1,5 +1,5 @@
 // Entry points for the test suite into the shared-memory collectives
-// (_hvdmx_testing.shm_* and a few more): ShmAllreduce driven in one process, one
+// (_hvdmx_testing.shm_* and a few more): ShmHost (shm_host.h) driven in one process, one
 // thread per rank over plain memory. Nothing here is used by hvdmx itself.
 #include <pybind11/numpy.h>
 #include <pybind11/stl.h>
@@ -16,7 +16,7 @@
 #include "comm/local_comm.h"
 #include "platform/huge_pages.h"
 #include "platform/stage_stores.h"
-#include "shm/shm_allreduce.h"
+#include "shm/shm_host.h"
 #include "shm/shm_control_comm.h"
 #include "testing/testing_bindings.h"
 
@@ -26,9 +26,9 @@ namespace hvdmx {
 
 PlainShmRegions::PlainShmRegions(int ranks, int64_t chunk_bytes) {
   // The regions start where the shared mapping of a real job would: on a
-  // page. (ShmAllreduce checks that each is aligned for its control block.)
+  // page. (ShmRegion checks that each is aligned for its control block.)
   constexpr uintptr_t kMappingAlign = 4096;
-  const int64_t region = ShmAllreduce::RegionBytes(chunk_bytes);
+  const int64_t region = ShmRegion::RegionBytes(chunk_bytes);
   memory = std::make_shared<std::vector<char>>(region * ranks + kMappingAlign, 0);
   const uintptr_t at = reinterpret_cast<uintptr_t>(memory->data());
   char* base = memory->data() + (kMappingAlign - at % kMappingAlign) % kMappingAlign;
@@ -134,12 +134,12 @@ std::vector<int64_t> TestingShmAllreduce(std::vector<std::vector<std::vector<py:
                              /*wide_partials=*/true, 4096, scratch.get());
         };
       }
-      ShmAllreduce shm(l, local, host_memory[h].regions, chunk_bytes, host_memory[h].memory,
+      ShmHost shm(l, local, host_memory[h].regions, chunk_bytes, host_memory[h].memory,
                        cross, -1, stage_stores);
       for (size_t c = 0; c < calls.size(); ++c) {
-        shm.Allreduce(spans[c][r], t, static_cast<ReduceOp>(op), postscale, prescale);
+        shm.allreduce().Allreduce(spans[c][r], t, static_cast<ReduceOp>(op), postscale, prescale);
       }
-      streamed[r] = shm.streamed_calls();
+      streamed[r] = shm.stats().streamed_calls;
     });
   }
   for (auto& th : threads) th.join();
@@ -158,7 +158,7 @@ struct ShmTestCall {
                               // bitand: none (in: uint64 words, ANDed in place)
 };
 
-// Runs a sequence of mixed ShmAllreduce calls in one process, one thread per
+// Runs a sequence of mixed shared-memory calls in one process, one thread per
 // rank over plain memory (one host), every rank making the same calls in
 // the same order: interleaving must keep the chunk numbering in step.
 // Byte-moving calls of at least `direct_min_bytes` (>= 0) read the peers'
@@ -226,9 +226,9 @@ std::tuple<int64_t, int64_t, int64_t> TestingShmSequence(const std::vector<py::t
   std::atomic<int64_t> root_writes{0};
   for (int r = 0; r < n; ++r) {
     threads.emplace_back([&, r] {
-      ShmAllreduce shm(r, n, host.regions, chunk_bytes, host.memory, nullptr, direct_min_bytes,
+      ShmHost shm(r, n, host.regions, chunk_bytes, host.memory, nullptr, direct_min_bytes,
                        stage_stores);
-      if (!push.empty()) shm.WriteIntoPeers(std::vector<char*>(n, file.data()), file_bytes, 1);
+      if (!push.empty()) shm.exchange().WriteIntoPeers(std::vector<char*>(n, file.data()), file_bytes, 1);
       for (size_t c = 0; c < calls.size(); ++c) {
         const ShmTestCall& call = calls[c];
         char* src = in[c][r];
@@ -242,31 +242,31 @@ std::tuple<int64_t, int64_t, int64_t> TestingShmSequence(const std::vector<py::t
         }
         if (call.kind == "allreduce") {
           const DataType t = static_cast<DataType>(call.ints[0]);
-          shm.Allreduce(src, in_bytes[c][r] / static_cast<int64_t>(DataTypeSize(t)), t,
+          shm.allreduce().Allreduce(src, in_bytes[c][r] / static_cast<int64_t>(DataTypeSize(t)), t,
                         static_cast<ReduceOp>(call.ints[1]));
         } else if (call.kind == "broadcast") {
           // In place without outputs.
-          shm.Broadcast(src, dst ? dst : src, in_bytes[c][r], static_cast<int>(call.ints[0]));
+          shm.exchange().Broadcast(src, dst ? dst : src, in_bytes[c][r], static_cast<int>(call.ints[0]));
         } else if (call.kind == "allgather") {
-          shm.Allgather(src, dst, call.ints);
+          shm.exchange().Allgather(src, dst, call.ints);
         } else if (call.kind == "reducescatter") {
           const std::vector<int64_t> starts(call.ints.begin() + 2, call.ints.end());
-          shm.ReduceScatter(src, dst, starts, static_cast<DataType>(call.ints[0]),
+          shm.allreduce().ReduceScatter(src, dst, starts, static_cast<DataType>(call.ints[0]),
                             static_cast<ReduceOp>(call.ints[1]), 1.0);
         } else if (call.kind == "bitand") {
-          shm.StartBitAnd(reinterpret_cast<uint64_t*>(src),
+          shm.control().StartBitAnd(reinterpret_cast<uint64_t*>(src),
                           static_cast<int>(in_bytes[c][r] / sizeof(uint64_t)));
-          while (!shm.TestBitAnd()) std::this_thread::yield();
+          while (!shm.control().TestBitAnd()) std::this_thread::yield();
         } else {
-          shm.Alltoall(src, dst, call.ints);
+          shm.exchange().Alltoall(src, dst, call.ints);
         }
         if (at[c][r] >= 0) std::memcpy(out[c][r], dst, out_bytes[c][r]);
       }
       if (r == 0) {
-        direct = shm.direct_exchanges();
-        pushed = shm.push_exchanges();
+        direct = shm.stats().direct_exchanges;
+        pushed = shm.stats().push_exchanges;
       }
-      root_writes += shm.root_writes();
+      root_writes += shm.stats().root_writes;
     });
   }
   for (auto& th : threads) th.join();
@@ -289,7 +289,7 @@ std::pair<std::vector<std::vector<std::vector<py::bytes>>>, int64_t> TestingShmC
     }
     if (root < 0) {
       for (const std::string& p : data) {
-        if (static_cast<int64_t>(p.size()) > ShmAllreduce::kMaxPayloadBytes) {
+        if (static_cast<int64_t>(p.size()) > ShmControl::kMaxPayloadBytes) {
           throw py::value_error("a payload longer than kMaxPayloadBytes");
         }
       }
@@ -304,8 +304,8 @@ std::pair<std::vector<std::vector<std::vector<py::bytes>>>, int64_t> TestingShmC
     std::vector<std::thread> threads;
     for (int r = 0; r < size; ++r) {
       threads.emplace_back([&, r] {
-        ShmAllreduce shm(r, size, host.regions, 4096, host.memory, nullptr);
-        ShmControlComm comm(std::make_unique<LocalComm>(world, r), &shm);
+        ShmHost shm(r, size, host.regions, 4096, host.memory, nullptr);
+        ShmControlComm comm(std::make_unique<LocalComm>(world, r), &shm.control(), r, size);
         for (const auto& [root, data] : steps) {
           got[r].emplace_back();
           if (root < 0) {
@@ -319,7 +319,7 @@ std::pair<std::vector<std::vector<std::vector<py::bytes>>>, int64_t> TestingShmC
           comm.BcastString(&s, root);
           got[r].back().push_back(s);
         }
-        if (r == 0) through_shm = shm.strings_broadcast();
+        if (r == 0) through_shm = shm.stats().strings_broadcast;
       });
     }
     for (auto& th : threads) th.join();
@@ -352,7 +352,7 @@ std::vector<std::string> TestingShmPeerStops(int size, int stopper, const std::s
   std::vector<std::thread> threads;
   for (int r = 0; r < size; ++r) {
     threads.emplace_back([&, r] {
-      ShmAllreduce shm(r, size, memory.regions, 4096, memory.memory);
+      ShmHost shm(r, size, memory.regions, 4096, memory.memory);
       if (r == stopper) {
         shm.MarkStopped();
         return;
@@ -362,15 +362,15 @@ std::vector<std::string> TestingShmPeerStops(int size, int stopper, const std::s
       std::string text;
       try {
         if (kind == "allreduce") {
-          shm.Allreduce(data.data(), static_cast<int64_t>(data.size()), DataType::kFloat32,
+          shm.allreduce().Allreduce(data.data(), static_cast<int64_t>(data.size()), DataType::kFloat32,
                         ReduceOp::kSum);
         } else if (kind == "broadcast") {
-          shm.Broadcast(data.data(), data.data(), 4000, stopper);
+          shm.exchange().Broadcast(data.data(), data.data(), 4000, stopper);
         } else if (kind == "bitand") {
-          shm.StartBitAnd(words, 1);
-          while (!shm.TestBitAnd()) std::this_thread::yield();
+          shm.control().StartBitAnd(words, 1);
+          while (!shm.control().TestBitAnd()) std::this_thread::yield();
         } else {
-          shm.BcastString(&text, stopper);
+          shm.control().BcastString(&text, stopper);
         }
       } catch (const ShmPeerGone& gone) {
         said[r] = gone.what();
@@ -385,7 +385,7 @@ void DefineTestingShmBindings(py::module_& m) {
   m.def("shm_peer_stops", &TestingShmPeerStops, py::arg("size"), py::arg("stopper"),
         py::arg("kind"));
   m.def("shm_control_comm", &TestingShmControlComm, py::arg("size"), py::arg("steps"));
-  m.attr("SHM_MAX_PAYLOAD_BYTES") = ShmAllreduce::kMaxPayloadBytes;
+  m.attr("SHM_MAX_PAYLOAD_BYTES") = ShmControl::kMaxPayloadBytes;
   m.def("shm_allreduce", &TestingShmAllreduce, py::arg("calls"), py::arg("dtype"),
         py::arg("op"), py::arg("chunk_bytes"), py::arg("hosts") = 1,
         py::arg("postscale") = 1.0,
