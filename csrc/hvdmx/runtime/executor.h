@@ -19,6 +19,7 @@
 #include "negotiation/message.h"
 #include "negotiation/tensor_queue.h"
 #include "platform/huge_pages.h"
+#include "runtime/autotune.h"
 #include "runtime/fusion_buffer.h"
 #include "runtime/fusion_plan.h"
 #include "shm/shm_host.h"
@@ -35,6 +36,14 @@ class Executor {
            bool peers_on_host = false)
       : comm_(comm), config_(config), mpi_pages_(config.huge_pages && peers_on_host),
         shm_(shm) {}
+
+  // Autotune's setting for the rounds from the one being run on: the
+  // fusion threshold and the allreduce algorithm (the cycle time is the
+  // runtime's). Every rank applies the same setting to the same round.
+  void Apply(const TunedSetting& setting) {
+    config_.fusion_threshold = setting.fusion_threshold;
+    config_.allreduce_algo = setting.algo;
+  }
 
   // Throws ShmPeerGone, having failed the round's entries that had not
   // completed, when a peer stops in the middle (Note [A peer that stops]).
@@ -102,7 +111,7 @@ class Executor {
   int64_t PieceBytes() const;
 
   Comm& comm_;
-  const Config& config_;
+  Config config_;  // the runtime's, with autotune's setting (Apply)
   // Collapses the buffers this rank hands to MPI to move (Note [Huge pages
   // under what peers read]): on one host MPICH copies large messages
   // straight from the sender's memory, pinning its pages as it goes. Off

@@ -210,6 +210,14 @@ void Runtime::MaybeWarnStall() {
 
 bool Runtime::LoopOnce() {
   if (stopped_) return false;
+  const bool want_shutdown = WaitForWork();
+  RoundResult round;
+  if (!Negotiate(want_shutdown, &round)) return false;
+  if (!Execute(round)) return false;
+  return FinishRound(round, want_shutdown);
+}
+
+bool Runtime::WaitForWork() {
   bool want_shutdown;
   {
     std::unique_lock<std::mutex> lock(mu_);
@@ -239,6 +247,10 @@ bool Runtime::LoopOnce() {
     std::this_thread::sleep_for(std::chrono::duration<double, std::milli>(config_.cycle_time_ms));
   }
   ProcessTimeline().Cycle(std::chrono::steady_clock::now());
+  return want_shutdown;
+}
+
+std::set<std::string> Runtime::StalledNames() const {
   std::set<std::string> stalled;
   if (config_.stall_shutdown_seconds > 0) {
     const auto cutoff = std::chrono::steady_clock::now() -
@@ -249,15 +261,19 @@ bool Runtime::LoopOnce() {
       stalled.insert(std::move(name));
     }
   }
+  return stalled;
+}
+
+bool Runtime::Negotiate(bool want_shutdown, RoundResult* round) {
+  const std::set<std::string> stalled = StalledNames();
   if (tuner_) controller_.set_tuning_word(EncodeSetting(tuner_->current()));
-  RoundResult round;
   try {
-    round = controller_.RunRound(queue_.TakeNewRequests(), want_shutdown, stalled,
-                                 [this](int64_t i) { return Idle(i); });
+    *round = controller_.RunRound(queue_.TakeNewRequests(), want_shutdown, stalled,
+                                  [this](int64_t i) { return Idle(i); });
   } catch (const ShmPeerGone& gone) {
     return StopAfterPeer(gone);
   }
-  if (round.abandoned) {
+  if (round->abandoned) {
     size_t total = 0;
     const std::vector<std::string> pending =
         queue_.EnqueuedBefore(std::chrono::steady_clock::now(), 8, &total);
@@ -272,21 +288,32 @@ bool Runtime::LoopOnce() {
     HVDMX_LOG(kError) << why.str();
     return Stop(why.str());
   }
-  made_progress_ = !round.responses.empty();
+  made_progress_ = !round->responses.empty();
   if (made_progress_) backoff_us_ = 0;
   TunedSetting setting;
-  if (DecodeSetting(round.tuning, &setting)) {
-    // Rank 0's setting, applied by every rank to this same round.
-    config_.fusion_threshold = setting.fusion_threshold;
-    config_.cycle_time_ms = setting.cycle_time_ms;
-    config_.allreduce_algo = setting.algo;
-  }
+  // Rank 0's setting, applied by every rank to this same round.
+  if (DecodeSetting(round->tuning, &setting)) ApplyTuned(setting);
+  return true;
+}
+
+void Runtime::ApplyTuned(const TunedSetting& setting) {
+  config_.fusion_threshold = setting.fusion_threshold;
+  config_.cycle_time_ms = setting.cycle_time_ms;
+  config_.allreduce_algo = setting.algo;
+  executor_.Apply(setting);
+}
+
+bool Runtime::Execute(const RoundResult& round) {
   try {
     executor_.Run(round.responses, &queue_);
   } catch (const ShmPeerGone& gone) {
     return StopAfterPeer(gone);
   }
   CountReleased();
+  return true;
+}
+
+bool Runtime::FinishRound(const RoundResult& round, bool want_shutdown) {
   if (tuner_) {
     int64_t bytes = 0;
     for (const Response& r : round.responses) {

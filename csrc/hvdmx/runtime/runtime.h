@@ -39,6 +39,7 @@
 #include <condition_variable>
 #include <memory>
 #include <mutex>
+#include <set>
 #include <string>
 #include <thread>
 
@@ -117,12 +118,33 @@ class Runtime {
     return stop_reason_;
   }
 
-  // One pass of the background loop (see Note [Background loop]); returns
-  // false once the runtime has stopped. Exposed for tests.
+  // One pass of the background loop (see Note [Background loop]): the
+  // phases below, in order; returns false once the runtime has stopped.
+  // Exposed for tests.
   bool LoopOnce();
 
  private:
   void Loop();
+  // LoopOnce's phases, on the background thread. Each that can stop the
+  // runtime returns false once it has.
+  // Waits for new work (or shutdown, or the next try of a round that waits
+  // for peers), then for the cycle time; returns whether shutdown was asked.
+  bool WaitForWork();
+  // Stall bookkeeping before a round: the names pending for longer than the
+  // stall shutdown time, which the round then fails on every rank.
+  std::set<std::string> StalledNames() const;
+  // Runs one negotiation round into *round, and applies the setting
+  // autotune chose for it; stops when a peer in shared memory is gone or
+  // the round was abandoned after the stall shutdown time.
+  bool Negotiate(bool want_shutdown, RoundResult* round);
+  // Runs the round's responses; stops when a peer in shared memory is gone.
+  bool Execute(const RoundResult& round);
+  // After the round: autotune's score, the stall warning, and a shutdown
+  // that the round agreed on.
+  bool FinishRound(const RoundResult& round, bool want_shutdown);
+  // Hands autotune's setting (rank 0's, the same on every rank for the same
+  // round) to the loop (cycle time) and the executor.
+  void ApplyTuned(const TunedSetting& setting);
   void FailAll(const Status& status);
   // Entries that waited for their turn leave the engine's count once they
   // enter negotiation or fail (see Enqueue). Background thread.
