@@ -7,7 +7,8 @@
 // target attribute, for AVX2, which is chosen at run time where the CPU has
 // it. On that path float16 Sum, Product and scaling convert with F16C
 // instructions instead of integer code. Build with -O3 and nothing more:
-// GCC leaves these loops scalar at -O2 (about 5x slower).
+// GCC leaves these loops scalar at -O2, several times slower
+// (docs/benchmark-notes.md, "Figures the code cites").
 //
 // Note [Bitwise identical reductions]
 // Ranks of one job may run on different CPUs and so take different paths
@@ -120,13 +121,6 @@ Kernel SelectKernel(DataType dtype, ReduceOp op, bool avx2) {
 }
 
 }  // namespace
-
-bool ReduceOpSupported(DataType dtype, ReduceOp op) {
-  const bool implemented = op == ReduceOp::kAverage || op == ReduceOp::kSum ||
-                           op == ReduceOp::kMin || op == ReduceOp::kMax ||
-                           op == ReduceOp::kProduct;
-  return implemented && IsSupportedDataType(static_cast<int32_t>(dtype));
-}
 
 void ReduceInto(void* dst, const void* src, int64_t count, DataType dtype, ReduceOp op) {
   ReduceIntoOn(KernelPath::kNative, dst, src, count, dtype, op);

@@ -26,10 +26,6 @@
 
 namespace hvdmx {
 
-// True for every DataType above with Sum, Average, Min, Max or Product.
-// Adasum is not implemented.
-bool ReduceOpSupported(DataType dtype, ReduceOp op);
-
 // dst[i] = dst[i] OP src[i] for i < count. Average is reduced as Sum (the
 // caller scales afterwards). dst and src must not overlap.
 void ReduceInto(void* dst, const void* src, int64_t count, DataType dtype, ReduceOp op);

@@ -1,5 +1,5 @@
 // Vocabulary shared by every part of the core: data types, reduction ops,
-// a non-owning view of a tensor's bytes, and Status.
+// collective types, and Status.
 //
 // Nothing here knows MXNet or MPI. DataType values are MXNet's dtype codes
 // (mshadow::TypeFlag) so the engine glue can pass them through unchanged.
@@ -52,14 +52,6 @@ enum class CollectiveType : int32_t {
   kJoin = 6,           // this rank has no more data (see Note [Join] in controller.h)
 };
 std::string CollectiveTypeName(CollectiveType type);
-
-// A contiguous tensor's bytes, owned elsewhere.
-struct TensorView {
-  void* data = nullptr;
-  int64_t count = 0;  // elements
-  DataType dtype = DataType::kFloat32;
-  int64_t bytes() const { return count * static_cast<int64_t>(DataTypeSize(dtype)); }
-};
 
 // Outcome of an operation. The message is for the user: it says what went
 // wrong and what to do about it.

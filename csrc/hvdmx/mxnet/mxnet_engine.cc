@@ -90,9 +90,9 @@ void Complete(const CallbackOnComplete& on_complete, const Status& status) {
 // collective while our copy still held the output's block of the output
 // pool. That call then needed a second block, and at a pool limit of one
 // block (a 256 MiB output under HVDMX_OUTPUT_POOL_BYTES' 256 MiB) the pool
-// gave a block's pages back and faulted them in again: 3-5 calls in 40 at
-// np=2, each some 145 ms slower (docs/benchmark-notes.md, "Letting go of
-// outputs before completing"). Freed first, the block is back in the pool
+// gave a block's pages back and faulted them in again: some calls were
+// much slower (docs/benchmark-notes.md, "Letting go of outputs before
+// completing"). Freed first, the block is back in the pool
 // when the reader drops its array.
 //
 // Safe because nothing in hvdmx touches the memory after the callback, and

@@ -39,13 +39,6 @@ Controller::Controller(Comm& comm, int64_t cache_capacity, double stall_shutdown
       bit_words_(BitWords(cache_capacity)),
       joined_ranks_(comm.size(), false) {}
 
-std::vector<std::string> Controller::PendingNames() const {
-  std::vector<std::string> names;
-  for (const auto& sent : at_coordinator_) names.push_back(sent.first);
-  for (const auto& hit : cache_hits_) names.push_back(hit.second.name);
-  return names;
-}
-
 RoundResult Controller::RunRound(std::vector<Request> new_requests, bool want_shutdown,
                                  const std::set<std::string>& stalled,
                                  const std::function<bool(int64_t)>& idle) {

@@ -131,7 +131,6 @@ class Controller {
 
   // Requests this rank has submitted that have no response yet.
   bool HasPending() const { return !cache_hits_.empty() || !at_coordinator_.empty(); }
-  std::vector<std::string> PendingNames() const;
   // What this rank contributes to the next rounds' tuning word (the last
   // word of the AND): rank 0's setting, all ones elsewhere.
   void set_tuning_word(uint64_t word) { tuning_word_ = word; }

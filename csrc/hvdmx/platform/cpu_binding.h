@@ -9,11 +9,11 @@
 // WaitForVar runs there). Each hand-off to a thread that sleeps on another
 // CPU costs a wake-up across CPUs, which on a virtual machine takes tens of
 // microseconds. With two ranks on two CPUs, where each rank's threads land
-// is up to the scheduler and stays put for a whole run: in one run out of
-// three or four here, a 1 MiB allgather (512 KiB from each rank) took
-// 80-150 us instead of 47, and it took 47 in every run with all of a rank's
-// threads on one CPU (mpiexec -bind-to core, or these threads bound by
-// hand; docs/benchmark-notes.md, "Binding a rank's threads to one CPU").
+// is up to the scheduler and stays put for a whole run: in some runs a
+// 1 MiB allgather took two to three times as long as in the others, and it
+// never did with all of a rank's threads on one CPU (mpiexec -bind-to core,
+// or these threads bound by hand; docs/benchmark-notes.md, "Binding a
+// rank's threads to one CPU").
 //
 // So hvd.init() binds every thread of the process to one CPU when a rank
 // could not count on more than one anyway: the host's ranks are at least as

@@ -3,17 +3,17 @@
 // Note [Huge pages under what peers read]
 // ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
 // A peer reading this process's memory with process_vm_readv makes the
-// kernel pin every page it reads. On 4 KiB pages that costs as much as the
-// copy: MPI_Alltoall of 64 MiB at np=2 took 5.5-6.1 ms from MXNet's arrays
-// (4 KiB pages) and 3.1-3.7 ms from numpy's (which asks for transparent
-// huge pages from 4 MiB up), and 3.4-3.6 ms from MXNet's arrays once
-// madvise(MADV_COLLAPSE) had put them on huge pages (docs/benchmark-notes.md,
-// "The targets, measured again").
+// kernel pin every page it reads. On 4 KiB pages that costs about as much
+// as the copy, and an MPI_Alltoall from MXNet's arrays (4 KiB pages) was
+// much slower than from numpy's (which asks for transparent huge pages from
+// 4 MiB up) until madvise(MADV_COLLAPSE) had put them on huge pages
+// (docs/benchmark-notes.md, "The targets, measured again", and "Figures
+// the code cites").
 // MXNet never asks for huge pages, and its arrays are allocated once and
 // reused (its storage pool, a model's parameters and gradients), so before
 // a rank publishes a buffer for its peers to read directly it collapses
-// the whole 2 MiB pages inside it, once per page: the first call pays
-// about 0.3 ms per MiB, later ones a set lookup per page. Collapsing keeps
+// the whole 2 MiB pages inside it, once per page: the first call pays a
+// fraction of a millisecond per MiB, later ones a set lookup per page. Collapsing keeps
 // the bytes; it may fail (no memory for a huge page, a kernel before 6.1,
 // transparent huge pages off), which only leaves the pages as they were.
 // A page that was unmapped and mapped again stays in the set and is not

@@ -7,7 +7,7 @@
 // storage each is a fresh malloc; from 128 KiB up glibc serves that with a
 // fresh mapping (and a worker thread's heap gives its pages back on free),
 // so every call pays the kernel to fault in and zero every page of its
-// output: about 5 ms of a 64 MiB allgather's 16.5 here (docs/benchmark-notes.md,
+// output: a third of a large allgather's time (docs/benchmark-notes.md,
 // "Outputs from a pool"). Users run with default malloc, so the collectives' outputs
 // come from this pool instead: page-aligned blocks in size classes (at most
 // 1/8 larger than asked for), kept once touched and handed out again, most

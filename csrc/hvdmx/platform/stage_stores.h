@@ -11,10 +11,10 @@
 // streaming stores, the chunk goes to memory and the peer streams it back
 // with the prefetchers' help: slower than a shared cache, faster than the
 // crossing. On this project's 2-core VM both happen in one job: the
-// hypervisor moves the two cores, and a 64 MiB allreduce took 5.0-5.8 ms
-// streaming and 7.9-9.8 ms cached in one phase, 8.5 and 5.3 ms in the
-// other, switching within minutes (docs/benchmark-notes.md, "Streaming
-// stores: faster in the slow phase").
+// hypervisor moves the two cores, and a large allreduce was faster
+// streaming in one phase and faster cached in the other, switching within
+// minutes (docs/benchmark-notes.md, "Streaming stores: faster in the slow
+// phase").
 //
 // So under HVDMX_SHM_STREAMING_STORES=auto each rank measures. Calls are
 // sorted by size into classes (factors of 2 from the least size that may
@@ -35,9 +35,9 @@
 // results stay bitwise identical.
 //
 // Calls below kMinBytes stay cached: their time is mostly the hand-offs
-// between ranks (a 32 KiB allreduce took 18-20 us either way; from 64 KiB on,
-// streaming was faster in the slow phase). Writes into peers' outputs take
-// a higher least size (ShmExchange::kPushStreamMinBytes).
+// between ranks, and the stores made no difference to it
+// (docs/benchmark-notes.md, "Figures the code cites"). Writes into peers'
+// outputs take a higher least size (ShmExchange::kPushStreamMinBytes).
 //
 // Threading: one thread at a time (the shared-memory calls').
 #ifndef HVDMX_STAGE_STORES_H_

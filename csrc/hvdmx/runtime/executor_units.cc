@@ -89,10 +89,9 @@ const char* Executor::RunAllgather(const Response& response, TensorEntry& entry)
   const bool shm = ShmMoves(CollectiveType::kAllgather, total);
   // A lone tensor's output comes from the output pool: where the ranks write
   // into each other's outputs, it moves in one copy through shared memory at
-  // any size (64 MiB: 3.1-3.3 ms against 6.7-7.4 on the ring, whose
-  // cross-memory attach pins the shared file's small pages;
-  // docs/benchmark-notes.md, "Large allgathers written into the peers'
-  // outputs").
+  // any size, faster than the ring, whose cross-memory attach pins the
+  // shared file's small pages (docs/benchmark-notes.md, "Large allgathers
+  // written into the peers' outputs").
   const bool shm_lone = shm || (shm_ != nullptr && shm_->exchange().writes_into_peers() &&
                                 ShmMoves(CollectiveType::kAllgather, 0));
   const char* algorithm = shm_lone ? "SHM_ALLGATHER" : "RING_ALLGATHER";

@@ -5,8 +5,11 @@
 // share dtype, op and scale factors are packed into one fused group of at
 // most `threshold` bytes. A tensor larger than the threshold, or than
 // `max_tensor_bytes`, runs alone: in place, with no copy through the buffer.
-// Broadcasts and error responses are groups of their own. Every rank plans
-// from the same response list, so every rank runs the same groups.
+// Every other response (an error response, and every collective but
+// allreduce: broadcast, allgather, alltoall, reducescatter, barrier, join)
+// is a group of its own: one item with tensor -1 (the whole response),
+// which the executor runs as one unit (RunUnit). Every rank plans from the
+// same response list, so every rank runs the same groups.
 #ifndef HVDMX_FUSION_PLAN_H_
 #define HVDMX_FUSION_PLAN_H_
 

@@ -2,9 +2,8 @@
 // negotiation's bit-and, its payloads and its string broadcasts go through
 // the ranks' shared-memory control blocks (ShmControl) instead of MPI;
 // everything else, and strings too long for a mailbox, go to `inner`.
-// Measured at np=2 here: an MPI_Iallreduce bit-and took 8.5 us a round; a
-// round that needs the coordinator took about 16 us more than one that
-// does not with MPI's gather and broadcast (docs/benchmark-notes.md,
+// Through MPI, the bit-and and the coordinator's gather and broadcast were
+// most of a small collective's latency (docs/benchmark-notes.md,
 // "Negotiation through shared memory").
 #ifndef HVDMX_SHM_CONTROL_COMM_H_
 #define HVDMX_SHM_CONTROL_COMM_H_

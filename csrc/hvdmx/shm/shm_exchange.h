@@ -44,22 +44,20 @@ class ShmExchange {
  public:
   static constexpr int64_t kDirectAuto = -2;
   // Under kDirectAuto, alltoalls and broadcasts whose longest stream has at
-  // least this many bytes are read directly. At np=2, alltoalls of 16 MiB
-  // and up were 1.1-1.4x faster than through the stages, broadcasts
-  // (the root writing half of the peer's output, Note [Reading peers'
-  // buffers directly]) 1.2-2.3x; at 4 MiB both were mixed
-  // (docs/benchmark-notes.md, "Single-copy moves and huge pages" and
-  // "Broadcasts read directly, the root writing half"). Allgathers were
-  // mixed read directly; most write
-  // into the peers' outputs instead.
+  // least this many bytes are read directly: from there on, alltoalls and
+  // broadcasts (the root writing half of the peer's output, Note [Reading
+  // peers' buffers directly]) were faster than through the stages, and at
+  // half of it mixed (docs/benchmark-notes.md, "Single-copy moves and huge
+  // pages" and "Broadcasts read directly, the root writing half").
+  // Allgathers were mixed read directly; most write into the peers' outputs
+  // instead.
   static constexpr int64_t kAutoDirectMinBytes = int64_t{8} << 20;
   // Under StageStores::kAuto, a write into the peers' outputs (Note
   // [Writing into peers' outputs]) may stream from this many bytes written
-  // by the rank, and smaller ones stay cached. At np=2 here, streaming made
-  // 16 and 64 MiB allgathers and alltoalls 1.15-1.5x faster, and those of
-  // 1-4 MiB 1.2-1.9x slower (they stay in the 32 MiB L3); 8 and 12 MiB were
-  // mixed (docs/benchmark-notes.md, "Streaming stores into the peers'
-  // outputs").
+  // by the rank, and smaller ones stay cached: streaming made larger
+  // allgathers and alltoalls faster and those that stay in the last-level
+  // cache slower, with this size in between (docs/benchmark-notes.md,
+  // "Streaming stores into the peers' outputs").
   // A choice among sizes that stay in cache would only pay for its trials.
   static constexpr int64_t kPushStreamMinBytes = int64_t{8} << 20;
 

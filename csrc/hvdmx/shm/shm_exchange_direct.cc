@@ -80,9 +80,8 @@ int64_t ShmExchange::RootWrittenBytes(int64_t read_bytes) const {
 // peer's shared output file (out_offset, as in Note [Writing into peers'
 // outputs]), else with process_vm_writev (the same permission as reading),
 // then publishes done. A peer's output is whole once the root's done is
-// in, which every rank waits for anyway. At np=2 the two halves move at
-// once: 16 MiB in 555-590 us against 745-800 for one whole read, 64 MiB in
-// 2.8-3.1 ms against 3.2-3.9 (docs/benchmark-notes.md, "Broadcasts read
+// in, which every rank waits for anyway. The two halves move at once,
+// faster than one whole read (docs/benchmark-notes.md, "Broadcasts read
 // directly, the root writing half"). Out of place, the root
 // copies the whole message into its own output, as much as each peer
 // reads, so it writes nothing for them (root_writes = 0 in its control

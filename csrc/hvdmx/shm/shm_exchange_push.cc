@@ -36,10 +36,9 @@ int64_t ShmExchange::OffsetInFile(const char* data, int64_t bytes) const {
 // then write its rows for rank j straight into j's output: each byte is
 // copied once, by its sender, with plain stores into memory mapped in both
 // processes (no system call, no pages to pin), where the stages copy it
-// twice. At np=2 that made alltoalls of 1-4 MiB 1.2-2.5x and allgathers of
-// 1-2 MiB 1.04-1.17x faster than the stages in one run (mixed in another),
-// and level from 16 MiB (docs/benchmark-notes.md, "Writing into peers'
-// outputs").
+// twice. That made alltoalls and allgathers of a few MiB faster than the
+// stages, and level for large ones (docs/benchmark-notes.md, "Writing into
+// peers' outputs").
 //
 // One call takes one chunk seq, s, and no stage:
 // - each rank writes its output's offset in its file (or -1 when the

@@ -27,9 +27,8 @@ using shm_internal::WaitFor;
 // offset that puts it half a page away from where it sits in the rank's
 // buffer: (stage address - buffer address) mod 4096 == 2048. Copies between
 // two addresses a few bytes apart modulo a page run at a fraction of memory
-// speed on this project's AMD EPYC (glibc's memcpy: 1.6-2 GB/s at a distance
-// of 16 bytes, 18 GB/s at 0 and 33-37 GB/s at 2048 for 128 KiB; load/store
-// 4K aliasing), and the buffers' offsets in their pages are whatever the
+// speed (load/store 4K aliasing; docs/benchmark-notes.md, "Figures the
+// code cites"), and the buffers' offsets in their pages are whatever the
 // allocator gave. The offset is chosen per chunk and published with it
 // (Control::shift), since peers read the stage.
 

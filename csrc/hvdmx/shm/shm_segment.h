@@ -7,11 +7,12 @@
 // MPI_Comm_split_type(MPI_COMM_TYPE_SHARED) decides which ranks share a
 // host. The memory itself is one POSIX shared-memory object (shm_open), not
 // an MPI-3 window (MPI_Win_allocate_shared): MPI_Win_free is collective and,
-// in MPICH, waits for every rank (measured: a rank freeing a window waited
-// the 3 s its peer slept before freeing). A Runtime is destroyed when its last
-// reference goes, which can be on different threads and at different times
-// on different ranks (after a peer's shutdown, say, while this rank is in an
-// MPI call of its own), so a waiting free could deadlock. munmap is local.
+// in MPICH, waits for every rank (a rank freeing a window waited until its
+// peer freed its own: docs/benchmark-notes.md, "Figures the code cites").
+// A Runtime is destroyed when its last reference goes, which can be on
+// different threads and at different times on different ranks (after a
+// peer's shutdown, say, while this rank is in an MPI call of its own), so a
+// waiting free could deadlock. munmap is local.
 // Creation is collective and happens in hvd.init(), which is collective
 // anyway. Rank 0 unlinks the name as soon as every rank has mapped it, so
 // nothing is left in /dev/shm even if the job is killed.
