@@ -27,7 +27,7 @@ BUILD_REQUIRES = $(shell $(PY) -c 'import re, shlex, sys; t = open("pyproject.to
 	re.search(r"^requires\s*=\s*\[(.*?)\]", t, re.S | re.M).group(1)); \
 	print(" ".join(map(shlex.quote, r)))')
 
-.PHONY: venv build demo test horovod-programs other-mpi clean distclean
+.PHONY: venv build demo test lint-cxx horovod-programs other-mpi clean distclean
 
 venv: $(INSTALLED)
 
@@ -96,7 +96,13 @@ demo: venv build
 	$(MPIEXEC) $(MPIEXEC_FLAGS) -n 2 $(PY) examples/mnist_gluon.py
 
 test: venv build horovod-programs other-mpi
+	$(MAKE) --no-print-directory lint-cxx
 	PYTHON=$(PY) MPIEXEC=$(MPIEXEC) MPIEXEC_FLAGS='$(MPIEXEC_FLAGS)' tests/run_all.sh
+
+# The C++ sources against .clang-format: fails, naming each line, where
+# clang-format would change them (fix: $(VENV)/bin/clang-format -i FILE...).
+lint-cxx: venv
+	$(VENV)/bin/clang-format --dry-run --Werror $(sort $(CSRC))
 
 clean:
 	rm -rf build *.egg-info hvdmx/_core*.so tests/_hvdmx_testing*.so .pytest_cache .hypothesis
