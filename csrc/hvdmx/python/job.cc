@@ -9,6 +9,7 @@
 #include "base/logging.h"
 #include "base/timeline.h"
 #include "comm/mpi_comm.h"
+#include "comm/tcp_comm.h"
 #include "platform/cpu_binding.h"
 #include "platform/output_pool.h"
 #include "shm/shm_segment.h"
@@ -108,11 +109,40 @@ void MaybeBindToCpu(MPI_Comm comm, CpuBind mode) {
                     << " CPUs; HVDMX_CPU_BIND=" << CpuBindName(mode) << ")";
 }
 
+// Whether the ranks of `comm` talk over hvdmx's own TCP sockets (see
+// Config::transport). Collective over `comm`.
+bool UseTcp(MPI_Comm comm, Transport transport) {
+  if (transport != Transport::kAuto) return transport == Transport::kTcp;
+  int rank = 0, size = 1, local_size = 1;
+  MPI_Comm_rank(comm, &rank);
+  MPI_Comm_size(comm, &size);
+  MPI_Comm local;
+  MPI_Comm_split_type(comm, MPI_COMM_TYPE_SHARED, rank, MPI_INFO_NULL, &local);
+  MPI_Comm_size(local, &local_size);
+  MPI_Comm_free(&local);
+  return local_size < size;
+}
+
+// A communicator over the ranks of `comm`: MPI's, or TCP's built with MPI's
+// help. Collective over `comm`.
+std::unique_ptr<Comm> MakeComm(MPI_Comm comm, const Config& config) {
+  if (config.transport != Transport::kTcp) return std::make_unique<MpiComm>(comm);
+  int rank = 0, size = 1;
+  MPI_Comm_rank(comm, &rank);
+  MPI_Comm_size(comm, &size);
+  return std::make_unique<TcpComm>(
+      rank, size, TcpOptionsFor(config, HostRanksOutnumberCpus(comm)),
+      [comm](const std::string& mine) { return MpiAllgatherStrings(comm, mine); });
+}
+
 // Collective over `comm`.
 std::shared_ptr<Runtime> StartRuntime(MPI_Comm comm) {
-  std::unique_ptr<ShmAllreduce> shm = CreateNodeShmAllreduce(comm, G().config);
-  auto runtime = std::make_shared<Runtime>(std::make_unique<MpiComm>(comm),
-                                           std::make_unique<MpiComm>(comm), G().config,
+  Config config = G().config;
+  config.transport = UseTcp(comm, config.transport) ? Transport::kTcp : Transport::kMpi;
+  std::unique_ptr<ShmAllreduce> shm = CreateNodeShmAllreduce(comm, config);
+  std::unique_ptr<Comm> control = MakeComm(comm, config);
+  std::unique_ptr<Comm> data = MakeComm(comm, config);
+  auto runtime = std::make_shared<Runtime>(std::move(control), std::move(data), config,
                                            std::move(shm), PeersOnThisHost(comm));
   runtime->Start();
   return runtime;

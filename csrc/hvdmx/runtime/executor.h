@@ -36,7 +36,7 @@ class Executor {
       : comm_(comm), config_(config), mpi_pages_(config.huge_pages && peers_on_host),
         shm_(shm) {}
 
-  // Throws ShmPeerGone, having failed the round's entries that had not
+  // Throws PeerGone, having failed the round's entries that had not
   // completed, when a peer stops in the middle (Note [A peer that stops]).
   void Run(const std::vector<Response>& responses, TensorQueue* queue);
 
@@ -110,6 +110,7 @@ class Executor {
   HugePageCollapser mpi_pages_;
   FusionBuffer fusion_;
   FusionBuffer wide_;  // a half dtype's float32 operands on the ring and MPI
+  std::vector<char> exchange_scratch_;  // ExchangeAllreduce
   RingScratch ring_scratch_;
   std::vector<int64_t> starts_;             // chunk boundaries, reused
   std::vector<int64_t> tensor_starts_;      // one tensor's blocks (allgather unpacking:

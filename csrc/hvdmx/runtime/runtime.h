@@ -134,7 +134,7 @@ class Runtime {
   bool Stop(const std::string& why);
   // Stop after a peer in shared memory stopped or died in the middle of a
   // round.
-  bool StopAfterPeer(const ShmPeerGone& gone);
+  bool StopAfterPeer(const PeerGone& gone);
   // The status for entries that arrive after the runtime has stopped.
   Status StoppedStatus();
   // Waits a little while a round waits for peers; false once it has waited
