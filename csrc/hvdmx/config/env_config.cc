@@ -100,6 +100,15 @@ EnvLookup ProcessEnvironment() {
   };
 }
 
+const char* TransportName(Transport transport) {
+  switch (transport) {
+    case Transport::kTcp: return "tcp";
+    case Transport::kMpi: return "mpi";
+    case Transport::kAuto: break;
+  }
+  return "auto";
+}
+
 Status LoadConfig(const EnvLookup& lookup, Config* out) {
   Config config;
   Status s = ReadInt(lookup, "FUSION_THRESHOLD", 0, "a byte count >= 0 (0 disables fusion)",
@@ -237,7 +246,7 @@ std::string Config::ToString() const {
       << " half_partials=" << (half_partials_wide ? "float32" : "half")
       << " cpu_bind=" << CpuBindName(cpu_bind)
       << " hierarchical_allreduce=" << hierarchical_allreduce << " transport="
-      << (transport == Transport::kTcp ? "tcp" : transport == Transport::kMpi ? "mpi" : "auto")
+      << TransportName(transport)
       << " tcp_iface='" << tcp_iface << "'"
       << " testing_ranks_per_host=" << testing_ranks_per_host
       << " stall_check_seconds=" << stall_check_seconds

@@ -26,6 +26,7 @@ std::string AllreduceAlgoName(AllreduceAlgo algo);
 constexpr int64_t kShmDirectAuto = -2;
 
 enum class Transport { kAuto, kTcp, kMpi };
+const char* TransportName(Transport transport);
 
 struct Config {
   // HVDMX_FUSION_THRESHOLD: bytes of one fusion buffer; 0 disables fusion.

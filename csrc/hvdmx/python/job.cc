@@ -186,6 +186,7 @@ void CheckSettingsAgree(MPI_Comm comm, const Config& c, int size) {
       {"SHM_PUSH", c.shm_push ? 1 : 0},
       {"HALF_PARTIALS", c.half_partials_wide ? 1 : 0},
       {"HIERARCHICAL_ALLREDUCE", c.hierarchical_allreduce ? 1 : 0},
+      {"TRANSPORT", static_cast<int64_t>(c.transport)},
       {"TESTING_RANKS_PER_HOST", c.testing_ranks_per_host},
   };
   constexpr int n = static_cast<int>(sizeof(mine) / sizeof(mine[0]));
@@ -195,6 +196,7 @@ void CheckSettingsAgree(MPI_Comm comm, const Config& c, int size) {
   MPI_Allgather(values, n, MPI_INT64_T, all.data(), n, MPI_INT64_T, comm);
   auto show = [&](int i, int64_t v) {
     if (std::string(mine[i].var) == "HALF_PARTIALS") return std::string(v ? "float32" : "half");
+    if (std::string(mine[i].var) == "TRANSPORT") return std::string(TransportName(static_cast<Transport>(v)));
     return std::string(mine[i].var) == "ALLREDUCE_ALGO"
                ? AllreduceAlgoName(static_cast<AllreduceAlgo>(v))
                : std::to_string(v);

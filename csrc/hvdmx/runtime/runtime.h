@@ -68,6 +68,8 @@ class Runtime {
   void Start();
 
   int rank() const { return control_->rank(); }
+  // How this runtime's ranks talk: tcp or mpi (Config::transport, resolved).
+  Transport transport() const { return config_.transport; }
   int size() const { return control_->size(); }
   const Config& config() const { return config_; }
   // Null unless the shared-memory allreduce is on.
