@@ -549,34 +549,40 @@ void TcpComm::BcastString(std::string* data, int root) {
 
 // Note [The bit-and over TCP]
 // ~~~~~~~~~~~~~~~~~~~~~~~~~~~
-// Each rank but 0 sends rank 0 one message, its words followed by its
-// payload; rank 0 ANDs the words and sends the result back. So a round
-// costs one message each way per rank, and rank 0 has every rank's
-// requests with it (Note [Requests with the bit-and] in controller.h).
-// Rank 0's result messages may still be on their way when TestBitAnd
-// returns true; the next bit-and waits for them before it reuses their
-// buffer, and the connection keeps them in order before anything later.
+// Up to kDirectBitAndRanks ranks, every rank sends its words to every
+// other at once, rank 0's copy followed by its payload, and each ANDs
+// what it receives: a round costs one message's latency, and rank 0 has
+// every rank's requests with it (Note [Requests with the bit-and] in
+// negotiation/controller.h). Beyond, each rank sends rank 0 its words and
+// payload and rank 0 sends the AND back down (two latencies, 2(n-1)
+// messages in all rather than n(n-1)). AND does not depend on the order, so
+// every rank gets the same words. A send may still be on its way when
+// TestBitAnd returns true; the next bit-and waits for it before reusing its
+// buffer, and a connection keeps it before anything sent later.
 void TcpComm::StartBitAndWithPayload(uint64_t* words, int n, const std::string& payload) {
   HVDMX_CHECK(!bit_and_active_, "a bit-and is already outstanding");
   HVDMX_CHECK(static_cast<int64_t>(payload.size()) <= kMaxPayloadBytes, "bit-and payload too big");
-  for (Request r : bit_result_sends_) Wait(r);
-  bit_result_sends_.clear();
+  for (Request r : bit_sends_) Wait(r);
+  bit_sends_.clear();
   bit_and_active_ = true;
   bit_words_ = words;
   bit_n_ = n;
   const size_t word_bytes = static_cast<size_t>(n) * 8;
-  if (rank_ != 0) {
-    bit_up_.assign(reinterpret_cast<const char*>(words), word_bytes);
-    bit_up_ += payload;
-    bit_requests_ = {ISend(bit_up_.data(), static_cast<int64_t>(bit_up_.size()), 0),
-                     IRecv(words, static_cast<int64_t>(word_bytes), 0)};
-    return;
-  }
-  payloads_.assign(size_, std::string());
-  payloads_[0] = payload;
+  const bool direct = size_ <= kDirectBitAndRanks;
+  bit_mine_.assign(reinterpret_cast<const char*>(words), word_bytes);
+  bit_up_ = bit_mine_ + payload;
+  payloads_.assign(rank_ == 0 ? size_ : 0, std::string());
+  if (rank_ == 0) payloads_[0] = payload;
   bit_in_.assign(size_, std::string());
   bit_requests_.clear();
-  for (int j = 1; j < size_; ++j) bit_requests_.push_back(IRecvAny(&bit_in_[j], j));
+  for (int j = 0; j < size_; ++j) {
+    if (j == rank_ || (!direct && rank_ != 0 && j != 0)) continue;
+    if (direct || rank_ != 0) {
+      const std::string& out = j == 0 ? bit_up_ : bit_mine_;
+      bit_sends_.push_back(ISend(out.data(), static_cast<int64_t>(out.size()), j));
+    }
+    bit_requests_.push_back(IRecvAny(&bit_in_[j], j));
+  }
 }
 
 bool TcpComm::TestBitAnd() {
@@ -588,19 +594,23 @@ bool TcpComm::TestBitAnd() {
   for (Request r : bit_requests_) Free(r);
   bit_requests_.clear();
   bit_and_active_ = false;
-  if (rank_ != 0) return true;
   const size_t word_bytes = static_cast<size_t>(bit_n_) * 8;
-  for (int j = 1; j < size_; ++j) {
+  const bool direct = size_ <= kDirectBitAndRanks;
+  for (int j = 0; j < size_; ++j) {
+    if (j == rank_ || (!direct && rank_ != 0 && j != 0)) continue;
     HVDMX_CHECK(bit_in_[j].size() >= word_bytes,
                 "a bit-and of " + std::to_string(bit_in_[j].size()) + " bytes from " +
                     Describe(j) + ": the ranks' cache capacities differ");
     const uint64_t* theirs = reinterpret_cast<const uint64_t*>(bit_in_[j].data());
     for (int w = 0; w < bit_n_; ++w) bit_words_[w] &= theirs[w];
-    payloads_[j] = bit_in_[j].substr(word_bytes);
+    if (rank_ == 0) payloads_[j] = bit_in_[j].substr(word_bytes);
   }
-  bit_result_.assign(bit_words_, bit_words_ + bit_n_);
-  for (int j = 1; j < size_; ++j) {
-    bit_result_sends_.push_back(ISend(bit_result_.data(), static_cast<int64_t>(word_bytes), j));
+  if (rank_ == 0 && !direct) {
+    // The AND goes back down (rank 0 waited for every rank's words).
+    bit_mine_.assign(reinterpret_cast<const char*>(bit_words_), word_bytes);
+    for (int j = 1; j < size_; ++j) {
+      bit_sends_.push_back(ISend(bit_mine_.data(), static_cast<int64_t>(word_bytes), j));
+    }
   }
   return true;
 }

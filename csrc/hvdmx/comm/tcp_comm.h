@@ -116,6 +116,8 @@ class TcpComm : public Comm {
   int connections() const;
 
   static constexpr int64_t kMaxPayloadBytes = int64_t{64} << 20;
+  // Up to this many ranks, the bit-and goes from every rank to every other.
+  static constexpr int kDirectBitAndRanks = 16;
 
  private:
   struct Op {
@@ -162,16 +164,16 @@ class TcpComm : public Comm {
   std::vector<Request> free_ops_;
   std::chrono::steady_clock::time_point last_moved_;
 
-  // The bit-and in flight (see StartBitAndWithPayload).
+  // The bit-and in flight (Note [The bit-and over TCP] in tcp_comm.cc).
   bool bit_and_active_ = false;
   uint64_t* bit_words_ = nullptr;
   int bit_n_ = 0;
-  std::string bit_up_;                  // what this rank sent rank 0
-  std::vector<std::string> bit_in_;     // rank 0: what each rank sent
+  std::string bit_mine_;                // this rank's words (rank 0 beyond the direct size: the AND)
+  std::string bit_up_;                  // the words and payload, for rank 0
+  std::vector<std::string> bit_in_;     // what each rank sent
   std::vector<std::string> payloads_;   // rank 0: each rank's payload
-  std::vector<Request> bit_requests_;
-  std::vector<uint64_t> bit_result_;    // rank 0: the AND, being sent
-  std::vector<Request> bit_result_sends_;
+  std::vector<Request> bit_requests_;   // the receives
+  std::vector<Request> bit_sends_;      // the sends, waited at the next start
 };
 
 }  // namespace hvdmx
