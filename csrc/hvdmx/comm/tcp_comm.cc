@@ -549,7 +549,7 @@ void TcpComm::BcastString(std::string* data, int root) {
 
 // Note [The bit-and over TCP]
 // ~~~~~~~~~~~~~~~~~~~~~~~~~~~
-// Up to kDirectBitAndRanks ranks, every rank sends its words to every
+// Up to TcpOptions::direct_bit_and_ranks ranks (16), every rank sends its words to every
 // other at once, rank 0's copy followed by its payload, and each ANDs
 // what it receives: a round costs one message's latency, and rank 0 has
 // every rank's requests with it (Note [Requests with the bit-and] in
@@ -568,7 +568,7 @@ void TcpComm::StartBitAndWithPayload(uint64_t* words, int n, const std::string& 
   bit_words_ = words;
   bit_n_ = n;
   const size_t word_bytes = static_cast<size_t>(n) * 8;
-  const bool direct = size_ <= kDirectBitAndRanks;
+  const bool direct = size_ <= options_.direct_bit_and_ranks;
   bit_mine_.assign(reinterpret_cast<const char*>(words), word_bytes);
   bit_up_ = bit_mine_ + payload;
   payloads_.assign(rank_ == 0 ? size_ : 0, std::string());
@@ -595,7 +595,7 @@ bool TcpComm::TestBitAnd() {
   bit_requests_.clear();
   bit_and_active_ = false;
   const size_t word_bytes = static_cast<size_t>(bit_n_) * 8;
-  const bool direct = size_ <= kDirectBitAndRanks;
+  const bool direct = size_ <= options_.direct_bit_and_ranks;
   for (int j = 0; j < size_; ++j) {
     if (j == rank_ || (!direct && rank_ != 0 && j != 0)) continue;
     HVDMX_CHECK(bit_in_[j].size() >= word_bytes,

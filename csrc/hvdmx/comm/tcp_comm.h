@@ -67,6 +67,9 @@ struct TcpOptions {
   // a blocked thread is woken. 0 when the host's ranks outnumber its CPUs,
   // where trying takes the CPU from the rank that would send the reply.
   int64_t spin_micros = 0;
+  // Up to this many ranks, a bit-and goes from every rank to every other;
+  // beyond, through rank 0 (Note [The bit-and over TCP] in tcp_comm.cc).
+  int direct_bit_and_ranks = 16;
 };
 
 // The options the configuration gives: HVDMX_TCP_IFACE, and the stall
@@ -116,8 +119,7 @@ class TcpComm : public Comm {
   int connections() const;
 
   static constexpr int64_t kMaxPayloadBytes = int64_t{64} << 20;
-  // Up to this many ranks, the bit-and goes from every rank to every other.
-  static constexpr int kDirectBitAndRanks = 16;
+
 
  private:
   struct Op {
