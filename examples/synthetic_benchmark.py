@@ -52,7 +52,11 @@ def parse_args(argv=None):
                         help="batches per timed iteration")
     parser.add_argument("--num-iters", type=int, default=10, help="timed iterations")
     parser.add_argument("--fp16-allreduce", action="store_true",
-                        help="send gradients as float16 (hvd.Compression.fp16)")
+                        help="send gradients as float16 (the same as --compression fp16)")
+    parser.add_argument("--compression", choices=["none", "fp16", "onebit"], default="none",
+                        help="how gradients travel: float32, float16, or one bit per value "
+                             "with a scale and error feedback (hvd.Compression.onebit; "
+                             "hvdmx only)")
     parser.add_argument("--no-overlap", action="store_true",
                         help="wait for the whole backward pass before the first allreduce "
                              "starts (no overlap of communication with backward), and "
@@ -104,7 +108,9 @@ def main(argv=None):
     net.initialize(mx.init.Xavier(rnd_type="gaussian", magnitude=2), ctx=ctx)
     net.hybridize(static_alloc=True, static_shape=True)
     hvd.broadcast_parameters(net.collect_params(), root_rank=0)
-    compression = hvd.Compression.fp16 if args.fp16_allreduce else hvd.Compression.none
+    if args.fp16_allreduce:
+        args.compression = "fp16"
+    compression = getattr(hvd.Compression, args.compression)
     optimizer_params = {"learning_rate": 0.01 * size, "momentum": 0.9}
     if args.sync_only:
         trainer = gluon.Trainer(net.collect_params(), "sgd", optimizer_params, kvstore=None)
@@ -146,7 +152,7 @@ def main(argv=None):
         f"rank, {size} rank(s) on {ctx.device_type}, " + (
             "gradients: not exchanged (--sync-only: the ranks wait for each other after "
             "every batch)" if args.sync_only else
-            f"fp16 allreduce: {'yes' if args.fp16_allreduce else 'no'}, overlap with "
+            f"compression: {args.compression}, overlap with "
             f"backward: {'no' if args.no_overlap else 'yes'}"))
     log(f"Running {args.num_warmup_batches} warm-up batches...")
     train_batches(args.num_warmup_batches)

@@ -147,13 +147,16 @@ def _finalize_mpi() -> None:
 # Why hvdmx stopped on this rank when the peers it waited for may be gone:
 # the stall shutdown's report when the other ranks stopped taking part in
 # negotiation while this rank waited for collectives (csrc/hvdmx/runtime/runtime.cc,
-# Runtime::LoopOnce), and a peer on this host found stopped or exited in
-# shared memory (Note [A peer that stops] in csrc/hvdmx/shm/shm_allreduce.h).
+# Runtime::LoopOnce), a peer on this host found stopped or exited in
+# shared memory (Note [A peer that stops] in csrc/hvdmx/shm/shm_allreduce.h),
+# and a peer's TCP connection closed, failed or gone silent
+# (csrc/hvdmx/comm/tcp_comm.h).
 # Set by shutdown() when it ends a runtime that stopped so. Not the report of
 # a wait in hvd.shutdown() itself: there the others may only be busy
 # elsewhere, and MPI_Finalize waits for them as it should.
 _GONE_MARKS = ("have not taken part in negotiation",
-               "while this rank waited for it in shared memory")
+               "while this rank waited for it in shared memory",
+               "hvdmx: the connection to rank", "hvdmx: no bytes have moved between this rank")
 _SHUTDOWN_WAIT_MARK = "waited in hvd.shutdown()"
 _peers_gone: Optional[str] = None
 # The least time MPI_Finalize is given, after such a stop, before the

@@ -11,6 +11,7 @@ from typing import Callable, Dict
 
 LOG_LEVELS = ("trace", "debug", "info", "warning", "warn", "error", "fatal")
 ALLREDUCE_ALGOS = ("auto", "shm", "ring", "mpi")
+TRANSPORTS = ("auto", "tcp", "mpi")
 
 
 def _number(what: str, integer: bool = False, minimum: int = 0) -> Callable[[str], float]:
@@ -70,6 +71,10 @@ def tuning_env(args: argparse.Namespace) -> Dict[str, str]:
         env["HVDMX_ALLREDUCE_ALGO"] = args.allreduce_algo
     if args.hierarchical_allreduce:
         env["HVDMX_HIERARCHICAL_ALLREDUCE"] = "1"
+    if args.transport is not None:
+        env["HVDMX_TRANSPORT"] = args.transport
+    if args.network_interface is not None:
+        env["HVDMX_TCP_IFACE"] = args.network_interface
     if args.timeline_filename is not None:
         env["HVDMX_TIMELINE"] = args.timeline_filename
     if args.timeline_mark_cycles:
@@ -127,6 +132,12 @@ def add_tuning_flags(parser: argparse.ArgumentParser) -> None:
     tuning.add_argument("--hierarchical-allreduce", action="store_true",
                         help="allreduce within each host first, then across hosts "
                              "(HVDMX_HIERARCHICAL_ALLREDUCE=1)")
+    tuning.add_argument("--transport", type=_word(TRANSPORTS), metavar="NAME",
+                        help=f"how ranks talk outside shared memory: {', '.join(TRANSPORTS)} "
+                             "(HVDMX_TRANSPORT; default auto: tcp when the job spans hosts)")
+    tuning.add_argument("--network-interface", type=_nonempty("an interface name"),
+                        metavar="IFACE", help="the interface the tcp transport uses, e.g. "
+                        "eth0 (HVDMX_TCP_IFACE; default: the address of the host's name)")
     tuning.add_argument("--timeline-filename", type=_nonempty("a file name"), metavar="FILE",
                         help="write a Chrome-trace timeline of the collectives to FILE "
                              "(HVDMX_TIMELINE)")

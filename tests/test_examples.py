@@ -38,7 +38,7 @@ def test_synthetic_benchmark():
     assert result.returncode == 0, result.stderr
     out = result.stdout
     assert "Model: resnet18_v1, image size 32, batch size 2 per rank, 2 rank(s)" in out
-    assert "fp16 allreduce: yes, overlap with backward: no" in out
+    assert "compression: fp16, overlap with backward: no" in out
     assert len(re.findall(r"Iter #\d: [\d.]+ img/sec per rank, [\d.]+ in total", out)) == 2
     assert re.search(r"Per batch on rank 0: forward\+backward [\d.]+ ms, then "
                      r"allreduce\+update [\d.]+ ms", out), out

@@ -27,6 +27,21 @@ class CommAbandoned : public std::runtime_error {
   CommAbandoned() : std::runtime_error("a negotiation exchange was abandoned") {}
 };
 
+// Thrown by a wait whose peer will not do its part any more: it stopped,
+// died, or cannot be reached (a shared-memory peer that stopped, a TCP
+// connection that closed or went silent). The message says which peer and
+// what was seen. Note [A peer that stops] in shm/shm_allreduce.h says what
+// the runtime does with it.
+class PeerGone : public std::runtime_error {
+ public:
+  PeerGone(int peer, const std::string& what) : std::runtime_error(what), peer_(peer) {}
+  // The peer's rank in the communicator (or host) that noticed.
+  int peer() const { return peer_; }
+
+ private:
+  int peer_;
+};
+
 class Comm {
  public:
   using Request = int64_t;
@@ -56,6 +71,16 @@ class Comm {
   // shutdown) thus cannot hold this rank forever. Unset: wait as long as
   // it takes.
   virtual void set_idle(std::function<bool(int64_t)> idle) { idle_ = std::move(idle); }
+
+  // How a caller that polls this comm (TestBitAnd) waits between polls;
+  // see Note [Waiting for the network] in comm/tcp_comm.h. A comm that can
+  // wake on arrival (TcpComm: poll(2) on its sockets) says so, and
+  // AwaitArrival, given how long the caller has waited so far, returns
+  // when a byte may have arrived (or after a while, so that the caller can
+  // look at the clock). The others (MPI moves bytes only inside MPI calls)
+  // do not, and their callers poll and sleep on a timer.
+  virtual bool WakesOnArrival() const { return false; }
+  virtual void AwaitArrival(int64_t waited_micros) { (void)waited_micros; }
 
   // A bitwise AND over `n` words, split in two so that the caller can wait
   // without spinning: StartBitAnd, then TestBitAnd until it returns true; the

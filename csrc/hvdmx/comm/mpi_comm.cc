@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <climits>
 
+#include "platform/cpu_binding.h"
+
 namespace hvdmx {
 namespace {
 
@@ -42,6 +44,36 @@ bool MpiOp(ReduceOp op, MPI_Op* out) {
 }
 
 }  // namespace
+
+std::vector<std::string> MpiAllgatherStrings(MPI_Comm comm, const std::string& mine) {
+  int size = 1;
+  MPI_Comm_size(comm, &size);
+  int len = static_cast<int>(mine.size());
+  std::vector<int> lens(size), displs(size);
+  CheckMpi(MPI_Allgather(&len, 1, MPI_INT, lens.data(), 1, MPI_INT, comm), "MPI_Allgather");
+  int total = 0;
+  for (int i = 0; i < size; ++i) {
+    displs[i] = total;
+    total += lens[i];
+  }
+  std::string all(total, '\0');
+  CheckMpi(MPI_Allgatherv(mine.data(), len, MPI_BYTE, &all[0], lens.data(), displs.data(),
+                          MPI_BYTE, comm),
+           "MPI_Allgatherv");
+  std::vector<std::string> out;
+  for (int i = 0; i < size; ++i) out.emplace_back(all, displs[i], lens[i]);
+  return out;
+}
+
+bool HostRanksOutnumberCpus(MPI_Comm comm) {
+  int rank = 0, local_size = 1;
+  MPI_Comm_rank(comm, &rank);
+  MPI_Comm local;
+  MPI_Comm_split_type(comm, MPI_COMM_TYPE_SHARED, rank, MPI_INFO_NULL, &local);
+  MPI_Comm_size(local, &local_size);
+  MPI_Comm_free(&local);
+  return local_size > UsableCpuCount();
+}
 
 int EnsureMpiInitialized() {
   int initialized = 0;

@@ -52,6 +52,14 @@ class MpiComm : public Comm {
   MPI_Request bit_and_request_ = MPI_REQUEST_NULL;
 };
 
+// Every rank's string (index = rank): an allgather over `comm`, collective.
+// How a TcpComm's ranks learn each other's addresses.
+std::vector<std::string> MpiAllgatherStrings(MPI_Comm comm, const std::string& mine);
+
+// Whether this host's ranks of `comm` outnumber the CPUs this process may
+// run on (MPI's idea of a host). Collective over `comm`.
+bool HostRanksOutnumberCpus(MPI_Comm comm);
+
 // Initializes MPI with MPI_THREAD_MULTIPLE unless it already is (mpi4py
 // normally does it first). Returns the thread level provided.
 int EnsureMpiInitialized();

@@ -100,6 +100,15 @@ EnvLookup ProcessEnvironment() {
   };
 }
 
+const char* TransportName(Transport transport) {
+  switch (transport) {
+    case Transport::kTcp: return "tcp";
+    case Transport::kMpi: return "mpi";
+    case Transport::kAuto: break;
+  }
+  return "auto";
+}
+
 Status LoadConfig(const EnvLookup& lookup, Config* out) {
   Config config;
   Status s = ReadInt(lookup, "FUSION_THRESHOLD", 0, "a byte count >= 0 (0 disables fusion)",
@@ -194,6 +203,12 @@ Status LoadConfig(const EnvLookup& lookup, Config* out) {
                "rounded at every step, half the ring's reduce-scatter bytes)",
                &config.half_partials_wide);
   if (!s.ok()) return s;
+  s = ReadWord(lookup, "TRANSPORT",
+               {{"auto", Transport::kAuto}, {"tcp", Transport::kTcp}, {"mpi", Transport::kMpi}},
+               "one of auto (tcp when the job spans hosts, else mpi), tcp, mpi",
+               &config.transport);
+  if (!s.ok()) return s;
+  if (auto value = Find(lookup, "TCP_IFACE", &name)) config.tcp_iface = *value;
   s = ReadWord(lookup, "CPU_BIND",
                {{"auto", CpuBind::kAuto}, {"core", CpuBind::kCore}, {"none", CpuBind::kNone}},
                "one of auto, core, none", &config.cpu_bind);
@@ -230,7 +245,9 @@ std::string Config::ToString() const {
       << " huge_pages=" << huge_pages << " shm_push=" << shm_push
       << " half_partials=" << (half_partials_wide ? "float32" : "half")
       << " cpu_bind=" << CpuBindName(cpu_bind)
-      << " hierarchical_allreduce=" << hierarchical_allreduce
+      << " hierarchical_allreduce=" << hierarchical_allreduce << " transport="
+      << TransportName(transport)
+      << " tcp_iface='" << tcp_iface << "'"
       << " testing_ranks_per_host=" << testing_ranks_per_host
       << " stall_check_seconds=" << stall_check_seconds
       << " stall_shutdown_seconds=" << stall_shutdown_seconds << " timeline='"

@@ -25,6 +25,9 @@ std::string AllreduceAlgoName(AllreduceAlgo algo);
 // Config::shm_direct_min_bytes under HVDMX_SHM_DIRECT_MIN_BYTES=auto.
 constexpr int64_t kShmDirectAuto = -2;
 
+enum class Transport { kAuto, kTcp, kMpi };
+const char* TransportName(Transport transport);
+
 struct Config {
   // HVDMX_FUSION_THRESHOLD: bytes of one fusion buffer; 0 disables fusion.
   int64_t fusion_threshold = 64 * 1024 * 1024;
@@ -103,6 +106,14 @@ struct Config {
   // 1: on several hosts with equal rank counts, shared memory inside each
   // host and our ring between hosts (shm_allreduce.h).
   bool hierarchical_allreduce = false;
+  // HVDMX_TRANSPORT: auto, tcp or mpi. How ranks on different hosts talk
+  // (the negotiation, and the collectives' bytes that do not go through
+  // shared memory): tcp through hvdmx's own sockets (comm/tcp_comm.h), mpi
+  // through MPI. auto: tcp when the job spans hosts, else mpi.
+  Transport transport = Transport::kAuto;
+  // HVDMX_TCP_IFACE: the interface whose address the tcp transport listens
+  // on; empty: see TcpOptions::iface.
+  std::string tcp_iface;
   // HVDMX_TESTING_RANKS_PER_HOST: for tests only. > 0 pretends that each
   // run of this many consecutive ranks is one host; 0 asks MPI.
   int64_t testing_ranks_per_host = 0;

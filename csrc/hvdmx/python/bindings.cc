@@ -415,6 +415,11 @@ PYBIND11_MODULE(_core, m) {
   });
   m.def("twobit_words", &TwoBitPackedWords);
   m.def("all_idle", &AllIdle, py::call_guard<py::gil_scoped_release>());
+  // "tcp" or "mpi": how the ranks of process set `set_id` talk (HVDMX_TRANSPORT).
+  m.def(
+      "transport",
+      [](int set_id) { return std::string(TransportName(RuntimeOrRaise(set_id)->transport())); },
+      py::arg("set_id") = 0);
   // Ends the process with status 1 after `seconds`, writing `message` to
   // stderr first, unless it has exited by then: a bound on MPI_Finalize's
   // wait for peers that may be gone (hvdmx/basics.py). A native thread, so

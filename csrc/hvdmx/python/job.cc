@@ -7,6 +7,7 @@
 #include "base/logging.h"
 #include "base/timeline.h"
 #include "comm/mpi_comm.h"
+#include "comm/tcp_comm.h"
 #include "platform/cpu_binding.h"
 #include "platform/output_pool.h"
 #include "shm/shm_segment.h"
@@ -109,11 +110,40 @@ void MaybeBindToCpu(MPI_Comm comm, CpuBind mode) {
                     << " CPUs; HVDMX_CPU_BIND=" << CpuBindName(mode) << ")";
 }
 
+// Whether the ranks of `comm` talk over hvdmx's own TCP sockets (see
+// Config::transport). Collective over `comm`.
+bool UseTcp(MPI_Comm comm, Transport transport) {
+  if (transport != Transport::kAuto) return transport == Transport::kTcp;
+  int rank = 0, size = 1, local_size = 1;
+  MPI_Comm_rank(comm, &rank);
+  MPI_Comm_size(comm, &size);
+  MPI_Comm local;
+  MPI_Comm_split_type(comm, MPI_COMM_TYPE_SHARED, rank, MPI_INFO_NULL, &local);
+  MPI_Comm_size(local, &local_size);
+  MPI_Comm_free(&local);
+  return local_size < size;
+}
+
+// A communicator over the ranks of `comm`: MPI's, or TCP's built with MPI's
+// help. Collective over `comm`.
+std::unique_ptr<Comm> MakeComm(MPI_Comm comm, const Config& config) {
+  if (config.transport != Transport::kTcp) return std::make_unique<MpiComm>(comm);
+  int rank = 0, size = 1;
+  MPI_Comm_rank(comm, &rank);
+  MPI_Comm_size(comm, &size);
+  return std::make_unique<TcpComm>(
+      rank, size, TcpOptionsFor(config, HostRanksOutnumberCpus(comm)),
+      [comm](const std::string& mine) { return MpiAllgatherStrings(comm, mine); });
+}
+
 // Collective over `comm`.
 std::shared_ptr<Runtime> StartRuntime(MPI_Comm comm) {
-  std::unique_ptr<ShmHost> shm = CreateNodeShm(comm, G().config);
-  auto runtime = std::make_shared<Runtime>(std::make_unique<MpiComm>(comm),
-                                           std::make_unique<MpiComm>(comm), G().config,
+  Config config = G().config;
+  config.transport = UseTcp(comm, config.transport) ? Transport::kTcp : Transport::kMpi;
+  std::unique_ptr<ShmHost> shm = CreateNodeShm(comm, config);
+  std::unique_ptr<Comm> control = MakeComm(comm, config);
+  std::unique_ptr<Comm> data = MakeComm(comm, config);
+  auto runtime = std::make_shared<Runtime>(std::move(control), std::move(data), config,
                                            std::move(shm), PeersOnThisHost(comm));
   runtime->Start();
   return runtime;
@@ -156,6 +186,7 @@ Status CheckSettingsAgree(MPI_Comm comm, const Config& c, int size) {
       {"SHM_PUSH", c.shm_push ? 1 : 0},
       {"HALF_PARTIALS", c.half_partials_wide ? 1 : 0},
       {"HIERARCHICAL_ALLREDUCE", c.hierarchical_allreduce ? 1 : 0},
+      {"TRANSPORT", static_cast<int64_t>(c.transport)},
       {"TESTING_RANKS_PER_HOST", c.testing_ranks_per_host},
   };
   constexpr int n = static_cast<int>(sizeof(mine) / sizeof(mine[0]));
@@ -165,6 +196,7 @@ Status CheckSettingsAgree(MPI_Comm comm, const Config& c, int size) {
   MPI_Allgather(values, n, MPI_INT64_T, all.data(), n, MPI_INT64_T, comm);
   auto show = [&](int i, int64_t v) {
     if (std::string(mine[i].var) == "HALF_PARTIALS") return std::string(v ? "float32" : "half");
+    if (std::string(mine[i].var) == "TRANSPORT") return std::string(TransportName(static_cast<Transport>(v)));
     return std::string(mine[i].var) == "ALLREDUCE_ALGO"
                ? AllreduceAlgoName(static_cast<AllreduceAlgo>(v))
                : std::to_string(v);

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cstring>
 
+#include "algorithms/exchange_allreduce.h"
 #include "algorithms/reduce_kernels.h"
 #include "base/timeline.h"
 
@@ -58,6 +59,13 @@ const char* Executor::Allreduce(void* buf, int64_t count, DataType dtype, Reduce
     if (comm_.NativeAllreduce(buf, count, dtype, op)) {
       ScaleBuffer(buf, count, dtype, postscale);
       return "MPI_ALLREDUCE";
+    }
+    // A comm without its own (TcpComm) sends small tensors to every rank
+    // at once where shared memory does not take them.
+    if (!auto_shm && ExchangeAllreduceFits(bytes, comm_.size())) {
+      ExchangeAllreduce(comm_, buf, count, dtype, op, &exchange_scratch_);
+      ScaleBuffer(buf, count, dtype, postscale);
+      return "EXCHANGE_ALLREDUCE";
     }
     // MPI has no float16/bfloat16 reductions: with HVDMX_HALF_PARTIALS=half
     // those take shared memory where auto would use it, else the ring.
@@ -156,9 +164,10 @@ void Executor::Run(const std::vector<Response>& responses, TensorQueue* queue) {
   std::vector<TensorEntry> entries(responses.size());
   try {
     RunEntries(responses, queue, entries);
-  } catch (const ShmPeerGone& gone) {
+  } catch (const PeerGone& gone) {
     // A peer stopped in the middle (Note [A peer that stops] in
-    // shm_region.h): what this round took and has not finished fails
+    // shm_region.h), or its connection failed (comm/tcp_comm.h): what this
+    // round took and has not finished fails
     // here; the runtime stops and fails the rest.
     for (TensorEntry& entry : entries) {
       if (entry.callback) Fire(entry, Status::Shutdown(gone.what()));

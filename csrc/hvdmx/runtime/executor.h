@@ -45,7 +45,7 @@ class Executor {
     config_.allreduce_algo = setting.algo;
   }
 
-  // Throws ShmPeerGone, having failed the round's entries that had not
+  // Throws PeerGone, having failed the round's entries that had not
   // completed, when a peer stops in the middle (Note [A peer that stops]).
   void Run(const std::vector<Response>& responses, TensorQueue* queue);
 
@@ -119,6 +119,7 @@ class Executor {
   HugePageCollapser mpi_pages_;
   FusionBuffer fusion_;
   FusionBuffer wide_;  // a half dtype's float32 operands on the ring and MPI
+  std::vector<char> exchange_scratch_;  // ExchangeAllreduce
   RingScratch ring_scratch_;
   std::vector<int64_t> starts_;             // chunk boundaries, reused
   std::vector<int64_t> tensor_starts_;      // one tensor's blocks (allgather unpacking:

@@ -154,16 +154,21 @@ void Runtime::CountReleased() {
 bool Runtime::Idle(int64_t iteration) {
   const auto now = std::chrono::steady_clock::now();
   if (iteration == 0) wait_started_ = now;
-  // Poll without sleeping for a short while: peers usually arrive within
-  // microseconds. Then sleep, longer each time, up to 1 ms.
   const int64_t waited_us =
       std::chrono::duration_cast<std::chrono::microseconds>(now - wait_started_).count();
-  if (waited_us < kSpinMicros) {
+  if (control_->WakesOnArrival()) {
+    // Blocks until a byte arrives (Note [Waiting for the network] in
+    // comm/tcp_comm.h), looking up now and then for the stall checks below.
+    control_->AwaitArrival(waited_us);
+  } else if (waited_us < kSpinMicros) {
+    // Poll without sleeping for a short while: peers usually arrive within
+    // microseconds. Then sleep, longer each time, up to 1 ms.
     std::this_thread::yield();
     return true;
+  } else {
+    std::this_thread::sleep_for(
+        std::chrono::microseconds(std::min<int64_t>(1000, 20 + (waited_us - kSpinMicros) / 8)));
   }
-  std::this_thread::sleep_for(
-      std::chrono::microseconds(std::min<int64_t>(1000, 20 + (waited_us - kSpinMicros) / 8)));
   MaybeWarnStall();
   return config_.stall_shutdown_seconds <= 0 ||
          waited_us < static_cast<int64_t>(config_.stall_shutdown_seconds * 1e6);
@@ -270,7 +275,7 @@ bool Runtime::Negotiate(bool want_shutdown, RoundResult* round) {
   try {
     *round = controller_.RunRound(queue_.TakeNewRequests(), want_shutdown, stalled,
                                   [this](int64_t i) { return Idle(i); });
-  } catch (const ShmPeerGone& gone) {
+  } catch (const PeerGone& gone) {
     return StopAfterPeer(gone);
   }
   if (round->abandoned) {
@@ -306,7 +311,7 @@ void Runtime::ApplyTuned(const TunedSetting& setting) {
 bool Runtime::Execute(const RoundResult& round) {
   try {
     executor_.Run(round.responses, &queue_);
-  } catch (const ShmPeerGone& gone) {
+  } catch (const PeerGone& gone) {
     return StopAfterPeer(gone);
   }
   CountReleased();
@@ -343,7 +348,7 @@ bool Runtime::Stop(const std::string& why) {
   return false;
 }
 
-bool Runtime::StopAfterPeer(const ShmPeerGone& gone) {
+bool Runtime::StopAfterPeer(const PeerGone& gone) {
   HVDMX_LOG(kError) << gone.what();
   return Stop(gone.what());
 }

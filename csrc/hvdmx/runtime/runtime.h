@@ -69,6 +69,8 @@ class Runtime {
   void Start();
 
   int rank() const { return control_->rank(); }
+  // How this runtime's ranks talk: tcp or mpi (Config::transport, resolved).
+  Transport transport() const { return config_.transport; }
   int size() const { return control_->size(); }
   const Config& config() const { return config_; }
   // Null unless the shared-memory allreduce is on.
@@ -156,7 +158,7 @@ class Runtime {
   bool Stop(const std::string& why);
   // Stop after a peer in shared memory stopped or died in the middle of a
   // round.
-  bool StopAfterPeer(const ShmPeerGone& gone);
+  bool StopAfterPeer(const PeerGone& gone);
   // The status for entries that arrive after the runtime has stopped.
   Status StoppedStatus();
   // Waits a little while a round waits for peers; false once it has waited

@@ -35,6 +35,7 @@
 #include <vector>
 
 #include "base/common.h"
+#include "comm/comm.h"
 #include "platform/stage_stores.h"
 
 namespace hvdmx {
@@ -57,14 +58,10 @@ int64_t ShmSliceStart(int64_t len, int n, int j, int64_t unit);
 // process's exit never wait for a peer that will not come. A clean shutdown
 // stops every rank after the same round, whose writes every peer has made
 // before it marks itself stopped, so no wait of that round throws.
-class ShmPeerGone : public std::runtime_error {
+// peer() is the peer's rank among the host's ranks.
+class ShmPeerGone : public PeerGone {
  public:
-  ShmPeerGone(int peer, const std::string& what) : std::runtime_error(what), peer_(peer) {}
-  // The peer's rank among the host's ranks.
-  int peer() const { return peer_; }
-
- private:
-  int peer_;
+  using PeerGone::PeerGone;
 };
 
 // What the collectives on one region have done so far (a snapshot).

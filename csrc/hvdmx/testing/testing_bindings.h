@@ -33,6 +33,8 @@ void DefineTestingBindings(pybind11::module_& m);
 
 // Adds the shared-memory collectives' functions (testing_shm_bindings.cc).
 void DefineTestingShmBindings(pybind11::module_& m);
+// testing_tcp_bindings.cc: TcpComm with threads as ranks.
+void DefineTestingTcpBindings(pybind11::module_& m);
 
 }  // namespace hvdmx
 

@@ -1,0 +1,107 @@
+"""One job of benchmarks/many_hosts.py, written against horovod.mxnet so that the same
+program times Horovod (run by the Python of tools/horovod/build.sh's environment) and
+hvdmx (run as `python -m hvdmx.as_horovod benchmarks/horovod/collectives_job.py`):
+
+- in-place allreduce_ of float32 tensors of each --sizes (Sum), waited for after
+  each call, beside MPI_Allreduce (mpi4py, numpy buffers) on the same bytes;
+- with --model, the gradient set of a model-zoo network as DistributedTrainer
+  sends it (an allreduce_ per gradient, named and prioritized by position, all
+  pushed, then one wait), beside MPI_Allreduce per tensor and MPI_Iallreduce of
+  every tensor followed by one MPI_Waitall.
+
+Each figure is the slowest rank's mean over --iters after --warmup calls. Rank 0
+prints one JSON object: {"sizes": {bytes: {"hvd_us", "mpi_us"}}, "model": {...}}.
+"""
+import argparse
+import json
+import time
+
+import numpy as np
+from mpi4py import MPI  # first: Horovod joins the MPI that mpi4py started
+import mxnet as mx
+import horovod.mxnet as hvd
+
+
+def timed(fn, warmup, iters, comm):
+    for _ in range(warmup):
+        fn()
+    comm.Barrier()
+    start = time.perf_counter()
+    for _ in range(iters):
+        fn()
+    return comm.allreduce(time.perf_counter() - start, op=MPI.MAX) / iters
+
+
+def parse_size(text):
+    units = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
+    return int(text[:-1]) * units[text[-1]] if text[-1] in units else int(text)
+
+
+def model_gradients(name):
+    """Shapes of the network's gradients, sorted by parameter name (the order
+    DistributedTrainer reduces them)."""
+    net = mx.gluon.model_zoo.vision.get_model(name, pretrained=False)
+    net.initialize(mx.init.Xavier())
+    net(mx.nd.zeros((1, 3, 224, 224)))
+    return [p.shape for _, p in sorted(net.collect_params().items()) if p.grad_req != "null"]
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--sizes", default="4,256K,64M", help="bytes, comma-separated")
+    parser.add_argument("--model", default="", help="a model-zoo network, e.g. resnet50_v1")
+    parser.add_argument("--iters", type=int, default=0,
+                        help="timed calls (default: by size, 1000 for 4 B down to 5 for 64 MiB)")
+    parser.add_argument("--model-iters", type=int, default=10)
+    args = parser.parse_args(argv)
+    comm = MPI.COMM_WORLD
+    hvd.init()
+    out = {"ranks": hvd.size(), "sizes": {}, "model": {}}
+    for size in [parse_size(s) for s in args.sizes.split(",")]:
+        count = max(1, size // 4)
+        iters = args.iters or max(5, min(1000, (64 << 20) * 5 // max(size, 1)))
+        x = mx.nd.ones((count,))
+        y = np.ones(count, dtype=np.float32)
+        name = f"size.{size}"
+
+        def hvd_call():
+            hvd.allreduce_(x, op=hvd.Sum, name=name)
+            x.wait_to_read()
+
+        def mpi_call():
+            comm.Allreduce(MPI.IN_PLACE, y, op=MPI.SUM)
+
+        warmup = max(2, iters // 10)
+        out["sizes"][size] = {"hvd_us": timed(hvd_call, warmup, iters, comm) * 1e6,
+                              "mpi_us": timed(mpi_call, warmup, iters, comm) * 1e6}
+    if args.model:
+        shapes = model_gradients(args.model)
+        grads = [mx.nd.ones(s) for s in shapes]
+        bufs = [np.ones(s, dtype=np.float32) for s in shapes]
+
+        def hvd_step():
+            for i, g in enumerate(grads):
+                hvd.allreduce_(g, op=hvd.Average, name=f"model.{i}", priority=-i)
+            mx.nd.waitall()
+
+        def mpi_per_tensor():
+            for b in bufs:
+                comm.Allreduce(MPI.IN_PLACE, b, op=MPI.SUM)
+
+        def mpi_iallreduce():
+            MPI.Request.Waitall([comm.Iallreduce(MPI.IN_PLACE, b, op=MPI.SUM) for b in bufs])
+
+        n = args.model_iters
+        out["model"] = {"name": args.model, "tensors": len(shapes),
+                        "bytes": int(sum(b.nbytes for b in bufs)),
+                        "hvd_ms": timed(hvd_step, 2, n, comm) * 1e3,
+                        "mpi_per_tensor_ms": timed(mpi_per_tensor, 2, n, comm) * 1e3,
+                        "mpi_iallreduce_ms": timed(mpi_iallreduce, 2, n, comm) * 1e3}
+    if hvd.rank() == 0:
+        print(json.dumps(out), flush=True)
+    hvd.shutdown()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,33 @@
+// The allreduce for small tensors over a comm without one of its own
+// (TcpComm): every rank sends its whole buffer to every other at once, then
+// folds the n buffers in rank order. One message's latency, where the ring
+// takes 2(n-1) steps one after another; it sends (n-1) times the buffer
+// where the ring sends 2(n-1)/n times, so it is for small buffers only
+// (ExchangeAllreduceFits). Every rank folds the same operands in the same
+// order, so the results are bitwise identical.
+#ifndef HVDMX_EXCHANGE_ALLREDUCE_H_
+#define HVDMX_EXCHANGE_ALLREDUCE_H_
+
+#include <cstdint>
+#include <vector>
+
+#include "base/common.h"
+#include "comm/comm.h"
+
+namespace hvdmx {
+
+// Whether `bytes` per rank is small enough for ExchangeAllreduce on `size`
+// ranks: at most kExchangeMaxBytes sent by each rank.
+constexpr int64_t kExchangeMaxBytes = 256 * 1024;
+inline bool ExchangeAllreduceFits(int64_t bytes, int size) {
+  return bytes * (size - 1) <= kExchangeMaxBytes;
+}
+
+// In place; Average is reduced as Sum (the caller scales). `scratch` is
+// reused between calls.
+void ExchangeAllreduce(Comm& comm, void* buf, int64_t count, DataType dtype, ReduceOp op,
+                       std::vector<char>* scratch);
+
+}  // namespace hvdmx
+
+#endif  // HVDMX_EXCHANGE_ALLREDUCE_H_

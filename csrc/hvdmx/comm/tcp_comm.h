@@ -1,0 +1,183 @@
+// Comm over TCP sockets of our own, for jobs that span hosts: the
+// negotiation and the collectives' bytes between hosts travel here instead
+// of through MPI, so that every wait blocks in poll(2) and wakes when a
+// byte arrives (Note [Waiting for the network]). MPI still starts the job,
+// says who runs where, and carries the one exchange of addresses that
+// builds this comm.
+//
+// Note [Waiting for the network]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+// MPI moves bytes only while some thread is inside an MPI call: a rank
+// waiting for a nonblocking MPI operation must call MPI_Test again and
+// again. Our background thread used to poll that way, sleeping between
+// tests (up to 1 ms, so that an idle job costs no CPU); across hosts each
+// step of a negotiation round or of a collective then waited for the
+// sleeping side's next test. With four ranks on two cores it was worse:
+// spinning ranks took the cores from the ranks they were waiting for, and
+// sleeping ranks answered a millisecond late (docs/benchmarks.md, "Many
+// hosts"). A TCP socket needs no caller to move bytes: the kernel receives
+// them into the socket's buffer on its own, and a thread blocked in poll(2)
+// on the socket is woken as they arrive. So every wait here (Wait, and
+// AwaitArrival between TestBitAnd calls) tries its sockets without
+// blocking, and when nothing moved blocks in poll(2) on the sockets it
+// waits for: no spinning, no timer, and no CPU taken from the ranks that
+// are working.
+//
+// Wire: one stream connection per pair of ranks, made when the pair first
+// exchanges a message (the lower rank connects, the higher accepts, so no
+// connect waits for the other side's code), and kept until the comm is
+// destroyed. Every message is an 8-byte length followed by its bytes; a
+// pair's messages arrive in the order they were sent, which is the order
+// Comm promises (as MPI's, for one tag). A receive posted for a known size
+// checks the length; a receive of any size (Gather, BcastString, the
+// bit-and's payload) takes it from the header.
+//
+// Failure: a connection that closes or fails, or (with give_up_seconds) a
+// wait during which no byte moved for that long, throws PeerGone naming the
+// peer and its host. TCP keepalive (probes after 10 s of silence, three
+// missed 5 s apart) and TCP_USER_TIMEOUT (30 s of unacknowledged data) make
+// the kernel report a peer or link that stopped answering even when no
+// give-up time is set.
+#ifndef HVDMX_TCP_COMM_H_
+#define HVDMX_TCP_COMM_H_
+
+#include <chrono>
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "comm/comm.h"
+#include "config/env_config.h"
+
+namespace hvdmx {
+
+struct TcpOptions {
+  // The interface whose IPv4 address this rank listens on and gives its
+  // peers (HVDMX_TCP_IFACE). Empty: the address this host's name resolves
+  // to when it is not a loopback address, else the first interface that is
+  // up, not loopback and has one, else 127.0.0.1 (one host only).
+  std::string iface;
+  // A wait in which no byte moved for this long throws PeerGone; 0: wait
+  // as long as the kernel's keepalive says the peer is there.
+  double give_up_seconds = 0;
+  // How long a wait tries its sockets without blocking before it blocks in
+  // poll(2): a reply often comes within tens of microseconds, sooner than
+  // a blocked thread is woken. 0 when the host's ranks outnumber its CPUs,
+  // where trying takes the CPU from the rank that would send the reply.
+  int64_t spin_micros = 0;
+  // Up to this many ranks, a bit-and goes from every rank to every other;
+  // beyond, through rank 0 (Note [The bit-and over TCP] in tcp_collectives.cc).
+  int direct_bit_and_ranks = 16;
+};
+
+// The options the configuration gives: HVDMX_TCP_IFACE, and the stall
+// shutdown time as the give-up time (0 when there is none); and the spin.
+inline TcpOptions TcpOptionsFor(const Config& config, bool ranks_outnumber_cpus) {
+  constexpr int64_t kSpinMicros = 50;
+  TcpOptions options;
+  options.spin_micros = ranks_outnumber_cpus ? 0 : kSpinMicros;
+  options.iface = config.tcp_iface;
+  options.give_up_seconds = config.stall_shutdown_seconds;
+  return options;
+}
+
+class TcpComm : public Comm {
+ public:
+  // Every rank's string, index = rank; collective over the ranks.
+  using Exchange = std::function<std::vector<std::string>(const std::string&)>;
+
+  // Collective: listens, then exchanges addresses through `exchange`.
+  // Throws std::runtime_error saying why when it cannot listen.
+  TcpComm(int rank, int size, const TcpOptions& options, const Exchange& exchange);
+  ~TcpComm() override;
+  TcpComm(const TcpComm&) = delete;
+  TcpComm& operator=(const TcpComm&) = delete;
+
+  int rank() const override { return rank_; }
+  int size() const override { return size_; }
+  // This rank's address as its peers reach it, "ip:port".
+  const std::string& address() const { return address_; }
+
+  Request ISend(const void* buf, int64_t bytes, int peer) override;
+  Request IRecv(void* buf, int64_t bytes, int peer) override;
+  void Wait(Request request) override;
+  void Bcast(void* buf, int64_t bytes, int root) override;
+  std::vector<std::string> Gather(const std::string& mine, int root) override;
+  void BcastString(std::string* data, int root) override;
+  void StartBitAnd(uint64_t* words, int n) override { StartBitAndWithPayload(words, n, ""); }
+  bool TestBitAnd() override;
+  int64_t BitAndPayloadCapacity() const override { return kMaxPayloadBytes; }
+  void StartBitAndWithPayload(uint64_t* words, int n, const std::string& payload) override;
+  std::string BitAndPayload(int rank) const override;
+  bool NativeAllreduce(void*, int64_t, DataType, ReduceOp) override { return false; }
+  bool WakesOnArrival() const override { return true; }
+  void AwaitArrival(int64_t waited_micros) override;
+
+  // Connections made so far (for tests).
+  int connections() const;
+
+  static constexpr int64_t kMaxPayloadBytes = int64_t{64} << 20;
+
+
+ private:
+  struct Op {
+    bool send = false;
+    bool done = false;
+    char* buf = nullptr;
+    int64_t bytes = 0;
+    int64_t moved = 0;          // header and payload bytes moved so far
+    uint64_t header = 0;        // the length on the wire
+    std::string* any = nullptr;  // a receive of any size lands here
+  };
+  struct Peer {
+    int fd = -1;
+    std::deque<Request> sends;
+    std::deque<Request> recvs;
+  };
+
+  Request Post(Op op, int peer);
+  Request IRecvAny(std::string* out, int peer);
+  void Connect(int peer);
+  void AcceptUntil(int peer);
+  // Moves what the sockets take or give without blocking; true if a byte moved.
+  bool ProgressAll();
+  bool ProgressSends(int peer);
+  bool ProgressRecvs(int peer);
+  // Blocks until a socket with pending work is ready, or `micros` pass.
+  void PollPending(int64_t micros);
+  // Progresses and blocks until done() holds; see give_up_seconds.
+  void WaitUntil(const std::function<bool()>& done, const char* what, bool use_idle);
+  void Free(Request request);
+  [[noreturn]] void Fail(int peer, const std::string& what);
+  std::string Describe(int peer) const;
+
+  int rank_ = 0;
+  int size_ = 1;
+  TcpOptions options_;
+  int listen_fd_ = -1;
+  std::string address_;
+  uint64_t token_ = 0;
+  std::vector<std::string> addresses_;  // "ip:port hostname", index = rank
+  std::vector<Peer> peers_;
+  std::vector<int> pending_;  // peers with queued operations, unordered
+  std::vector<Op> ops_;
+  std::vector<Request> free_ops_;
+  std::chrono::steady_clock::time_point last_moved_;
+
+  // The bit-and in flight (Note [The bit-and over TCP] in tcp_collectives.cc).
+  bool bit_and_active_ = false;
+  uint64_t* bit_words_ = nullptr;
+  int bit_n_ = 0;
+  std::string bit_mine_;                // this rank's words (rank 0 beyond the direct size: the AND)
+  std::string bit_up_;                  // the words and payload, for rank 0
+  std::vector<std::string> bit_in_;     // what each rank sent
+  std::vector<std::string> payloads_;   // rank 0: each rank's payload
+  std::vector<Request> bit_requests_;   // the receives
+  std::vector<Request> bit_sends_;      // the sends, waited at the next start
+};
+
+}  // namespace hvdmx
+
+#endif  // HVDMX_TCP_COMM_H_

@@ -1,0 +1,119 @@
+"""hvdmx's own TCP transport (csrc/hvdmx/comm/tcp_comm.h) on one host: chosen by
+HVDMX_TRANSPORT, every collective correct and identical on every rank over it, and
+its bad input. Across real hosts (where `auto` picks it) it runs in
+tests/test_many_hosts.py."""
+import os
+import subprocess
+import sys
+
+import pytest
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+PYTHON = sys.executable
+MPIEXEC = os.path.join(os.path.dirname(PYTHON), "mpiexec")
+ENV = dict(os.environ, PYTHONPATH=REPO, OMP_NUM_THREADS="1", MXNET_CPU_WORKER_NTHREADS="1",
+           MXNET_ENGINE_TYPE="ThreadedEnginePerDevice")
+pytestmark = pytest.mark.timeout(400)
+
+
+def run(argv, env=None, timeout=300):
+    result = subprocess.run(argv, cwd=REPO, env=dict(ENV, **(env or {})), capture_output=True,
+                            text=True, timeout=timeout, stdin=subprocess.DEVNULL)
+    return result.returncode, result.stdout, result.stderr
+
+
+REPORT = """
+from mpi4py import MPI
+import hvdmx as hvd
+hvd.init()
+import hvdmx._core as core  # loaded by init, after MPI
+s = hvd.add_process_set([0, 1])
+row = [hvd.rank(), core.transport(), core.transport(s.process_set_id) if s.included() else "-"]
+rows = MPI.COMM_WORLD.gather(row, root=0)
+if hvd.rank() == 0:
+    for r in rows:
+        print("rank", *r)
+hvd.shutdown()
+"""
+
+
+@pytest.mark.parametrize("setting, expected", [(None, "mpi"), ("auto", "mpi"), ("tcp", "tcp"),
+                                               ("mpi", "mpi")])
+def test_the_transport_follows_the_setting(setting, expected):
+    # On one host `auto` is MPI; process sets take the job's setting.
+    env = {"HVDMX_TRANSPORT": setting} if setting else {}
+    code, out, err = run([MPIEXEC, "-n", "3", PYTHON, "-c", REPORT], env)
+    assert code == 0, err
+    rows = sorted(line.split() for line in out.splitlines() if line.startswith("rank"))
+    assert rows == [["rank", "0", expected, expected], ["rank", "1", expected, expected],
+                    ["rank", "2", expected, "-"]]
+
+
+# Every allreduce through the transport (HVDMX_ALLREDUCE_ALGO=mpi keeps shared
+# memory out: small ones exchanged, large ones on the ring), broadcasts and
+# negotiation of every kind, process sets, join, barrier and objects.
+FILES = ["test_allreduce.py", "test_basics.py", "test_join_barrier_objects.py",
+         "test_process_sets.py", "test_errors.py", "test_training.py"]
+
+
+@pytest.mark.parametrize("nranks", [2, 3])
+def test_parallel_tests_over_tcp(nranks, tmp_path):
+    argv = [MPIEXEC, "-n", str(nranks), PYTHON, "-m", "pytest", "-q", "-x", "-p",
+            "no:cacheprovider", "--timeout=120", "--timeout-method=thread",
+            "--hypothesis-seed=0", *[f"tests/parallel/{f}" for f in FILES]]
+    code, out, err = run(argv, {"HVDMX_TRANSPORT": "tcp", "HVDMX_ALLREDUCE_ALGO": "mpi"},
+                         timeout=380)
+    assert code == 0, f"{out[-5000:]}\n{err[-3000:]}"
+    assert " passed" in out and " failed" not in out, out[-2000:]
+
+
+def test_an_interface_without_an_address_fails_init_naming_it():
+    code, out, err = run([MPIEXEC, "-n", "2", PYTHON, "-c", "import hvdmx; hvdmx.init()"],
+                         {"HVDMX_TRANSPORT": "tcp", "HVDMX_TCP_IFACE": "nosuch0"}, timeout=120)
+    assert code != 0
+    assert ("HVDMX_TCP_IFACE=nosuch0 is not an interface with an IPv4 address on this host "
+            "(lo (127.0.0.1)") in err, err
+
+
+def test_a_transport_that_differs_between_ranks_is_refused():
+    script = ("import hvdmx\ntry:\n    hvdmx.init()\nexcept ValueError as e:\n    print(e)\n")
+    code, out, err = run([MPIEXEC, "-n", "1", "-env", "HVDMX_TRANSPORT", "tcp", PYTHON, "-c",
+                          script, ":", "-n", "1", "-env", "HVDMX_TRANSPORT", "mpi", PYTHON,
+                          "-c", script], timeout=120)
+    assert code == 0, err
+    lines = out.splitlines()
+    assert len(lines) == 2, out
+    assert all("HVDMX_TRANSPORT differs between ranks (rank 0: tcp, rank 1: mpi)" in line
+               for line in lines), out
+
+
+KILLED = """
+import os, signal, sys, time
+import mxnet as mx
+import hvdmx as hvd
+hvd.init()
+for step in range(100000):
+    if step == 20 and hvd.rank() == hvd.size() - 1:
+        os.kill(os.getpid(), signal.SIGKILL)
+    try:
+        hvd.allreduce(mx.nd.ones((1000,)), name=f"step.{step % 4}").wait_to_read()
+    except mx.base.MXNetError as e:
+        print(f"rank {hvd.rank()}: {e}", flush=True)
+        break
+time.sleep(1)
+"""
+
+
+def test_a_killed_peer_fails_the_others_naming_it():
+    # The kernel closes the dead rank's connections; the survivors' waits see
+    # it at once (no stall shutdown time is set) and name the rank.
+    code, out, err = run([MPIEXEC, "-disable-auto-cleanup", "-n", "3", PYTHON, "-c", KILLED],
+                         {"HVDMX_TRANSPORT": "tcp", "HVDMX_ALLREDUCE_ALGO": "mpi"},
+                         timeout=120)
+    assert code != 0
+    lines = [line for line in out.splitlines() if line.startswith("rank")]
+    assert sorted(line.split(":")[0] for line in lines) == ["rank 0", "rank 1"], out + err
+    for line in lines:
+        assert "was closed by that rank" in line or "has been shut down by another rank" in line \
+            or "rank 2 (host" in line, line
+    assert any("the connection to rank 2 (host" in line for line in lines), out
