@@ -19,7 +19,6 @@ well as ``ValueError``/``TypeError`` (see that module and docs/errors.md).
 """
 from __future__ import annotations
 
-import itertools
 import numbers
 import warnings
 from typing import List, Sequence
@@ -30,7 +29,7 @@ import numpy as np
 from hvdmx import _core
 from hvdmx.basics import _check_running, _topology
 from hvdmx.errors import InvalidArgumentError, InvalidTypeError, MismatchError
-from hvdmx.process_sets import _set_for_call, global_process_set
+from hvdmx.process_sets import _auto_name, _set_for_call, global_process_set
 
 # Reduction ops; the values are Horovod's.
 Average = 0
@@ -46,17 +45,6 @@ _OP_NAMES = {Average: "Average", Sum: "Sum", Adasum: "Adasum", Min: "Min", Max: 
 # float64, float16, uint8, int32, int8, int64.
 _SUPPORTED_CODES = frozenset(range(7))
 _SUPPORTED_NAMES = "float16, float32, float64, uint8, int8, int32, int64"
-
-_counters = {}
-
-
-def _auto_name(kind: str, set_id: int = 0) -> str:
-    # One counter per kind and process set: ranks outside a set do not
-    # count its calls, and the names must agree within each set.
-    counter = _counters.setdefault((kind, set_id), itertools.count())
-    suffix = f"@{set_id}" if set_id else ""
-    return f"{kind}.noname.{next(counter)}{suffix}"
-
 
 def _check_tensor(fn: str, arg: str, tensor):
     """Validates one NDArray argument; returns (dtype code, device, shape),
