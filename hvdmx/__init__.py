@@ -24,8 +24,9 @@ programs below it use hvdmx through it, as a user's script does.
     basics          init, shutdown, rank, size, ... and the *_built calls
     ops             the collectives on NDArrays, and the reduce ops
     compression     Compression.none, fp16, onebit
-    functions       the collectives on Python objects
+    objects         the collectives on Python objects
     checkpoint      save_checkpoint, load_checkpoint
+    functions       horovod.mxnet.functions's names (the objects' collectives)
     optimizer       DistributedOptimizer, broadcast_parameters, gradient reduction
     trainer         DistributedTrainer
     kvstore         KVStore, registered with MXNet as 'dist_sync_hvdmx' at import
@@ -36,8 +37,6 @@ programs below it use hvdmx through it, as a user's script does.
     as_horovod      runs programs written for horovod.mxnet
 """
 import importlib
-import os
-import sys
 
 __version__ = "0.1.0"
 
@@ -68,8 +67,8 @@ _EXPORTS = {
     'KVStore': 'kvstore',
     'load_checkpoint': 'checkpoint',
     'save_checkpoint': 'checkpoint',
-    'allgather_object': 'functions',
-    'broadcast_object': 'functions',
+    'allgather_object': 'objects',
+    'broadcast_object': 'objects',
     'Adasum': 'ops',
     'Average': 'ops',
     'Max': 'ops',

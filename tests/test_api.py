@@ -136,8 +136,9 @@ def test_a_collective_before_init_is_caught_as_horovod_callers_catch_it(caught_a
         raise AssertionError("no error")
 
 
-@pytest.mark.parametrize("module", ["ops", "optimizer", "functions", "process_sets", "basics",
-                                    "kvstore", "checkpoint", "compression"])
+@pytest.mark.parametrize("module", ["ops", "optimizer", "trainer", "functions", "objects",
+                                    "process_sets", "basics", "kvstore", "checkpoint",
+                                    "compression"])
 def test_each_submodule_imports_first_on_its_own(module):
     # A fresh interpreter whose first hvdmx import is this submodule: the
     # modules import each other, and none may find another half-initialized.
