@@ -31,20 +31,20 @@ from hvdmx.basics import _check_running, _topology
 from hvdmx.errors import InvalidArgumentError, InvalidTypeError, MismatchError
 from hvdmx.process_sets import _auto_name, _set_for_call, global_process_set
 
-# Reduction ops; the values are Horovod's.
-Average = 0
-Sum = 1
-Adasum = 2
-Min = 3
-Max = 4
-Product = 5
-_OP_NAMES = {Average: "Average", Sum: "Sum", Adasum: "Adasum", Min: "Min", Max: "Max",
-             Product: "Product"}
+# Reduction ops, as the core numbers them (csrc/hvdmx/base/common.h, exported
+# as _core.REDUCE_OPS); the values are Horovod's.
+Average = _core.REDUCE_OPS["Average"]
+Sum = _core.REDUCE_OPS["Sum"]
+Adasum = _core.REDUCE_OPS["Adasum"]
+Min = _core.REDUCE_OPS["Min"]
+Max = _core.REDUCE_OPS["Max"]
+Product = _core.REDUCE_OPS["Product"]
+_OP_NAMES = {code: name for name, code in _core.REDUCE_OPS.items()}
 
-# MXNet dtype codes the core reduces (see csrc/hvdmx/base/common.h): float32,
-# float64, float16, uint8, int32, int8, int64.
-_SUPPORTED_CODES = frozenset(range(7))
-_SUPPORTED_NAMES = "float16, float32, float64, uint8, int8, int32, int64"
+# The dtypes the collectives take (_core.ARRAY_DTYPES), as the errors list
+# them: floats, then unsigned, then signed integers, each by size.
+_SUPPORTED_NAMES = ", ".join(sorted(_core.ARRAY_DTYPES, key=lambda name: (
+    "fui".index(np.dtype(name).kind), np.dtype(name).itemsize)))
 
 def _check_tensor(fn: str, arg: str, tensor):
     """Validates one NDArray argument; returns (dtype code, device, shape),
@@ -52,25 +52,32 @@ def _check_tensor(fn: str, arg: str, tensor):
     if not isinstance(tensor, mx.nd.NDArray):
         raise TypeError(f"hvdmx.{fn}: argument '{arg}' must be an mxnet.nd.NDArray, got "
                         f"{type(tensor).__name__}; convert it with mx.nd.array(...)")
-    # One C call for what would be four ctypes calls through the properties.
-    code, stype, dev_type, dev_id, shape = _core.describe(tensor.handle.value)
-    if stype != 0:
-        raise InvalidArgumentError(f"hvdmx.{fn}: argument '{arg}' is a sparse NDArray (stype="
-                                   f"'{tensor.stype}'); hvdmx reduces dense arrays: pass "
-                                   f"{arg}.tostype('default')")
-    if code not in _SUPPORTED_CODES:
-        raise InvalidTypeError(f"hvdmx.{fn}: argument '{arg}' has dtype {np.dtype(tensor.dtype)}, "
-                               f"which hvdmx does not support; use one of {_SUPPORTED_NAMES} (e.g. "
-                               f"{arg}.astype('float32'))")
-    if dev_type == 2 and not _core.cuda_built():
-        raise InvalidArgumentError(f"hvdmx.{fn}: argument '{arg}' is on "
-                                   f"{_device_str((dev_type, dev_id))}, but this hvdmx was "
-                                   "built without CUDA (GPU support is not there yet); move it "
-                                   "to mx.cpu()")
-    if shape is None:
-        raise InvalidArgumentError(f"hvdmx.{fn}: argument '{arg}' has no known shape yet; run the "
-                                   "op that produces it first")
+    # One C call for what would be four ctypes calls through the properties;
+    # the core checks the array too (CheckArray in csrc/hvdmx/python/bindings.cc).
+    code, _, dev_type, dev_id, shape, problem = _core.describe(tensor.handle.value)
+    if problem != _core.ARRAY_OK:
+        raise _array_error(fn, arg, tensor, problem, (dev_type, dev_id))
     return code, (dev_type, dev_id), shape
+
+
+def _array_error(fn: str, arg: str, tensor, problem: int, device) -> Exception:
+    """The error for an NDArray argument that the core's check refused
+    (``problem``, one of _core.ARRAY_*); ``device`` is the array's."""
+    if problem == _core.ARRAY_SPARSE:
+        return InvalidArgumentError(f"hvdmx.{fn}: argument '{arg}' is a sparse NDArray (stype="
+                                    f"'{tensor.stype}'); hvdmx reduces dense arrays: pass "
+                                    f"{arg}.tostype('default')")
+    if problem == _core.ARRAY_DTYPE:
+        return InvalidTypeError(f"hvdmx.{fn}: argument '{arg}' has dtype {np.dtype(tensor.dtype)}, "
+                                f"which hvdmx does not support; use one of {_SUPPORTED_NAMES} (e.g. "
+                                f"{arg}.astype('float32'))")
+    if problem == _core.ARRAY_NEEDS_CUDA:
+        return InvalidArgumentError(f"hvdmx.{fn}: argument '{arg}' is on {_device_str(device)}, "
+                                    "but this hvdmx was built without CUDA (GPU support is not "
+                                    "there yet); move it to mx.cpu()")
+    assert problem == _core.ARRAY_NO_SHAPE, problem  # the core's last check
+    return InvalidArgumentError(f"hvdmx.{fn}: argument '{arg}' has no known shape yet; run the "
+                                "op that produces it first")
 
 
 def _new_array(like, shape, code: int, device):
@@ -242,15 +249,15 @@ def allreduce_(tensor, average=None, name=None, priority=0, prescale_factor=1.0,
 
 
 def _push_each_in_place(fn, set_id, tensors, names, priorities, op, prescale, postscale, label):
-    """Has the core check every NDArray of ``tensors`` as allreduce_ would,
-    then push an in-place allreduce of each; if it refuses one, nothing is
-    pushed and allreduce_'s own error is raised for it (``label.format(i)``
-    names the argument)."""
-    bad = _core.push_allreduce_each(set_id, names, [t.handle.value for t in tensors], priorities,
-                                    op, prescale, postscale)
+    """Has the core check every NDArray of ``tensors`` (the check behind
+    _check_tensor), then push an in-place allreduce of each; if it refuses
+    one, nothing is pushed and allreduce_'s own error is raised for it
+    (``label.format(i)`` names the argument)."""
+    bad, problem = _core.push_allreduce_each(set_id, names, [t.handle.value for t in tensors],
+                                             priorities, op, prescale, postscale)
     if bad >= 0:
-        _check_tensor(fn, label.format(bad), tensors[bad])
-        raise AssertionError(f"hvdmx: the core refused {label.format(bad)} but the check passed")
+        _, _, dev_type, dev_id, _, _ = _core.describe(tensors[bad].handle.value)
+        raise _array_error(fn, label.format(bad), tensors[bad], problem, (dev_type, dev_id))
 
 
 def _allreduce_each_(tensors, names, priorities, op, prescale_factor, postscale_factor,

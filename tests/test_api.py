@@ -3,6 +3,8 @@ every collective refuses to run with a clear message; each submodule
 imports on its own."""
 import ast
 import inspect
+import os
+import re
 import subprocess
 import sys
 
@@ -91,6 +93,19 @@ def _default(text):
 
 def test_op_values_are_horovods():
     assert (hvd.Average, hvd.Sum, hvd.Adasum, hvd.Min, hvd.Max, hvd.Product) == (0, 1, 2, 3, 4, 5)
+
+
+def test_the_core_lists_the_dtypes_the_docs_list():
+    # The core's list (_core.ARRAY_DTYPES) is the one the ops and the tests
+    # use; docs/collectives.md and the dtype error name the same, in one order.
+    docs = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "docs")
+    with open(os.path.join(docs, "collectives.md")) as f:
+        listed = re.search(r"Every dtype hvdmx supports \(([^)]*)\)", f.read()).group(1)
+    assert sorted(listed.split(", ")) == sorted(hvd._core.ARRAY_DTYPES)
+    assert hvd.ops._SUPPORTED_NAMES == listed
+    assert set(hvd._core.ARRAY_DTYPES) < set(hvd._core.DTYPE_CODES)
+    assert sorted(hvd._core.REDUCE_OPS.values()) == [hvd.Average, hvd.Sum, hvd.Adasum, hvd.Min,
+                                                     hvd.Max, hvd.Product]
 
 
 def test_built_flags_work_before_init():

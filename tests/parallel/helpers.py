@@ -8,7 +8,8 @@ import numpy as np
 
 import hvdmx as hvd
 
-DTYPES = ["float32", "float64", "float16", "uint8", "int8", "int32", "int64"]
+# The dtypes the collectives take, as the core lists them (csrc/hvdmx/python/bindings.cc).
+DTYPES = list(hvd._core.ARRAY_DTYPES)
 OPS = [hvd.Sum, hvd.Min, hvd.Max, hvd.Product, hvd.Average]
 
 
