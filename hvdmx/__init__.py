@@ -22,7 +22,8 @@ programs below it use hvdmx through it, as a user's script does.
     _job            whether hvdmx runs, its topology and communicator
     process_sets    ProcessSet, add/remove, names of unnamed calls
     basics          init, shutdown, rank, size, ... and the *_built calls
-    ops             the collectives on NDArrays, and the reduce ops
+    ops             allreduce, broadcast, barrier, join, the reduce ops, the checks
+    gather_scatter  allgather, alltoall, reducescatter
     compression     Compression.none, fp16, onebit
     objects         the collectives on Python objects
     checkpoint      save_checkpoint, load_checkpoint
@@ -75,19 +76,19 @@ _EXPORTS = {
     'Min': 'ops',
     'Product': 'ops',
     'Sum': 'ops',
-    'allgather': 'ops',
+    'allgather': 'gather_scatter',
     'allreduce': 'ops',
     'allreduce_': 'ops',
-    'alltoall': 'ops',
+    'alltoall': 'gather_scatter',
     'barrier': 'ops',
     'broadcast': 'ops',
     'broadcast_': 'ops',
-    'grouped_allgather': 'ops',
+    'grouped_allgather': 'gather_scatter',
     'grouped_allreduce': 'ops',
     'grouped_allreduce_': 'ops',
-    'grouped_reducescatter': 'ops',
+    'grouped_reducescatter': 'gather_scatter',
     'join': 'ops',
-    'reducescatter': 'ops',
+    'reducescatter': 'gather_scatter',
     'DistributedOptimizer': 'optimizer',
     'DistributedTrainer': 'trainer',
     'broadcast_parameters': 'optimizer',

@@ -18,6 +18,7 @@ import mxnet as mx
 import numpy as np
 
 from hvdmx import ops
+from hvdmx.gather_scatter import allgather
 from hvdmx.process_sets import _auto_name, _set_for_call, global_process_set
 
 
@@ -76,10 +77,10 @@ def allgather_object(obj: Any, name=None, process_set=global_process_set) -> Lis
     pickled, error = _pickle(obj)
     payload = np.frombuffer(pickled, dtype=np.uint8)
     # A length of -1 tells the other ranks that this one could not pickle.
-    lengths = ops.allgather(mx.nd.array([-1 if error is not None else payload.size],
+    lengths = allgather(mx.nd.array([-1 if error is not None else payload.size],
                                         dtype="int64"),
                             name=name + ".length", process_set=process_set)
-    data = ops.allgather(mx.nd.array(payload, dtype="uint8"), name=name + ".data",
+    data = allgather(mx.nd.array(payload, dtype="uint8"), name=name + ".data",
                          process_set=process_set)
     lengths = lengths.asnumpy().tolist()
     if error is not None:
