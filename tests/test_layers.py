@@ -107,6 +107,12 @@ def test_the_check_sees_an_upward_import(tmp_path, monkeypatch):
     assert list(imported_layers(str(fake / "ops.py"))) == [(1, "basics"), (2, "hvdmx")]
 
 
+def test_no_file_is_over_500_lines():
+    long = {os.path.relpath(path, PACKAGE): n for path in module_files()
+            if (n := sum(1 for _ in open(path))) > 500}
+    assert not long, f"files over 500 lines (split them by concern): {long}"
+
+
 # Not the extension: it is loaded through hvdmx._mpi, after mpi4py has loaded
 # the MPI library it binds to (alone first, it finds no libmpi).
 SUBMODULES = sorted(

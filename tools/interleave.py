@@ -22,7 +22,7 @@ import sys
 
 import numpy as np
 
-from hvdmx.bench import _timed, parse_size
+from hvdmx.bench import parse_size, timed
 
 KINDS = ("allreduce", "broadcast", "allgather", "alltoall")
 
@@ -133,9 +133,9 @@ def main(argv=None, *, variable=None, labels=None, kinds=KINDS, description=__do
                     os.environ[name] = value
                     hvd.init()
                     call = hvdmx_call(kind, size // np.dtype(args.dtype).itemsize)
-                    row.append(_timed(call, args.warmup, args.iters, comm))
+                    row.append(timed(call, args.warmup, args.iters, comm))
                     hvd.shutdown()
-                row.append(_timed(mpi_call(kind, count), args.warmup, args.iters, comm))
+                row.append(timed(mpi_call(kind, count), args.warmup, args.iters, comm))
                 if comm.rank == 0:
                     print(f"{r + 1:>5} {kind:>10} {size:>11} "
                           + " ".join(f"{t * 1e6:>9.1f}" for t in row), flush=True)

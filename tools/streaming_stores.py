@@ -42,7 +42,7 @@ def main(argv=None):
     import mxnet as mx
     from mpi4py import MPI
     import hvdmx as hvd
-    from hvdmx.bench import _timed, model_gradients
+    from hvdmx.bench import model_gradients, timed
     from hvdmx.ops import _allreduce_each_
 
     comm = MPI.COMM_WORLD
@@ -68,13 +68,13 @@ def main(argv=None):
         print(f"{'round':>5} {'floor':>6} " + " ".join(f"{v:>6}" for v in values)
               + f" {'floor':>6}")
     for r in range(args.rounds):
-        row = [_timed(floor, 0, 5, comm) * 1e3]
+        row = [timed(floor, 0, 5, comm) * 1e3]
         for value in values:
             os.environ["HVDMX_SHM_STREAMING_STORES"] = value
             hvd.init()
-            row.append(_timed(step, args.warmup, args.iters, comm) * 1e3)
+            row.append(timed(step, args.warmup, args.iters, comm) * 1e3)
             hvd.shutdown()
-        row.append(_timed(floor, 0, 5, comm) * 1e3)
+        row.append(timed(floor, 0, 5, comm) * 1e3)
         if comm.rank == 0:
             print(f"{r + 1:>5} " + " ".join(f"{t:>6.1f}" for t in row), flush=True)
     return 0
