@@ -3,9 +3,9 @@ allreduce a model-zoo network's gradient set, the same tensors
 (hvdmx.bench.model_gradients) timed the same way (hvdmx.bench.timed), with
 what Horovod's DistributedTrainer sends: an in-place allreduce per gradient,
 named and prioritized by position, pushed back to back, then a wait. Run it
-with the Python of an environment that has Horovod (tools/horovod/build.sh):
+with the Python of an environment that has Horovod (benchmarks/horovod/build.sh):
 
-    DIR/venv/bin/mpiexec -n 2 DIR/venv/bin/python tools/horovod/model_allreduce.py
+    DIR/venv/bin/mpiexec -n 2 DIR/venv/bin/python benchmarks/horovod/model_allreduce.py
 
 hvdmx's own Python files are read from this checkout; its core is not loaded.
 """
