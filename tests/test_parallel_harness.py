@@ -1,7 +1,8 @@
 """The multi-rank test harness itself (tests/parallel/conftest.py): a rank
 that fails ends the whole job at once, even when the failure passes through
 a `finally` that restarts hvdmx while the other ranks wait in a collective;
-and run_all.sh's check of the rank counts it is given."""
+and run_all.sh's check of the rank counts it is given, and its count of a run
+that collects no test as a failure."""
 import os
 import shutil
 import subprocess
@@ -56,3 +57,24 @@ def test_run_all_rejects_bad_rank_counts():
                                 text=True, timeout=30)
         assert result.returncode == 2, (value, result.stdout, result.stderr)
         assert f"HVDMX_TEST_RANKS='{value}' must list rank counts" in result.stderr
+
+
+def test_run_all_counts_a_run_that_collects_nothing_as_failed(tmp_path):
+    # pytest exits 5 when it collects no test (a renamed file, a bad path):
+    # the suite must fail then, not pass having tested nothing. A stand-in
+    # interpreter exits 5 for every pytest run and is Python otherwise (the
+    # summary); a stand-in mpiexec runs its command once.
+    python = tmp_path / "python"
+    python.write_text(f'#!/bin/sh\n[ "$1" = "-m" ] && exit 5\nexec {sys.executable} "$@"\n')
+    mpiexec = tmp_path / "mpiexec"
+    mpiexec.write_text('#!/bin/sh\nshift 2\nexec "$@"\n')  # drops "-n N"
+    for program in (python, mpiexec):
+        program.chmod(0o755)
+    result = subprocess.run(["bash", os.path.join(ROOT, "tests", "run_all.sh")],
+                            env=dict(ENV, PYTHON=str(python), MPIEXEC=str(mpiexec),
+                                     HVDMX_TEST_RANKS="2"),
+                            capture_output=True, text=True, timeout=60)
+    assert result.returncode == 1, (result.stdout, result.stderr)
+    assert "serial: 0 passed, 1 failed, 0 skipped; exit 5 (no tests collected)" in result.stdout
+    assert "n2: 0 passed, 1 failed, 0 skipped; exit 5 (no tests collected)" in result.stdout
+    assert result.stdout.splitlines()[-1] == "0 passed, 2 failed"
