@@ -89,23 +89,56 @@ def test_shutdown_raises_an_unread_failure():
 
 def test_a_rank_that_raises_does_not_hang_the_others():
     # Rank 1 dies with an exception before submitting; its exit shuts hvdmx
-    # down, so rank 0's pending allreduce fails instead of waiting forever.
+    # down, so rank 0's pending allreduce fails instead of waiting forever,
+    # and rank 0 goes on to the end of its script.
     result = run_job(2, """
         if rank == 1:
             raise RuntimeError("rank 1 fails on purpose")
-        hvd.allreduce(mx.nd.ones((3,)), name="never-matched").wait_to_read()
+        try:
+            hvd.allreduce(mx.nd.ones((3,)), name="never-matched").wait_to_read()
+        except mx.base.MXNetError as e:
+            sys.stderr.write(f"rank {rank} failed: {str(e).splitlines()[0]}\\n")
+        sys.stderr.write(f"rank {rank} at the end\\n")
     """)
     assert result.returncode != 0
-    assert "rank 1 fails on purpose" in result.stderr
+    assert "RuntimeError: rank 1 fails on purpose" in result.stderr
+    assert ("rank 0 failed: MXNetError: hvdmx has been shut down by another rank (it called "
+            "hvd.shutdown(), or its process ended, which calls it)") in result.stderr, \
+        result.stderr
+    assert "rank 0 at the end" in result.stderr
+    assert "rank 1 at the end" not in result.stderr
+
+
+def assert_killed_rank_ended_the_job(result, n):
+    """The job of a script whose ranks print "rank R pid P started" and whose
+    rank 1 is then killed (SIGKILL) while the others wait for it in a
+    collective that never ends otherwise: every rank started, the launcher
+    reports rank 1's death and ends the job, and no other rank got to its
+    end without its collective failing first."""
+    output = result.stdout + result.stderr  # the launcher's report goes to stdout
+    pids = dict(re.findall(r"^rank (\d+) pid (\d+) started$", result.stderr, re.M))
+    assert sorted(pids) == [str(r) for r in range(n)], result.stderr
+    assert re.search(rf"PID {pids['1']} RUNNING AT .*\n=\s+EXIT CODE: 9", output), output
+    assert result.returncode != 0
+    for r in range(n):
+        if f"rank {r} at the end" in result.stderr:
+            assert f"rank {r} failed" in result.stderr, result.stderr
+    assert "rank 1 at the end" not in result.stderr and "rank 1 failed" not in result.stderr
 
 
 def test_a_killed_rank_ends_the_job():
     result = run_job(2, """
+        sys.stderr.write(f"rank {rank} pid {os.getpid()} started\\n")
+        sys.stderr.flush()
         if rank == 1:
             os.kill(os.getpid(), signal.SIGKILL)
-        hvd.allreduce(mx.nd.ones((3,)), name="never-matched").wait_to_read()
+        try:
+            hvd.allreduce(mx.nd.ones((3,)), name="never-matched").wait_to_read()
+        except mx.base.MXNetError as e:
+            sys.stderr.write(f"rank {rank} failed: {str(e).splitlines()[0]}\\n")
+        sys.stderr.write(f"rank {rank} at the end\\n")
     """)
-    assert result.returncode != 0
+    assert_killed_rank_ended_the_job(result, 2)
 
 
 def test_stall_warning_names_the_waiting_tensor():
