@@ -8,6 +8,8 @@ import shutil
 import subprocess
 import sys
 
+import pytest
+
 ROOT = os.path.join(os.path.dirname(__file__), "..")
 MPIEXEC = os.path.join(os.path.dirname(sys.executable), "mpiexec")
 ENV = dict(os.environ, OMP_NUM_THREADS="1", MXNET_CPU_WORKER_NTHREADS="1",
@@ -32,9 +34,26 @@ def test_rank_1_fails_while_rank_0_waits():
 '''
 
 
-def test_a_failure_in_a_restarting_finally_aborts_the_job(tmp_path):
-    shutil.copy(os.path.join(ROOT, "tests", "parallel", "conftest.py"), tmp_path)
-    (tmp_path / "test_fails.py").write_text(FAILS_MID_LOOP)
+# The same test through helpers.restarted, the context manager for that prologue.
+FAILS_MID_LOOP_WITH = '''
+import mxnet as mx
+import hvdmx as hvd
+from helpers import restarted
+
+
+def test_rank_1_fails_while_rank_0_waits():
+    with restarted({}):
+        for step in range(3):
+            assert not (hvd.rank() == 1 and step == 1), "rank 1 gives up at step 1"
+            hvd.allreduce(mx.nd.ones((4,)), name=f"step{step}").wait_to_read()
+'''
+
+
+@pytest.mark.parametrize("test", [FAILS_MID_LOOP, FAILS_MID_LOOP_WITH], ids=["finally", "with"])
+def test_a_failure_in_a_restarting_finally_aborts_the_job(tmp_path, test):
+    for name in ("conftest.py", "helpers.py"):
+        shutil.copy(os.path.join(ROOT, "tests", "parallel", name), tmp_path)
+    (tmp_path / "test_fails.py").write_text(test)
     # Without the abort, rank 1 would wait in restart()'s barrier and rank 0
     # in its allreduce until pytest's 100 s timeout, past this run's limit.
     result = subprocess.run([MPIEXEC, "-n", "2", sys.executable, "-m", "pytest", "-q",

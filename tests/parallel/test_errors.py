@@ -8,6 +8,7 @@ import pytest
 
 import hvdmx as hvd
 from conftest import restart
+from helpers import restarted
 
 
 def still_works():
@@ -281,8 +282,6 @@ def test_settings_that_differ_between_ranks_are_refused_at_init(world, var, valu
 
 def test_settings_that_may_differ_between_ranks(world):
     rank, size = world
-    restart({"HVDMX_CYCLE_TIME": str(rank), "HVDMX_STALL_CHECK_TIME_SECONDS": str(30 + rank)})
-    try:
+    with restarted({"HVDMX_CYCLE_TIME": str(rank),
+                    "HVDMX_STALL_CHECK_TIME_SECONDS": str(30 + rank)}):
         still_works()
-    finally:
-        restart({})
