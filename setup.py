@@ -211,7 +211,7 @@ hvdmx_mpi_vendor "MPICH " MPICH_VERSION
 #else
 hvdmx_mpi_vendor "MPI " HVDMX_STR(MPI_VERSION) "." HVDMX_STR(MPI_SUBVERSION)
 #endif
-"""
+"""  # noqa: E501 (a line of C)
 
 
 def mpi_vendor(compiler, mpi: MpiFlags) -> str:
@@ -228,7 +228,7 @@ def mpi_vendor(compiler, mpi: MpiFlags) -> str:
         except CompileError as e:
             raise BuildError(
                 f"cannot preprocess <mpi.h> with include dirs {mpi.include_dirs}: {e}"
-            )
+            ) from e
         with open(output) as f:
             for line in f:
                 if line.startswith("hvdmx_mpi_vendor"):

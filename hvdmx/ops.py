@@ -62,8 +62,8 @@ def _array_error(fn: str, arg: str, tensor, problem: int, device) -> Exception:
                                     f"{arg}.tostype('default')")
     if problem == _core.ARRAY_DTYPE:
         return InvalidTypeError(f"hvdmx.{fn}: argument '{arg}' has dtype {np.dtype(tensor.dtype)}, "
-                                f"which hvdmx does not support; use one of {_SUPPORTED_NAMES} (e.g. "
-                                f"{arg}.astype('float32'))")
+                                f"which hvdmx does not support; use one of {_SUPPORTED_NAMES} "
+                                f"(e.g. {arg}.astype('float32'))")
     if problem == _core.ARRAY_NEEDS_CUDA:
         return InvalidArgumentError(f"hvdmx.{fn}: argument '{arg}' is on {_device_str(device)}, "
                                     "but this hvdmx was built without CUDA (GPU support is not "

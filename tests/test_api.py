@@ -135,7 +135,8 @@ def test_built_flags_work_before_init():
     lambda: hvd.ProcessSet([0]).rank(),
 ])
 def test_calls_before_init_raise(call):
-    with pytest.raises(ValueError, match="not been initialized, or has been shut down; call hvd.init\\(\\) first"):
+    with pytest.raises(ValueError, match="not been initialized, or has been shut down; call "
+                                         "hvd.init\\(\\) first"):
         call()
 
 

@@ -147,7 +147,9 @@ def test_autotune_job_tries_every_setting_and_applies_the_best_in_step(tmp_path)
     result, rows = autotune_job(tmp_path, LOAD, HVDMX_LOG_LEVEL="info")
     assert rows[0]["note"] == "warm-up"
     key = ("fusion_threshold_bytes", "cycle_time_ms", "allreduce_algo")
-    setting = lambda r: tuple(r[k] for k in key)
+
+    def setting(r):
+        return tuple(r[k] for k in key)
     # every threshold, then every cycle time, then every algorithm, three passes each;
     # each sweep ends with the value it keeps
     sweeps, trials = [], []

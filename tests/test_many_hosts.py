@@ -372,7 +372,8 @@ def test_a_link_down_between_collectives_fails_every_rank_and_ends_the_job(th, t
 
 @pytest.mark.xfail(strict=True, reason=(
     "a link that goes down while a collective's bytes are in flight (here the ring's, of a "
-    "large allreduce) leaves the survivors' background thread in MPI_Wait (MpiComm::Wait <- RingStep <- ReduceScatterSteps <- "
+    "large allreduce) leaves the survivors' background thread in MPI_Wait (MpiComm::Wait <- "
+    "RingStep <- ReduceScatterSteps <- "
     "RingAllreduce <- Executor::Allreduce <- RunAllreduceGroup <- Executor::Run <- "
     "Runtime::LoopOnce) until TCP gives up (tcp_retries2, about 15 minutes): the stall "
     "shutdown only covers negotiation, and Comm::Wait has no way to fail"))

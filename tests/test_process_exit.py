@@ -30,7 +30,8 @@ def run_job(n, body, timeout=120, **env):
 def test_exit_without_shutdown_is_clean():
     result = run_job(2, """
         out = hvd.allreduce(mx.nd.ones((3,)) * (rank + 1), op=hvd.Sum)
-        sys.stdout.write(f"result {rank} {out.asnumpy().tolist()}\\n")  # one write: ranks share stdout
+        # One write: the ranks share stdout.
+        sys.stdout.write(f"result {rank} {out.asnumpy().tolist()}\\n")
         sys.stdout.flush()
         pending = hvd.allreduce(mx.nd.ones((3,)), name="left-for-atexit")
     """)
@@ -289,9 +290,11 @@ def test_every_collective_under_the_naive_engine():
             b = a * 1
             hvd.allreduce_(b, op=hvd.Sum)
             assert np.array_equal(b.asnumpy(), total / 2)
-            assert np.array_equal(hvd.broadcast(a * 3, root_rank=1).asnumpy(), (base + 1 + step) * 3)
+            assert np.array_equal(hvd.broadcast(a * 3, root_rank=1).asnumpy(),
+                                  (base + 1 + step) * 3)
             got = hvd.allgather(a[:1000] + 0).asnumpy()
-            assert np.array_equal(got, np.concatenate([(base + r + step)[:1000] for r in range(size)]))
+            assert np.array_equal(got, np.concatenate([(base + r + step)[:1000]
+                                                       for r in range(size)]))
             got = hvd.alltoall(a + 0).asnumpy()
             half = n // size
             assert np.array_equal(got, np.concatenate(
