@@ -14,7 +14,7 @@ error response every rank of the call receives.
 from __future__ import annotations
 
 import numbers
-from typing import List
+from typing import List, Optional, Sequence, Tuple, Union
 
 import mxnet as mx
 import numpy as np
@@ -23,7 +23,7 @@ from hvdmx import _core
 from hvdmx.errors import InvalidArgumentError, InvalidTypeError
 from hvdmx.ops import Average, Sum, _check_common, _check_list, _check_scale, _check_tensor, \
     _int32_array, _new_array, _one_device, _push, _raise_if
-from hvdmx.process_sets import _auto_name, _set_for_call, global_process_set
+from hvdmx.process_sets import ProcessSet, _auto_name, _set_for_call, global_process_set
 
 def _check_rows(fn: str, arg: str, shape) -> None:
     if len(shape) == 0:
@@ -71,14 +71,17 @@ def _allgather(fn, tensors, name, priority, process_set):
     return outputs
 
 
-def allgather(tensor, name=None, priority=0, process_set=global_process_set):
+def allgather(tensor: mx.nd.NDArray, name: Optional[str] = None, priority: int = 0,
+              process_set: ProcessSet = global_process_set) -> mx.nd.NDArray:
     """Concatenates every rank's ``tensor`` along the first dimension, in rank
     order; the first dimension may differ between ranks, the others must
     match. Returns a new NDArray."""
     return _allgather("allgather", [tensor], name, priority, process_set)[0]
 
 
-def grouped_allgather(tensors, name=None, priority=0, process_set=global_process_set):
+def grouped_allgather(tensors: List[mx.nd.NDArray], name: Optional[str] = None,
+                      priority: int = 0,
+                      process_set: ProcessSet = global_process_set) -> List[mx.nd.NDArray]:
     """``allgather`` of each tensor in a list, as one unit; returns the list
     of results."""
     tensors = _check_list("grouped_allgather", tensors)
@@ -119,7 +122,11 @@ def _check_splits(fn: str, splits, rows: int, n: int) -> List[int]:
     return values
 
 
-def alltoall(tensor, splits=None, name=None, priority=0, process_set=global_process_set):
+def alltoall(tensor: mx.nd.NDArray,
+             splits: Optional[Union[Sequence[int], mx.nd.NDArray]] = None,
+             name: Optional[str] = None, priority: int = 0,
+             process_set: ProcessSet = global_process_set
+             ) -> Union[mx.nd.NDArray, Tuple[mx.nd.NDArray, mx.nd.NDArray]]:
     """Sends ``splits[j]`` rows of ``tensor`` (consecutive, in rank order) to
     rank j of the process set and concatenates what every rank sent here.
 
@@ -173,8 +180,9 @@ def _reducescatter(fn, tensors, op, name, priority, process_set, prescale_factor
     return outputs
 
 
-def reducescatter(tensor, op=Average, name=None, priority=0, process_set=global_process_set,
-                  prescale_factor=1.0, postscale_factor=1.0):
+def reducescatter(tensor: mx.nd.NDArray, op: int = Average, name: Optional[str] = None,
+                  priority: int = 0, process_set: ProcessSet = global_process_set,
+                  prescale_factor: float = 1.0, postscale_factor: float = 1.0) -> mx.nd.NDArray:
     """Reduces ``tensor`` over the ranks and returns this rank's block of rows
     of the result: the first dimension is split as evenly as possible, the
     first ranks taking one row more when it does not divide."""
@@ -182,9 +190,11 @@ def reducescatter(tensor, op=Average, name=None, priority=0, process_set=global_
                           prescale_factor, postscale_factor)[0]
 
 
-def grouped_reducescatter(tensors, op=Average, name=None, priority=0,
-                          process_set=global_process_set, prescale_factor=1.0,
-                          postscale_factor=1.0):
+def grouped_reducescatter(tensors: List[mx.nd.NDArray], op: int = Average,
+                          name: Optional[str] = None, priority: int = 0,
+                          process_set: ProcessSet = global_process_set,
+                          prescale_factor: float = 1.0,
+                          postscale_factor: float = 1.0) -> List[mx.nd.NDArray]:
     """``reducescatter`` of each tensor in a list, as one unit."""
     tensors = _check_list("grouped_reducescatter", tensors)
     return _reducescatter("grouped_reducescatter", tensors, op, name, priority, process_set,

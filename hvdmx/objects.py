@@ -11,7 +11,7 @@ pickle can run code.
 from __future__ import annotations
 
 import pickle
-from typing import Any, List
+from typing import Any, List, Optional
 
 import cloudpickle
 import mxnet as mx
@@ -19,7 +19,7 @@ import numpy as np
 
 from hvdmx import ops
 from hvdmx.gather_scatter import allgather
-from hvdmx.process_sets import _auto_name, _set_for_call, global_process_set
+from hvdmx.process_sets import ProcessSet, _auto_name, _set_for_call, global_process_set
 
 
 def _to_bytes(array) -> bytes:
@@ -42,8 +42,8 @@ def _unpicklable(fn: str, error: Exception) -> TypeError:
                      "calls fail too")
 
 
-def broadcast_object(obj: Any, root_rank: int = 0, name=None,
-                     process_set=global_process_set) -> Any:
+def broadcast_object(obj: Any, root_rank: int = 0, name: Optional[str] = None,
+                     process_set: ProcessSet = global_process_set) -> Any:
     """Returns ``root_rank``'s ``obj`` on every rank of ``process_set``
     (``obj`` is ignored elsewhere)."""
     fn = "broadcast_object"
@@ -67,7 +67,8 @@ def broadcast_object(obj: Any, root_rank: int = 0, name=None,
     return obj if me == root else pickle.loads(_to_bytes(data))
 
 
-def allgather_object(obj: Any, name=None, process_set=global_process_set) -> List[Any]:
+def allgather_object(obj: Any, name: Optional[str] = None,
+                     process_set: ProcessSet = global_process_set) -> List[Any]:
     """Returns the list of every rank's ``obj``, in rank order of
     ``process_set``."""
     fn = "allgather_object"

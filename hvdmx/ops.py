@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import numbers
 import warnings
-from typing import List, Sequence
+from typing import List, Optional, Sequence
 
 import mxnet as mx
 import numpy as np
@@ -22,7 +22,7 @@ import numpy as np
 from hvdmx import _core
 from hvdmx.basics import _check_running, _topology
 from hvdmx.errors import InvalidArgumentError, InvalidTypeError, MismatchError
-from hvdmx.process_sets import _auto_name, _set_for_call, global_process_set
+from hvdmx.process_sets import ProcessSet, _auto_name, _set_for_call, global_process_set
 
 # Reduction ops, as the core numbers them (csrc/hvdmx/base/common.h, exported
 # as _core.REDUCE_OPS); the values are Horovod's.
@@ -201,8 +201,10 @@ def _allreduce(fn, tensors, outputs, average, name, priority, prescale_factor,
     return outputs
 
 
-def allreduce(tensor, average=None, name=None, priority=0, prescale_factor=1.0,
-              postscale_factor=1.0, process_set=global_process_set, op=None):
+def allreduce(tensor: mx.nd.NDArray, average: Optional[bool] = None, name: Optional[str] = None,
+              priority: int = 0, prescale_factor: float = 1.0, postscale_factor: float = 1.0,
+              process_set: ProcessSet = global_process_set,
+              op: Optional[int] = None) -> mx.nd.NDArray:
     """Reduces ``tensor`` over all ranks and returns the result as a new NDArray.
 
     ``op`` is hvd.Average (the default), hvd.Sum, hvd.Min, hvd.Max or
@@ -215,8 +217,10 @@ def allreduce(tensor, average=None, name=None, priority=0, prescale_factor=1.0,
                       postscale_factor, op, "allreduce", process_set)[0]
 
 
-def allreduce_(tensor, average=None, name=None, priority=0, prescale_factor=1.0,
-               postscale_factor=1.0, process_set=global_process_set, op=None):
+def allreduce_(tensor: mx.nd.NDArray, average: Optional[bool] = None, name: Optional[str] = None,
+               priority: int = 0, prescale_factor: float = 1.0, postscale_factor: float = 1.0,
+               process_set: ProcessSet = global_process_set,
+               op: Optional[int] = None) -> mx.nd.NDArray:
     """In-place ``allreduce``: the result replaces ``tensor``, which is returned."""
     fn = "allreduce_"
     if not isinstance(tensor, mx.nd.NDArray):  # before the checks that assume one
@@ -280,8 +284,10 @@ def _check_list(fn: str, tensors) -> List[mx.nd.NDArray]:
     return list(tensors)
 
 
-def grouped_allreduce(tensors, average=None, name=None, priority=0, prescale_factor=1.0,
-                      postscale_factor=1.0, process_set=global_process_set, op=None):
+def grouped_allreduce(tensors: List[mx.nd.NDArray], average: Optional[bool] = None,
+                      name: Optional[str] = None, priority: int = 0, prescale_factor: float = 1.0,
+                      postscale_factor: float = 1.0, process_set: ProcessSet = global_process_set,
+                      op: Optional[int] = None) -> List[mx.nd.NDArray]:
     """Allreduces a list of tensors as one unit (negotiated and delivered
     together) and returns the list of results."""
     tensors = _check_list("grouped_allreduce", tensors)
@@ -289,8 +295,10 @@ def grouped_allreduce(tensors, average=None, name=None, priority=0, prescale_fac
                       prescale_factor, postscale_factor, op, "grouped_allreduce", process_set)
 
 
-def grouped_allreduce_(tensors, average=None, name=None, priority=0, prescale_factor=1.0,
-                       postscale_factor=1.0, process_set=global_process_set, op=None):
+def grouped_allreduce_(tensors: List[mx.nd.NDArray], average: Optional[bool] = None,
+                       name: Optional[str] = None, priority: int = 0, prescale_factor: float = 1.0,
+                       postscale_factor: float = 1.0, process_set: ProcessSet = global_process_set,
+                       op: Optional[int] = None) -> List[mx.nd.NDArray]:
     """In-place ``grouped_allreduce``; returns ``tensors``."""
     tensors = _check_list("grouped_allreduce_", tensors)
     for i, t in enumerate(tensors):
@@ -314,13 +322,15 @@ def _broadcast(fn, tensor, output, root_rank, name, priority, process_set):
     return output
 
 
-def broadcast(tensor, root_rank, name=None, priority=0, process_set=global_process_set):
+def broadcast(tensor: mx.nd.NDArray, root_rank: int, name: Optional[str] = None, priority: int = 0,
+              process_set: ProcessSet = global_process_set) -> mx.nd.NDArray:
     """Returns a new NDArray holding ``root_rank``'s ``tensor`` on every rank
     (``root_rank`` is a rank of the whole job, in ``process_set``)."""
     return _broadcast("broadcast", tensor, None, root_rank, name, priority, process_set)
 
 
-def broadcast_(tensor, root_rank, name=None, priority=0, process_set=global_process_set):
+def broadcast_(tensor: mx.nd.NDArray, root_rank: int, name: Optional[str] = None, priority: int = 0,
+               process_set: ProcessSet = global_process_set) -> mx.nd.NDArray:
     """In-place ``broadcast``: ``tensor`` takes ``root_rank``'s value; returned."""
     if not isinstance(tensor, mx.nd.NDArray):  # before the checks that assume one
         _check_tensor("broadcast_", "tensor", tensor)
@@ -336,7 +346,7 @@ def _raise_if(error, code) -> None:
         raise (MismatchError if code == _core.STATUS_MISMATCH else mx.base.MXNetError)(error)
 
 
-def barrier(process_set=global_process_set) -> None:
+def barrier(process_set: ProcessSet = global_process_set) -> None:
     """Returns once every rank of ``process_set`` has called ``barrier``.
     Collectives submitted before it are not waited for."""
     _check_common("barrier", None, 0)

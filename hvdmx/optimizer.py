@@ -19,7 +19,7 @@ from __future__ import annotations
 import numbers
 import types
 import warnings
-from typing import Any, Dict, List, Optional, Sequence
+from typing import Any, Dict, List, Optional, Sequence, Union
 
 import mxnet as mx
 import numpy as np
@@ -27,7 +27,7 @@ from mxnet.gluon.parameter import DeferredInitializationError, Parameter, Parame
 
 from hvdmx import _core
 from hvdmx.compression import Compression, _check_quantizable, _exchange_with_residual
-from hvdmx.process_sets import _check_registered, _set_for_call, global_process_set
+from hvdmx.process_sets import ProcessSet, _check_registered, _set_for_call, global_process_set
 from hvdmx.ops import Sum, _allreduce_each_, _check_root, broadcast_, grouped_allreduce_
 
 __all__ = ["DistributedOptimizer", "broadcast_parameters"]
@@ -121,8 +121,9 @@ class DistributedOptimizer(mx.optimizer.Optimizer):
                       "_compression", "_residuals"})
     _NAME_PREFIX = "DistributedOptimizer."
 
-    def __init__(self, optimizer, gradient_predivide_factor=1.0, num_groups=0,
-                 process_set=global_process_set, compression=Compression.none):
+    def __init__(self, optimizer: mx.optimizer.Optimizer, gradient_predivide_factor: float = 1.0,
+                 num_groups: int = 0, process_set: ProcessSet = global_process_set,
+                 compression: type = Compression.none) -> None:
         # Optimizer.__init__ is not called on purpose: this object keeps no
         # optimizer state of its own, everything lives in the wrapped one.
         if isinstance(optimizer, DistributedOptimizer):
@@ -217,11 +218,13 @@ class DistributedOptimizer(mx.optimizer.Optimizer):
                       for k, i in enumerate(indices)]
         _allreduce_each_(grads, names, priorities, Sum, pre, post, self._process_set)
 
-    def update(self, index, weight, grad, state):
+    def update(self, index: Any, weight: mx.nd.NDArray, grad: mx.nd.NDArray,
+               state: Any) -> None:
         self._allreduce_grads(index, grad)
         self._optimizer.update(index, weight, grad, state)
 
-    def update_multi_precision(self, index, weight, grad, state):
+    def update_multi_precision(self, index: Any, weight: mx.nd.NDArray, grad: mx.nd.NDArray,
+                               state: Any) -> None:
         self._allreduce_grads(index, grad)
         self._optimizer.update_multi_precision(index, weight, grad, state)
 
@@ -231,22 +234,22 @@ class DistributedOptimizer(mx.optimizer.Optimizer):
     def learning_rate(self):
         return self._optimizer.learning_rate
 
-    def create_state(self, index, weight):
+    def create_state(self, index: Any, weight: mx.nd.NDArray) -> Any:
         return self._optimizer.create_state(index, weight)
 
-    def create_state_multi_precision(self, index, weight):
+    def create_state_multi_precision(self, index: Any, weight: mx.nd.NDArray) -> Any:
         return self._optimizer.create_state_multi_precision(index, weight)
 
-    def set_learning_rate(self, lr):
+    def set_learning_rate(self, lr: float) -> None:
         self._optimizer.set_learning_rate(lr)
 
-    def set_lr_scale(self, args_lrscale):
+    def set_lr_scale(self, args_lrscale: Dict[Any, float]) -> None:
         self._optimizer.set_lr_scale(args_lrscale)
 
-    def set_lr_mult(self, args_lr_mult):
+    def set_lr_mult(self, args_lr_mult: Dict[Any, float]) -> None:
         self._optimizer.set_lr_mult(args_lr_mult)
 
-    def set_wd_mult(self, args_wd_mult):
+    def set_wd_mult(self, args_wd_mult: Dict[Any, float]) -> None:
         self._optimizer.set_wd_mult(args_wd_mult)
 
     def _set_current_context(self, device_id):
@@ -326,8 +329,9 @@ def _sorted_items(params: Dict) -> list:
         return sorted(params.items(), key=lambda kv: (type(kv[0]).__name__, str(kv[0])))
 
 
-def broadcast_parameters(params, root_rank: int = 0, prefix: Optional[str] = None,
-                         process_set=global_process_set) -> None:
+def broadcast_parameters(params: Union[ParameterDict, Dict[Any, Union[Parameter, mx.nd.NDArray]]],
+                         root_rank: int = 0, prefix: Optional[str] = None,
+                         process_set: ProcessSet = global_process_set) -> None:
     """Sets every rank's parameters to ``root_rank``'s, in place (every rank
     of ``process_set``; ``root_rank`` is a rank of the whole job).
 

@@ -29,7 +29,7 @@ class ProcessSet:
     ``hvd.init(process_sets=[...])``), which sets ``process_set_id``.
     """
 
-    def __init__(self, ranks_or_comm: Union[Sequence[int], Any]):
+    def __init__(self, ranks_or_comm: Union[Sequence[int], Any]) -> None:
         self.process_set_id: Optional[int] = None
         self._comm = None
         if isinstance(ranks_or_comm, MPI.Comm):

@@ -10,11 +10,11 @@ from __future__ import annotations
 import hashlib
 import numbers
 import warnings
-from typing import Any, Dict, List, Sequence
+from typing import Any, Dict, List, Optional, Sequence, Union
 
 import mxnet as mx
 import numpy as np
-from mxnet.gluon.parameter import Parameter
+from mxnet.gluon.parameter import Parameter, ParameterDict
 
 from hvdmx.basics import size
 from hvdmx.compression import Compression
@@ -22,7 +22,7 @@ from hvdmx.errors import MismatchError
 from hvdmx.ops import Average, Max, Sum, _allreduce_each_, allreduce
 from hvdmx.optimizer import DistributedOptimizer, _check_num_groups, _check_predivide, \
     _onebit_exchange, _outside, _reduce_by_dtype, _split_list
-from hvdmx.process_sets import _check_registered, global_process_set
+from hvdmx.process_sets import ProcessSet, _check_registered, global_process_set
 
 __all__ = ["DistributedTrainer"]
 
@@ -143,9 +143,13 @@ class DistributedTrainer(mx.gluon.Trainer):
     not averaged. H = 1 (the default) is ordinary synchronous training.
     """
 
-    def __init__(self, params, optimizer, optimizer_params=None, compression=Compression.none,
-                 gradient_predivide_factor=1.0, prefix=None, num_groups=0,
-                 process_set=global_process_set, local_sgd_steps=1, **kwargs):
+    def __init__(self, params: Union[ParameterDict, Dict[str, Parameter], List[Parameter]],
+                 optimizer: Union[str, mx.optimizer.Optimizer],
+                 optimizer_params: Optional[Dict[str, Any]] = None,
+                 compression: type = Compression.none, gradient_predivide_factor: float = 1.0,
+                 prefix: Optional[str] = None, num_groups: int = 0,
+                 process_set: ProcessSet = global_process_set, local_sgd_steps: int = 1,
+                 **kwargs: Any) -> None:
         _reject_kvstore_arguments(kwargs)
         if isinstance(local_sgd_steps, bool) or not isinstance(local_sgd_steps, numbers.Integral) \
                 or local_sgd_steps < 1:
@@ -193,11 +197,11 @@ class DistributedTrainer(mx.gluon.Trainer):
         self._process_set = process_set
         self._hvdmx_checked = False
 
-    def step(self, batch_size, ignore_stale_grad=False):
+    def step(self, batch_size: int, ignore_stale_grad: bool = False) -> None:
         super().step(batch_size, ignore_stale_grad)
         self._after_update()
 
-    def update(self, batch_size, ignore_stale_grad=False):
+    def update(self, batch_size: int, ignore_stale_grad: bool = False) -> None:
         super().update(batch_size, ignore_stale_grad)
         self._after_update()
 

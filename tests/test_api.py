@@ -91,6 +91,35 @@ def _default(text):
         return value
 
 
+def public_callables():
+    """(label, function) for every public function of hvdmx and every public
+    method its public classes define themselves."""
+    for name in hvd.__all__:
+        value = getattr(hvd, name)
+        if inspect.isclass(value):
+            for attr, member in vars(value).items():
+                member = member.__func__ if isinstance(member, (staticmethod, classmethod)) \
+                    else member
+                if inspect.isfunction(member) and (attr == "__init__" or not attr.startswith("_")):
+                    yield f"{name}.{attr}", member
+        elif inspect.isfunction(value):
+            yield name, value
+
+
+def test_the_public_api_has_type_hints():
+    # PEP 561 (hvdmx/py.typed): type checkers read these.
+    missing = []
+    for label, fn in public_callables():
+        sig = inspect.signature(fn)
+        for p in sig.parameters.values():
+            if p.name not in ("self", "cls") and p.annotation is inspect.Parameter.empty:
+                missing.append(f"{label}({p.name})")
+        if sig.return_annotation is inspect.Signature.empty:
+            missing.append(f"{label} -> ?")
+    assert not missing, missing
+    assert os.path.isfile(os.path.join(os.path.dirname(hvd.__file__), "py.typed"))
+
+
 def test_op_values_are_horovods():
     assert (hvd.Average, hvd.Sum, hvd.Adasum, hvd.Min, hvd.Max, hvd.Product) == (0, 1, 2, 3, 4, 5)
 
