@@ -14,7 +14,7 @@ import os
 import sys
 
 import numpy as np
-from mpi4py import MPI  # first, as bench.py: Horovod joins the MPI it started
+from mpi4py import MPI  # first, as hvdmx.bench does: Horovod joins the MPI it started
 import mxnet as mx
 import horovod.mxnet as hvd
 
