@@ -106,8 +106,8 @@ def load_core():
     the one hvdmx was built against (MPI4PY_LIBMPI, say, or an Open MPI build
     of hvdmx beside the mpich wheel), the extension would load a second MPI
     library into the process, or find none: refused here, with both named.
-    Only that: submodules import _core at their top, and any more here would
-    import them back half-initialized.
+    Only that: this module is the bottom layer (hvdmx/__init__.py), below
+    every module that imports _core.
 
     Before MPI starts, a PMIx launcher with the mpich wheel is refused, and
     PMIx variables inherited under MPICH's launcher are dropped (see
