@@ -27,7 +27,7 @@ BUILD_REQUIRES = $(shell $(PY) -c 'import re, shlex, sys; t = open("pyproject.to
 	re.search(r"^requires\s*=\s*\[(.*?)\]", t, re.S | re.M).group(1)); \
 	print(" ".join(map(shlex.quote, r)))')
 
-.PHONY: venv build demo test lint-cxx horovod-programs other-mpi clean distclean
+.PHONY: venv build demo test lint-cxx lint-py horovod-programs other-mpi clean distclean
 
 venv: $(INSTALLED)
 
@@ -95,7 +95,12 @@ $(OTHER_MPI)/.installed: tests/other_mpi.txt | $(INSTALLED)
 demo: venv build
 	$(MPIEXEC) $(MPIEXEC_FLAGS) -n 2 $(PY) examples/mnist_gluon.py
 
-test: venv build horovod-programs other-mpi
+# The Python lint: ruff (from the test extra) with pyproject.toml's rules; any
+# violation fails it, and with it `make test`.
+lint-py: venv
+	$(VENV)/bin/ruff check .
+
+test: venv build horovod-programs other-mpi lint-py
 	$(MAKE) --no-print-directory lint-cxx
 	PYTHON=$(PY) MPIEXEC=$(MPIEXEC) MPIEXEC_FLAGS='$(MPIEXEC_FLAGS)' tests/run_all.sh
 

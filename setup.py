@@ -37,7 +37,7 @@ _core links libmpi by its soname (`-lmpi`, giving NEEDED libmpi.so.12 for MPICH,
 libmpi.so.40 for Open MPI) and records no rpath from the MPI wrapper when the MPI
 was found automatically: under build isolation that directory is a temporary
 build environment that is deleted after the build. Instead:
-  1. The package imports mpi4py.MPI before _core (_load_core in hvdmx/__init__.py).
+  1. The package imports mpi4py.MPI before _core (load_core in hvdmx/_mpi.py).
      mpi4py has loaded the MPI library, and the dynamic loader satisfies _core's
      NEEDED entry with the loaded object whose soname matches, so both share one MPI.
   2. As a fallback, RUNPATH $ORIGIN/../../.. points from <prefix>/lib/pythonX.Y/
@@ -219,7 +219,7 @@ hvdmx_mpi_vendor "MPICH " MPICH_VERSION
 #else
 hvdmx_mpi_vendor "MPI " HVDMX_STR(MPI_VERSION) "." HVDMX_STR(MPI_SUBVERSION)
 #endif
-"""
+"""  # noqa: E501 (a line of C)
 
 
 def mpi_vendor(compiler, mpi: MpiFlags) -> str:
@@ -236,7 +236,7 @@ def mpi_vendor(compiler, mpi: MpiFlags) -> str:
         except CompileError as e:
             raise BuildError(
                 f"cannot preprocess <mpi.h> with include dirs {mpi.include_dirs}: {e}"
-            )
+            ) from e
         with open(output) as f:
             for line in f:
                 if line.startswith("hvdmx_mpi_vendor"):

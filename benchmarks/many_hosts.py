@@ -80,9 +80,9 @@ def table(results, sizes, names, per_hosts):
             cells = [med([j["sizes"][str(size)]["hvd_us"] for j in jobs[name]])
                      if name in jobs else float("nan") for name in names]
             if size == sizes[-1] and size >= 1 << 20:
-                bus = lambda us: size * 2 * (n - 1) / n / (us * 1e-6) / 1e9  # noqa: E731
-                rows.append([layout, f"{size} B busbw GB/s", f"{bus(mpi):.3f}"] +
-                            [f"{bus(c):.3f}" for c in cells])
+                factor = size * 2 * (n - 1) / n / 1e9
+                rows.append([layout, f"{size} B busbw GB/s", f"{factor / (mpi * 1e-6):.3f}"] +
+                            [f"{factor / (c * 1e-6):.3f}" for c in cells])
             else:
                 rows.append([layout, f"{size} B us", f"{mpi:.1f}"] + [f"{c:.1f}" for c in cells])
         models = [j["model"] for v in jobs.values() for j in v if j["model"]]

@@ -15,7 +15,7 @@ interleaved rounds, each round in the same order:
   training in lockstep costs before any byte moves;
 - "N ranks, hvdmx": one job of N ranks training data-parallel;
 - "N ranks, Horovod" (with --horovod-python): the same job with horovod.mxnet,
-  run by that Python and the mpiexec beside it (tools/horovod/build.sh makes
+  run by that Python and the mpiexec beside it (benchmarks/horovod/build.sh makes
   such an environment).
 
 and prints a table of the median total images/sec of each over the rounds,
@@ -62,7 +62,7 @@ def parse_args(argv=None):
     if args.horovod_python and not os.access(args.horovod_python, os.X_OK):
         parser.error(f"--horovod-python {args.horovod_python!r} is not an executable file: "
                      "give the python of an environment with Horovod, e.g. the one "
-                     "tools/horovod/build.sh makes")
+                     "benchmarks/horovod/build.sh makes")
     return args
 
 

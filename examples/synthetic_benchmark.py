@@ -20,7 +20,7 @@ keeps the ranks in step after every batch: it measures what training in
 lockstep costs on a machine, apart from moving the gradients.
 --horovod runs the same program with `import horovod.mxnet as hvd` instead
 of hvdmx, for comparison, from an environment that has Horovod (see
-tools/horovod/build.sh).
+benchmarks/horovod/build.sh).
 """
 import argparse
 import importlib

@@ -5,10 +5,39 @@ A drop-in replacement for ``horovod.mxnet``: ``import hvdmx as hvd``.
 The public names load on first use (PEP 562), so that ``hvdmxrun`` and
 ``python -m hvdmx.timeline`` start without loading MXNet or MPI; the first
 ``hvd.init`` (or any other name) imports them.
+
+Layers, bottom up. A module imports only modules listed above it (at its top
+or inside a function), so there is no import cycle and ``import hvdmx.<module>``
+works first in any interpreter; tests/test_layers.py checks both against this
+list. This package (``hvdmx``, this file) is the facade: at import it loads
+nothing of hvdmx, and its names load their modules when first used; the
+programs below it use hvdmx through it, as a user's script does.
+
+    errors          exception classes (MXNetError and ValueError/TypeError)
+    run_flags       hvdmxrun's tuning flags and the variables they set
+    run_hosts       hvdmxrun's hosts: -H, the hostfile, the checks of each host
+    timeline        reads and plots the timeline's Chrome trace
+    _mpi            which MPI is which; loads the extension into mpi4py's MPI
+    _core           the C++ extension (csrc/hvdmx), loaded by _mpi
+    _job            whether hvdmx runs, its topology and communicator
+    process_sets    ProcessSet, add/remove, names of unnamed calls
+    basics          init, shutdown, rank, size, ... and the *_built calls
+    ops             allreduce, broadcast, barrier, join, the reduce ops, the checks
+    gather_scatter  allgather, alltoall, reducescatter
+    compression     Compression.none, fp16, onebit
+    objects         the collectives on Python objects
+    checkpoint      save_checkpoint, load_checkpoint
+    functions       horovod.mxnet.functions's names (the objects' collectives)
+    optimizer       DistributedOptimizer, broadcast_parameters, gradient reduction
+    trainer         DistributedTrainer
+    kvstore         KVStore, registered with MXNet as 'dist_sync_hvdmx' at import
+    hvdmx           this facade
+    build_report    hvdmxrun --check-build's checklist
+    run             hvdmxrun, the launcher
+    bench           python -m hvdmx.bench, the benchmark
+    as_horovod      runs programs written for horovod.mxnet
 """
 import importlib
-import os
-import sys
 
 __version__ = "0.1.0"
 
@@ -39,29 +68,29 @@ _EXPORTS = {
     'KVStore': 'kvstore',
     'load_checkpoint': 'checkpoint',
     'save_checkpoint': 'checkpoint',
-    'allgather_object': 'functions',
-    'broadcast_object': 'functions',
+    'allgather_object': 'objects',
+    'broadcast_object': 'objects',
     'Adasum': 'ops',
     'Average': 'ops',
     'Max': 'ops',
     'Min': 'ops',
     'Product': 'ops',
     'Sum': 'ops',
-    'allgather': 'ops',
+    'allgather': 'gather_scatter',
     'allreduce': 'ops',
     'allreduce_': 'ops',
-    'alltoall': 'ops',
+    'alltoall': 'gather_scatter',
     'barrier': 'ops',
     'broadcast': 'ops',
     'broadcast_': 'ops',
-    'grouped_allgather': 'ops',
+    'grouped_allgather': 'gather_scatter',
     'grouped_allreduce': 'ops',
     'grouped_allreduce_': 'ops',
-    'grouped_reducescatter': 'ops',
+    'grouped_reducescatter': 'gather_scatter',
     'join': 'ops',
-    'reducescatter': 'ops',
+    'reducescatter': 'gather_scatter',
     'DistributedOptimizer': 'optimizer',
-    'DistributedTrainer': 'optimizer',
+    'DistributedTrainer': 'trainer',
     'broadcast_parameters': 'optimizer',
     'ProcessSet': 'process_sets',
     'add_process_set': 'process_sets',
@@ -71,147 +100,18 @@ _EXPORTS = {
 __all__ = sorted(_EXPORTS)
 
 
-def _mpi_family(name: str):
-    """The family of an MPI, named by its vendor ("MPICH 5.0.2", "Open MPI
-    4.1.8", "Intel MPI ...") or by hvdmxrun's launcher flavor ("mpich",
-    "intel", "openmpi"): "Open MPI", or "MPICH" for MPICH and its derivatives.
-    One family shares a soname (libmpi.so.12 for MPICH's, libmpi.so.40 for
-    Open MPI) and a launcher protocol; None when unknown."""
-    if name.startswith("Open MPI") or name == "openmpi":
-        return "Open MPI"
-    if name.startswith(("MPICH", "Intel MPI", "MVAPICH", "Cray MPICH")) or \
-            name in ("mpich", "intel"):
-        return "MPICH"
-    return None
-
-
-def _mpi_library(MPI) -> str:
-    """The first line of the MPI library's own version string, spaces
-    collapsed ("MPICH Version: 5.0.2"); ``MPI`` is mpi4py.MPI."""
-    return " ".join(MPI.Get_library_version().strip().splitlines()[0].split())
-
-
-_ONE_MPI_FIX = ("hvdmx and mpi4py must use one MPI: unset MPI4PY_LIBMPI and MPI4PY_MPIABI if "
-                "set, or rebuild hvdmx against that MPI (see 'Building against a system MPI' "
-                "in README.md)")
-
-
-def _two_mpis(built: str, loaded: str):
-    """The error message when the extension's MPI (``built``) and the one
-    mpi4py loaded are of different families, else None."""
-    families = (_mpi_family(built), _mpi_family(loaded))
-    if None in families or families[0] == families[1]:
-        return None
-    return (f"hvdmx: the extension was built against {built}, but mpi4py has loaded "
-            f"{loaded}: two MPI libraries in one process; {_ONE_MPI_FIX}")
-
-
-def _venv_mpiexec() -> str:
-    """The mpiexec beside this Python: the launcher of the mpich wheel's MPI in
-    a venv, which the launcher errors name as the fix."""
-    return os.path.join(os.path.dirname(sys.executable), "mpiexec")
-
-
-def _wheel_libmpi():
-    """The path of the `mpich` wheel's libmpi.so.12 if that wheel is installed
-    and mpi4py will load it (MPI4PY_LIBMPI and MPI4PY_MPIABI unset: mpi4py
-    then tries the environment's own lib directory first), else None."""
-    if os.environ.get("MPI4PY_LIBMPI") or os.environ.get("MPI4PY_MPIABI"):
-        return None
-    import importlib.metadata  # here: hvdmxrun imports this package, and needs none of it
-    try:
-        files = importlib.metadata.distribution("mpich").files or ()
-    except importlib.metadata.PackageNotFoundError:
-        return None
-    for file in files:
-        if file.name == "libmpi.so.12":
-            path = os.path.realpath(file.locate())
-            if os.path.isfile(path):
-                return path
-    return None
-
-
-def _settle_pmix(environ, libmpi):
-    """Prepares ``environ`` for MPI_Init from ``libmpi`` when a PMIx launcher's
-    variables are in it (PMIX_NAMESPACE: Open MPI's mpirun, Slurm's srun
-    --mpi=pmix) and ``libmpi`` is a build of MPICH without PMIx, which would
-    abort inside MPI_Init, before hvdmx could say why. Returns the error
-    message to raise, or None.
-
-    With PMI_SIZE set as well, a PMI launcher (Hydra: the mpiexec of MPICH)
-    started this process, and the PMIx variables were inherited from an outer
-    job step (a Slurm step that ran mpiexec), through mpiexec or its proxies:
-    they are dropped from ``environ``, and MPICH joins the launcher's job
-    ("Found both env vars PMI_SIZE and PMIX_NAMESPACE" otherwise). Without
-    PMI_SIZE, the PMIx launcher started the process and MPICH cannot join its
-    job: the message says what to do."""
-    if "PMIX_NAMESPACE" not in environ or libmpi is None:
-        return None
-    with open(libmpi, "rb") as f:
-        if b"libpmix" in f.read():  # built with PMIx: MPICH can join the job
-            return None
-    if "PMI_SIZE" in environ:
-        for name in [name for name in environ if name.startswith("PMIX_")]:
-            del environ[name]
-        return None
-    return (f"hvdmx: a PMIx launcher (Open MPI's mpirun, or srun --mpi=pmix) started this "
-            f"process (PMIX_NAMESPACE is set), but the MPI that mpi4py loads is the mpich "
-            f"wheel's ({libmpi}), which has no PMIx support: it would abort in MPI_Init. "
-            f"Start the job with hvdmxrun -np N ..., or with {_venv_mpiexec()} -n N ..., or build "
-            "hvdmx and mpi4py against that launcher's MPI (see 'Building against a system "
-            "MPI' in README.md).")
-
-
-def _load_core():
-    """Imports the extension, after mpi4py, and checks that both use one MPI.
-
-    The extension binds to the libmpi that mpi4py has loaded (by soname), so
-    mpi4py must come first. If mpi4py loaded an MPI of another family than
-    the one hvdmx was built against (MPI4PY_LIBMPI, say, or an Open MPI build
-    of hvdmx beside the mpich wheel), the extension would load a second MPI
-    library into the process, or find none: refused here, with both named.
-    Only that: submodules import _core at their top, and any more here would
-    import them back half-initialized.
-
-    Before MPI starts, a PMIx launcher with the mpich wheel is refused, and
-    PMIx variables inherited under MPICH's launcher are dropped (see
-    _settle_pmix): every module that imports mpi4py.MPI loads _core first.
-    """
-    if "PMIX_NAMESPACE" in os.environ and "mpi4py.MPI" not in sys.modules:
-        message = _settle_pmix(os.environ, _wheel_libmpi())
-        if message is not None:
-            raise RuntimeError(message)
-    MPI = importlib.import_module("mpi4py.MPI")
-    name, version = MPI.get_vendor()
-    loaded = f"{name} {'.'.join(map(str, version))}"
-    try:
-        core = importlib.import_module("hvdmx._core")
-    except ImportError as error:
-        if "libmpi" not in str(error):
-            raise
-        raise ImportError(f"hvdmx: the extension cannot load the MPI library it was built "
-                          f"against ({error}), and mpi4py has loaded {loaded}; "
-                          f"{_ONE_MPI_FIX}") from error
-    message = _two_mpis(core.mpi_vendor(), loaded)
-    if message is not None:
-        # The import bound hvdmx._core; unbound, the next use is refused too.
-        globals().pop("_core", None)
-        raise ImportError(message)
-    return core
-
-
 def __getattr__(name):
     if name == "_core":
-        return _load_core()
+        return importlib.import_module("hvdmx._mpi").load_core()
     if name == "errors":  # the exception classes (hvdmx/errors.py)
         return importlib.import_module("hvdmx.errors")
     module = _EXPORTS.get(name)
     if module is None:
         raise AttributeError(f"module 'hvdmx' has no attribute {name!r}")
     value = getattr(importlib.import_module(f"hvdmx.{module}"), name)
-    # Registers the kvstore plugin with MXNet (mx.kv.create("dist_sync_hvdmx"),
-    # kvstore="dist_sync_hvdmx") as soon as any of hvdmx is used; init()
-    # registers it too, for code that imports a submodule directly.
+    # The kvstore module registers the plugin with MXNet when imported
+    # (mx.kv.create("dist_sync_hvdmx"), kvstore="dist_sync_hvdmx"): imported
+    # here as soon as any of hvdmx is used.
     importlib.import_module("hvdmx.kvstore")
     globals()[name] = value
     return value

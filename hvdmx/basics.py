@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import atexit
-import importlib
 import os
 import sys
 from typing import Any, Optional, Sequence, Union
@@ -10,9 +9,10 @@ from typing import Any, Optional, Sequence, Union
 # _core before mpi4py.MPI: loading it imports mpi4py.MPI (which loads libmpi
 # and starts MPI), after refusing a launcher that MPI could not join; the
 # extension then binds to that same library (matched by soname), so a script
-# can use mpi4py and hvdmx side by side. See hvdmx/__init__.py, _load_core.
-from hvdmx import _core, _mpi_library, _venv_mpiexec, process_sets as _process_sets
-from hvdmx.errors import NotRunningError
+# can use mpi4py and hvdmx side by side. See hvdmx/_mpi.py, load_core.
+from hvdmx import _core, _job, process_sets as _process_sets
+from hvdmx._job import check_running as _check_running, topology as _topology
+from hvdmx._mpi import mpi_library as _mpi_library, venv_mpiexec as _venv_mpiexec
 from mpi4py import MPI
 import mxnet as mx
 
@@ -20,13 +20,6 @@ _core.load_mxnet(mx.base._LIB._name)
 
 _atexit_registered = False
 _owned_comm = None  # a communicator init() created from a list of ranks
-_comm = None  # the mpi4py communicator hvdmx runs on
-
-
-def _job_comm():
-    """The mpi4py communicator of the whole job (what init ran on)."""
-    return _comm if _comm is not None else MPI.COMM_WORLD
-
 
 def init(comm: Optional[Union[Any, Sequence[int]]] = None,
          process_sets: Optional[Sequence[Any]] = None) -> None:
@@ -42,7 +35,7 @@ def init(comm: Optional[Union[Any, Sequence[int]]] = None,
     when the process exits, after hvdmx has shut down: as Horovod does, and as
     Open MPI's launcher requires of a process that started MPI.
     """
-    global _atexit_registered, _owned_comm, _comm
+    global _atexit_registered, _owned_comm
     if _core.is_initialized():
         return
     if not MPI.Is_initialized():
@@ -55,13 +48,13 @@ def init(comm: Optional[Union[Any, Sequence[int]]] = None,
         raise TypeError("hvdmx.init: argument 'process_sets' must be a list of ProcessSets "
                         f"or None, got {type(process_sets).__name__}")
     if comm is None:
-        _comm = MPI.COMM_WORLD
+        _job.comm = MPI.COMM_WORLD
         address = 0
     elif isinstance(comm, MPI.Comm):
         if comm == MPI.COMM_NULL:
             raise ValueError("hvdmx.init: argument 'comm' is MPI.COMM_NULL; pass a valid "
                              "communicator, e.g. MPI.COMM_WORLD")
-        _comm = comm
+        _job.comm = comm
         address = MPI._addressof(comm)
     elif isinstance(comm, (list, tuple)) and all(isinstance(r, int) for r in comm):
         world = MPI.COMM_WORLD
@@ -74,17 +67,13 @@ def init(comm: Optional[Union[Any, Sequence[int]]] = None,
             raise ValueError(f"hvdmx.init: this process (world rank {world.Get_rank()}) is not "
                              f"in comm={ranks!r}; only the listed ranks may call init")
         _owned_comm = world.Create_group(world.Get_group().Incl(ranks))
-        _comm = _owned_comm
+        _job.comm = _owned_comm
         address = MPI._addressof(_owned_comm)
     else:
         raise TypeError("hvdmx.init: argument 'comm' must be None, an mpi4py communicator "
                         f"or a list of ranks, got {type(comm).__name__}")
     _process_sets._forget_all()
     _core.init(address)
-    # Registers the kvstore plugin with MXNet (also done on first use of any
-    # public name, see hvdmx/__init__.py); imported here, not at the top,
-    # because it imports the modules that import this one.
-    importlib.import_module("hvdmx.kvstore")
     if not _atexit_registered:
         atexit.register(_shutdown_at_exit)
         # Registered after it, so it runs before it (and before MPI is
@@ -269,27 +258,6 @@ def is_initialized() -> bool:
     docs/errors.md) stops hvdmx here. ``rank()`` and the other topology calls
     answer for longer: until this rank's own ``shutdown``."""
     return _core.is_initialized()
-
-
-def _not_running() -> NotRunningError:
-    """The error for a call made while hvdmx is not running: why it stopped,
-    when it stopped on its own or by another rank's shutdown."""
-    return NotRunningError(_core.stop_reason() or "hvdmx has not been initialized, or has been "
-                           "shut down; call hvd.init() first")
-
-
-def _check_running() -> None:
-    """Raises unless collectives can run: before init, after this rank's
-    shutdown, and after a peer's shutdown or a stall stopped hvdmx here."""
-    if not _core.is_initialized():
-        raise _not_running()
-
-
-def _topology() -> tuple:
-    """(rank, size, local_rank, local_size, cross_rank, cross_size, MPI thread
-    multiple). Answers from this rank's init until its own shutdown, also
-    after a peer's shutdown stopped the collectives (as Horovod does)."""
-    return _core.topology()
 
 
 def rank() -> int:

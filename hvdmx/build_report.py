@@ -7,7 +7,7 @@ import atexit
 import os
 import sys
 
-from . import _mpi_library
+from ._mpi import mpi_library
 
 
 def _nccl_version(code: int) -> str:
@@ -50,7 +50,7 @@ def build_report(launcher_line: str) -> str:
         return "[x]" if flag else "[ ]"
 
     nccl = _core.nccl_built()
-    library = _mpi_library(MPI)
+    library = mpi_library(MPI)
     threads_line = _thread_support(MPI)
     lines = [
         f"hvdmx {hvdmx.__version__} (Python {sys.version.split()[0]}, "

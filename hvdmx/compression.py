@@ -117,7 +117,7 @@ def _packed_exchange(kind: str, grad: mx.nd.NDArray, residual: mx.nd.NDArray, na
     under ``name`` and replaces ``grad`` with the sum of every rank's values,
     decoded in rank order. Every step is an engine op: nothing waits here."""
     from hvdmx import _core
-    from hvdmx.ops import allgather
+    from hvdmx.gather_scatter import allgather
 
     n = int(np.prod(grad.shape))
     packed = mx.nd.empty((getattr(_core, f"{kind}_words")(n),), dtype="int32")

@@ -35,7 +35,7 @@ from __future__ import annotations
 
 import math
 import numbers
-from typing import Dict, List, Optional, Tuple
+from typing import Any, Dict, List, Optional, Tuple, Union
 
 import mxnet as mx
 from mxnet.kvstore import KVStoreBase
@@ -49,6 +49,9 @@ from hvdmx.optimizer import _plain_layout
 
 __all__ = ["KVStore"]
 
+# A key or a list of keys, and an NDArray (per key) or a list of them.
+Keys = Union[int, str, List[Union[int, str]]]
+Values = Union[mx.nd.NDArray, List[mx.nd.NDArray]]
 _TYPE = "dist_sync_hvdmx"
 
 
@@ -127,7 +130,7 @@ class KVStore(KVStoreBase):
     first. ``mx.kv.create('dist_sync_hvdmx')`` makes one with the defaults.
     """
 
-    def __init__(self, compression=Compression.none, prefix: Optional[str] = None):
+    def __init__(self, compression: type = Compression.none, prefix: Optional[str] = None) -> None:
         if not (callable(getattr(compression, "compress", None))
                 and callable(getattr(compression, "decompress", None))):
             raise TypeError("hvdmx.KVStore: argument 'compression' must be "
@@ -143,7 +146,7 @@ class KVStore(KVStoreBase):
         self._gradient_compression: Optional[Tuple[str, float]] = None
         self._residuals: Dict[str, mx.nd.NDArray] = {}
 
-    def __repr__(self):
+    def __repr__(self) -> str:
         compression = getattr(self._compression, "__name__", repr(self._compression))
         return f"hvdmx.KVStore(compression={compression}, prefix={self._prefix!r})"
 
@@ -173,7 +176,8 @@ class KVStore(KVStoreBase):
 
     # --- the collectives ------------------------------------------------
 
-    def broadcast(self, key, value, out, priority=0):
+    def broadcast(self, key: Keys, value: Values,
+                  out: Values, priority: int = 0) -> None:
         """Writes rank 0's ``value`` to ``out`` (an NDArray or a list, one per
         device) on every rank. Returns at once; reads of ``out`` wait."""
         priority = _check_priority("broadcast", priority)
@@ -201,7 +205,8 @@ class KVStore(KVStoreBase):
             if o.handle.value != source.handle.value:
                 source.copyto(o)
 
-    def pushpull(self, key, value, out=None, priority=0):
+    def pushpull(self, key: Keys, value: Values,
+                 out: Optional[Values] = None, priority: int = 0) -> None:
         """Sums ``value`` (an NDArray or a list of them, one per device) over
         the list and over all ranks, and writes the sum to ``out``, or back
         to every array of ``value`` when ``out`` is None. ``key`` may be a
@@ -235,7 +240,7 @@ class KVStore(KVStoreBase):
             if t.handle.value != total.handle.value:
                 total.copyto(t)
 
-    def init(self, key, value):
+    def init(self, key: Keys, value: Values) -> None:
         """Does nothing: there is no store to fill. (Module calls it with its
         initial parameters; give every rank the same ones with
         hvd.broadcast_parameters.)"""
@@ -243,16 +248,18 @@ class KVStore(KVStoreBase):
 
     # --- what an allreduce store does not do ------------------------------
 
-    def push(self, key, value, priority=0):
+    def push(self, key: Keys, value: Values, priority: int = 0) -> None:
         _no_push_pull("push")
 
-    def pull(self, key, out=None, priority=0, ignore_sparse=True):
+    def pull(self, key: Keys, out: Optional[Values] = None, priority: int = 0,
+             ignore_sparse: bool = True) -> None:
         _no_push_pull("pull")
 
-    def row_sparse_pull(self, key, out=None, priority=0, row_ids=None):
+    def row_sparse_pull(self, key: Keys, out: Optional[Values] = None, priority: int = 0,
+                        row_ids: Any = None) -> None:
         _no_push_pull("row_sparse_pull")
 
-    def set_optimizer(self, optimizer):
+    def set_optimizer(self, optimizer: mx.optimizer.Optimizer) -> None:
         raise NotImplementedError(
             "hvdmx.KVStore keeps no optimizer (is_capable('optimizer') is False): the "
             "optimizer runs on every rank in the Trainer or Module; create the Trainer with "
@@ -281,7 +288,7 @@ class KVStore(KVStoreBase):
             if t.handle.value != total.handle.value:
                 total.copyto(t)
 
-    def set_gradient_compression(self, compression_params):
+    def set_gradient_compression(self, compression_params: Dict[str, Any]) -> None:
         """MXNet's gradient compression: ``{'type': '2bit', 'threshold': t}``
         (t > 0, default 0.5) with MXNet's semantics (values beyond +-t travel
         as +-t, the rest waits in a residual; 16x fewer bytes), or
@@ -322,13 +329,13 @@ class KVStore(KVStoreBase):
         self._gradient_compression = (kind, float(threshold))
         self._residuals = {}
 
-    def save_optimizer_states(self, fname, dump_optimizer=False):
+    def save_optimizer_states(self, fname: str, dump_optimizer: bool = False) -> None:
         raise NotImplementedError(
             "hvdmx.KVStore keeps no optimizer states: they live in the Trainer (or Module) on "
             "every rank; save them with hvd.save_checkpoint(path, net, trainer) or "
             "trainer.save_states(fname)")
 
-    def load_optimizer_states(self, fname):
+    def load_optimizer_states(self, fname: str) -> None:
         raise NotImplementedError(
             "hvdmx.KVStore keeps no optimizer states: they live in the Trainer (or Module) on "
             "every rank; load them with hvd.load_checkpoint(path, net, trainer) or "

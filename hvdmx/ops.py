@@ -1,28 +1,20 @@
-"""Collectives on NDArrays, pushed into MXNet's engine as async ops.
+"""Collectives on NDArrays, pushed into MXNet's engine as async ops:
+allreduce and broadcast, barrier and join, and what every collective checks
+(allgather, alltoall and reducescatter are in hvdmx/gather_scatter.py).
 
 Every call checks what it can see locally, then returns at once: the
 collective runs when the engine has the inputs ready, and reading the
 result (``asnumpy()``, ``wait_to_read()``, a later op) waits for it. A
 mismatch between ranks raises ``MXNetError`` at that read, on every rank.
 
-Allgather and alltoall must know every rank's sizes to allocate their
-output: the call first exchanges the sizes (shapes and splits, never the
-data) with the other ranks' same call, then pushes the data exchange as an
-engine op. So the call waits for the other ranks to *make* the call, but
-never for the input to be computed or for any data to move. A mismatch
-found in that exchange raises ``hvdmx.errors.MismatchError`` from the call,
-on every rank: the round that finds it is one negotiation round, whose
-error response every rank of the call receives.
-
 Argument errors are ``hvdmx.errors`` classes, which are ``MXNetError`` as
 well as ``ValueError``/``TypeError`` (see that module and docs/errors.md).
 """
 from __future__ import annotations
 
-import itertools
 import numbers
 import warnings
-from typing import List, Sequence
+from typing import List, Optional, Sequence
 
 import mxnet as mx
 import numpy as np
@@ -30,33 +22,22 @@ import numpy as np
 from hvdmx import _core
 from hvdmx.basics import _check_running, _topology
 from hvdmx.errors import InvalidArgumentError, InvalidTypeError, MismatchError
-from hvdmx.process_sets import _set_for_call, global_process_set
+from hvdmx.process_sets import ProcessSet, _auto_name, _set_for_call, global_process_set
 
-# Reduction ops; the values are Horovod's.
-Average = 0
-Sum = 1
-Adasum = 2
-Min = 3
-Max = 4
-Product = 5
-_OP_NAMES = {Average: "Average", Sum: "Sum", Adasum: "Adasum", Min: "Min", Max: "Max",
-             Product: "Product"}
+# Reduction ops, as the core numbers them (csrc/hvdmx/base/common.h, exported
+# as _core.REDUCE_OPS); the values are Horovod's.
+Average = _core.REDUCE_OPS["Average"]
+Sum = _core.REDUCE_OPS["Sum"]
+Adasum = _core.REDUCE_OPS["Adasum"]
+Min = _core.REDUCE_OPS["Min"]
+Max = _core.REDUCE_OPS["Max"]
+Product = _core.REDUCE_OPS["Product"]
+_OP_NAMES = {code: name for name, code in _core.REDUCE_OPS.items()}
 
-# MXNet dtype codes the core reduces (see csrc/hvdmx/base/common.h): float32,
-# float64, float16, uint8, int32, int8, int64.
-_SUPPORTED_CODES = frozenset(range(7))
-_SUPPORTED_NAMES = "float16, float32, float64, uint8, int8, int32, int64"
-
-_counters = {}
-
-
-def _auto_name(kind: str, set_id: int = 0) -> str:
-    # One counter per kind and process set: ranks outside a set do not
-    # count its calls, and the names must agree within each set.
-    counter = _counters.setdefault((kind, set_id), itertools.count())
-    suffix = f"@{set_id}" if set_id else ""
-    return f"{kind}.noname.{next(counter)}{suffix}"
-
+# The dtypes the collectives take (_core.ARRAY_DTYPES), as the errors list
+# them: floats, then unsigned, then signed integers, each by size.
+_SUPPORTED_NAMES = ", ".join(sorted(_core.ARRAY_DTYPES, key=lambda name: (
+    "fui".index(np.dtype(name).kind), np.dtype(name).itemsize)))
 
 def _check_tensor(fn: str, arg: str, tensor):
     """Validates one NDArray argument; returns (dtype code, device, shape),
@@ -64,25 +45,32 @@ def _check_tensor(fn: str, arg: str, tensor):
     if not isinstance(tensor, mx.nd.NDArray):
         raise TypeError(f"hvdmx.{fn}: argument '{arg}' must be an mxnet.nd.NDArray, got "
                         f"{type(tensor).__name__}; convert it with mx.nd.array(...)")
-    # One C call for what would be four ctypes calls through the properties.
-    code, stype, dev_type, dev_id, shape = _core.describe(tensor.handle.value)
-    if stype != 0:
-        raise InvalidArgumentError(f"hvdmx.{fn}: argument '{arg}' is a sparse NDArray (stype="
-                                   f"'{tensor.stype}'); hvdmx reduces dense arrays: pass "
-                                   f"{arg}.tostype('default')")
-    if code not in _SUPPORTED_CODES:
-        raise InvalidTypeError(f"hvdmx.{fn}: argument '{arg}' has dtype {np.dtype(tensor.dtype)}, "
-                               f"which hvdmx does not support; use one of {_SUPPORTED_NAMES} (e.g. "
-                               f"{arg}.astype('float32'))")
-    if dev_type == 2 and not _core.cuda_built():
-        raise InvalidArgumentError(f"hvdmx.{fn}: argument '{arg}' is on "
-                                   f"{_device_str((dev_type, dev_id))}, but this hvdmx was "
-                                   "built without CUDA (GPU support is not there yet); move it "
-                                   "to mx.cpu()")
-    if shape is None:
-        raise InvalidArgumentError(f"hvdmx.{fn}: argument '{arg}' has no known shape yet; run the "
-                                   "op that produces it first")
+    # One C call for what would be four ctypes calls through the properties;
+    # the core checks the array too (CheckArray in csrc/hvdmx/python/bindings.cc).
+    code, _, dev_type, dev_id, shape, problem = _core.describe(tensor.handle.value)
+    if problem != _core.ARRAY_OK:
+        raise _array_error(fn, arg, tensor, problem, (dev_type, dev_id))
     return code, (dev_type, dev_id), shape
+
+
+def _array_error(fn: str, arg: str, tensor, problem: int, device) -> Exception:
+    """The error for an NDArray argument that the core's check refused
+    (``problem``, one of _core.ARRAY_*); ``device`` is the array's."""
+    if problem == _core.ARRAY_SPARSE:
+        return InvalidArgumentError(f"hvdmx.{fn}: argument '{arg}' is a sparse NDArray (stype="
+                                    f"'{tensor.stype}'); hvdmx reduces dense arrays: pass "
+                                    f"{arg}.tostype('default')")
+    if problem == _core.ARRAY_DTYPE:
+        return InvalidTypeError(f"hvdmx.{fn}: argument '{arg}' has dtype {np.dtype(tensor.dtype)}, "
+                                f"which hvdmx does not support; use one of {_SUPPORTED_NAMES} "
+                                f"(e.g. {arg}.astype('float32'))")
+    if problem == _core.ARRAY_NEEDS_CUDA:
+        return InvalidArgumentError(f"hvdmx.{fn}: argument '{arg}' is on {_device_str(device)}, "
+                                    "but this hvdmx was built without CUDA (GPU support is not "
+                                    "there yet); move it to mx.cpu()")
+    assert problem == _core.ARRAY_NO_SHAPE, problem  # the core's last check
+    return InvalidArgumentError(f"hvdmx.{fn}: argument '{arg}' has no known shape yet; run the "
+                                "op that produces it first")
 
 
 def _new_array(like, shape, code: int, device):
@@ -213,8 +201,10 @@ def _allreduce(fn, tensors, outputs, average, name, priority, prescale_factor,
     return outputs
 
 
-def allreduce(tensor, average=None, name=None, priority=0, prescale_factor=1.0,
-              postscale_factor=1.0, process_set=global_process_set, op=None):
+def allreduce(tensor: mx.nd.NDArray, average: Optional[bool] = None, name: Optional[str] = None,
+              priority: int = 0, prescale_factor: float = 1.0, postscale_factor: float = 1.0,
+              process_set: ProcessSet = global_process_set,
+              op: Optional[int] = None) -> mx.nd.NDArray:
     """Reduces ``tensor`` over all ranks and returns the result as a new NDArray.
 
     ``op`` is hvd.Average (the default), hvd.Sum, hvd.Min, hvd.Max or
@@ -227,8 +217,10 @@ def allreduce(tensor, average=None, name=None, priority=0, prescale_factor=1.0,
                       postscale_factor, op, "allreduce", process_set)[0]
 
 
-def allreduce_(tensor, average=None, name=None, priority=0, prescale_factor=1.0,
-               postscale_factor=1.0, process_set=global_process_set, op=None):
+def allreduce_(tensor: mx.nd.NDArray, average: Optional[bool] = None, name: Optional[str] = None,
+               priority: int = 0, prescale_factor: float = 1.0, postscale_factor: float = 1.0,
+               process_set: ProcessSet = global_process_set,
+               op: Optional[int] = None) -> mx.nd.NDArray:
     """In-place ``allreduce``: the result replaces ``tensor``, which is returned."""
     fn = "allreduce_"
     if not isinstance(tensor, mx.nd.NDArray):  # before the checks that assume one
@@ -254,15 +246,15 @@ def allreduce_(tensor, average=None, name=None, priority=0, prescale_factor=1.0,
 
 
 def _push_each_in_place(fn, set_id, tensors, names, priorities, op, prescale, postscale, label):
-    """Has the core check every NDArray of ``tensors`` as allreduce_ would,
-    then push an in-place allreduce of each; if it refuses one, nothing is
-    pushed and allreduce_'s own error is raised for it (``label.format(i)``
-    names the argument)."""
-    bad = _core.push_allreduce_each(set_id, names, [t.handle.value for t in tensors], priorities,
-                                    op, prescale, postscale)
+    """Has the core check every NDArray of ``tensors`` (the check behind
+    _check_tensor), then push an in-place allreduce of each; if it refuses
+    one, nothing is pushed and allreduce_'s own error is raised for it
+    (``label.format(i)`` names the argument)."""
+    bad, problem = _core.push_allreduce_each(set_id, names, [t.handle.value for t in tensors],
+                                             priorities, op, prescale, postscale)
     if bad >= 0:
-        _check_tensor(fn, label.format(bad), tensors[bad])
-        raise AssertionError(f"hvdmx: the core refused {label.format(bad)} but the check passed")
+        _, _, dev_type, dev_id, _, _ = _core.describe(tensors[bad].handle.value)
+        raise _array_error(fn, label.format(bad), tensors[bad], problem, (dev_type, dev_id))
 
 
 def _allreduce_each_(tensors, names, priorities, op, prescale_factor, postscale_factor,
@@ -292,8 +284,10 @@ def _check_list(fn: str, tensors) -> List[mx.nd.NDArray]:
     return list(tensors)
 
 
-def grouped_allreduce(tensors, average=None, name=None, priority=0, prescale_factor=1.0,
-                      postscale_factor=1.0, process_set=global_process_set, op=None):
+def grouped_allreduce(tensors: List[mx.nd.NDArray], average: Optional[bool] = None,
+                      name: Optional[str] = None, priority: int = 0, prescale_factor: float = 1.0,
+                      postscale_factor: float = 1.0, process_set: ProcessSet = global_process_set,
+                      op: Optional[int] = None) -> List[mx.nd.NDArray]:
     """Allreduces a list of tensors as one unit (negotiated and delivered
     together) and returns the list of results."""
     tensors = _check_list("grouped_allreduce", tensors)
@@ -301,8 +295,10 @@ def grouped_allreduce(tensors, average=None, name=None, priority=0, prescale_fac
                       prescale_factor, postscale_factor, op, "grouped_allreduce", process_set)
 
 
-def grouped_allreduce_(tensors, average=None, name=None, priority=0, prescale_factor=1.0,
-                       postscale_factor=1.0, process_set=global_process_set, op=None):
+def grouped_allreduce_(tensors: List[mx.nd.NDArray], average: Optional[bool] = None,
+                       name: Optional[str] = None, priority: int = 0, prescale_factor: float = 1.0,
+                       postscale_factor: float = 1.0, process_set: ProcessSet = global_process_set,
+                       op: Optional[int] = None) -> List[mx.nd.NDArray]:
     """In-place ``grouped_allreduce``; returns ``tensors``."""
     tensors = _check_list("grouped_allreduce_", tensors)
     for i, t in enumerate(tensors):
@@ -326,185 +322,19 @@ def _broadcast(fn, tensor, output, root_rank, name, priority, process_set):
     return output
 
 
-def broadcast(tensor, root_rank, name=None, priority=0, process_set=global_process_set):
+def broadcast(tensor: mx.nd.NDArray, root_rank: int, name: Optional[str] = None, priority: int = 0,
+              process_set: ProcessSet = global_process_set) -> mx.nd.NDArray:
     """Returns a new NDArray holding ``root_rank``'s ``tensor`` on every rank
     (``root_rank`` is a rank of the whole job, in ``process_set``)."""
     return _broadcast("broadcast", tensor, None, root_rank, name, priority, process_set)
 
 
-def broadcast_(tensor, root_rank, name=None, priority=0, process_set=global_process_set):
+def broadcast_(tensor: mx.nd.NDArray, root_rank: int, name: Optional[str] = None, priority: int = 0,
+               process_set: ProcessSet = global_process_set) -> mx.nd.NDArray:
     """In-place ``broadcast``: ``tensor`` takes ``root_rank``'s value; returned."""
     if not isinstance(tensor, mx.nd.NDArray):  # before the checks that assume one
         _check_tensor("broadcast_", "tensor", tensor)
     return _broadcast("broadcast_", tensor, tensor, root_rank, name, priority, process_set)
-
-
-# ---- allgather, alltoall, reducescatter -------------------------------------
-
-def _check_rows(fn: str, arg: str, shape) -> None:
-    if len(shape) == 0:
-        raise InvalidArgumentError(f"hvdmx.{fn}: argument '{arg}' is a 0-d (scalar) array; {fn} "
-                                   f"works on the first dimension: pass {arg}.reshape((1,))")
-
-
-def _check_row_tensors(fn: str, tensors) -> list:
-    """Validates the tensors of a call that splits or joins along dim 0;
-    returns their _check_tensor triples."""
-    label = "tensor" if len(tensors) == 1 and not fn.startswith("grouped") else "tensors[{}]"
-    checked = []
-    for i, t in enumerate(tensors):
-        checked.append(_check_tensor(fn, label.format(i), t))
-        _check_rows(fn, label.format(i), checked[-1][2])
-    return checked
-
-
-def _sizes_round(set_id, ctype, name, checked, device, splits=()):
-    """Exchanges sizes with the other ranks' same call (see the module doc)
-    and returns the response's splits, or raises its error: a mismatch
-    (MismatchError) reaches every rank of the call in this same round, so no
-    rank goes on to push the data exchange while another raises."""
-    error, sizes, _, code = _core.negotiate(set_id, ctype, name + "#sizes",
-                                            [c[0] for c in checked], [c[2] for c in checked],
-                                            list(splits), True, device[0], device[1])
-    _raise_if(error, code)
-    return sizes
-
-
-def _allgather(fn, tensors, name, priority, process_set):
-    _check_common(fn, name, priority)
-    set_id, set_ranks, _ = _set_for_call(fn, process_set)
-    checked = _check_row_tensors(fn, tensors)
-    device = _one_device(fn, checked)
-    name = name if name is not None else _auto_name(fn, set_id)
-    sizes = _sizes_round(set_id, _core.ALLGATHER, name, checked, device)
-    if not tensors:  # the sizes round checked that every rank's group is empty too
-        return []
-    n = len(set_ranks)
-    outputs = [_new_array(t, (sum(sizes[i * n:(i + 1) * n]),) + shape[1:], code, device)
-               for i, (t, (code, _, shape)) in enumerate(zip(tensors, checked))]
-    _push(set_id, _core.ALLGATHER, name, tensors, outputs, checked, device, splits=sizes,
-          priority=priority)
-    return outputs
-
-
-def allgather(tensor, name=None, priority=0, process_set=global_process_set):
-    """Concatenates every rank's ``tensor`` along the first dimension, in rank
-    order; the first dimension may differ between ranks, the others must
-    match. Returns a new NDArray."""
-    return _allgather("allgather", [tensor], name, priority, process_set)[0]
-
-
-def grouped_allgather(tensors, name=None, priority=0, process_set=global_process_set):
-    """``allgather`` of each tensor in a list, as one unit; returns the list
-    of results."""
-    tensors = _check_list("grouped_allgather", tensors)
-    return _allgather("grouped_allgather", tensors, name, priority, process_set)
-
-
-def _check_splits(fn: str, splits, rows: int, n: int) -> List[int]:
-    if isinstance(splits, mx.nd.NDArray):
-        if np.dtype(splits.dtype).kind not in "iu":
-            raise InvalidTypeError(f"hvdmx.{fn}: argument 'splits' must hold integers (int32), got "
-                                   f"an NDArray of {np.dtype(splits.dtype)}; use "
-                                   "splits.astype('int32')")
-        values = splits.asnumpy().reshape(-1).tolist()
-    elif isinstance(splits, np.ndarray):
-        if splits.dtype.kind not in "iu":
-            raise InvalidTypeError(f"hvdmx.{fn}: argument 'splits' must hold integers, got a numpy "
-                                   f"array of {splits.dtype}")
-        values = splits.reshape(-1).tolist()
-    elif isinstance(splits, (list, tuple)):
-        for v in splits:
-            if isinstance(v, bool) or not isinstance(v, numbers.Integral):
-                raise InvalidTypeError(f"hvdmx.{fn}: argument 'splits' must hold integers, got "
-                                       f"{v!r} in {list(splits)!r}")
-        values = [int(v) for v in splits]
-    else:
-        raise InvalidTypeError(f"hvdmx.{fn}: argument 'splits' must be a list of ints or an int32 "
-                               f"NDArray, got {type(splits).__name__}")
-    if len(values) != n:
-        raise InvalidArgumentError(f"hvdmx.{fn}: argument 'splits' has {len(values)} entries but "
-                                   f"the process set has {n} ranks; give one entry per rank")
-    if any(v < 0 for v in values):
-        raise InvalidArgumentError(f"hvdmx.{fn}: argument 'splits'={values} has negative entries; "
-                                   "each is a number of rows to send")
-    if sum(values) != rows:
-        raise InvalidArgumentError(f"hvdmx.{fn}: argument 'splits'={values} sums to {sum(values)}, "
-                                   f"but the tensor has {rows} rows (its first dimension); they "
-                                   "must be equal")
-    return values
-
-
-def alltoall(tensor, splits=None, name=None, priority=0, process_set=global_process_set):
-    """Sends ``splits[j]`` rows of ``tensor`` (consecutive, in rank order) to
-    rank j of the process set and concatenates what every rank sent here.
-
-    Without ``splits`` the first dimension is divided equally. Returns the
-    output, or ``(output, received_splits)`` (an int32 NDArray) when
-    ``splits`` was given.
-    """
-    fn = "alltoall"
-    _check_common(fn, name, priority)
-    set_id, set_ranks, me = _set_for_call(fn, process_set)
-    checked = _check_row_tensors(fn, [tensor])
-    (code, device, shape), = checked
-    n = len(set_ranks)
-    rows = shape[0]
-    if splits is None:
-        if rows % n:
-            raise InvalidArgumentError(f"hvdmx.{fn}: the tensor's first dimension ({rows}) does "
-                                       f"not divide evenly among {n} ranks; pass 'splits' "
-                                       "(rows per rank)")
-        send = [rows // n] * n
-    else:
-        send = _check_splits(fn, splits, rows, n)
-    name = name if name is not None else _auto_name(fn, set_id)
-    matrix = _sizes_round(set_id, _core.ALLTOALL, name, checked, device, send)
-    recv = [matrix[j * n + me] for j in range(n)]
-    output = _new_array(tensor, (sum(recv),) + shape[1:], code, device)
-    _push(set_id, _core.ALLTOALL, name, [tensor], [output], checked, device, splits=matrix,
-          priority=priority)
-    return output if splits is None else (output, _int32_array(recv))
-
-
-def _reducescatter(fn, tensors, op, name, priority, process_set, prescale_factor,
-                   postscale_factor):
-    _check_common(fn, name, priority)
-    set_id, set_ranks, me = _set_for_call(fn, process_set)
-    checked = _check_row_tensors(fn, tensors)
-    if isinstance(op, bool) or op not in (Average, Sum):
-        raise InvalidArgumentError(f"hvdmx.{fn}: argument 'op'={op!r} is not supported; "
-                                   "reducescatter takes hvd.Average or hvd.Sum")
-    prescale = _check_scale(fn, "prescale_factor", prescale_factor)
-    postscale = _check_scale(fn, "postscale_factor", postscale_factor)
-    device = _one_device(fn, checked)
-    n = len(set_ranks)
-    outputs = []
-    for t, (code, _, shape) in zip(tensors, checked):
-        rows = shape[0] // n + (1 if me < shape[0] % n else 0)
-        outputs.append(_new_array(t, (rows,) + shape[1:], code, device))
-    _push(set_id, _core.REDUCESCATTER, name if name is not None else _auto_name(fn, set_id),
-          tensors, outputs, checked, device, op=op, prescale=prescale, postscale=postscale,
-          priority=priority)
-    return outputs
-
-
-def reducescatter(tensor, op=Average, name=None, priority=0, process_set=global_process_set,
-                  prescale_factor=1.0, postscale_factor=1.0):
-    """Reduces ``tensor`` over the ranks and returns this rank's block of rows
-    of the result: the first dimension is split as evenly as possible, the
-    first ranks taking one row more when it does not divide."""
-    return _reducescatter("reducescatter", [tensor], op, name, priority, process_set,
-                          prescale_factor, postscale_factor)[0]
-
-
-def grouped_reducescatter(tensors, op=Average, name=None, priority=0,
-                          process_set=global_process_set, prescale_factor=1.0,
-                          postscale_factor=1.0):
-    """``reducescatter`` of each tensor in a list, as one unit."""
-    tensors = _check_list("grouped_reducescatter", tensors)
-    return _reducescatter("grouped_reducescatter", tensors, op, name, priority, process_set,
-                          prescale_factor, postscale_factor)
 
 
 # ---- barrier and join ---------------------------------------------------------
@@ -516,7 +346,7 @@ def _raise_if(error, code) -> None:
         raise (MismatchError if code == _core.STATUS_MISMATCH else mx.base.MXNetError)(error)
 
 
-def barrier(process_set=global_process_set) -> None:
+def barrier(process_set: ProcessSet = global_process_set) -> None:
     """Returns once every rank of ``process_set`` has called ``barrier``.
     Collectives submitted before it are not waited for."""
     _check_common("barrier", None, 0)

@@ -11,10 +11,12 @@ members and non-members alike.
 """
 from __future__ import annotations
 
+import itertools
 import numbers
 from typing import Any, List, Optional, Sequence, Union
 
 from hvdmx import _core  # before mpi4py.MPI: see basics.py
+from hvdmx._job import check_running, job_comm, topology
 from hvdmx.errors import InvalidArgumentError
 from mpi4py import MPI
 
@@ -27,7 +29,7 @@ class ProcessSet:
     ``hvd.init(process_sets=[...])``), which sets ``process_set_id``.
     """
 
-    def __init__(self, ranks_or_comm: Union[Sequence[int], Any]):
+    def __init__(self, ranks_or_comm: Union[Sequence[int], Any]) -> None:
         self.process_set_id: Optional[int] = None
         self._comm = None
         if isinstance(ranks_or_comm, MPI.Comm):
@@ -90,6 +92,8 @@ class _GlobalProcessSet(ProcessSet):
 global_process_set = _GlobalProcessSet()
 # Registered sets by id (the global set is not listed).
 _registered = {}
+# The count of unnamed calls so far, by (kind of call, set id): see _auto_name.
+_counters = {}
 
 
 def _check_ranks(fn: str, arg: str, ranks) -> List[int]:
@@ -142,14 +146,13 @@ def _resolve(process_set: ProcessSet, comm) -> List[int]:
 def add_process_set(process_set: Union[ProcessSet, Sequence[int]]) -> ProcessSet:
     """Registers a process set on every rank and returns it (collective over
     the whole job; every rank passes the same ranks)."""
-    from hvdmx.basics import _check_running, _job_comm, _topology
-    _check_running()
-    n = _topology()[1]
+    check_running()
+    n = topology()[1]
     if not isinstance(process_set, ProcessSet):
         process_set = ProcessSet(process_set)
     if process_set is global_process_set or process_set.process_set_id is not None:
         raise ValueError(f"hvdmx.add_process_set: {process_set!r} is already registered")
-    ranks = _resolve(process_set, _job_comm())
+    ranks = _resolve(process_set, job_comm())
     bad = [r for r in ranks if not 0 <= r < n]
     if bad:
         raise ValueError(f"hvdmx.add_process_set: ranks {bad} are out of range for a job of "
@@ -174,8 +177,7 @@ def remove_process_set(process_set: ProcessSet) -> bool:
                          "removed; it lives until hvd.shutdown()")
     if _registered.get(process_set.process_set_id) is not process_set:
         return False
-    from hvdmx.basics import _check_running
-    _check_running()
+    check_running()
     del _registered[process_set.process_set_id]
     _core.remove_process_set(process_set.process_set_id)
     process_set.process_set_id = None
@@ -187,12 +189,19 @@ def _forget_all() -> None:
     counts of their unnamed calls: the next init gives their ids again, and
     a new set must name its calls alike on every rank, whichever old sets of
     that id the rank was in."""
-    from hvdmx import ops
     for process_set in _registered.values():
         process_set.process_set_id = None
     _registered.clear()
-    for key in [key for key in ops._counters if key[1] != 0]:
-        del ops._counters[key]
+    for key in [key for key in _counters if key[1] != 0]:
+        del _counters[key]
+
+
+def _auto_name(kind: str, set_id: int = 0) -> str:
+    # One counter per kind and process set: ranks outside a set do not
+    # count its calls, and the names must agree within each set.
+    counter = _counters.setdefault((kind, set_id), itertools.count())
+    suffix = f"@{set_id}" if set_id else ""
+    return f"{kind}.noname.{next(counter)}{suffix}"
 
 
 def _check_registered(fn: str, process_set) -> None:

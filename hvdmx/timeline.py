@@ -118,7 +118,7 @@ def plot(path: str, output: str, top: int) -> None:
         import matplotlib
     except ImportError:
         raise SystemExit("hvdmx.timeline plot needs matplotlib: pip install 'hvdmx[plot]' (or "
-                         "pip install 'matplotlib<3.8' 'numpy<1.24')")
+                         "pip install 'matplotlib<3.8' 'numpy<1.24')") from None
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 

@@ -3,6 +3,8 @@ every collective refuses to run with a clear message; each submodule
 imports on its own."""
 import ast
 import inspect
+import os
+import re
 import subprocess
 import sys
 
@@ -89,8 +91,50 @@ def _default(text):
         return value
 
 
+def public_callables():
+    """(label, function) for every public function of hvdmx and every public
+    method its public classes define themselves."""
+    for name in hvd.__all__:
+        value = getattr(hvd, name)
+        if inspect.isclass(value):
+            for attr, member in vars(value).items():
+                member = member.__func__ if isinstance(member, (staticmethod, classmethod)) \
+                    else member
+                if inspect.isfunction(member) and (attr == "__init__" or not attr.startswith("_")):
+                    yield f"{name}.{attr}", member
+        elif inspect.isfunction(value):
+            yield name, value
+
+
+def test_the_public_api_has_type_hints():
+    # PEP 561 (hvdmx/py.typed): type checkers read these.
+    missing = []
+    for label, fn in public_callables():
+        sig = inspect.signature(fn)
+        for p in sig.parameters.values():
+            if p.name not in ("self", "cls") and p.annotation is inspect.Parameter.empty:
+                missing.append(f"{label}({p.name})")
+        if sig.return_annotation is inspect.Signature.empty:
+            missing.append(f"{label} -> ?")
+    assert not missing, missing
+    assert os.path.isfile(os.path.join(os.path.dirname(hvd.__file__), "py.typed"))
+
+
 def test_op_values_are_horovods():
     assert (hvd.Average, hvd.Sum, hvd.Adasum, hvd.Min, hvd.Max, hvd.Product) == (0, 1, 2, 3, 4, 5)
+
+
+def test_the_core_lists_the_dtypes_the_docs_list():
+    # The core's list (_core.ARRAY_DTYPES) is the one the ops and the tests
+    # use; docs/collectives.md and the dtype error name the same, in one order.
+    docs = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "docs")
+    with open(os.path.join(docs, "collectives.md")) as f:
+        listed = re.search(r"Every dtype hvdmx supports \(([^)]*)\)", f.read()).group(1)
+    assert sorted(listed.split(", ")) == sorted(hvd._core.ARRAY_DTYPES)
+    assert hvd.ops._SUPPORTED_NAMES == listed
+    assert set(hvd._core.ARRAY_DTYPES) < set(hvd._core.DTYPE_CODES)
+    assert sorted(hvd._core.REDUCE_OPS.values()) == [hvd.Average, hvd.Sum, hvd.Adasum, hvd.Min,
+                                                     hvd.Max, hvd.Product]
 
 
 def test_built_flags_work_before_init():
@@ -120,7 +164,8 @@ def test_built_flags_work_before_init():
     lambda: hvd.ProcessSet([0]).rank(),
 ])
 def test_calls_before_init_raise(call):
-    with pytest.raises(ValueError, match="not been initialized, or has been shut down; call hvd.init\\(\\) first"):
+    with pytest.raises(ValueError, match="not been initialized, or has been shut down; call "
+                                         "hvd.init\\(\\) first"):
         call()
 
 
@@ -136,8 +181,9 @@ def test_a_collective_before_init_is_caught_as_horovod_callers_catch_it(caught_a
         raise AssertionError("no error")
 
 
-@pytest.mark.parametrize("module", ["ops", "optimizer", "functions", "process_sets", "basics",
-                                    "kvstore", "checkpoint", "compression"])
+@pytest.mark.parametrize("module", ["ops", "optimizer", "trainer", "functions", "objects",
+                                    "process_sets", "basics", "kvstore", "checkpoint",
+                                    "compression"])
 def test_each_submodule_imports_first_on_its_own(module):
     # A fresh interpreter whose first hvdmx import is this submodule: the
     # modules import each other, and none may find another half-initialized.

@@ -43,6 +43,10 @@ def test_script_sees_hvdmx_under_horovod_names(tmp_path):
         assert Compression is compression.Compression is hvdmx.Compression
         assert broadcast_object is functions.broadcast_object is hvdmx.broadcast_object
         assert "init" in dir(hvd) and "allgather_object" in dir(functions)
+        # Every name Horovod's functions module holds (its own two and what it imports).
+        from horovod.mxnet.functions import allgather, allgather_object, broadcast_, rank, size
+        assert (allgather, allgather_object, broadcast_, rank, size) == (
+            hvdmx.allgather, hvdmx.allgather_object, hvdmx.broadcast_, hvdmx.rank, hvdmx.size)
         print(__name__, sys.argv[1:], sys.path[0])
         """)
     result = as_horovod(script, "--epochs", "3")

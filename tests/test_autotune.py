@@ -16,7 +16,6 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 import _hvdmx_testing
-from hvdmx import _core
 from test_process_exit import run_job
 
 FUSIONS = [0, 128 << 10, 1 << 20, 4 << 20, 16 << 20, 64 << 20, 128 << 20]
@@ -148,7 +147,9 @@ def test_autotune_job_tries_every_setting_and_applies_the_best_in_step(tmp_path)
     result, rows = autotune_job(tmp_path, LOAD, HVDMX_LOG_LEVEL="info")
     assert rows[0]["note"] == "warm-up"
     key = ("fusion_threshold_bytes", "cycle_time_ms", "allreduce_algo")
-    setting = lambda r: tuple(r[k] for k in key)
+
+    def setting(r):
+        return tuple(r[k] for k in key)
     # every threshold, then every cycle time, then every algorithm, three passes each;
     # each sweep ends with the value it keeps
     sweeps, trials = [], []

@@ -139,7 +139,7 @@ def test_mpi_on_mxnet_memory(kind, extra):
 def test_mxnet_memory_is_shared_with_the_mxnet_array():
     import mxnet as mx
     import numpy as np
-    from hvdmx.bench import _on_mxnet_memory
+    from hvdmx.bench.collectives import _on_mxnet_memory
     keep = []
     view = _on_mxnet_memory(np.arange(12, dtype=np.float32).reshape(3, 4), keep)
     assert view.shape == (3, 4) and view.dtype == np.float32

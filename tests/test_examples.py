@@ -68,7 +68,7 @@ def test_synthetic_benchmark_rejects_sync_only_with_allreduce_flags(flag):
 
 def stand_in_horovod_python(directory):
     """A `python` whose `import horovod.mxnet` gives hvdmx (hvdmx.as_horovod),
-    with the launcher beside it, as tools/horovod/build.sh's environment has."""
+    with the launcher beside it, as benchmarks/horovod/build.sh's environment has."""
     python = directory / "python"
     python.write_text(f'#!/bin/sh\nexec "{sys.executable}" -m hvdmx.as_horovod "$@"\n')
     python.chmod(0o755)
@@ -124,9 +124,9 @@ def test_scaling_benchmark_rejects_one_rank():
 
 
 def test_horovod_model_allreduce_script():
-    # tools/horovod/model_allreduce.py, run here with hvdmx standing in for
+    # benchmarks/horovod/model_allreduce.py, run here with hvdmx standing in for
     # horovod.mxnet (hvdmx.as_horovod): it builds the gradient set and times it.
-    script = os.path.join(ROOT, "tools", "horovod", "model_allreduce.py")
+    script = os.path.join(ROOT, "benchmarks", "horovod", "model_allreduce.py")
     result = subprocess.run([MPIEXEC, "-n", "2", sys.executable, "-m", "hvdmx.as_horovod",
                              script, "--model", "resnet18_v1", "--iters", "2"], env=ENV,
                             capture_output=True, text=True, timeout=120)
@@ -135,33 +135,42 @@ def test_horovod_model_allreduce_script():
     assert re.search(r"^horovod [\d.]+$", result.stdout, re.M), result.stdout
 
 
-def test_streaming_stores_script():
-    # tools/streaming_stores.py: one round of each value, a small model.
-    script = os.path.join(ROOT, "tools", "streaming_stores.py")
-    result = subprocess.run([MPIEXEC, "-n", "2", sys.executable, script, "--model",
-                             "resnet18_v1", "--rounds", "2", "--iters", "1", "--warmup", "0"],
+INTERLEAVE = os.path.join(ROOT, "benchmarks", "interleave.py")
+
+
+def test_interleave_streaming_stores_preset():
+    # benchmarks/interleave.py --preset streaming-stores: two rounds of each
+    # value, a small model, the memory floor first and last.
+    result = subprocess.run([MPIEXEC, "-n", "2", sys.executable, INTERLEAVE, "--preset",
+                             "streaming-stores", "--model", "resnet18_v1", "--rounds", "2",
+                             "--iters", "1", "--warmup", "0"],
                             env=ENV, capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stderr
     lines = result.stdout.splitlines()
-    assert lines[0].startswith("# resnet18_v1 gradients: 62 tensors, 46.8 MB, 2 ranks")
-    assert lines[1].split() == ["round", "floor", "0", "1", "auto", "floor"]
+    assert lines[0] == ("# 2 ranks; us per iteration of resnet18_v1's 62 gradients: "
+                        "HVDMX_SHM_STREAMING_STORES=0, =1, =auto, with the memory floor first "
+                        "and last")
+    assert lines[1].split() == ["round", "collective", "size(B)", "floor", "0", "1", "auto",
+                                "floor"]
     for r, line in enumerate(lines[2:], 1):
         cells = line.split()
-        assert int(cells[0]) == r and len(cells) == 6
-        assert all(float(c) > 0 for c in cells[1:])
+        assert cells[:3] == [str(r), "model", "46758048"] and len(cells) == 8
+        assert all(float(c) > 0 for c in cells[3:])
     assert len(lines) == 4
 
 
-def test_direct_reads_script():
-    # tools/direct_reads.py: one round of two collectives at two sizes.
-    script = os.path.join(ROOT, "tools", "direct_reads.py")
-    result = subprocess.run([MPIEXEC, "-n", "2", sys.executable, script, "--rounds", "1",
+def test_interleave_direct_reads_preset():
+    # benchmarks/interleave.py --preset direct-reads: one round of two
+    # collectives at two sizes.
+    result = subprocess.run([MPIEXEC, "-n", "2", sys.executable, INTERLEAVE, "--preset",
+                             "direct-reads", "--rounds", "1",
                              "--iters", "1", "--warmup", "0", "--sizes", "64K,1M",
                              "--kinds", "alltoall,broadcast"],
                             env=ENV, capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stderr
     lines = result.stdout.splitlines()
-    assert lines[0].startswith("# 2 ranks; us per call")
+    assert lines[0] == ("# 2 ranks; us per call: HVDMX_SHM_DIRECT_MIN_BYTES=-1 (off), =0 "
+                        "(direct), and the MPI call on numpy arrays")
     assert lines[1].split() == ["round", "collective", "size(B)", "off", "direct", "MPI"]
     rows = [line.split() for line in lines[2:]]
     assert [(r[0], r[1], r[2]) for r in rows] == [
@@ -171,12 +180,12 @@ def test_direct_reads_script():
 
 
 def build_stage_floor(tmp_path):
-    """tools/stage_floor.c built with the venv's mpicc (the C compiler the
+    """benchmarks/stage_floor.c built with the venv's mpicc (the C compiler the
     extension's build already needs; the tool itself uses no MPI)."""
     binary = str(tmp_path / "stage_floor")
     mpicc = os.path.join(os.path.dirname(sys.executable), "mpicc")
     subprocess.run([mpicc, "-O2", "-Wall", "-Werror", "-o", binary,
-                    os.path.join(ROOT, "tools", "stage_floor.c")], check=True, timeout=120)
+                    os.path.join(ROOT, "benchmarks", "stage_floor.c")], check=True, timeout=120)
     return binary
 
 
@@ -211,31 +220,37 @@ def test_stage_floor_rejects_bad_input(tmp_path, args, message):
     assert result.returncode == 2 and message in result.stderr
 
 
-@pytest.mark.parametrize("tool,args,message", [
-    ("direct_reads.py", ["--kinds", "alltoall,gather"],
+@pytest.mark.parametrize("args,message", [
+    (["--preset", "direct-reads", "--kinds", "alltoall,gather"],
      "--kinds: 'gather' is not one of broadcast, allgather, alltoall"),
-    ("direct_reads.py", ["--sizes", "4M,lots"], "--sizes: '4M,lots' is not a list of byte counts"),
-    ("direct_reads.py", ["--rounds", "0"], "--rounds must be >= 1 (got 0)"),
-    ("interleave.py", ["HVDMX_HUGE_PAGES"], "'HVDMX_HUGE_PAGES' is not NAME=VALUE[,VALUE...]"),
-    ("interleave.py", ["HVDMX_HUGE_PAGES=0,,1"],
-     "'HVDMX_HUGE_PAGES=0,,1' is not NAME=VALUE[,VALUE...]"),
-    ("interleave.py", ["X=1", "--set", "HVDMX_ALLREDUCE_ALGO=ring,mpi"],
+    (["--preset", "direct-reads", "--sizes", "4M,lots"],
+     "--sizes: '4M,lots' is not a list of byte counts"),
+    (["--preset", "direct-reads", "--rounds", "0"], "--rounds must be >= 1 (got 0)"),
+    (["--preset", "streaming-stores", "--kinds", "allreduce"],
+     "--kinds: 'allreduce' is not one of model"),
+    (["--preset", "streaming", "--rounds", "1"], "argument --preset: invalid choice: 'streaming'"),
+    (["X=1", "--preset", "direct-reads"], "give a variable (X=...) or --preset direct-reads, "
+                                          "not both"),
+    ([], "give the variable to vary (NAME=VALUE[,VALUE...]) or --preset"),
+    (["HVDMX_HUGE_PAGES"], "'HVDMX_HUGE_PAGES' is not NAME=VALUE[,VALUE...]"),
+    (["HVDMX_HUGE_PAGES=0,,1"], "'HVDMX_HUGE_PAGES=0,,1' is not NAME=VALUE[,VALUE...]"),
+    (["X=1", "--set", "HVDMX_ALLREDUCE_ALGO=ring,mpi"],
      "--set HVDMX_ALLREDUCE_ALGO: give one value, got ring,mpi"),
-    ("interleave.py", ["X=1", "--kinds", "reducescatter"],
-     "--kinds: 'reducescatter' is not one of allreduce, broadcast, allgather, alltoall"),
-    ("interleave.py", ["X=1", "--warmup", "-1"], "--warmup must be >= 0 (got -1)"),
+    (["X=1", "--kinds", "reducescatter"],
+     "--kinds: 'reducescatter' is not one of allreduce, broadcast, allgather, alltoall, model"),
+    (["X=1", "--kinds", "allreduce,model"], "--kinds: model is timed alone"),
+    (["X=1", "--warmup", "-1"], "--warmup must be >= 0 (got -1)"),
 ])
-def test_timing_tools_reject_bad_input(tool, args, message):
-    script = os.path.join(ROOT, "tools", tool)
-    result = subprocess.run([sys.executable, script] + args, env=ENV, capture_output=True,
+def test_interleave_rejects_bad_input(args, message):
+    result = subprocess.run([sys.executable, INTERLEAVE] + args, env=ENV, capture_output=True,
                             text=True, timeout=60)
     assert result.returncode == 2 and message in result.stderr
 
 
 def test_placement_script():
-    # tools/placement.py, with binding forced: every busy thread of a rank stays
+    # benchmarks/placement.py, with binding forced: every busy thread of a rank stays
     # on one CPU, each rank on its own if there are two.
-    script = os.path.join(ROOT, "tools", "placement.py")
+    script = os.path.join(ROOT, "benchmarks", "placement.py")
     result = subprocess.run([MPIEXEC, "-n", "2", sys.executable, script, "--kind", "allreduce",
                              "--bytes", "4096", "--iters", "20000", "--label", "core"],
                             env={**ENV, "HVDMX_CPU_BIND": "core"}, capture_output=True,
@@ -258,9 +273,8 @@ def test_placement_script():
 
 
 def test_interleave_script():
-    # tools/interleave.py: one round, two values of a variable, a fixed one.
-    script = os.path.join(ROOT, "tools", "interleave.py")
-    result = subprocess.run([MPIEXEC, "-n", "2", sys.executable, script, "HVDMX_HUGE_PAGES=0,1",
+    # benchmarks/interleave.py: one round, two values of a variable, a fixed one.
+    result = subprocess.run([MPIEXEC, "-n", "2", sys.executable, INTERLEAVE, "HVDMX_HUGE_PAGES=0,1",
                              "--set", "HVDMX_ALLREDUCE_ALGO=ring", "--rounds", "1", "--iters",
                              "1", "--warmup", "0", "--sizes", "64K,4M",
                              "--kinds", "allreduce,alltoall"],
@@ -275,10 +289,3 @@ def test_interleave_script():
         ("1", "allreduce", "65536"), ("1", "allreduce", "4194304"),
         ("1", "alltoall", "65536"), ("1", "alltoall", "4194304")]
     assert all(float(c) > 0 for r in rows for c in r[3:])
-
-
-def test_streaming_stores_script_rejects_a_bad_value():
-    script = os.path.join(ROOT, "tools", "streaming_stores.py")
-    result = subprocess.run([sys.executable, script, "--values", "0,2"], env=ENV,
-                            capture_output=True, text=True, timeout=60)
-    assert result.returncode == 2 and "--values: '2' is not one of 0, 1, auto" in result.stderr

@@ -15,6 +15,7 @@ import sys
 import pytest
 
 import hvdmx
+import hvdmx._mpi
 
 MPIEXEC = os.path.join(os.path.dirname(sys.executable), "mpiexec")
 # One write per rank: the ranks share stdout.
@@ -97,7 +98,7 @@ MPICH_ABORT = "unsupported PMI version PMIx"
 @pytest.mark.parametrize("program", [["-c", SCRIPT],
                                      ["-m", "hvdmx.bench", "allreduce", "--max-bytes", "4"]])
 def test_a_pmix_launchers_process_is_refused_before_mpi_starts(program):
-    assert hvdmx._wheel_libmpi() == WHEEL_LIBMPI
+    assert hvdmx._mpi.wheel_libmpi() == WHEEL_LIBMPI
     result = run([sys.executable] + program, PMIX_NAMESPACE="job.1")
     assert result.returncode != 0
     assert PMIX_REFUSAL in result.stderr, result.stderr
@@ -158,14 +159,14 @@ def test_an_mpich_built_with_pmix_is_not_refused(tmp_path):
     without.write_bytes(b"\x7fELF libfabric.so.1\0libc.so.6\0")
     with_pmix.write_bytes(b"\x7fELF libfabric.so.1\0libpmix.so.2\0libc.so.6\0")
     environ = {"PMIX_NAMESPACE": "job.1"}
-    assert hvdmx._settle_pmix(environ, str(without)).startswith("hvdmx: a PMIx launcher")
-    assert hvdmx._settle_pmix(environ, str(with_pmix)) is None
-    assert hvdmx._settle_pmix({}, str(without)) is None
-    assert hvdmx._settle_pmix(environ, None) is None
+    assert hvdmx._mpi.settle_pmix(environ, str(without)).startswith("hvdmx: a PMIx launcher")
+    assert hvdmx._mpi.settle_pmix(environ, str(with_pmix)) is None
+    assert hvdmx._mpi.settle_pmix({}, str(without)) is None
+    assert hvdmx._mpi.settle_pmix(environ, None) is None
     # Under a PMI launcher, only an MPICH without PMIx loses the variables.
     for lib, left in ((without, {"PMI_SIZE": "2", "PATH": "/bin"}),
                       (with_pmix, {"PMI_SIZE": "2", "PATH": "/bin", "PMIX_NAMESPACE": "job.1",
                                    "PMIX_RANK": "0"})):
         environ = {"PMI_SIZE": "2", "PATH": "/bin", "PMIX_NAMESPACE": "job.1", "PMIX_RANK": "0"}
-        assert hvdmx._settle_pmix(environ, str(lib)) is None
+        assert hvdmx._mpi.settle_pmix(environ, str(lib)) is None
         assert environ == left

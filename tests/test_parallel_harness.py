@@ -1,11 +1,14 @@
 """The multi-rank test harness itself (tests/parallel/conftest.py): a rank
 that fails ends the whole job at once, even when the failure passes through
 a `finally` that restarts hvdmx while the other ranks wait in a collective;
-and run_all.sh's check of the rank counts it is given."""
+and run_all.sh's check of the rank counts it is given, and its count of a run
+that collects no test as a failure."""
 import os
 import shutil
 import subprocess
 import sys
+
+import pytest
 
 ROOT = os.path.join(os.path.dirname(__file__), "..")
 MPIEXEC = os.path.join(os.path.dirname(sys.executable), "mpiexec")
@@ -31,9 +34,26 @@ def test_rank_1_fails_while_rank_0_waits():
 '''
 
 
-def test_a_failure_in_a_restarting_finally_aborts_the_job(tmp_path):
-    shutil.copy(os.path.join(ROOT, "tests", "parallel", "conftest.py"), tmp_path)
-    (tmp_path / "test_fails.py").write_text(FAILS_MID_LOOP)
+# The same test through helpers.restarted, the context manager for that prologue.
+FAILS_MID_LOOP_WITH = '''
+import mxnet as mx
+import hvdmx as hvd
+from helpers import restarted
+
+
+def test_rank_1_fails_while_rank_0_waits():
+    with restarted({}):
+        for step in range(3):
+            assert not (hvd.rank() == 1 and step == 1), "rank 1 gives up at step 1"
+            hvd.allreduce(mx.nd.ones((4,)), name=f"step{step}").wait_to_read()
+'''
+
+
+@pytest.mark.parametrize("test", [FAILS_MID_LOOP, FAILS_MID_LOOP_WITH], ids=["finally", "with"])
+def test_a_failure_in_a_restarting_finally_aborts_the_job(tmp_path, test):
+    for name in ("conftest.py", "helpers.py"):
+        shutil.copy(os.path.join(ROOT, "tests", "parallel", name), tmp_path)
+    (tmp_path / "test_fails.py").write_text(test)
     # Without the abort, rank 1 would wait in restart()'s barrier and rank 0
     # in its allreduce until pytest's 100 s timeout, past this run's limit.
     result = subprocess.run([MPIEXEC, "-n", "2", sys.executable, "-m", "pytest", "-q",
@@ -56,3 +76,24 @@ def test_run_all_rejects_bad_rank_counts():
                                 text=True, timeout=30)
         assert result.returncode == 2, (value, result.stdout, result.stderr)
         assert f"HVDMX_TEST_RANKS='{value}' must list rank counts" in result.stderr
+
+
+def test_run_all_counts_a_run_that_collects_nothing_as_failed(tmp_path):
+    # pytest exits 5 when it collects no test (a renamed file, a bad path):
+    # the suite must fail then, not pass having tested nothing. A stand-in
+    # interpreter exits 5 for every pytest run and is Python otherwise (the
+    # summary); a stand-in mpiexec runs its command once.
+    python = tmp_path / "python"
+    python.write_text(f'#!/bin/sh\n[ "$1" = "-m" ] && exit 5\nexec {sys.executable} "$@"\n')
+    mpiexec = tmp_path / "mpiexec"
+    mpiexec.write_text('#!/bin/sh\nshift 2\nexec "$@"\n')  # drops "-n N"
+    for program in (python, mpiexec):
+        program.chmod(0o755)
+    result = subprocess.run(["bash", os.path.join(ROOT, "tests", "run_all.sh")],
+                            env=dict(ENV, PYTHON=str(python), MPIEXEC=str(mpiexec),
+                                     HVDMX_TEST_RANKS="2"),
+                            capture_output=True, text=True, timeout=60)
+    assert result.returncode == 1, (result.stdout, result.stderr)
+    assert "serial: 0 passed, 1 failed, 0 skipped; exit 5 (no tests collected)" in result.stdout
+    assert "n2: 0 passed, 1 failed, 0 skipped; exit 5 (no tests collected)" in result.stdout
+    assert result.stdout.splitlines()[-1] == "0 passed, 2 failed"

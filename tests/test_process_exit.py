@@ -30,7 +30,8 @@ def run_job(n, body, timeout=120, **env):
 def test_exit_without_shutdown_is_clean():
     result = run_job(2, """
         out = hvd.allreduce(mx.nd.ones((3,)) * (rank + 1), op=hvd.Sum)
-        sys.stdout.write(f"result {rank} {out.asnumpy().tolist()}\\n")  # one write: ranks share stdout
+        # One write: the ranks share stdout.
+        sys.stdout.write(f"result {rank} {out.asnumpy().tolist()}\\n")
         sys.stdout.flush()
         pending = hvd.allreduce(mx.nd.ones((3,)), name="left-for-atexit")
     """)
@@ -89,23 +90,56 @@ def test_shutdown_raises_an_unread_failure():
 
 def test_a_rank_that_raises_does_not_hang_the_others():
     # Rank 1 dies with an exception before submitting; its exit shuts hvdmx
-    # down, so rank 0's pending allreduce fails instead of waiting forever.
+    # down, so rank 0's pending allreduce fails instead of waiting forever,
+    # and rank 0 goes on to the end of its script.
     result = run_job(2, """
         if rank == 1:
             raise RuntimeError("rank 1 fails on purpose")
-        hvd.allreduce(mx.nd.ones((3,)), name="never-matched").wait_to_read()
+        try:
+            hvd.allreduce(mx.nd.ones((3,)), name="never-matched").wait_to_read()
+        except mx.base.MXNetError as e:
+            sys.stderr.write(f"rank {rank} failed: {str(e).splitlines()[0]}\\n")
+        sys.stderr.write(f"rank {rank} at the end\\n")
     """)
     assert result.returncode != 0
-    assert "rank 1 fails on purpose" in result.stderr
+    assert "RuntimeError: rank 1 fails on purpose" in result.stderr
+    assert ("rank 0 failed: MXNetError: hvdmx has been shut down by another rank (it called "
+            "hvd.shutdown(), or its process ended, which calls it)") in result.stderr, \
+        result.stderr
+    assert "rank 0 at the end" in result.stderr
+    assert "rank 1 at the end" not in result.stderr
+
+
+def assert_killed_rank_ended_the_job(result, n):
+    """The job of a script whose ranks print "rank R pid P started" and whose
+    rank 1 is then killed (SIGKILL) while the others wait for it in a
+    collective that never ends otherwise: every rank started, the launcher
+    reports rank 1's death and ends the job, and no other rank got to its
+    end without its collective failing first."""
+    output = result.stdout + result.stderr  # the launcher's report goes to stdout
+    pids = dict(re.findall(r"^rank (\d+) pid (\d+) started$", result.stderr, re.M))
+    assert sorted(pids) == [str(r) for r in range(n)], result.stderr
+    assert re.search(rf"PID {pids['1']} RUNNING AT .*\n=\s+EXIT CODE: 9", output), output
+    assert result.returncode != 0
+    for r in range(n):
+        if f"rank {r} at the end" in result.stderr:
+            assert f"rank {r} failed" in result.stderr, result.stderr
+    assert "rank 1 at the end" not in result.stderr and "rank 1 failed" not in result.stderr
 
 
 def test_a_killed_rank_ends_the_job():
     result = run_job(2, """
+        sys.stderr.write(f"rank {rank} pid {os.getpid()} started\\n")
+        sys.stderr.flush()
         if rank == 1:
             os.kill(os.getpid(), signal.SIGKILL)
-        hvd.allreduce(mx.nd.ones((3,)), name="never-matched").wait_to_read()
+        try:
+            hvd.allreduce(mx.nd.ones((3,)), name="never-matched").wait_to_read()
+        except mx.base.MXNetError as e:
+            sys.stderr.write(f"rank {rank} failed: {str(e).splitlines()[0]}\\n")
+        sys.stderr.write(f"rank {rank} at the end\\n")
     """)
-    assert result.returncode != 0
+    assert_killed_rank_ended_the_job(result, 2)
 
 
 def test_stall_warning_names_the_waiting_tensor():
@@ -256,9 +290,11 @@ def test_every_collective_under_the_naive_engine():
             b = a * 1
             hvd.allreduce_(b, op=hvd.Sum)
             assert np.array_equal(b.asnumpy(), total / 2)
-            assert np.array_equal(hvd.broadcast(a * 3, root_rank=1).asnumpy(), (base + 1 + step) * 3)
+            assert np.array_equal(hvd.broadcast(a * 3, root_rank=1).asnumpy(),
+                                  (base + 1 + step) * 3)
             got = hvd.allgather(a[:1000] + 0).asnumpy()
-            assert np.array_equal(got, np.concatenate([(base + r + step)[:1000] for r in range(size)]))
+            assert np.array_equal(got, np.concatenate([(base + r + step)[:1000]
+                                                       for r in range(size)]))
             got = hvd.alltoall(a + 0).asnumpy()
             half = n // size
             assert np.array_equal(got, np.concatenate(

@@ -16,8 +16,11 @@ from hypothesis import strategies as st
 import _hvdmx_testing
 
 # DataType and ReduceOp codes (csrc/hvdmx/base/common.h).
-FLOAT32, FLOAT64, FLOAT16, UINT8, INT32, INT8, INT64, BFLOAT16 = 0, 1, 2, 3, 4, 5, 6, 12
-AVERAGE, SUM, MIN, MAX, PRODUCT = 0, 1, 3, 4, 5
+from core_codes import DTYPE_CODES, REDUCE_OPS
+FLOAT32, FLOAT64, FLOAT16, UINT8, INT32, INT8, INT64, BFLOAT16 = (DTYPE_CODES[name] for name in (
+    "float32", "float64", "float16", "uint8", "int32", "int8", "int64", "bfloat16"))
+AVERAGE, SUM, MIN, MAX, PRODUCT = (REDUCE_OPS[name] for name in (
+    "Average", "Sum", "Min", "Max", "Product"))
 
 ALL_DTYPES = [FLOAT32, FLOAT64, FLOAT16, BFLOAT16, UINT8, INT8, INT32, INT64]
 ALL_OPS = [AVERAGE, SUM, MIN, MAX, PRODUCT]

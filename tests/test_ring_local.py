@@ -6,9 +6,9 @@ from hypothesis import strategies as st
 
 import _hvdmx_testing
 
-CODES = {"float32": 0, "float64": 1, "float16": 2, "uint8": 3, "int32": 4, "int8": 5,
-         "int64": 6}
-SUM, MIN, MAX, PRODUCT = 1, 3, 4, 5
+from core_codes import DTYPE_CODES, REDUCE_OPS
+CODES = {name: code for name, code in DTYPE_CODES.items() if name != "bfloat16"}
+SUM, MIN, MAX, PRODUCT = (REDUCE_OPS[name] for name in ("Sum", "Min", "Max", "Product"))
 
 
 def inputs(size, count, dtype):
@@ -61,7 +61,7 @@ def test_ring_float_results_bitwise_identical_on_every_rank(size):
 # result is the float32 reduction rounded once. Inputs in [1024, 2048) for
 # float16 and [128, 256) for bfloat16 are exact in the dtype, their sums are
 # not, and their float32 sums are exact in any order.
-HALF_CODES = {"float16": 2, "bfloat16": 12}
+HALF_CODES = {name: DTYPE_CODES[name] for name in ("float16", "bfloat16")}
 
 
 def half_inputs(size, count, dtype, op):

@@ -16,7 +16,7 @@ import pytest
 import hvdmx
 import _hvdmx_testing
 from hvdmx import _core
-from hvdmx import run
+from hvdmx import run, run_hosts
 from hvdmx.run import Host, Launcher, UsageError
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -85,7 +85,7 @@ def test_hostfile_formats_comments_and_blank_lines():
           node3
         node4 slots=1
     """)
-    assert run.parse_hostfile(text, "hosts.txt") == [
+    assert run_hosts.parse_hostfile(text, "hosts.txt") == [
         Host("node1", 4), Host("node2", 2), Host("node3", 1), Host("node4", 1)]
 
 
@@ -100,7 +100,7 @@ def test_hostfile_formats_comments_and_blank_lines():
 ])
 def test_bad_hostfile_names_the_file_and_line(text, expected):
     with pytest.raises(UsageError) as info:
-        run.parse_hostfile(text, "hosts.txt")
+        run_hosts.parse_hostfile(text, "hosts.txt")
     assert "--hostfile 'hosts.txt'" in str(info.value)
     assert expected in str(info.value)
 

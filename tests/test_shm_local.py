@@ -7,11 +7,13 @@ from hypothesis import strategies as st
 
 import _hvdmx_testing
 
-FLOAT32, FLOAT64, FLOAT16, UINT8, INT32, INT8, INT64, BFLOAT16 = 0, 1, 2, 3, 4, 5, 6, 12
+from core_codes import DTYPE_CODES, REDUCE_OPS
+FLOAT32, FLOAT64, FLOAT16, UINT8, INT32, INT8, INT64, BFLOAT16 = (DTYPE_CODES[name] for name in (
+    "float32", "float64", "float16", "uint8", "int32", "int8", "int64", "bfloat16"))
 # The numpy type that holds each code; bfloat16 travels as its bits.
 HOLDER = {FLOAT32: np.float32, FLOAT64: np.float64, FLOAT16: np.float16, UINT8: np.uint8,
           INT32: np.int32, INT8: np.int8, INT64: np.int64, BFLOAT16: np.uint16}
-SUM, MIN, MAX, PRODUCT = 1, 3, 4, 5
+SUM, MIN, MAX, PRODUCT = (REDUCE_OPS[name] for name in ("Sum", "Min", "Max", "Product"))
 # Chunk sizes: the 64-byte minimum (many chunks, most slices empty), odd
 # multiples of it, one page, and the default.
 CHUNKS = [64, 128, 192, 4096, 256 * 1024]

@@ -2,7 +2,6 @@
 leftovers of killed runs removed, the link cap, and the one-line reason
 where hosts cannot be made. Needs root, else skipped with that reason."""
 import os
-import signal
 import subprocess
 import sys
 import time

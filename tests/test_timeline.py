@@ -1,9 +1,6 @@
 """The timeline: a valid Chrome trace with the expected phases, written by
 rank 0 from HVDMX_TIMELINE or start_timeline, valid even after a kill; and
 the summary and plot commands."""
-import json
-import os
-import signal
 import subprocess
 import sys
 

@@ -65,11 +65,11 @@ def main(argv=None):
         y = np.ones(count, dtype=np.float32)
         name = f"size.{size}"
 
-        def hvd_call():
+        def hvd_call(x=x, name=name):
             hvd.allreduce_(x, op=hvd.Sum, name=name)
             x.wait_to_read()
 
-        def mpi_call():
+        def mpi_call(y=y):
             comm.Allreduce(MPI.IN_PLACE, y, op=MPI.SUM)
 
         warmup = max(2, iters // 10)

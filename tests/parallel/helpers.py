@@ -2,13 +2,18 @@
 
 Values are small integers that depend on rank and index, so every dtype
 (float16 and int8 included) holds every sum and product exactly and results
-can be compared with equality.
+can be compared with equality. And ``restarted(env)``, the block that runs
+under other settings.
 """
+import contextlib
+
 import numpy as np
 
 import hvdmx as hvd
+from conftest import restart
 
-DTYPES = ["float32", "float64", "float16", "uint8", "int8", "int32", "int64"]
+# The dtypes the collectives take, as the core lists them (csrc/hvdmx/python/bindings.cc).
+DTYPES = list(hvd._core.ARRAY_DTYPES)
 OPS = [hvd.Sum, hvd.Min, hvd.Max, hvd.Product, hvd.Average]
 
 
@@ -105,3 +110,17 @@ def mnist_example_accuracy(args):
     example = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(example)
     return example.main(args)
+
+
+@contextlib.contextmanager
+def restarted(env):
+    """hvdmx restarted under the extra environment variables ``env`` for the
+    block, and restarted without them after it: the prologue and the
+    ``finally`` of every test that needs other settings. A failure in the
+    block passes through the second restart, which then aborts the job (see
+    conftest.restart) instead of leaving the other ranks waiting."""
+    restart(env)
+    try:
+        yield
+    finally:
+        restart({})

@@ -8,7 +8,7 @@ import hvdmx as hvd
 from hvdmx import _core
 from conftest import all_equal_across_ranks, restart
 from helpers import (DTYPES, OPS, counts_for, expected, half_expected, half_input, rank_input,
-                     reduced)
+                     reduced, restarted)
 
 
 def check(out, want):
@@ -32,16 +32,13 @@ def test_allreduce_every_dtype_op_and_count(world, dtype, op):
 @pytest.mark.parametrize("algo", ["ring", "mpi", "auto"])
 def test_every_algorithm_with_a_tiny_segment(world, algo):
     rank, size = world
-    restart({"HVDMX_ALLREDUCE_ALGO": algo, "HVDMX_RING_SEGMENT_BYTES": "64",
-             "HVDMX_RING_MIN_BYTES": "256"})
-    try:
+    with restarted({"HVDMX_ALLREDUCE_ALGO": algo, "HVDMX_RING_SEGMENT_BYTES": "64",
+             "HVDMX_RING_MIN_BYTES": "256"}):
         for dtype in ["float32", "float16", "int64", "int8"]:
             for op in [hvd.Sum, hvd.Max, hvd.Product]:
                 for count in counts_for(size) + [17, 257]:
                     x = mx.nd.array(rank_input(rank, count, dtype, op), dtype=dtype)
                     check(hvd.allreduce(x, op=op), expected(size, count, dtype, op))
-    finally:
-        restart({})
 
 
 # Every allreduce algorithm, each with settings that make it cut the data
@@ -64,8 +61,7 @@ def test_half_is_summed_in_float32_and_rounded_once(world, algo):
     # Against the float32 reference: with three or more ranks, rounding
     # after every pairwise step (and after each scaling) gives other bits.
     rank, size = world
-    restart(HALF_ALGORITHMS[algo])
-    try:
+    with restarted(HALF_ALGORITHMS[algo]):
         if algo == "hierarchical" and size == 4:
             assert _core.stats()["shm"]["hierarchical"]
         counts = [1, size + 1, 1001, 20_011]
@@ -99,8 +95,6 @@ def test_half_is_summed_in_float32_and_rounded_once(world, algo):
                 out = hvd.allreduce(mx.nd.array(data, dtype="float16"), op=op,
                                     prescale_factor=pre, postscale_factor=post).asnumpy()
                 assert all_equal_across_ranks(out)
-    finally:
-        restart({})
 
 
 @pytest.mark.parametrize("algo", ["ring", "mpi"])
@@ -109,8 +103,7 @@ def test_half_partials_half_keeps_the_dtype_on_the_wire(world, algo):
     # step); MPI, which has no float16 sum, hands halves to the ring. The bits
     # are still the same on every rank, and exact sums stay exact.
     rank, size = world
-    restart({**HALF_ALGORITHMS[algo], "HVDMX_HALF_PARTIALS": "half"})
-    try:
+    with restarted({**HALF_ALGORITHMS[algo], "HVDMX_HALF_PARTIALS": "half"}):
         count = 20_011
         x = mx.nd.array(half_input(rank, count), dtype="float16")
         out = hvd.allreduce(x, op=hvd.Sum, name="half.wire").asnumpy()
@@ -123,8 +116,6 @@ def test_half_partials_half_keeps_the_dtype_on_the_wire(world, algo):
             assert np.all(np.abs(out.astype(np.float32) - want.astype(np.float32)) <= 8 * size)
         small = mx.nd.array(rank_input(rank, 101, "float16", hvd.Sum), dtype="float16")
         check(hvd.allreduce(small, op=hvd.Sum), expected(size, 101, "float16", hvd.Sum))
-    finally:
-        restart({})
 
 
 def test_scale_factors(world):
@@ -256,14 +247,11 @@ def test_repeated_names_use_the_cache_and_stay_correct(world):
 def test_fusion_disabled_and_tiny_threshold(world):
     rank, size = world
     for threshold in ["0", "40"]:
-        restart({"HVDMX_FUSION_THRESHOLD": threshold})
-        try:
+        with restarted({"HVDMX_FUSION_THRESHOLD": threshold}):
             xs = [mx.nd.array(rank_input(rank, c, "float32", hvd.Sum)) for c in [1, 9, 10, 3]]
             outs = [hvd.allreduce(x, op=hvd.Sum) for x in xs]
             for out, c in zip(outs, [1, 9, 10, 3]):
                 check(out, expected(size, c, "float32", hvd.Sum))
-        finally:
-            restart({})
 
 
 @pytest.mark.parametrize("algo", ["ring", "mpi"])
@@ -272,9 +260,8 @@ def test_fused_group_goes_through_the_buffer_in_pieces(world, algo):
     # 300-byte pieces (above 4 ranks x 64-byte segments): 75 float32, 37
     # float64 (296 bytes), 150 float16, 300 int8 elements. The tensors start
     # and end inside pieces, span several, hold nothing, or are one element.
-    restart({"HVDMX_ALLREDUCE_ALGO": algo, "HVDMX_FUSION_PIECE_BYTES": "300",
-             "HVDMX_RING_SEGMENT_BYTES": "64"})
-    try:
+    with restarted({"HVDMX_ALLREDUCE_ALGO": algo, "HVDMX_FUSION_PIECE_BYTES": "300",
+             "HVDMX_RING_SEGMENT_BYTES": "64"}):
         counts = [1, 9, 0, 33, 10, 3, 100, 7, 2000]
         for dtype in DTYPES:
             for op in OPS:
@@ -289,8 +276,6 @@ def test_fused_group_goes_through_the_buffer_in_pieces(world, algo):
         empty = hvd.grouped_allreduce([mx.nd.array(np.zeros(0)), mx.nd.array(np.zeros((0, 3)))],
                                       op=hvd.Sum)
         assert [e.asnumpy().shape for e in empty] == [(0,), (0, 3)]
-    finally:
-        restart({})
 
 
 def test_a_piece_holds_a_ring_segment_per_rank(world):
@@ -312,15 +297,12 @@ def test_a_piece_holds_a_ring_segment_per_rank(world):
 def test_cache_disabled_and_tiny_cache(world):
     rank, size = world
     for capacity in ["0", "2"]:
-        restart({"HVDMX_CACHE_CAPACITY": capacity})
-        try:
+        with restarted({"HVDMX_CACHE_CAPACITY": capacity}):
             for step in range(5):
                 outs = [hvd.allreduce(mx.nd.ones((2,)) * (rank + i), op=hvd.Sum, name=f"c{i}")
                         for i in range(5)]
                 for i, out in enumerate(outs):
                     assert out.asnumpy().tolist() == [sum(r + i for r in range(size))] * 2
-        finally:
-            restart({})
 
 
 def test_mkldnn_layout_weight(world):

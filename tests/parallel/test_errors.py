@@ -8,6 +8,7 @@ import pytest
 
 import hvdmx as hvd
 from conftest import restart
+from helpers import restarted
 
 
 def still_works():
@@ -162,13 +163,14 @@ def test_same_name_calls_keep_call_order_when_the_engine_does_not(world):
 
 def test_gpu_context_without_cuda(monkeypatch):
     # A CPU build of MXNet cannot create a GPU array, so pretend one is: the
-    # ops read an array's device through _core.describe.
+    # ops read an array's device, and the core's verdict on it, through
+    # _core.describe.
     arr = mx.nd.ones((2,))
     describe = hvd.ops._core.describe
 
     def on_gpu(handle):
-        dtype, stype, _, _, shape = describe(handle)
-        return dtype, stype, 2, 0, shape
+        dtype, stype, _, _, shape, _ = describe(handle)
+        return dtype, stype, 2, 0, shape, hvd.ops._core.ARRAY_NEEDS_CUDA
 
     monkeypatch.setattr(hvd.ops._core, "describe", on_gpu)
     with pytest.raises(ValueError, match="gpu\\(0\\).*without CUDA"):
@@ -280,8 +282,6 @@ def test_settings_that_differ_between_ranks_are_refused_at_init(world, var, valu
 
 def test_settings_that_may_differ_between_ranks(world):
     rank, size = world
-    restart({"HVDMX_CYCLE_TIME": str(rank), "HVDMX_STALL_CHECK_TIME_SECONDS": str(30 + rank)})
-    try:
+    with restarted({"HVDMX_CYCLE_TIME": str(rank),
+                    "HVDMX_STALL_CHECK_TIME_SECONDS": str(30 + rank)}):
         still_works()
-    finally:
-        restart({})

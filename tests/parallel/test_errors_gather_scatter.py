@@ -136,7 +136,7 @@ def test_every_rank_raises_in_the_same_round():
     r, n = hvd.rank(), hvd.size()
     for step in range(3):
         bad = mx.nd.ones((1, 1 + (r == n - 1)))
-        raises_at_call(lambda: hvd.allgather(bad, name="same.round"),
+        raises_at_call(lambda bad=bad: hvd.allgather(bad, name="same.round"),
                        "'same.round' was called with different shape after the first dimension")
         good = hvd.allgather(mx.nd.full((r + 1, 2), r + step), name="same.round").asnumpy()
         want = np.concatenate([np.full((q + 1, 2), q + step) for q in range(n)])

@@ -13,7 +13,7 @@ import pytest
 import hvdmx as hvd
 from hvdmx import _core
 from conftest import all_equal_across_ranks, restart
-from helpers import expected, my_rows, rank_input
+from helpers import expected, my_rows, rank_input, restarted
 
 HUGE = 2 << 20
 ROWS = 3 << 20  # float32 elements: 12 MiB, five or six whole huge pages
@@ -42,11 +42,8 @@ def rows(rank, count):
 def mpi_paths(request, world):
     """hvdmx restarted with allreduces on `ring` or `mpi`: broadcasts then go
     by MPI_Bcast, allgathers by the ring and alltoalls point to point."""
-    restart({"HVDMX_ALLREDUCE_ALGO": request.param})
-    try:
+    with restarted({"HVDMX_ALLREDUCE_ALGO": request.param}):
         yield request.param
-    finally:
-        restart({})
 
 
 def test_each_whole_page_is_asked_about_once(mpi_paths):
@@ -85,8 +82,7 @@ def test_reducescatter_pieces_on_the_ring(world):
     # Its pieces go through the fusion buffer, whose pages hold whole huge
     # pages once a piece is larger than one.
     rank, size = world
-    restart({"HVDMX_ALLREDUCE_ALGO": "ring", "HVDMX_FUSION_PIECE_BYTES": str(8 << 20)})
-    try:
+    with restarted({"HVDMX_ALLREDUCE_ALGO": "ring", "HVDMX_FUSION_PIECE_BYTES": str(8 << 20)}):
         x = mx.nd.array(rank_input(rank, ROWS, "float32", hvd.Sum))
         before = asked()
         got = hvd.reducescatter(x, op=hvd.Sum).asnumpy()
@@ -94,8 +90,6 @@ def test_reducescatter_pieces_on_the_ring(world):
         want = expected(size, ROWS, "float32", hvd.Sum)[start:end]
         assert np.array_equal(got, want)
         assert (asked() > before) == (size > 1)
-    finally:
-        restart({})
 
 
 def test_off_with_huge_pages_0(world):

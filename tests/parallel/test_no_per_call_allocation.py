@@ -18,7 +18,8 @@ import numpy as np
 import pytest
 
 import hvdmx as hvd
-from conftest import all_equal_across_ranks, restart
+from conftest import all_equal_across_ranks
+from helpers import restarted
 
 MIB = 1 << 20
 CALLS = 8
@@ -62,8 +63,7 @@ def test_large_in_place_allreduce_faults_no_pages(world, algo):
     rank, size = world
     if algo == "shm" and size == 1:
         pytest.skip("one rank has no peers to share memory with")
-    restart({"HVDMX_ALLREDUCE_ALGO": algo})
-    try:
+    with restarted({"HVDMX_ALLREDUCE_ALGO": algo}):
         count = 64 * MIB // 4
         x = mx.nd.ones((count,), dtype="float32")
 
@@ -76,8 +76,6 @@ def test_large_in_place_allreduce_faults_no_pages(world, algo):
         got = x.asnumpy()
         assert np.array_equal(got, np.ones(count, dtype="float32"))
         assert all_equal_across_ranks(got)
-    finally:
-        restart({})
 
 
 @pytest.mark.parametrize("kind", ["allreduce", "broadcast", "allgather", "alltoall"])
@@ -119,11 +117,8 @@ def test_fused_small_allreduces_fault_no_pages(world, algo):
     # the fusion buffer, which grows (once) to the largest group it has seen.
     # Which tensors share a round depends on timing: a 20 ms cycle puts the
     # whole round's 64 tensors in one group from the warm-up on.
-    restart({"HVDMX_CYCLE_TIME": "20", "HVDMX_ALLREDUCE_ALGO": algo})
-    try:
+    with restarted({"HVDMX_CYCLE_TIME": "20", "HVDMX_ALLREDUCE_ALGO": algo}):
         check_fused(rank, size)
-    finally:
-        restart({})
 
 
 def check_fused(rank, size):

@@ -9,7 +9,7 @@ from mpi4py import MPI
 import hvdmx as hvd
 from hvdmx import _core
 from conftest import all_equal_across_ranks, restart, shm_exchanges
-from helpers import DTYPES, OPS, counts_for, expected, rank_input
+from helpers import DTYPES, OPS, counts_for, expected, rank_input, restarted
 
 
 def check(out, want):
@@ -21,11 +21,8 @@ def check(out, want):
 
 def shm_forced(env):
     """hvdmx restarted with the shared-memory allreduce forced on."""
-    restart({"HVDMX_ALLREDUCE_ALGO": "shm", **env})
-    try:
+    with restarted({"HVDMX_ALLREDUCE_ALGO": "shm", **env}):
         yield
-    finally:
-        restart({})
 
 
 @pytest.fixture(params=[{}, {"HVDMX_SHM_CHUNK_BYTES": "4160"}], ids=["default", "chunk4160"])
@@ -353,8 +350,7 @@ def test_auto_sends_large_moves_through_shm_when_read_directly(world):
     # [Huge pages under what peers read]): each rank asks the kernel, which
     # may refuse (no free huge page, or no MADV_COLLAPSE).
     rank, size = world
-    restart({"HVDMX_SHM_DIRECT_MIN_BYTES": "1048576", "HVDMX_SHM_PUSH": "0"})
-    try:
+    with restarted({"HVDMX_SHM_DIRECT_MIN_BYTES": "1048576", "HVDMX_SHM_PUSH": "0"}):
         if size == 1:
             return
         info = _core.stats()["shm"]
@@ -373,8 +369,6 @@ def test_auto_sends_large_moves_through_shm_when_read_directly(world):
         assert shm_exchanges() == moves + 2
         assert _core.stats()["shm"]["direct_exchanges"] == direct + 2
         hvd.barrier()
-    finally:
-        restart({})
 
 
 def test_auto_reads_large_alltoalls_and_broadcasts_directly(world):
@@ -384,8 +378,7 @@ def test_auto_reads_large_alltoalls_and_broadcasts_directly(world):
     # broadcast of 8 MiB or more, its root writing part of every output; a
     # smaller one, and allgathers of any size, go through the stages.
     rank, size = world
-    restart({"HVDMX_SHM_PUSH": "0"})
-    try:
+    with restarted({"HVDMX_SHM_PUSH": "0"}):
         if size == 1:
             return
         limit = 8 << 20  # ShmAllreduce::kAutoDirectMinBytes; rows are 12 bytes
@@ -409,15 +402,12 @@ def test_auto_reads_large_alltoalls_and_broadcasts_directly(world):
         assert np.array_equal(got, np.concatenate([rows(r, big // size) for r in range(size)]))
         assert _core.stats()["shm"]["direct_exchanges"] == before
         hvd.barrier()
-    finally:
-        restart({})
 
 
 def test_auto_picks_by_size_and_stays_correct(world):
     rank, size = world
-    restart({"HVDMX_ALLREDUCE_ALGO": "auto", "HVDMX_SHM_MIN_BYTES": "4096",
-             "HVDMX_SHM_DIRECT_MIN_BYTES": "-1"})
-    try:
+    with restarted({"HVDMX_ALLREDUCE_ALGO": "auto", "HVDMX_SHM_MIN_BYTES": "4096",
+             "HVDMX_SHM_DIRECT_MIN_BYTES": "-1"}):
         cases = [("float32", 10), ("float32", 1024), ("float32", 100_003),
                  ("float16", 10), ("int8", 4096), ("float64", 511)]
         for dtype, count in cases:
@@ -474,17 +464,12 @@ def test_auto_picks_by_size_and_stays_correct(world):
         # No rank shuts down (restart) while another still reads its counters:
         # a peer's shutdown stops this rank's runtime too.
         hvd.barrier()
-    finally:
-        restart({})
 
 
 @pytest.mark.parametrize("algo", ["ring", "mpi"])
 def test_other_algorithms_leave_shm_off(world, algo):
-    restart({"HVDMX_ALLREDUCE_ALGO": algo})
-    try:
+    with restarted({"HVDMX_ALLREDUCE_ALGO": algo}):
         assert shm_calls() == -1
-    finally:
-        restart({})
 
 
 @pytest.mark.parametrize("per_host", [1, 2])

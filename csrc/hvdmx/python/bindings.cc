@@ -97,13 +97,37 @@ void PushUnpackSum(uintptr_t packed, uintptr_t out, const char* op_name,
       op_name));
 }
 
+// What a collective refuses in an NDArray argument, in the order checked
+// (CheckArray); hvdmx/ops.py words each as an error (_array_error).
+enum ArrayProblem : int {
+  kArrayOk = 0,
+  kArraySparse = 1,     // not dense
+  kArrayDtype = 2,      // a dtype the collectives do not take (IsArrayDtype)
+  kArrayNeedsCuda = 3,  // on a GPU, and this build has no CUDA
+  kArrayNoShape = 4,    // its shape is not known yet
+};
+
+// The dtypes the collectives take from an NDArray: DataType's codes float32
+// to int64 (0 to 6), not bfloat16.
+bool IsArrayDtype(int code) { return code >= 0 && code <= 6; }
+
+// The one check of an NDArray argument: what describe() reports to
+// ops.py for every collective, and what PushAllreduceEach checks itself.
+ArrayProblem CheckArray(const ArrayInfo& a) {
+  if (a.stype != 0) return kArraySparse;
+  if (!IsArrayDtype(a.dtype)) return kArrayDtype;
+  if (a.dev_type == 2 && HVDMX_CUDA_BUILT == 0) return kArrayNeedsCuda;
+  if (a.ndim < 0) return kArrayNoShape;
+  return kArrayOk;
+}
+
 // One in-place allreduce per tensor, each its own unit and engine op, as
 // allreduce_ pushes it: the gradients of DistributedTrainer in one call
-// instead of one Python call each. Every tensor is checked before any is
-// pushed; returns -1, or the index of the first that allreduce_ would refuse
-// (dtype, sparse, shape not known, a GPU array without CUDA), for the Python
-// layer to raise allreduce_'s own error.
-int PushAllreduceEach(int set_id, const std::vector<std::string>& names,
+// instead of one Python call each. Every tensor is checked (CheckArray)
+// before any is pushed; returns (-1, kArrayOk), or the index of the first
+// that allreduce_ refuses and why, for the Python layer to raise
+// allreduce_'s own error.
+std::pair<int, int> PushAllreduceEach(int set_id, const std::vector<std::string>& names,
                       const std::vector<uintptr_t>& handles, const std::vector<int>& priorities,
                       int op, double prescale, double postscale) {
   if (names.size() != handles.size() || priorities.size() != handles.size()) {
@@ -113,12 +137,8 @@ int PushAllreduceEach(int set_id, const std::vector<std::string>& names,
   std::vector<ArrayInfo> infos(handles.size());
   for (size_t i = 0; i < handles.size(); ++i) {
     ThrowIfError(DescribeArray(reinterpret_cast<void*>(handles[i]), &infos[i]));
-    const ArrayInfo& a = infos[i];
-    // The dtype codes ops.py accepts (_SUPPORTED_CODES): float32 to int64.
-    if (a.dtype < 0 || a.dtype > 6 || a.stype != 0 || a.ndim < 0 ||
-        (a.dev_type == 2 && HVDMX_CUDA_BUILT == 0)) {
-      return static_cast<int>(i);
-    }
+    const ArrayProblem problem = CheckArray(infos[i]);
+    if (problem != kArrayOk) return {static_cast<int>(i), problem};
   }
   for (size_t i = 0; i < handles.size(); ++i) {
     const ArrayInfo& a = infos[i];
@@ -133,7 +153,7 @@ int PushAllreduceEach(int set_id, const std::vector<std::string>& names,
     args.priority = priorities[i];
     ThrowIfError(PushCollective(runtime, std::move(args)));
   }
-  return -1;
+  return {-1, kArrayOk};
 }
 
 // How long a thread waiting for a sizes round polls before it sleeps.
@@ -371,12 +391,37 @@ PYBIND11_MODULE(_core, m) {
   m.attr("JOIN") = static_cast<int>(CollectiveType::kJoin);
   // The code negotiate() returns for an error response (Executor::Run).
   m.attr("STATUS_MISMATCH") = static_cast<int>(Status::Code::kMismatch);
+  // The dtype and reduction op codes (base/common.h) by name: the one list
+  // that hvdmx/ops.py and the tests read. DTYPE_CODES has every DataType,
+  // ARRAY_DTYPES the names of those the collectives take from an NDArray.
+  py::dict dtype_codes;
+  py::list array_dtypes;
+  for (DataType t : {DataType::kFloat32, DataType::kFloat64, DataType::kFloat16, DataType::kUInt8,
+                     DataType::kInt32, DataType::kInt8, DataType::kInt64, DataType::kBFloat16}) {
+    dtype_codes[py::str(DataTypeName(t))] = static_cast<int>(t);
+    if (IsArrayDtype(static_cast<int>(t))) array_dtypes.append(py::str(DataTypeName(t)));
+  }
+  m.attr("DTYPE_CODES") = dtype_codes;
+  m.attr("ARRAY_DTYPES") = py::tuple(array_dtypes);
+  py::dict reduce_ops;
+  for (ReduceOp op : {ReduceOp::kAverage, ReduceOp::kSum, ReduceOp::kAdasum, ReduceOp::kMin,
+                      ReduceOp::kMax, ReduceOp::kProduct}) {
+    reduce_ops[py::str(ReduceOpName(op))] = static_cast<int>(op);
+  }
+  m.attr("REDUCE_OPS") = reduce_ops;
+  // What describe() and push_allreduce_each() report about an array (CheckArray).
+  m.attr("ARRAY_OK") = static_cast<int>(kArrayOk);
+  m.attr("ARRAY_SPARSE") = static_cast<int>(kArraySparse);
+  m.attr("ARRAY_DTYPE") = static_cast<int>(kArrayDtype);
+  m.attr("ARRAY_NEEDS_CUDA") = static_cast<int>(kArrayNeedsCuda);
+  m.attr("ARRAY_NO_SHAPE") = static_cast<int>(kArrayNoShape);
   m.def("describe", [](uintptr_t handle) {
     ArrayInfo info;
     ThrowIfError(DescribeArray(reinterpret_cast<void*>(handle), &info));
     py::object shape = py::none();
     if (info.ndim >= 0) shape = py::tuple(py::cast(info.shape));
-    return py::make_tuple(info.dtype, info.stype, info.dev_type, info.dev_id, shape);
+    return py::make_tuple(info.dtype, info.stype, info.dev_type, info.dev_id, shape,
+                          static_cast<int>(CheckArray(info)));
   });
   m.def("new_array", [](const std::vector<int64_t>& shape, int dtype, int dev_type, int dev_id) {
     void* handle = nullptr;

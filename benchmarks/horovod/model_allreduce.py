@@ -1,11 +1,11 @@
 """Horovod's side of `python -m hvdmx.bench model`: ms per iteration to
 allreduce a model-zoo network's gradient set, the same tensors
-(hvdmx.bench.model_gradients) timed the same way (hvdmx.bench._timed), with
+(hvdmx.bench.model_gradients) timed the same way (hvdmx.bench.timed), with
 what Horovod's DistributedTrainer sends: an in-place allreduce per gradient,
 named and prioritized by position, pushed back to back, then a wait. Run it
-with the Python of an environment that has Horovod (tools/horovod/build.sh):
+with the Python of an environment that has Horovod (benchmarks/horovod/build.sh):
 
-    DIR/venv/bin/mpiexec -n 2 DIR/venv/bin/python tools/horovod/model_allreduce.py
+    DIR/venv/bin/mpiexec -n 2 DIR/venv/bin/python benchmarks/horovod/model_allreduce.py
 
 hvdmx's own Python files are read from this checkout; its core is not loaded.
 """
@@ -14,12 +14,12 @@ import os
 import sys
 
 import numpy as np
-from mpi4py import MPI  # first, as bench.py: Horovod joins the MPI it started
+from mpi4py import MPI  # first, as hvdmx.bench does: Horovod joins the MPI it started
 import mxnet as mx
 import horovod.mxnet as hvd
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", ".."))
-from hvdmx.bench import _timed, model_gradients  # noqa: E402
+from hvdmx.bench import model_gradients, timed  # noqa: E402
 
 
 def main(argv=None):
@@ -41,7 +41,7 @@ def main(argv=None):
         mx.nd.waitall()
 
     warmup = args.warmup if args.warmup is not None else max(2, args.iters // 10)
-    ms = _timed(step, warmup, args.iters, comm) * 1e3
+    ms = timed(step, warmup, args.iters, comm) * 1e3
     if hvd.rank() == 0:
         total = sum(int(np.prod(s)) * d.itemsize for s, d in shapes)
         print(f"# {args.model} gradients: {len(shapes)} tensors, {total / 1e6:.1f} MB, "

@@ -19,7 +19,7 @@
 //
 // Build and run (no MPI needed; the two processes come from fork):
 //
-//   cc -O2 -o /tmp/stage_floor tools/stage_floor.c && /tmp/stage_floor
+//   cc -O2 -o /tmp/stage_floor benchmarks/stage_floor.c && /tmp/stage_floor
 //
 // Prints one row per size: microseconds per broadcast, mean over --iters
 // after a warm-up. Compare with `python -m hvdmx.bench broadcast` run right

@@ -3,11 +3,11 @@
 # TensorFlow, PyTorch or Gloo) into a virtual environment of its own, for the
 # comparisons in docs/benchmarks.md. Nothing of hvdmx uses it.
 #
-#   bash tools/horovod/build.sh [DIR]      # default DIR: /tmp/hvdmx-horovod
+#   bash benchmarks/horovod/build.sh [DIR]      # default DIR: /tmp/hvdmx-horovod
 #
 # Then DIR/venv/bin/python has horovod.mxnet, and DIR/venv/bin/mpiexec runs it:
 #   python examples/scaling_benchmark.py --horovod-python DIR/venv/bin/python
-#   DIR/venv/bin/mpiexec -n 2 DIR/venv/bin/python tools/horovod/model_allreduce.py
+#   DIR/venv/bin/mpiexec -n 2 DIR/venv/bin/python benchmarks/horovod/model_allreduce.py
 # Under a minute on this project's machine once pip's cache is warm;
 # HVDMX_BUILD_JOBS sets the compile jobs (default 2). DIR must be new, empty
 # or made by this script: it replaces DIR/venv and DIR/src.

@@ -6,7 +6,7 @@ launches, e.g. alternating:
 
     for i in 1 2 3 4 5 6 7 8; do for m in none auto; do
       OMP_NUM_THREADS=1 MXNET_CPU_WORKER_NTHREADS=1 HVDMX_CPU_BIND=$m \\
-        .venv/bin/mpiexec -n 2 .venv/bin/python tools/placement.py --label $m
+        .venv/bin/mpiexec -n 2 .venv/bin/python benchmarks/placement.py --label $m
     done; done
 
 Prints one line per launch: the label, microseconds per call (mean over

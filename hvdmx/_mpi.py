@@ -1,0 +1,136 @@
+"""MPI as hvdmx finds it: which MPI a name belongs to, the checks made
+before MPI starts, and the loading of the extension (``hvdmx._core``) after
+mpi4py, into one MPI. The bottom of the package: it imports nothing of hvdmx
+but the extension (see the layers in hvdmx/__init__.py)."""
+import importlib
+import os
+import sys
+
+
+def mpi_family(name: str):
+    """The family of an MPI, named by its vendor ("MPICH 5.0.2", "Open MPI
+    4.1.8", "Intel MPI ...") or by hvdmxrun's launcher flavor ("mpich",
+    "intel", "openmpi"): "Open MPI", or "MPICH" for MPICH and its derivatives.
+    One family shares a soname (libmpi.so.12 for MPICH's, libmpi.so.40 for
+    Open MPI) and a launcher protocol; None when unknown."""
+    if name.startswith("Open MPI") or name == "openmpi":
+        return "Open MPI"
+    if name.startswith(("MPICH", "Intel MPI", "MVAPICH", "Cray MPICH")) or \
+            name in ("mpich", "intel"):
+        return "MPICH"
+    return None
+
+
+def mpi_library(MPI) -> str:
+    """The first line of the MPI library's own version string, spaces
+    collapsed ("MPICH Version: 5.0.2"); ``MPI`` is mpi4py.MPI."""
+    return " ".join(MPI.Get_library_version().strip().splitlines()[0].split())
+
+
+ONE_MPI_FIX = ("hvdmx and mpi4py must use one MPI: unset MPI4PY_LIBMPI and MPI4PY_MPIABI if "
+                "set, or rebuild hvdmx against that MPI (see 'Building against a system MPI' "
+                "in README.md)")
+
+
+def two_mpis(built: str, loaded: str):
+    """The error message when the extension's MPI (``built``) and the one
+    mpi4py loaded are of different families, else None."""
+    families = (mpi_family(built), mpi_family(loaded))
+    if None in families or families[0] == families[1]:
+        return None
+    return (f"hvdmx: the extension was built against {built}, but mpi4py has loaded "
+            f"{loaded}: two MPI libraries in one process; {ONE_MPI_FIX}")
+
+
+def venv_mpiexec() -> str:
+    """The mpiexec beside this Python: the launcher of the mpich wheel's MPI in
+    a venv, which the launcher errors name as the fix."""
+    return os.path.join(os.path.dirname(sys.executable), "mpiexec")
+
+
+def wheel_libmpi():
+    """The path of the `mpich` wheel's libmpi.so.12 if that wheel is installed
+    and mpi4py will load it (MPI4PY_LIBMPI and MPI4PY_MPIABI unset: mpi4py
+    then tries the environment's own lib directory first), else None."""
+    if os.environ.get("MPI4PY_LIBMPI") or os.environ.get("MPI4PY_MPIABI"):
+        return None
+    import importlib.metadata  # here: hvdmxrun imports this package, and needs none of it
+    try:
+        files = importlib.metadata.distribution("mpich").files or ()
+    except importlib.metadata.PackageNotFoundError:
+        return None
+    for file in files:
+        if file.name == "libmpi.so.12":
+            path = os.path.realpath(file.locate())
+            if os.path.isfile(path):
+                return path
+    return None
+
+
+def settle_pmix(environ, libmpi):
+    """Prepares ``environ`` for MPI_Init from ``libmpi`` when a PMIx launcher's
+    variables are in it (PMIX_NAMESPACE: Open MPI's mpirun, Slurm's srun
+    --mpi=pmix) and ``libmpi`` is a build of MPICH without PMIx, which would
+    abort inside MPI_Init, before hvdmx could say why. Returns the error
+    message to raise, or None.
+
+    With PMI_SIZE set as well, a PMI launcher (Hydra: the mpiexec of MPICH)
+    started this process, and the PMIx variables were inherited from an outer
+    job step (a Slurm step that ran mpiexec), through mpiexec or its proxies:
+    they are dropped from ``environ``, and MPICH joins the launcher's job
+    ("Found both env vars PMI_SIZE and PMIX_NAMESPACE" otherwise). Without
+    PMI_SIZE, the PMIx launcher started the process and MPICH cannot join its
+    job: the message says what to do."""
+    if "PMIX_NAMESPACE" not in environ or libmpi is None:
+        return None
+    with open(libmpi, "rb") as f:
+        if b"libpmix" in f.read():  # built with PMIx: MPICH can join the job
+            return None
+    if "PMI_SIZE" in environ:
+        for name in [name for name in environ if name.startswith("PMIX_")]:
+            del environ[name]
+        return None
+    return (f"hvdmx: a PMIx launcher (Open MPI's mpirun, or srun --mpi=pmix) started this "
+            f"process (PMIX_NAMESPACE is set), but the MPI that mpi4py loads is the mpich "
+            f"wheel's ({libmpi}), which has no PMIx support: it would abort in MPI_Init. "
+            f"Start the job with hvdmxrun -np N ..., or with {venv_mpiexec()} -n N ..., or build "
+            "hvdmx and mpi4py against that launcher's MPI (see 'Building against a system "
+            "MPI' in README.md).")
+
+
+def load_core():
+    """Imports the extension, after mpi4py, and checks that both use one MPI.
+
+    The extension binds to the libmpi that mpi4py has loaded (by soname), so
+    mpi4py must come first. If mpi4py loaded an MPI of another family than
+    the one hvdmx was built against (MPI4PY_LIBMPI, say, or an Open MPI build
+    of hvdmx beside the mpich wheel), the extension would load a second MPI
+    library into the process, or find none: refused here, with both named.
+    Only that: this module is the bottom layer (hvdmx/__init__.py), below
+    every module that imports _core.
+
+    Before MPI starts, a PMIx launcher with the mpich wheel is refused, and
+    PMIx variables inherited under MPICH's launcher are dropped (see
+    settle_pmix): every module that imports mpi4py.MPI loads _core first.
+    """
+    if "PMIX_NAMESPACE" in os.environ and "mpi4py.MPI" not in sys.modules:
+        message = settle_pmix(os.environ, wheel_libmpi())
+        if message is not None:
+            raise RuntimeError(message)
+    MPI = importlib.import_module("mpi4py.MPI")
+    name, version = MPI.get_vendor()
+    loaded = f"{name} {'.'.join(map(str, version))}"
+    try:
+        core = importlib.import_module("hvdmx._core")
+    except ImportError as error:
+        if "libmpi" not in str(error):
+            raise
+        raise ImportError(f"hvdmx: the extension cannot load the MPI library it was built "
+                          f"against ({error}), and mpi4py has loaded {loaded}; "
+                          f"{ONE_MPI_FIX}") from error
+    message = two_mpis(core.mpi_vendor(), loaded)
+    if message is not None:
+        # The import bound hvdmx._core; unbound, the next use is refused too.
+        vars(sys.modules["hvdmx"]).pop("_core", None)
+        raise ImportError(message)
+    return core
