@@ -94,11 +94,11 @@ struct OpSet {
 };
 
 template <typename F>
-using FloatOps = OpSet<FloatSum<F>, FloatProduct<F>, FloatMinMax<F, false>,
-                       FloatMinMax<F, true>, FloatScale<F>>;
+using FloatOps =
+    OpSet<FloatSum<F>, FloatProduct<F>, FloatMinMax<F, false>, FloatMinMax<F, true>, FloatScale<F>>;
 template <typename T>
-using IntOps = OpSet<IntSum<T>, IntProduct<T>, IntMinMax<T, false>, IntMinMax<T, true>,
-                     IntScale<T>>;
+using IntOps =
+    OpSet<IntSum<T>, IntProduct<T>, IntMinMax<T, false>, IntMinMax<T, true>, IntScale<T>>;
 
 // Returns fn(ops) for the OpSet of dtype.
 template <typename Fn>
@@ -132,8 +132,7 @@ void ReduceIntoOn(KernelPath path, void* dst, const void* src, int64_t count, Da
   SelectKernel(dtype, op, avx2).in_place(dst, src, count);
 }
 
-void Reduce3(void* out, const void* a, const void* b, int64_t count, DataType dtype,
-             ReduceOp op) {
+void Reduce3(void* out, const void* a, const void* b, int64_t count, DataType dtype, ReduceOp op) {
   const Kernel kernel = SelectKernel(dtype, op, CpuHasAvx2());
   if (out == a) {
     kernel.in_place(out, b, count);
@@ -186,8 +185,8 @@ WidenFn SelectWiden(bool avx2) {
 template <typename F, typename Op, bool kScaled>
 ReduceWideFn SelectReduceWide(bool avx2) {
   if (!avx2) return &ReduceWide<F, Op, kScaled>;
-  constexpr bool kArithmetic = std::is_same_v<Op, FloatSum<Float32>> ||
-                               std::is_same_v<Op, FloatProduct<Float32>>;
+  constexpr bool kArithmetic =
+      std::is_same_v<Op, FloatSum<Float32>> || std::is_same_v<Op, FloatProduct<Float32>>;
   if constexpr (std::is_same_v<F, Float16> && kArithmetic) {
     return &ReduceWideHalfF16c<Op, kScaled>;
   }
@@ -239,8 +238,8 @@ void WidenScaledOn(KernelPath path, float* out, const void* in, int64_t count, D
   })(out, in, count, f);
 }
 
-void ReduceWidenedIntoOn(KernelPath path, float* acc, const void* in, int64_t count,
-                         DataType dtype, ReduceOp op, double factor) {
+void ReduceWidenedIntoOn(KernelPath path, float* acc, const void* in, int64_t count, DataType dtype,
+                         ReduceOp op, double factor) {
   const bool avx2 = path == KernelPath::kNative && CpuHasAvx2();
   const float f = static_cast<float>(factor);
   WithHalfFormat(dtype, [&](auto format) {

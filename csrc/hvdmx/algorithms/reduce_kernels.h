@@ -32,8 +32,7 @@ void ReduceInto(void* dst, const void* src, int64_t count, DataType dtype, Reduc
 
 // out[i] = a[i] OP b[i] for i < count. out may be a or b itself (not both),
 // and a and b may be one buffer; no other overlap is allowed.
-void Reduce3(void* out, const void* a, const void* b, int64_t count, DataType dtype,
-             ReduceOp op);
+void Reduce3(void* out, const void* a, const void* b, int64_t count, DataType dtype, ReduceOp op);
 
 // Reduce3 then ScaleBuffer(out, count, dtype, factor), with their bits; one
 // pass over the data for float32 Sum and Average (the scaled allreduce's
@@ -80,8 +79,8 @@ void ReduceIntoOn(KernelPath path, void* dst, const void* src, int64_t count, Da
                   ReduceOp op);
 void WidenScaledOn(KernelPath path, float* out, const void* in, int64_t count, DataType dtype,
                    double factor);
-void ReduceWidenedIntoOn(KernelPath path, float* acc, const void* in, int64_t count,
-                         DataType dtype, ReduceOp op, double factor);
+void ReduceWidenedIntoOn(KernelPath path, float* acc, const void* in, int64_t count, DataType dtype,
+                         ReduceOp op, double factor);
 void NarrowScaledOn(KernelPath path, void* out, const float* acc, int64_t count, DataType dtype,
                     double factor);
 

@@ -151,8 +151,7 @@ HVDMX_ALWAYS_INLINE void Scale(void* __restrict buf, int64_t n, double factor) {
 // NaN made canonical) before Scaling takes it, so the bits are those of
 // Binary followed by Scale, in one pass over the data.
 template <typename Op, typename Scaling>
-HVDMX_ALWAYS_INLINE void BinaryScaled(void* __restrict out_bytes,
-                                      const void* __restrict a_bytes,
+HVDMX_ALWAYS_INLINE void BinaryScaled(void* __restrict out_bytes, const void* __restrict a_bytes,
                                       const void* __restrict b_bytes, int64_t n, double factor) {
   auto* out = static_cast<typename Op::T*>(out_bytes);
   const auto* a = static_cast<const typename Op::T*>(a_bytes);
@@ -193,8 +192,8 @@ HVDMX_ALWAYS_INLINE float ApplyFloat(float a, float b) {
 }
 
 template <typename F, bool kScaled>
-HVDMX_ALWAYS_INLINE void Widen(float* __restrict out, const void* __restrict in_bytes,
-                               int64_t n, float f) {
+HVDMX_ALWAYS_INLINE void Widen(float* __restrict out, const void* __restrict in_bytes, int64_t n,
+                               float f) {
   const auto* in = static_cast<const uint16_t*>(in_bytes);
   for (int64_t i = 0; i < n; ++i) {
     const float x = F::Load(in[i]);
@@ -213,8 +212,8 @@ HVDMX_ALWAYS_INLINE void ReduceWide(float* __restrict acc, const void* __restric
 }
 
 template <typename F, bool kScaled>
-HVDMX_ALWAYS_INLINE void Narrow(void* __restrict out_bytes, const float* __restrict acc,
-                                int64_t n, float f) {
+HVDMX_ALWAYS_INLINE void Narrow(void* __restrict out_bytes, const float* __restrict acc, int64_t n,
+                                float f) {
   auto* out = static_cast<uint16_t*>(out_bytes);
   for (int64_t i = 0; i < n; ++i) out[i] = F::Store(kScaled ? acc[i] * f : acc[i]);
 }

@@ -96,8 +96,8 @@ void ReduceScatterSteps(Comm& comm, char* base, const int64_t* starts, int64_t e
 }
 
 // The reduce-scatter in the dtype: own = own OP received.
-void ReduceScatterSteps(Comm& comm, char* base, const int64_t* starts, DataType dtype,
-                        ReduceOp op, int64_t seg_elems, int shift, RingScratch* scratch) {
+void ReduceScatterSteps(Comm& comm, char* base, const int64_t* starts, DataType dtype, ReduceOp op,
+                        int64_t seg_elems, int shift, RingScratch* scratch) {
   const int64_t elem = static_cast<int64_t>(DataTypeSize(dtype));
   ReduceScatterSteps(comm, base, starts, elem, seg_elems, shift, scratch, [&](int) {
     return [&](const char* received, int64_t first, int64_t len) {
@@ -113,9 +113,8 @@ void AllgatherSteps(Comm& comm, char* base, const int64_t* starts, DataType dtyp
   const int r = comm.rank();
   const int64_t elem = static_cast<int64_t>(DataTypeSize(dtype));
   for (int s = 0; s < n - 1; ++s) {
-    RingStep(comm, base, starts, elem, seg_elems, Mod(r + shift - s, n),
-             Mod(r + shift - 1 - s, n), /*reduce=*/false, scratch,
-             [](const char*, int64_t, int64_t) {});
+    RingStep(comm, base, starts, elem, seg_elems, Mod(r + shift - s, n), Mod(r + shift - 1 - s, n),
+             /*reduce=*/false, scratch, [](const char*, int64_t, int64_t) {});
   }
 }
 
@@ -134,9 +133,9 @@ void RingAllreduce(Comm& comm, void* buf, int64_t count, DataType dtype, ReduceO
   AllgatherSteps(comm, base, starts.data(), dtype, seg_elems, /*shift=*/1, scratch);
 }
 
-void RingAllreduceWidened(Comm& comm, void* buf, float* wide, bool operands_in_wide,
-                          int64_t count, DataType dtype, ReduceOp op, double prescale,
-                          double postscale, int64_t segment_bytes, RingScratch* scratch) {
+void RingAllreduceWidened(Comm& comm, void* buf, float* wide, bool operands_in_wide, int64_t count,
+                          DataType dtype, ReduceOp op, double prescale, double postscale,
+                          int64_t segment_bytes, RingScratch* scratch) {
   const int n = comm.size();
   if (count == 0) return;
   char* half = static_cast<char*>(buf);
@@ -181,8 +180,8 @@ void RingAllreduceWidened(Comm& comm, void* buf, float* wide, bool operands_in_w
 }
 
 void RingCrossAllreduce(Comm& comm, void* buf, float* wide, int64_t count, DataType dtype,
-                        ReduceOp op, double postscale, bool wide_partials,
-                        int64_t segment_bytes, RingScratch* scratch) {
+                        ReduceOp op, double postscale, bool wide_partials, int64_t segment_bytes,
+                        RingScratch* scratch) {
   if (wide == nullptr) {
     RingAllreduce(comm, buf, count, dtype, op, segment_bytes, scratch);
   } else if (wide_partials) {
@@ -195,9 +194,8 @@ void RingCrossAllreduce(Comm& comm, void* buf, float* wide, int64_t count, DataT
   }
 }
 
-void RingReduceScatter(Comm& comm, void* buf, const std::vector<int64_t>& starts,
-                       DataType dtype, ReduceOp op, int64_t segment_bytes,
-                       RingScratch* scratch) {
+void RingReduceScatter(Comm& comm, void* buf, const std::vector<int64_t>& starts, DataType dtype,
+                       ReduceOp op, int64_t segment_bytes, RingScratch* scratch) {
   if (comm.size() == 1 || starts.back() == 0) return;
   ReduceScatterSteps(comm, static_cast<char*>(buf), starts.data(), dtype, op,
                      SegmentElems(segment_bytes, dtype), /*shift=*/0, scratch);

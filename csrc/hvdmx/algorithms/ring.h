@@ -59,9 +59,9 @@ void RingAllreduce(Comm& comm, void* buf, int64_t count, DataType dtype, ReduceO
 // already; `prescale` is not applied), else scratch, the operands being
 // buf's elements times `prescale`, widened as the steps reach them. `wide`
 // is clobbered; every chunk is still reduced once, on one rank.
-void RingAllreduceWidened(Comm& comm, void* buf, float* wide, bool operands_in_wide,
-                          int64_t count, DataType dtype, ReduceOp op, double prescale,
-                          double postscale, int64_t segment_bytes, RingScratch* scratch);
+void RingAllreduceWidened(Comm& comm, void* buf, float* wide, bool operands_in_wide, int64_t count,
+                          DataType dtype, ReduceOp op, double prescale, double postscale,
+                          int64_t segment_bytes, RingScratch* scratch);
 
 // The hosts' part of a hierarchical allreduce (ShmAllreduce::CrossAllreduce's
 // contract): without `wide`, RingAllreduce of buf; with it (a half dtype's
@@ -70,17 +70,16 @@ void RingAllreduceWidened(Comm& comm, void* buf, float* wide, bool operands_in_w
 // the dtype and the postscale applied, which halves the reduce-scatter's
 // bytes and rounds at every step.
 void RingCrossAllreduce(Comm& comm, void* buf, float* wide, int64_t count, DataType dtype,
-                        ReduceOp op, double postscale, bool wide_partials,
-                        int64_t segment_bytes, RingScratch* scratch);
+                        ReduceOp op, double postscale, bool wide_partials, int64_t segment_bytes,
+                        RingScratch* scratch);
 
 // The same two phases on their own, over chunks of any sizes: chunk c is
 // elements [starts[c], starts[c+1]) of `buf`, starts having size + 1
 // entries. After RingReduceScatter rank r holds the reduction of chunk r
 // (the other chunks hold partial sums); RingAllgather starts from rank r
 // holding chunk r and leaves every chunk everywhere.
-void RingReduceScatter(Comm& comm, void* buf, const std::vector<int64_t>& starts,
-                       DataType dtype, ReduceOp op, int64_t segment_bytes,
-                       RingScratch* scratch);
+void RingReduceScatter(Comm& comm, void* buf, const std::vector<int64_t>& starts, DataType dtype,
+                       ReduceOp op, int64_t segment_bytes, RingScratch* scratch);
 void RingAllgather(Comm& comm, void* buf, const std::vector<int64_t>& starts, DataType dtype,
                    RingScratch* scratch);
 

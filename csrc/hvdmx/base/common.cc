@@ -12,27 +12,28 @@ namespace hvdmx {
 size_t DataTypeSize(DataType dtype) {
   switch (dtype) {
     case DataType::kUInt8:
-    case DataType::kInt8:
-      return 1;
+    case DataType::kInt8: return 1;
     case DataType::kFloat16:
-    case DataType::kBFloat16:
-      return 2;
+    case DataType::kBFloat16: return 2;
     case DataType::kFloat32:
-    case DataType::kInt32:
-      return 4;
+    case DataType::kInt32: return 4;
     case DataType::kFloat64:
-    case DataType::kInt64:
-      return 8;
+    case DataType::kInt64: return 8;
   }
   return 0;
 }
 
 bool IsSupportedDataType(int32_t code) {
   switch (code) {
-    case 0: case 1: case 2: case 3: case 4: case 5: case 6: case 12:
-      return true;
-    default:
-      return false;
+    case 0:
+    case 1:
+    case 2:
+    case 3:
+    case 4:
+    case 5:
+    case 6:
+    case 12: return true;
+    default: return false;
   }
 }
 
@@ -97,7 +98,8 @@ std::string ShapeString(const std::vector<int64_t>& shape) {
 
 namespace internal {
 void CheckFailed(const char* file, int line, const char* cond, const std::string& msg) {
-  std::fprintf(stderr, "hvdmx internal error at %s:%d: check '%s' failed: %s\n"
+  std::fprintf(stderr,
+               "hvdmx internal error at %s:%d: check '%s' failed: %s\n"
                "This is a bug in hvdmx; please report it with this message.\n",
                file, line, cond, msg.c_str());
   std::fflush(stderr);

@@ -61,7 +61,9 @@ class Status {
 
   Status() = default;
   static Status Ok() { return Status(); }
-  static Status InvalidArgument(std::string msg) { return Status(Code::kInvalidArgument, std::move(msg)); }
+  static Status InvalidArgument(std::string msg) {
+    return Status(Code::kInvalidArgument, std::move(msg));
+  }
   static Status Mismatch(std::string msg) { return Status(Code::kMismatch, std::move(msg)); }
   static Status Shutdown(std::string msg) { return Status(Code::kShutdown, std::move(msg)); }
   static Status Internal(std::string msg) { return Status(Code::kInternal, std::move(msg)); }
@@ -89,8 +91,8 @@ void AdviseHugePages(void* data, int64_t bytes);
 }  // namespace hvdmx
 
 // Invariant checks: for our own bugs, never for the user's input.
-#define HVDMX_CHECK(cond, msg)                                               \
-  do {                                                                       \
+#define HVDMX_CHECK(cond, msg)                                                     \
+  do {                                                                             \
     if (!(cond)) ::hvdmx::internal::CheckFailed(__FILE__, __LINE__, #cond, (msg)); \
   } while (0)
 

@@ -31,9 +31,9 @@ class LogLine {
 
 }  // namespace hvdmx
 
-#define HVDMX_LOG(level)                                                   \
-  if (::hvdmx::LogLevel::level < ::hvdmx::GetLogLevel()) {                 \
-  } else                                                                   \
+#define HVDMX_LOG(level)                                   \
+  if (::hvdmx::LogLevel::level < ::hvdmx::GetLogLevel()) { \
+  } else                                                   \
     ::hvdmx::LogLine(::hvdmx::LogLevel::level).stream()
 
 #endif  // HVDMX_LOGGING_H_

@@ -54,9 +54,8 @@ Status Timeline::Start(const std::string& path, bool mark_cycles) {
   Stop();
   int fd = open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
   if (fd < 0) {
-    return Status::InvalidArgument("hvdmx: cannot write the timeline to '" + path +
-                                   "': " + std::strerror(errno) +
-                                   "; give a path in a writable directory");
+    return Status::InvalidArgument("hvdmx: cannot write the timeline to '" + path + "': " +
+                                   std::strerror(errno) + "; give a path in a writable directory");
   }
   const std::string head = "[\n]";
   if (!WriteAt(fd, head, 0)) {

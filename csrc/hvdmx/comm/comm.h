@@ -100,8 +100,8 @@ class Comm {
     StartBitAnd(words, n);
   }
   virtual std::string BitAndPayload(int rank) const {
-    HVDMX_CHECK(false, "this communicator carries no bit-and payload (rank " +
-                           std::to_string(rank) + ")");
+    HVDMX_CHECK(false,
+                "this communicator carries no bit-and payload (rank " + std::to_string(rank) + ")");
     return std::string();
   }
 

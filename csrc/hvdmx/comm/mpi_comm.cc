@@ -25,8 +25,7 @@ bool MpiType(DataType dtype, MPI_Datatype* out) {
     case DataType::kInt32: *out = MPI_INT32_T; return true;
     case DataType::kInt64: *out = MPI_INT64_T; return true;
     case DataType::kFloat16:
-    case DataType::kBFloat16:
-      return false;
+    case DataType::kBFloat16: return false;
   }
   return false;
 }
@@ -57,8 +56,8 @@ std::vector<std::string> MpiAllgatherStrings(MPI_Comm comm, const std::string& m
     total += lens[i];
   }
   std::string all(total, '\0');
-  CheckMpi(MPI_Allgatherv(mine.data(), len, MPI_BYTE, &all[0], lens.data(), displs.data(),
-                          MPI_BYTE, comm),
+  CheckMpi(MPI_Allgatherv(mine.data(), len, MPI_BYTE, &all[0], lens.data(), displs.data(), MPI_BYTE,
+                          comm),
            "MPI_Allgatherv");
   std::vector<std::string> out;
   for (int i = 0; i < size; ++i) out.emplace_back(all, displs[i], lens[i]);
@@ -196,8 +195,7 @@ void MpiComm::BcastString(std::string* data, int root) {
 
 void MpiComm::StartBitAnd(uint64_t* words, int n) {
   HVDMX_CHECK(bit_and_request_ == MPI_REQUEST_NULL, "a bit-and is already outstanding");
-  CheckMpi(MPI_Iallreduce(MPI_IN_PLACE, words, n, MPI_UINT64_T, MPI_BAND, comm_,
-                          &bit_and_request_),
+  CheckMpi(MPI_Iallreduce(MPI_IN_PLACE, words, n, MPI_UINT64_T, MPI_BAND, comm_, &bit_and_request_),
            "MPI_Iallreduce");
 }
 

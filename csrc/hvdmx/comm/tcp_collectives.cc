@@ -38,12 +38,14 @@ std::vector<std::string> TcpComm::Gather(const std::string& mine, int root) {
   for (int j = 0; j < size_; ++j) {
     if (j != root) recvs.push_back(IRecvAny(&out[j], j));
   }
-  WaitUntil([&] {
-    for (Request r : recvs) {
-      if (!ops_[r].done) return false;
-    }
-    return true;
-  }, "negotiation", /*use_idle=*/true);
+  WaitUntil(
+      [&] {
+        for (Request r : recvs) {
+          if (!ops_[r].done) return false;
+        }
+        return true;
+      },
+      "negotiation", /*use_idle=*/true);
   for (Request r : recvs) Free(r);
   return out;
 }
@@ -63,8 +65,8 @@ void TcpComm::BcastString(std::string* data, int root) {
   std::vector<Request> sends;
   for (mask >>= 1; mask > 0; mask >>= 1) {
     if (v + mask < size_) {
-      sends.push_back(ISend(data->data(), static_cast<int64_t>(data->size()),
-                            (v + mask + root) % size_));
+      sends.push_back(
+          ISend(data->data(), static_cast<int64_t>(data->size()), (v + mask + root) % size_));
     }
   }
   for (Request r : sends) {
@@ -125,8 +127,8 @@ bool TcpComm::TestBitAnd() {
   for (int j = 0; j < size_; ++j) {
     if (j == rank_ || (!direct && rank_ != 0 && j != 0)) continue;
     HVDMX_CHECK(bit_in_[j].size() >= word_bytes,
-                "a bit-and of " + std::to_string(bit_in_[j].size()) + " bytes from " +
-                    Describe(j) + ": the ranks' cache capacities differ");
+                "a bit-and of " + std::to_string(bit_in_[j].size()) + " bytes from " + Describe(j) +
+                    ": the ranks' cache capacities differ");
     const uint64_t* theirs = reinterpret_cast<const uint64_t*>(bit_in_[j].data());
     for (int w = 0; w < bit_n_; ++w) bit_words_[w] &= theirs[w];
     if (rank_ == 0) payloads_[j] = bit_in_[j].substr(word_bytes);

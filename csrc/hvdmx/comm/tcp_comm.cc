@@ -462,7 +462,8 @@ void TcpComm::WaitUntil(const std::function<bool()>& done, const char* what, boo
       throw PeerGone(first, "hvdmx: no bytes have moved between this rank and " + peers.str() +
                                 " for " + std::to_string(options_.give_up_seconds) +
                                 " s (HVDMX_STALL_SHUTDOWN_TIME_SECONDS) while this rank waited "
-                                "in " + what +
+                                "in " +
+                                what +
                                 "; a host or its link may be down, or a rank stuck. hvdmx has "
                                 "stopped on this rank: end the job and look at the other ranks' "
                                 "output (see docs/errors.md)");

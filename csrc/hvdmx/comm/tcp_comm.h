@@ -120,15 +120,14 @@ class TcpComm : public Comm {
 
   static constexpr int64_t kMaxPayloadBytes = int64_t{64} << 20;
 
-
  private:
   struct Op {
     bool send = false;
     bool done = false;
     char* buf = nullptr;
     int64_t bytes = 0;
-    int64_t moved = 0;          // header and payload bytes moved so far
-    uint64_t header = 0;        // the length on the wire
+    int64_t moved = 0;           // header and payload bytes moved so far
+    uint64_t header = 0;         // the length on the wire
     std::string* any = nullptr;  // a receive of any size lands here
   };
   struct Peer {
@@ -170,12 +169,12 @@ class TcpComm : public Comm {
   bool bit_and_active_ = false;
   uint64_t* bit_words_ = nullptr;
   int bit_n_ = 0;
-  std::string bit_mine_;                // this rank's words (rank 0 beyond the direct size: the AND)
-  std::string bit_up_;                  // the words and payload, for rank 0
-  std::vector<std::string> bit_in_;     // what each rank sent
-  std::vector<std::string> payloads_;   // rank 0: each rank's payload
-  std::vector<Request> bit_requests_;   // the receives
-  std::vector<Request> bit_sends_;      // the sends, waited at the next start
+  std::string bit_mine_;               // this rank's words (rank 0 beyond the direct size: the AND)
+  std::string bit_up_;                 // the words and payload, for rank 0
+  std::vector<std::string> bit_in_;    // what each rank sent
+  std::vector<std::string> payloads_;  // rank 0: each rank's payload
+  std::vector<Request> bit_requests_;  // the receives
+  std::vector<Request> bit_sends_;     // the sends, waited at the next start
 };
 
 }  // namespace hvdmx

@@ -27,8 +27,7 @@ std::optional<std::string> Find(const EnvLookup& lookup, const std::string& suff
 
 Status Invalid(const std::string& name, const std::string& value, const std::string& accepted) {
   return Status::InvalidArgument("environment variable " + name + "='" + value +
-                                 "' is not valid: expected " + accepted +
-                                 ". Fix or unset it.");
+                                 "' is not valid: expected " + accepted + ". Fix or unset it.");
 }
 
 Status ReadInt(const EnvLookup& lookup, const std::string& suffix, int64_t min_value,
@@ -50,8 +49,8 @@ Status ReadInt(const EnvLookup& lookup, const std::string& suffix, int64_t min_v
 // it; any other word is refused with `accepted`.
 template <typename T>
 Status ReadWord(const EnvLookup& lookup, const std::string& suffix,
-                std::initializer_list<std::pair<const char*, T>> words,
-                const std::string& accepted, T* out) {
+                std::initializer_list<std::pair<const char*, T>> words, const std::string& accepted,
+                T* out) {
   std::string name;
   auto value = Find(lookup, suffix, &name);
   if (!value) return Status::Ok();
@@ -64,16 +63,15 @@ Status ReadWord(const EnvLookup& lookup, const std::string& suffix,
   return Invalid(name, *value, accepted);
 }
 
-Status ReadDouble(const EnvLookup& lookup, const std::string& suffix,
-                  const std::string& accepted, double* out) {
+Status ReadDouble(const EnvLookup& lookup, const std::string& suffix, const std::string& accepted,
+                  double* out) {
   std::string name;
   auto value = Find(lookup, suffix, &name);
   if (!value) return Status::Ok();
   errno = 0;
   char* end = nullptr;
   double parsed = std::strtod(value->c_str(), &end);
-  if (errno != 0 || end == value->c_str() || *end != '\0' || !std::isfinite(parsed) ||
-      parsed < 0) {
+  if (errno != 0 || end == value->c_str() || *end != '\0' || !std::isfinite(parsed) || parsed < 0) {
     return Invalid(name, *value, accepted);
   }
   *out = parsed;
@@ -117,8 +115,7 @@ Status LoadConfig(const EnvLookup& lookup, Config* out) {
   s = ReadInt(lookup, "FUSION_MAX_TENSOR_BYTES", 0, "a byte count >= 0",
               &config.fusion_max_tensor_bytes);
   if (!s.ok()) return s;
-  s = ReadInt(lookup, "FUSION_PIECE_BYTES", 64, "a byte count >= 64",
-              &config.fusion_piece_bytes);
+  s = ReadInt(lookup, "FUSION_PIECE_BYTES", 64, "a byte count >= 64", &config.fusion_piece_bytes);
   if (!s.ok()) return s;
   s = ReadInt(lookup, "OUTPUT_POOL_BYTES", 0, "a byte count >= 0 (0 keeps no output memory)",
               &config.output_pool_bytes);
@@ -130,8 +127,7 @@ Status LoadConfig(const EnvLookup& lookup, Config* out) {
   if (!s.ok()) return s;
   s = ReadInt(lookup, "RING_MIN_BYTES", 0, "a byte count >= 0", &config.ring_min_bytes);
   if (!s.ok()) return s;
-  s = ReadInt(lookup, "RING_SEGMENT_BYTES", 64, "a byte count >= 64",
-              &config.ring_segment_bytes);
+  s = ReadInt(lookup, "RING_SEGMENT_BYTES", 64, "a byte count >= 64", &config.ring_segment_bytes);
   if (!s.ok()) return s;
   s = ReadInt(lookup, "SHM_MIN_BYTES", 0, "a byte count >= 0", &config.shm_min_bytes);
   if (!s.ok()) return s;
@@ -183,18 +179,19 @@ Status LoadConfig(const EnvLookup& lookup, Config* out) {
     }
   }
   s = ReadWord(lookup, "ALLREDUCE_ALGO",
-               {{"auto", AllreduceAlgo::kAuto}, {"ring", AllreduceAlgo::kRing},
-                {"mpi", AllreduceAlgo::kMpi}, {"shm", AllreduceAlgo::kShm}},
+               {{"auto", AllreduceAlgo::kAuto},
+                {"ring", AllreduceAlgo::kRing},
+                {"mpi", AllreduceAlgo::kMpi},
+                {"shm", AllreduceAlgo::kShm}},
                "one of auto, ring, mpi, shm", &config.allreduce_algo);
   if (!s.ok()) return s;
   config.allreduce_algo_fixed = Find(lookup, "ALLREDUCE_ALGO", &name).has_value();
-  s = ReadWord(lookup, "SHM_STREAMING_STORES",
-               {{"auto", StageStores::kAuto}, {"0", StageStores::kCached},
-                {"1", StageStores::kStreaming}},
-               "auto, 0 (cached stores) or 1 (streaming stores)", &config.shm_streaming_stores);
+  s = ReadWord(
+      lookup, "SHM_STREAMING_STORES",
+      {{"auto", StageStores::kAuto}, {"0", StageStores::kCached}, {"1", StageStores::kStreaming}},
+      "auto, 0 (cached stores) or 1 (streaming stores)", &config.shm_streaming_stores);
   if (!s.ok()) return s;
-  s = ReadWord(lookup, "HUGE_PAGES", {{"1", true}, {"0", false}}, "1 or 0",
-               &config.huge_pages);
+  s = ReadWord(lookup, "HUGE_PAGES", {{"1", true}, {"0", false}}, "1 or 0", &config.huge_pages);
   if (!s.ok()) return s;
   s = ReadWord(lookup, "SHM_PUSH", {{"1", true}, {"0", false}}, "1 or 0", &config.shm_push);
   if (!s.ok()) return s;
@@ -205,8 +202,7 @@ Status LoadConfig(const EnvLookup& lookup, Config* out) {
   if (!s.ok()) return s;
   s = ReadWord(lookup, "TRANSPORT",
                {{"auto", Transport::kAuto}, {"tcp", Transport::kTcp}, {"mpi", Transport::kMpi}},
-               "one of auto (tcp when the job spans hosts, else mpi), tcp, mpi",
-               &config.transport);
+               "one of auto (tcp when the job spans hosts, else mpi), tcp, mpi", &config.transport);
   if (!s.ok()) return s;
   if (auto value = Find(lookup, "TCP_IFACE", &name)) config.tcp_iface = *value;
   s = ReadWord(lookup, "CPU_BIND",
@@ -231,10 +227,8 @@ std::string Config::ToString() const {
   std::ostringstream out;
   out << "fusion_threshold=" << fusion_threshold
       << " fusion_max_tensor_bytes=" << fusion_max_tensor_bytes
-      << " fusion_piece_bytes=" << fusion_piece_bytes
-      << " output_pool_bytes=" << output_pool_bytes
-      << " cycle_time_ms=" << cycle_time_ms
-      << " cache_capacity=" << cache_capacity
+      << " fusion_piece_bytes=" << fusion_piece_bytes << " output_pool_bytes=" << output_pool_bytes
+      << " cycle_time_ms=" << cycle_time_ms << " cache_capacity=" << cache_capacity
       << " allreduce_algo=" << AllreduceAlgoName(allreduce_algo)
       << " ring_min_bytes=" << ring_min_bytes << " ring_segment_bytes=" << ring_segment_bytes
       << " shm_min_bytes=" << shm_min_bytes << " shm_chunk_bytes=" << shm_chunk_bytes
@@ -245,14 +239,13 @@ std::string Config::ToString() const {
       << " huge_pages=" << huge_pages << " shm_push=" << shm_push
       << " half_partials=" << (half_partials_wide ? "float32" : "half")
       << " cpu_bind=" << CpuBindName(cpu_bind)
-      << " hierarchical_allreduce=" << hierarchical_allreduce << " transport="
-      << TransportName(transport)
-      << " tcp_iface='" << tcp_iface << "'"
+      << " hierarchical_allreduce=" << hierarchical_allreduce
+      << " transport=" << TransportName(transport) << " tcp_iface='" << tcp_iface << "'"
       << " testing_ranks_per_host=" << testing_ranks_per_host
       << " stall_check_seconds=" << stall_check_seconds
-      << " stall_shutdown_seconds=" << stall_shutdown_seconds << " timeline='"
-      << timeline_path << "' timeline_mark_cycles=" << timeline_mark_cycles
-      << " autotune=" << autotune << " autotune_log='" << autotune_log << "'";
+      << " stall_shutdown_seconds=" << stall_shutdown_seconds << " timeline='" << timeline_path
+      << "' timeline_mark_cycles=" << timeline_mark_cycles << " autotune=" << autotune
+      << " autotune_log='" << autotune_log << "'";
   return out.str();
 }
 

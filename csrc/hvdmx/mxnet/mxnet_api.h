@@ -16,9 +16,8 @@ using EngineAsyncFunc = void (*)(void*, void*, void*);
 using EngineFuncParamDeleter = void (*)(void*);
 
 struct Api {
-  int (*push_async_nd)(EngineAsyncFunc, void*, EngineFuncParamDeleter, const void*,
-                       NDArrayHandle*, int, NDArrayHandle*, int, const void*, int, const char*,
-                       bool) = nullptr;
+  int (*push_async_nd)(EngineAsyncFunc, void*, EngineFuncParamDeleter, const void*, NDArrayHandle*,
+                       int, NDArrayHandle*, int, const void*, int, const char*, bool) = nullptr;
   int (*get_data)(NDArrayHandle, void**) = nullptr;
   int (*to_dlpack)(NDArrayHandle, void**) = nullptr;
   int (*dlpack_deleter)(void*) = nullptr;

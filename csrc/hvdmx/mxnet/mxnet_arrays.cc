@@ -36,8 +36,7 @@ Status EnsureDefaultLayout(void* handle) {
   if (HasDefaultLayout(handle)) return Status::Ok();
   void* data = nullptr;
   if (g_api.get_data(handle, &data) != 0) {
-    return Status::Internal(std::string("hvdmx: could not read an NDArray: ") +
-                            g_api.last_error());
+    return Status::Internal(std::string("hvdmx: could not read an NDArray: ") + g_api.last_error());
   }
   return Status::Ok();
 }
@@ -135,8 +134,7 @@ Status NewArray(const std::vector<int64_t>& shape, int dtype, int dev_type, int 
   if (!pooled.ok() || *out != nullptr) return pooled;
   if (g_api.create(dims.data(), static_cast<uint32_t>(dims.size()), dev_type, dev_id,
                    /*delay_alloc=*/1, dtype, out) != 0) {
-    return Status::Internal(std::string("hvdmx: MXNDArrayCreateEx failed: ") +
-                            g_api.last_error());
+    return Status::Internal(std::string("hvdmx: MXNDArrayCreateEx failed: ") + g_api.last_error());
   }
   return Status::Ok();
 }
@@ -151,17 +149,15 @@ Status NewInt32Array(const std::vector<int64_t>& values, void** out) {
     }
   }
   constexpr int kCpu = 1;
-  if (g_api.create(dims, 1, kCpu, 0, /*delay_alloc=*/0, static_cast<int>(DataType::kInt32),
-                   out) != 0) {
-    return Status::Internal(std::string("hvdmx: MXNDArrayCreateEx failed: ") +
-                            g_api.last_error());
+  if (g_api.create(dims, 1, kCpu, 0, /*delay_alloc=*/0, static_cast<int>(DataType::kInt32), out) !=
+      0) {
+    return Status::Internal(std::string("hvdmx: MXNDArrayCreateEx failed: ") + g_api.last_error());
   }
   void* data = nullptr;
   if (!values.empty() && (g_api.get_data(*out, &data) != 0 || data == nullptr)) {
     g_api.free_ndarray(*out);
     *out = nullptr;
-    return Status::Internal(std::string("hvdmx: MXNDArrayGetData failed: ") +
-                            g_api.last_error());
+    return Status::Internal(std::string("hvdmx: MXNDArrayGetData failed: ") + g_api.last_error());
   }
   for (size_t i = 0; i < values.size(); ++i) {
     static_cast<int32_t*>(data)[i] = static_cast<int32_t>(values[i]);

@@ -57,11 +57,11 @@ bool g_naive_engine = false;
 struct OpParam {
   std::shared_ptr<Runtime> runtime;
   Request request;
-  std::vector<NDArrayHandle> inputs;   // our shallow copies
-  std::vector<NDArrayHandle> outputs;  // our shallow copies (aliases of inputs when in place)
-  std::vector<NDArrayHandle> owned;    // every copy we made, freed once
+  std::vector<NDArrayHandle> inputs;     // our shallow copies
+  std::vector<NDArrayHandle> outputs;    // our shallow copies (aliases of inputs when in place)
+  std::vector<NDArrayHandle> owned;      // every copy we made, freed once
   uint64_t turn = TensorEntry::kNoTurn;  // see Note [Same-name calls in flight]
-  ComputeFn compute;                   // PushCompute's: run this instead of a collective
+  ComputeFn compute;                     // PushCompute's: run this instead of a collective
 };
 
 void DeleteOpParam(void* p) {
@@ -253,8 +253,8 @@ namespace {
 // Pushes `param`'s op (inputs read, outputs written) onto the engine, which
 // takes ownership of it whatever the outcome.
 Status Push(std::unique_ptr<OpParam> param, std::vector<NDArrayHandle> const_handles,
-            std::vector<NDArrayHandle> mutable_handles, int dev_type, int dev_id,
-            int priority, const std::string& op_name) {
+            std::vector<NDArrayHandle> mutable_handles, int dev_type, int dev_id, int priority,
+            const std::string& op_name) {
   Context ctx{dev_type, dev_id};
   const bool compute = static_cast<bool>(param->compute);
   OpParam* raw = param.release();
@@ -306,8 +306,8 @@ Status PushCollective(const std::shared_ptr<Runtime>& runtime, PushArgs args) {
   param->turn = runtime->ReserveTurn(name);
   const uint64_t turn = param->turn;
   runtime->AddInEngine(1);
-  Status pushed = Push(std::move(param), const_handles, mutable_handles, args.dev_type,
-                       args.dev_id, args.priority, op_name);
+  Status pushed = Push(std::move(param), const_handles, mutable_handles, args.dev_type, args.dev_id,
+                       args.priority, op_name);
   if (!pushed.ok()) {
     runtime->AddInEngine(-1);
     runtime->CancelTurn(name, turn);

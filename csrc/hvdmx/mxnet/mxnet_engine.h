@@ -62,7 +62,7 @@ struct ArrayInfo {
   int stype = 0;   // storage type: 0 dense, 1 row_sparse, 2 csr
   int dev_type = 1;
   int dev_id = 0;
-  int ndim = -1;   // -1: shape not known yet
+  int ndim = -1;  // -1: shape not known yet
   std::vector<int64_t> shape;
 };
 Status DescribeArray(void* handle, ArrayInfo* info);
@@ -71,8 +71,7 @@ Status DescribeArray(void* handle, ArrayInfo* info);
 // On the CPU, from 64 KiB up, its memory comes from the output pool (Note
 // [Output pool] in output_pool.h); otherwise MXNet allocates it when an op
 // first writes it (as mx.nd.empty's).
-Status NewArray(const std::vector<int64_t>& shape, int dtype, int dev_type, int dev_id,
-                void** out);
+Status NewArray(const std::vector<int64_t>& shape, int dtype, int dev_type, int dev_id, void** out);
 
 // A new int32 NDArray on the CPU holding `values`, written at once: the
 // array is allocated here and no engine op has seen it yet. (mx.nd.array
@@ -80,10 +79,10 @@ Status NewArray(const std::vector<int64_t>& shape, int dtype, int dev_type, int 
 Status NewInt32Array(const std::vector<int64_t>& values, void** out);
 
 struct PushArgs {
-  Request request;                      // name, type, dtypes, shapes, op, ...
-  std::vector<void*> inputs;            // NDArrayHandle per tensor
-  std::vector<void*> outputs;           // NDArrayHandle per tensor (may equal inputs)
-  int dev_type = 1;                     // MXNet Context::DeviceType
+  Request request;             // name, type, dtypes, shapes, op, ...
+  std::vector<void*> inputs;   // NDArrayHandle per tensor
+  std::vector<void*> outputs;  // NDArrayHandle per tensor (may equal inputs)
+  int dev_type = 1;            // MXNet Context::DeviceType
   int dev_id = 0;
   int priority = 0;
 };

@@ -19,8 +19,7 @@ bool SlotBit(const std::vector<uint64_t>& bits, int64_t s) {
 // coordinator, now that the AND came out as `bits`: its misses, and each
 // hit whose slot is not ready everywhere (step 3 answered a ready one from
 // the cache). See Note [Requests with the bit-and].
-std::vector<Request> ForCoordinator(const std::string& payload,
-                                    const std::vector<uint64_t>& bits) {
+std::vector<Request> ForCoordinator(const std::string& payload, const std::vector<uint64_t>& bits) {
   if (payload.empty()) return {};  // a rank with nothing for it
   std::vector<int64_t> slots;
   std::vector<Request> sent = ParseRequests(payload, &slots);
@@ -143,9 +142,9 @@ void Controller::SlowPath(const std::vector<uint64_t>& bits, std::vector<Request
   if (comm_.rank() == 0) {
     std::vector<Response> fresh;
     for (int j = 0; j < comm_.size(); ++j) {
-      Coordinate(with_bit_and ? ForCoordinator(comm_.BitAndPayload(j), bits)
-                              : ParseRequests(gathered[j]),
-                 &fresh);
+      Coordinate(
+          with_bit_and ? ForCoordinator(comm_.BitAndPayload(j), bits) : ParseRequests(gathered[j]),
+          &fresh);
     }
     CompleteForJoined(&fresh);
     FailStalled(&fresh);
@@ -193,7 +192,8 @@ std::vector<std::string> Controller::StallReport(std::chrono::steady_clock::time
     }
     std::string missing;
     for (size_t r = 0; r < kv.second.received.size(); ++r) {
-      if (!kv.second.received[r] && !joined_ranks_[r]) missing += (missing.empty() ? "" : ", ") + std::to_string(r);
+      if (!kv.second.received[r] && !joined_ranks_[r])
+        missing += (missing.empty() ? "" : ", ") + std::to_string(r);
     }
     lines.push_back("'" + kv.first + "' (missing on ranks " + missing + ")");
   }
@@ -295,8 +295,8 @@ void Controller::FailStalled(std::vector<Response>* out) {
     }
     std::ostringstream msg;
     msg << "hvdmx: " << CollectiveTypeName(first->type) << " of tensor '" << it->first
-        << "' was submitted by rank(s) " << have << " but not by rank(s) " << missing
-        << " within " << stall_shutdown_seconds_
+        << "' was submitted by rank(s) " << have << " but not by rank(s) " << missing << " within "
+        << stall_shutdown_seconds_
         << " s (HVDMX_STALL_SHUTDOWN_TIME_SECONDS), so it has failed on every rank instead "
            "of waiting on. A rank may be stuck or dead, or be running different collectives "
            "(names, order or count); see docs/errors.md.";

@@ -168,9 +168,9 @@ class Controller {
   ResponseCache cache_;
   int64_t bit_words_;  // flags, cache bits, tuning word
   uint64_t tuning_word_ = ~uint64_t{0};
-  std::map<int64_t, Request> cache_hits_;  // slot -> request, waiting for its bit
+  std::map<int64_t, Request> cache_hits_;          // slot -> request, waiting for its bit
   std::map<std::string, Request> at_coordinator_;  // sent to rank 0, no response yet
-  bool joined_ = false;  // this rank's join is at the coordinator
+  bool joined_ = false;                            // this rank's join is at the coordinator
   // Rank 0: per name, the requests received so far (index = rank).
   struct TableEntry {
     std::vector<Request> requests;

@@ -18,8 +18,8 @@ struct Request {
   int32_t rank = 0;
   CollectiveType type = CollectiveType::kAllreduce;
   std::string name;
-  std::vector<DataType> dtypes;               // one per tensor
-  std::vector<std::vector<int64_t>> shapes;   // one per tensor
+  std::vector<DataType> dtypes;              // one per tensor
+  std::vector<std::vector<int64_t>> shapes;  // one per tensor
   ReduceOp op = ReduceOp::kSum;
   int32_t root = 0;
   double prescale = 1.0;

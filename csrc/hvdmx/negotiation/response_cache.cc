@@ -8,9 +8,7 @@ int64_t ResponseCache::Lookup(const Request& request) const {
   return slots_[it->second].request.SameParams(request) ? it->second : -1;
 }
 
-void ResponseCache::Touch(int64_t slot) {
-  lru_.splice(lru_.begin(), lru_, slots_[slot].lru_pos);
-}
+void ResponseCache::Touch(int64_t slot) { lru_.splice(lru_.begin(), lru_, slots_[slot].lru_pos); }
 
 void ResponseCache::Put(const Request& request, const Response& response) {
   if (capacity_ == 0) return;

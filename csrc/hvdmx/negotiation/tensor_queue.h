@@ -86,8 +86,8 @@ class TensorQueue {
   // A name's turns (see Note [Same-name calls in flight]); erased when no
   // turn is reserved beyond the completed ones.
   struct Turns {
-    uint64_t reserved = 0;  // turns handed out
-    uint64_t current = 0;   // the turn that may negotiate now
+    uint64_t reserved = 0;                    // turns handed out
+    uint64_t current = 0;                     // the turn that may negotiate now
     std::map<uint64_t, TensorEntry> waiting;  // later turns' entries
     std::set<uint64_t> cancelled;
   };

@@ -14,9 +14,9 @@ namespace {
 
 struct Binding {
   std::mutex mu;
-  std::atomic<int> cpu{-1};          // bound to this CPU, or -1
-  std::atomic<int> cpus_before{0};   // CPUs the process had before (when bound)
-  cpu_set_t before;                  // the affinity to give back
+  std::atomic<int> cpu{-1};         // bound to this CPU, or -1
+  std::atomic<int> cpus_before{0};  // CPUs the process had before (when bound)
+  cpu_set_t before;                 // the affinity to give back
 };
 
 Binding& State() {

@@ -90,12 +90,12 @@ class OutputPool {
 
   struct Stats {
     int64_t limit = 0;
-    int64_t kept_bytes = 0;  // in blocks waiting to be taken again
-    int64_t kept_blocks = 0; // how many (filled in by stats())
-    int64_t out_bytes = 0;   // in blocks an NDArray holds now
-    int64_t reused = 0;      // Takes served by a kept block
-    int64_t mapped = 0;      // Takes that mapped or cut a new block
-    int64_t arena_used = 0;  // bytes of the shared file cut into blocks
+    int64_t kept_bytes = 0;   // in blocks waiting to be taken again
+    int64_t kept_blocks = 0;  // how many (filled in by stats())
+    int64_t out_bytes = 0;    // in blocks an NDArray holds now
+    int64_t reused = 0;       // Takes served by a kept block
+    int64_t mapped = 0;       // Takes that mapped or cut a new block
+    int64_t arena_used = 0;   // bytes of the shared file cut into blocks
   };
   Stats stats();
 
@@ -113,7 +113,7 @@ class OutputPool {
   bool Forked() const;
 
   std::mutex mu_;
-  std::vector<Block> kept_;  // in the order they were given back
+  std::vector<Block> kept_;   // in the order they were given back
   std::vector<Block> holes_;  // places in the shared file with no pages
   Stats stats_;
   int arena_fd_ = -1;

@@ -65,8 +65,7 @@ void StreamingCopy(void* dst_void, const void* src_void, int64_t bytes) {
   const char* src = static_cast<const char*>(src_void);
   // Ordinary stores up to dst's first 16-byte boundary and after its last
   // whole 64 bytes; streaming stores (16-byte aligned) in between.
-  const int64_t head =
-      std::min<int64_t>(bytes, (16 - reinterpret_cast<uintptr_t>(dst) % 16) % 16);
+  const int64_t head = std::min<int64_t>(bytes, (16 - reinterpret_cast<uintptr_t>(dst) % 16) % 16);
   std::memcpy(dst, src, head);
   dst += head;
   src += head;

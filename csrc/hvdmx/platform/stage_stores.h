@@ -78,7 +78,7 @@ class StageStoreChooser {
   // The last kSamples seconds per byte of one kind of store, in a ring.
   struct Samples {
     std::array<double, kSamples> seconds_per_byte{};
-    int count = 0;  // taken so far
+    int count = 0;        // taken so far
     double Best() const;  // the fewest seconds per byte (count > 0)
   };
   struct Class {

@@ -4,9 +4,9 @@
 // is in job.cc. The test suite's own entry points are in another module
 // (testing/testing_module.cc), which _core does not contain.
 #include <mpi.h>
-#include <unistd.h>
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
+#include <unistd.h>
 
 #include <atomic>
 #include <chrono>
@@ -52,11 +52,11 @@ std::shared_ptr<Runtime> RuntimeOrRaise(int set_id = 0) {
   return runtime;
 }
 
-void PushAsync(int set_id, int type, const std::string& name,
-               const std::vector<uintptr_t>& inputs, const std::vector<uintptr_t>& outputs,
-               const std::vector<int>& dtypes, const std::vector<std::vector<int64_t>>& shapes,
-               int op, int root, double prescale, double postscale,
-               const std::vector<int64_t>& splits, int priority, int dev_type, int dev_id) {
+void PushAsync(int set_id, int type, const std::string& name, const std::vector<uintptr_t>& inputs,
+               const std::vector<uintptr_t>& outputs, const std::vector<int>& dtypes,
+               const std::vector<std::vector<int64_t>>& shapes, int op, int root, double prescale,
+               double postscale, const std::vector<int64_t>& splits, int priority, int dev_type,
+               int dev_id) {
   std::shared_ptr<Runtime> runtime = RuntimeOrRaise(set_id);
   PushArgs args;
   args.request = MakeRequest(static_cast<CollectiveType>(type), name, dtypes, shapes, op, root,
@@ -128,8 +128,9 @@ ArrayProblem CheckArray(const ArrayInfo& a) {
 // that allreduce_ refuses and why, for the Python layer to raise
 // allreduce_'s own error.
 std::pair<int, int> PushAllreduceEach(int set_id, const std::vector<std::string>& names,
-                      const std::vector<uintptr_t>& handles, const std::vector<int>& priorities,
-                      int op, double prescale, double postscale) {
+                                      const std::vector<uintptr_t>& handles,
+                                      const std::vector<int>& priorities, int op, double prescale,
+                                      double postscale) {
   if (names.size() != handles.size() || priorities.size() != handles.size()) {
     throw py::value_error("push_allreduce_each: one name and one priority per tensor");
   }
@@ -166,8 +167,7 @@ constexpr int64_t kNegotiateSpinMicros = 50;
 // round). Ctrl-C interrupts the wait.
 py::tuple Negotiate(int set_id, int type, const std::string& name, const std::vector<int>& dtypes,
                     const std::vector<std::vector<int64_t>>& shapes,
-                    const std::vector<int64_t>& splits, bool sizes_only, int dev_type,
-                    int dev_id) {
+                    const std::vector<int64_t>& splits, bool sizes_only, int dev_type, int dev_id) {
   std::shared_ptr<Runtime> runtime = RuntimeOrRaise(set_id);
   if (static_cast<CollectiveType>(type) == CollectiveType::kJoin) {
     // Every collective called before join() must reach the coordinator first
@@ -316,8 +316,9 @@ PYBIND11_MODULE(_core, m) {
   m.def("cuda_built", [] { return HVDMX_CUDA_BUILT != 0; });
   m.def("load_mxnet", [](const std::string& path) { ThrowIfError(LoadMXNetApi(path)); });
 
-  m.def("ensure_default_layout",
-        [](uintptr_t handle) { ThrowIfError(EnsureDefaultLayout(reinterpret_cast<void*>(handle))); });
+  m.def("ensure_default_layout", [](uintptr_t handle) {
+    ThrowIfError(EnsureDefaultLayout(reinterpret_cast<void*>(handle)));
+  });
   m.def(
       "init",
       [](uintptr_t comm_address) {
@@ -447,13 +448,13 @@ PYBIND11_MODULE(_core, m) {
                   [ranks, n](const uint32_t* p, float* o) { OneBitUnpackSum(p, ranks, n, o); });
   });
   m.def("onebit_words", &OneBitPackedWords);
-  m.def("twobit_pack", [](uintptr_t gradient, uintptr_t residual, uintptr_t packed, int64_t n,
-                          float threshold) {
-    PushPack(gradient, residual, packed, "hvdmx_twobit_pack",
-             [n, threshold](const float* g, float* r, uint32_t* p) {
-               TwoBitPack(g, r, n, threshold, p);
-             });
-  });
+  m.def("twobit_pack",
+        [](uintptr_t gradient, uintptr_t residual, uintptr_t packed, int64_t n, float threshold) {
+          PushPack(gradient, residual, packed, "hvdmx_twobit_pack",
+                   [n, threshold](const float* g, float* r, uint32_t* p) {
+                     TwoBitPack(g, r, n, threshold, p);
+                   });
+        });
   m.def("twobit_unpack_sum", [](uintptr_t packed, int ranks, uintptr_t out, int64_t n) {
     PushUnpackSum(packed, out, "hvdmx_twobit_unpack_sum",
                   [ranks, n](const uint32_t* p, float* o) { TwoBitUnpackSum(p, ranks, n, o); });

@@ -15,8 +15,7 @@ void ThrowIfError(const Status& status) {
   throw std::runtime_error(status.message());
 }
 
-Request MakeRequest(CollectiveType type, const std::string& name,
-                    const std::vector<int>& dtypes,
+Request MakeRequest(CollectiveType type, const std::string& name, const std::vector<int>& dtypes,
                     const std::vector<std::vector<int64_t>>& shapes, int op, int root,
                     double prescale, double postscale, int dev_type, int dev_id, int rank) {
   Request q;

@@ -21,8 +21,7 @@ void ThrowIfError(const Status& status);
 
 // A request as the Python layer describes one (dtype codes, reduce op code,
 // device type 2 = GPU), from rank `rank`.
-Request MakeRequest(CollectiveType type, const std::string& name,
-                    const std::vector<int>& dtypes,
+Request MakeRequest(CollectiveType type, const std::string& name, const std::vector<int>& dtypes,
                     const std::vector<std::vector<int64_t>>& shapes, int op, int root,
                     double prescale, double postscale, int dev_type, int dev_id, int rank);
 

@@ -196,7 +196,8 @@ Status CheckSettingsAgree(MPI_Comm comm, const Config& c, int size) {
   MPI_Allgather(values, n, MPI_INT64_T, all.data(), n, MPI_INT64_T, comm);
   auto show = [&](int i, int64_t v) {
     if (std::string(mine[i].var) == "HALF_PARTIALS") return std::string(v ? "float32" : "half");
-    if (std::string(mine[i].var) == "TRANSPORT") return std::string(TransportName(static_cast<Transport>(v)));
+    if (std::string(mine[i].var) == "TRANSPORT")
+      return std::string(TransportName(static_cast<Transport>(v)));
     return std::string(mine[i].var) == "ALLREDUCE_ALGO"
                ? AllreduceAlgoName(static_cast<AllreduceAlgo>(v))
                : std::to_string(v);
@@ -287,8 +288,8 @@ Status AddProcessSet(const std::vector<int>& ranks, bool same_everywhere, int* i
       if (kv.second == ranks) {
         return Status::InvalidArgument(
             "hvdmx.add_process_set: a process set with ranks " +
-            ShapeString(std::vector<int64_t>(ranks.begin(), ranks.end())) +
-            " already exists (id " + std::to_string(kv.first) + "); use that one");
+            ShapeString(std::vector<int64_t>(ranks.begin(), ranks.end())) + " already exists (id " +
+            std::to_string(kv.first) + "); use that one");
       }
     }
   }
@@ -321,8 +322,8 @@ Status RemoveProcessSet(int id) {
     std::lock_guard<std::mutex> lock(G().mu);
     if (!Running()) return Status::Shutdown(kNotInitialized);
     if (!G().set_ranks.count(id)) {
-      return Status::InvalidArgument("hvdmx.remove_process_set: process set " +
-                                     std::to_string(id) + " does not exist (already removed?)");
+      return Status::InvalidArgument("hvdmx.remove_process_set: process set " + std::to_string(id) +
+                                     " does not exist (already removed?)");
     }
     G().set_ranks.erase(id);
     auto it = G().sets.find(id);

@@ -33,7 +33,7 @@ struct Global {
   Topology topo;
   int thread_level = 0;
   Config config;
-  MPI_Comm world = MPI_COMM_NULL;  // our duplicate of the job's communicator
+  MPI_Comm world = MPI_COMM_NULL;                // our duplicate of the job's communicator
   std::map<int, std::shared_ptr<Runtime>> sets;  // ids >= 1 this rank belongs to
   std::map<int, std::vector<int>> set_ranks;     // ids >= 1, every rank
   int next_set_id = 1;

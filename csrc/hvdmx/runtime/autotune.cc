@@ -8,8 +8,7 @@
 namespace hvdmx {
 namespace {
 
-const int64_t kFusionCandidates[] = {0, 128 << 10, 1 << 20, 4 << 20, 16 << 20, 64 << 20,
-                                     128 << 20};
+const int64_t kFusionCandidates[] = {0, 128 << 10, 1 << 20, 4 << 20, 16 << 20, 64 << 20, 128 << 20};
 const double kCycleCandidates[] = {0.0, 0.5, 1.0, 2.5, 5.0};
 // auto first: it is the default, and wins ties.
 const AllreduceAlgo kAlgoCandidates[] = {AllreduceAlgo::kAuto, AllreduceAlgo::kShm,
@@ -69,8 +68,9 @@ Autotuner::Autotuner(const Config& config, bool leader) : leader_(leader) {
       HVDMX_LOG(kWarning) << "cannot write the autotune log to '" << config.autotune_log
                           << "'; tuning goes on without it";
     } else {
-      std::fprintf(log_, "fusion_threshold_bytes,cycle_time_ms,allreduce_algo,bytes_per_second,"
-                         "note\n");
+      std::fprintf(log_,
+                   "fusion_threshold_bytes,cycle_time_ms,allreduce_algo,bytes_per_second,"
+                   "note\n");
       std::fflush(log_);
     }
   }

@@ -98,14 +98,14 @@ class Autotuner {
   std::vector<int64_t> fusions_;
   std::vector<double> cycles_;
   std::vector<AllreduceAlgo> algos_;
-  int dim_ = -1;                 // the dimension being swept; -1: warm-up
-  std::vector<Point> sweep_;     // its values, once each
+  int dim_ = -1;                                   // the dimension being swept; -1: warm-up
+  std::vector<Point> sweep_;                       // its values, once each
   std::vector<std::vector<double>> sweep_scores_;  // per value, one per pass
-  size_t position_ = 0;          // trials of the sweep so far (all passes)
+  size_t position_ = 0;                            // trials of the sweep so far (all passes)
   Point current_{};
   bool done_ = false;
   bool leader_;
-  double best_score_ = -1;       // best_'s median, for the log
+  double best_score_ = -1;  // best_'s median, for the log
   Point best_{};
   int64_t bytes_ = 0;
   int rounds_ = 0;

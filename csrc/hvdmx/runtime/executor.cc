@@ -19,10 +19,8 @@ AllreduceAlgo ChooseAllreduce(const Config& config, int64_t bytes, bool shm_on) 
     case AllreduceAlgo::kAuto:
       if (shm_on) return bytes >= config.shm_min_bytes ? AllreduceAlgo::kShm : AllreduceAlgo::kMpi;
       return bytes >= config.ring_min_bytes ? AllreduceAlgo::kRing : AllreduceAlgo::kMpi;
-    case AllreduceAlgo::kShm:
-      return shm_on ? AllreduceAlgo::kShm : AllreduceAlgo::kRing;
-    default:
-      return config.allreduce_algo;
+    case AllreduceAlgo::kShm: return shm_on ? AllreduceAlgo::kShm : AllreduceAlgo::kRing;
+    default: return config.allreduce_algo;
   }
 }
 
@@ -191,8 +189,8 @@ void Executor::RunEntries(const std::vector<Response>& responses, TensorQueue* q
     const Response& response = responses[r];
     if (queue->Take(response.name, &entries[r])) {
       if (timeline.enabled()) {
-        timeline.Phase(response.name, NamesOf(response.type).negotiate, entries[r].enqueued,
-                       ready, TimelineArgs(entries[r].request));
+        timeline.Phase(response.name, NamesOf(response.type).negotiate, entries[r].enqueued, ready,
+                       TimelineArgs(entries[r].request));
       }
     } else {
       TensorEntry& phantom = entries[r];
@@ -214,7 +212,8 @@ void Executor::RunEntries(const std::vector<Response>& responses, TensorQueue* q
     if (timeline.enabled()) {
       const auto now = Clock::now();
       for (const FusionGroup::Item& item : group.items) {
-        if (!started[item.response]) timeline.Phase(responses[item.response].name, "QUEUE", ready, now);
+        if (!started[item.response])
+          timeline.Phase(responses[item.response].name, "QUEUE", ready, now);
         started[item.response] = true;
         if (item.response < static_cast<int>(step_ends_.size())) step_ends_[item.response] = now;
       }
@@ -372,8 +371,8 @@ void Executor::RunAllreduceGroup(const FusionGroup& group, const std::vector<Res
       }
       shm_->allreduce().Allreduce(spans_, dtype, head.op, postscale, half ? head.prescale : 1.0);
     } else {
-      algorithm = Allreduce(spans_[0].data, spans_[0].count, dtype, head.op, head.prescale,
-                            postscale);
+      algorithm =
+          Allreduce(spans_[0].data, spans_[0].count, dtype, head.op, head.prescale, postscale);
     }
     record(algorithm, t0, Clock::now());
     return;
@@ -407,11 +406,11 @@ void Executor::RunAllreduceGroup(const FusionGroup& group, const std::vector<Res
   for (int64_t done = 0; done < group.bytes;) {
     const int64_t piece = std::min(piece_limit, group.bytes - done);
     auto t = Clock::now();
-    const Cursor next = walk(start, piece, [&](const FusionGroup::Item& item, int64_t at,
-                                               int64_t to, int64_t bytes) {
-      const char* in = static_cast<const char*>(entries[item.response].inputs[item.tensor]);
-      std::memcpy(buffer + to, in + at, bytes);
-    });
+    const Cursor next = walk(
+        start, piece, [&](const FusionGroup::Item& item, int64_t at, int64_t to, int64_t bytes) {
+          const char* in = static_cast<const char*>(entries[item.response].inputs[item.tensor]);
+          std::memcpy(buffer + to, in + at, bytes);
+        });
     auto now = Clock::now();
     copy_in += now - t;
     t = now;
@@ -420,8 +419,7 @@ void Executor::RunAllreduceGroup(const FusionGroup& group, const std::vector<Res
     now = Clock::now();
     reduce += now - t;
     t = now;
-    walk(start, piece, [&](const FusionGroup::Item& item, int64_t at, int64_t from,
-                           int64_t bytes) {
+    walk(start, piece, [&](const FusionGroup::Item& item, int64_t at, int64_t from, int64_t bytes) {
       char* out = static_cast<char*>(entries[item.response].outputs[item.tensor]);
       std::memcpy(out + at, buffer + from, bytes);
     });

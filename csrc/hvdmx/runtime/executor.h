@@ -32,10 +32,8 @@ class Executor {
   // `comm` (all on one host); it must outlive the executor. `peers_on_host`:
   // another rank of `comm` runs on this host, so MPI may copy this rank's
   // buffers with cross-memory attach (see mpi_pages_).
-  Executor(Comm& comm, const Config& config, ShmHost* shm = nullptr,
-           bool peers_on_host = false)
-      : comm_(comm), config_(config), mpi_pages_(config.huge_pages && peers_on_host),
-        shm_(shm) {}
+  Executor(Comm& comm, const Config& config, ShmHost* shm = nullptr, bool peers_on_host = false)
+      : comm_(comm), config_(config), mpi_pages_(config.huge_pages && peers_on_host), shm_(shm) {}
 
   // Autotune's setting for the rounds from the one being run on: the
   // fusion threshold and the allreduce algorithm (the cycle time is the
@@ -82,8 +80,8 @@ class Executor {
   // the wide buffer in pieces of at most kWidePieceElems: on the ring, or,
   // with `mpi`, MPI's float32 allreduce where the comm has one. Returns the
   // algorithm's name for the timeline.
-  const char* AllreduceWide(void* buf, int64_t count, DataType dtype, ReduceOp op,
-                            double prescale, double postscale, bool mpi);
+  const char* AllreduceWide(void* buf, int64_t count, DataType dtype, ReduceOp op, double prescale,
+                            double postscale, bool mpi);
   static constexpr int64_t kWidePieceElems = int64_t{8} << 20;
   // Returns the algorithm's name for the timeline.
   const char* RunReducescatter(const Response& response, TensorEntry& entry);
@@ -118,18 +116,18 @@ class Executor {
   // unless a peer shares the host and HVDMX_HUGE_PAGES is 1.
   HugePageCollapser mpi_pages_;
   FusionBuffer fusion_;
-  FusionBuffer wide_;  // a half dtype's float32 operands on the ring and MPI
+  FusionBuffer wide_;                   // a half dtype's float32 operands on the ring and MPI
   std::vector<char> exchange_scratch_;  // ExchangeAllreduce
   RingScratch ring_scratch_;
-  std::vector<int64_t> starts_;             // chunk boundaries, reused
-  std::vector<int64_t> tensor_starts_;      // one tensor's blocks (allgather unpacking:
-                                            // bytes each packed tensor has), reused
-  std::vector<size_t> packed_;              // allgather: tensors packed together, reused
-  std::vector<int64_t> piece_starts_;       // reducescatter on the ring: one piece's
-                                            // chunk boundaries, reused
-  std::vector<int64_t> pair_bytes_;         // alltoall: bytes i sends to j, reused
-  std::vector<Comm::Request> requests_;     // outstanding point-to-point, reused
-  std::vector<ShmAllreduce::Span> spans_;   // a group's tensors reduced in place, reused
+  std::vector<int64_t> starts_;            // chunk boundaries, reused
+  std::vector<int64_t> tensor_starts_;     // one tensor's blocks (allgather unpacking:
+                                           // bytes each packed tensor has), reused
+  std::vector<size_t> packed_;             // allgather: tensors packed together, reused
+  std::vector<int64_t> piece_starts_;      // reducescatter on the ring: one piece's
+                                           // chunk boundaries, reused
+  std::vector<int64_t> pair_bytes_;        // alltoall: bytes i sends to j, reused
+  std::vector<Comm::Request> requests_;    // outstanding point-to-point, reused
+  std::vector<ShmAllreduce::Span> spans_;  // a group's tensors reduced in place, reused
   // Timeline only: when each response of the round running finished its last
   // step (QUEUE, the copies, the collective), reused.
   std::vector<Timeline::Clock::time_point> step_ends_;

@@ -42,7 +42,8 @@ const char* Executor::RunBroadcast(const Response& response, TensorEntry& entry)
   }
   const bool shm = ShmMoves(CollectiveType::kBroadcast, total);
   for (size_t t = 0; t < response.counts.size(); ++t) {
-    const int64_t bytes = response.counts[t] * static_cast<int64_t>(DataTypeSize(response.dtypes[t]));
+    const int64_t bytes =
+        response.counts[t] * static_cast<int64_t>(DataTypeSize(response.dtypes[t]));
     if (bytes == 0) continue;
     if (shm) {
       shm_->exchange().Broadcast(entry.inputs[t], entry.outputs[t], bytes, response.root);
@@ -157,8 +158,8 @@ const char* Executor::RunAllgather(const Response& response, TensorEntry& entry)
 const char* Executor::RunAlltoall(const Response& response, TensorEntry& entry) {
   const int n = comm_.size();
   const int me = comm_.rank();
-  const int64_t row_bytes = RowElems(entry.request.shapes[0]) *
-                            static_cast<int64_t>(DataTypeSize(response.dtypes[0]));
+  const int64_t row_bytes =
+      RowElems(entry.request.shapes[0]) * static_cast<int64_t>(DataTypeSize(response.dtypes[0]));
   const std::vector<int64_t>& m = response.splits;  // rows i sends to j at [i * n + j]
   char* in = static_cast<char*>(const_cast<void*>(entry.inputs[0]));
   char* out = static_cast<char*>(entry.outputs[0]);
@@ -246,7 +247,7 @@ const char* Executor::RunReducescatter(const Response& response, TensorEntry& en
       for (size_t t : members) {
         for (int r = 0; r <= n; ++r) tensor_starts_[r] = rows_begin(t, r);
         shm_->allreduce().ReduceScatter(entry.inputs[t], entry.outputs[t], tensor_starts_, dtype,
-                            response.op, postscale);
+                                        response.op, postscale);
       }
       algorithm = "SHM_REDUCESCATTER";
       continue;
@@ -283,13 +284,13 @@ const char* Executor::RunReducescatter(const Response& response, TensorEntry& en
       char* buffer = fusion_.Get(piece_starts_[n] * elem);
       for (int r = 0; r < n; ++r) {
         char* to = buffer + piece_starts_[r] * elem;
-        for_range(r, part(r, p), part(r, p + 1), [&](size_t t, int64_t first, int64_t at,
-                                                     int64_t count) {
-          std::memcpy(to + at * elem,
-                      static_cast<const char*>(entry.inputs[t]) +
-                          (rows_begin(t, r) + first) * elem,
-                      count * elem);
-        });
+        for_range(
+            r, part(r, p), part(r, p + 1), [&](size_t t, int64_t first, int64_t at, int64_t count) {
+              std::memcpy(
+                  to + at * elem,
+                  static_cast<const char*>(entry.inputs[t]) + (rows_begin(t, r) + first) * elem,
+                  count * elem);
+            });
       }
       char* mine = buffer + piece_starts_[me] * elem;
       const int64_t mine_count = piece_starts_[me + 1] - piece_starts_[me];
@@ -309,11 +310,11 @@ const char* Executor::RunReducescatter(const Response& response, TensorEntry& en
                           config_.ring_segment_bytes, &ring_scratch_);
         ScaleBuffer(mine, mine_count, dtype, postscale);
       }
-      for_range(me, part(me, p), part(me, p + 1), [&](size_t t, int64_t first, int64_t at,
-                                                      int64_t count) {
-        std::memcpy(static_cast<char*>(entry.outputs[t]) + first * elem, mine + at * elem,
-                    count * elem);
-      });
+      for_range(me, part(me, p), part(me, p + 1),
+                [&](size_t t, int64_t first, int64_t at, int64_t count) {
+                  std::memcpy(static_cast<char*>(entry.outputs[t]) + first * elem, mine + at * elem,
+                              count * elem);
+                });
     }
   }
   return algorithm;

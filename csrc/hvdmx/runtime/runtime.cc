@@ -180,8 +180,8 @@ void Runtime::MaybeWarnStall() {
   if (now < next_stall_check_) return;
   const auto period = std::chrono::duration_cast<std::chrono::steady_clock::duration>(
       std::chrono::duration<double>(config_.stall_check_seconds));
-  next_stall_check_ = now + std::min(period, std::chrono::steady_clock::duration(
-                                                 std::chrono::seconds(1)));
+  next_stall_check_ =
+      now + std::min(period, std::chrono::steady_clock::duration(std::chrono::seconds(1)));
   if (shutdown_wait_started_ != std::chrono::steady_clock::time_point() &&
       now - shutdown_wait_started_ >= period && now >= last_stall_warning_ + period) {
     // Shutdown() waits for a round that every rank takes part in, and an
@@ -202,8 +202,8 @@ void Runtime::MaybeWarnStall() {
   last_stall_warning_ = now;
   LogLine log(LogLevel::kWarning);
   std::ostringstream& line = log.stream();
-  line << total << " collective(s) submitted on this rank over "
-       << config_.stall_check_seconds << " s ago have not run, because other ranks have not "
+  line << total << " collective(s) submitted on this rank over " << config_.stall_check_seconds
+       << " s ago have not run, because other ranks have not "
        << "submitted them: " << JoinNames(stalled, 8) << ".";
   if (rank() == 0) {
     const std::vector<std::string> report = controller_.StallReport(now - period, 8);
@@ -231,8 +231,8 @@ bool Runtime::WaitForWork() {
       // Work often follows work (a training step submits many tensors; a
       // latency-bound loop submits the next op right after reading the last):
       // poll briefly before sleeping, sparing a thread wake-up.
-      const auto spin_until = std::chrono::steady_clock::now() +
-                              std::chrono::microseconds(kSpinMicros);
+      const auto spin_until =
+          std::chrono::steady_clock::now() + std::chrono::microseconds(kSpinMicros);
       while (!ready() && std::chrono::steady_clock::now() < spin_until) {
         lock.unlock();
         std::this_thread::yield();

@@ -136,10 +136,9 @@ void ShmAllreduce::CopyIn(const Call& call, int64_t k) {
     const int64_t lo = call.slice_begin(k, size_, j);
     const int64_t hi = call.slice_begin(k, size_, j + 1);
     char* to = stage + lo * call.elem;
-    ForPieces(call, begin + lo, begin + hi,
-              [&](char*, const char* in, int64_t at, int64_t bytes) {
-                region_->StageCopy(to + at, in, bytes);
-              });
+    ForPieces(call, begin + lo, begin + hi, [&](char*, const char* in, int64_t at, int64_t bytes) {
+      region_->StageCopy(to + at, in, bytes);
+    });
   }
   region_->PublishOwn(region_->control(rank_).copied.value, seq + 1);
 }
@@ -156,33 +155,33 @@ void ShmAllreduce::Reduce(const Call& call, int64_t k) {
   // Slice `rank_` of every rank's stage (this rank's: where the result goes).
   for (int j = 0; j < size_; ++j) slices_[j] = region_->Stage(j, seq) + lo * call.elem;
   char* out = slices_[rank_];
-  ForPieces(call, begin + lo, begin + hi, [&](char* mine, const char* in, int64_t at0,
-                                              int64_t bytes) {
-    for (int64_t b = 0; b < bytes; b += kBlockBytes) {
-      const int64_t block = std::min(kBlockBytes, bytes - b);  // a multiple of elem
-      const int64_t n = block / call.elem;
-      const int64_t at = at0 + b;
-      for (int j = 0; j < size_; ++j) operands_[j] = j == rank_ ? in + b : slices_[j] + at;
-      // Rank order, the same on every rank: out = ((x0 OP x1) OP x2) ...,
-      // scaled and copied while the block is in cache, unless other hosts
-      // come first (then the scale is applied after them). Streaming
-      // (never hierarchical): reduced into the scratch block, which is then
-      // read twice from the first-level cache.
-      // A half dtype's host sums stay float32 for the hosts' ring.
-      if (region_->streaming()) {
-        ReduceOperands(scratch_.data(), n, call.dtype, call.op, call.postscale, call.prescale);
-        std::memcpy(mine + b, scratch_.data(), block);
-        StreamingCopy(out + at, scratch_.data(), block);
-      } else if (cross_ && wide) {
-        ReduceOperandsWide(wide_.data() + at / call.elem, 0, n, call.dtype, call.op,
+  ForPieces(
+      call, begin + lo, begin + hi, [&](char* mine, const char* in, int64_t at0, int64_t bytes) {
+        for (int64_t b = 0; b < bytes; b += kBlockBytes) {
+          const int64_t block = std::min(kBlockBytes, bytes - b);  // a multiple of elem
+          const int64_t n = block / call.elem;
+          const int64_t at = at0 + b;
+          for (int j = 0; j < size_; ++j) operands_[j] = j == rank_ ? in + b : slices_[j] + at;
+          // Rank order, the same on every rank: out = ((x0 OP x1) OP x2) ...,
+          // scaled and copied while the block is in cache, unless other hosts
+          // come first (then the scale is applied after them). Streaming
+          // (never hierarchical): reduced into the scratch block, which is then
+          // read twice from the first-level cache.
+          // A half dtype's host sums stay float32 for the hosts' ring.
+          if (region_->streaming()) {
+            ReduceOperands(scratch_.data(), n, call.dtype, call.op, call.postscale, call.prescale);
+            std::memcpy(mine + b, scratch_.data(), block);
+            StreamingCopy(out + at, scratch_.data(), block);
+          } else if (cross_ && wide) {
+            ReduceOperandsWide(wide_.data() + at / call.elem, 0, n, call.dtype, call.op,
+                               call.prescale);
+          } else {
+            ReduceOperands(out + at, n, call.dtype, call.op, cross_ ? 1.0 : call.postscale,
                            call.prescale);
-      } else {
-        ReduceOperands(out + at, n, call.dtype, call.op, cross_ ? 1.0 : call.postscale,
-                       call.prescale);
-        if (!cross_) std::memcpy(mine + b, out + at, block);
-      }
-    }
-  });
+            if (!cross_) std::memcpy(mine + b, out + at, block);
+          }
+        }
+      });
   if (cross_) {
     // Called for empty slices too: the same calls on every host.
     if (wide) {
@@ -191,10 +190,10 @@ void ShmAllreduce::Reduce(const Call& call, int64_t k) {
       cross_(out, nullptr, hi - lo, call.dtype, call.op, 1.0);
       ScaleBuffer(out, hi - lo, call.dtype, call.postscale);
     }
-    ForPieces(call, begin + lo, begin + hi, [&](char* mine, const char*, int64_t at,
-                                                int64_t bytes) {
-      std::memcpy(mine, out + at, bytes);
-    });
+    ForPieces(call, begin + lo, begin + hi,
+              [&](char* mine, const char*, int64_t at, int64_t bytes) {
+                std::memcpy(mine, out + at, bytes);
+              });
   }
   region_->PublishOwn(region_->control(rank_).reduced.value, seq + 1);
 }
@@ -206,8 +205,8 @@ void ShmAllreduce::ReduceOperandsWide(float* acc, int64_t first, int64_t n, Data
   for (int j = 1; j < size_; ++j) ReduceWidenedInto(acc, operands_[j] + at, n, dtype, op, prescale);
 }
 
-void ShmAllreduce::ReduceOperands(char* out, int64_t n, DataType dtype, ReduceOp op,
-                                  double scale, double prescale) {
+void ShmAllreduce::ReduceOperands(char* out, int64_t n, DataType dtype, ReduceOp op, double scale,
+                                  double prescale) {
   if (HalfReducesWide(dtype)) {
     // Note [Half precision summed in float32]: a block of partials at a time.
     for (int64_t b = 0; b < n; b += kWideBlockElems) {
@@ -241,8 +240,7 @@ void ShmAllreduce::CopyOut(const Call& call, int64_t k) {
     const int64_t hi = call.slice_begin(k, size_, j + 1);
     region_->Await(j, region_->control(j).reduced.value, seq + 1);
     const char* from = region_->Stage(j, seq) + lo * call.elem;
-    ForPieces(call, begin + lo, begin + hi, [&](char* dst, const char*, int64_t at,
-                                                int64_t bytes) {
+    ForPieces(call, begin + lo, begin + hi, [&](char* dst, const char*, int64_t at, int64_t bytes) {
       std::memcpy(dst, from + at, bytes);
     });
   }
@@ -262,8 +260,7 @@ bool ShmAllreduce::ReduceScatterFits(DataType dtype) const {
 // before it reduces chunk k, so its peers find it there when they get to it.
 void ShmAllreduce::ReduceScatter(const void* in, void* out, const std::vector<int64_t>& starts,
                                  DataType dtype, ReduceOp op, double postscale) {
-  HVDMX_CHECK(!cross_ && static_cast<int>(starts.size()) == size_ + 1 &&
-                  ReduceScatterFits(dtype),
+  HVDMX_CHECK(!cross_ && static_cast<int>(starts.size()) == size_ + 1 && ReduceScatterFits(dtype),
               "shared-memory reduce-scatter: one host, size + 1 offsets, a chunk that fits");
   ShmRegion::Count(region_->counters().calls);
   const int64_t elem = static_cast<int64_t>(DataTypeSize(dtype));
@@ -289,7 +286,8 @@ void ShmAllreduce::ReduceScatter(const void* in, void* out, const std::vector<in
     char* stage = region_->ClaimStage(seq, src + (starts[rank_] + lo) * elem);
     for (int j = 0; j < size_; ++j) {
       const int64_t n = j == rank_ ? 0 : piece(j, k, &lo);
-      if (n > 0) region_->StageCopy(stage + j * slot * elem, src + (starts[j] + lo) * elem, n * elem);
+      if (n > 0)
+        region_->StageCopy(stage + j * slot * elem, src + (starts[j] + lo) * elem, n * elem);
     }
     region_->PublishOwn(region_->control(rank_).copied.value, seq + 1);
   };

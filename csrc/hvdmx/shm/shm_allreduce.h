@@ -125,8 +125,9 @@ class ShmAllreduce {
   // ranks' blocks are copied in once and nothing is copied out. Needs
   // ReduceScatterFits(dtype): a chunk holds at least one element per rank.
   bool ReduceScatterFits(DataType dtype) const;
-  void ReduceScatter(const void* in, void* out, const std::vector<int64_t>& starts,
-                     DataType dtype, ReduceOp op, double postscale);
+  void ReduceScatter(const void* in, void* out, const std::vector<int64_t>& starts, DataType dtype,
+                     ReduceOp op, double postscale);
+
  private:
   struct Call;
 

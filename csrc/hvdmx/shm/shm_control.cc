@@ -24,7 +24,8 @@ void ShmControl::StartBitAnd(uint64_t* words, int n, const std::string& payload)
   const int rank = region_->rank();
   Control& mine = region_->control(rank);
   std::memcpy(mine.words[seq % 2], words, n * sizeof(uint64_t));
-  if (!payload.empty()) std::memcpy(region_->Mailbox(rank, seq % 2), payload.data(), payload.size());
+  if (!payload.empty())
+    std::memcpy(region_->Mailbox(rank, seq % 2), payload.data(), payload.size());
   mine.payload_bytes[seq % 2].store(static_cast<int64_t>(payload.size()),
                                     std::memory_order_relaxed);
   mine.anded.value.store(seq, std::memory_order_release);

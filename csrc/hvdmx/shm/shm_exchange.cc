@@ -19,14 +19,15 @@ ShmExchange::ShmExchange(ShmRegion* region, bool single_host, int64_t direct_min
       single_host_(single_host),
       huge_pages_(huge_pages),
       direct_min_bytes_(direct_min_bytes),
-      move_stores_{{StageStoreChooser(stores), StageStoreChooser(stores),
-                     StageStoreChooser(stores)}},
+      move_stores_{
+          {StageStoreChooser(stores), StageStoreChooser(stores), StageStoreChooser(stores)}},
       push_stores_{{StageStoreChooser(stores, kPushStreamMinBytes),
-                     StageStoreChooser(stores, kPushStreamMinBytes),
-                     StageStoreChooser(stores, kPushStreamMinBytes)}} {}
+                    StageStoreChooser(stores, kPushStreamMinBytes),
+                    StageStoreChooser(stores, kPushStreamMinBytes)}} {}
 
 void ShmExchange::Broadcast(const void* in, void* out, int64_t bytes, int root) {
-  HVDMX_CHECK(single_host_ && root >= 0 && root < size_, "shared-memory broadcast: one host, root in it");
+  HVDMX_CHECK(single_host_ && root >= 0 && root < size_,
+              "shared-memory broadcast: one host, root in it");
   reads_.assign(size_, Read());
   if (rank_ != root || in != out) reads_[root] = {0, bytes, static_cast<char*>(out)};
   lengths_.assign(size_, 0);

@@ -172,11 +172,11 @@ class ShmExchange {
   const int64_t direct_min_bytes_;
   std::array<StageStoreChooser, kMoves> move_stores_;
   std::array<StageStoreChooser, kMoves> push_stores_;  // writes into peers' outputs
-  std::vector<Read> reads_;        // Exchange's input, one per rank
-  std::vector<int64_t> lengths_;   // Exchange's input: the streams' lengths
-  std::vector<Send> sends_;        // Exchange's input for a push, one per rank
-  Output out_;                     // Exchange's input for a push
-  std::vector<char*> arenas_;      // see WriteIntoPeers; empty: no push
+  std::vector<Read> reads_;                            // Exchange's input, one per rank
+  std::vector<int64_t> lengths_;                       // Exchange's input: the streams' lengths
+  std::vector<Send> sends_;                            // Exchange's input for a push, one per rank
+  Output out_;                                         // Exchange's input for a push
+  std::vector<char*> arenas_;                          // see WriteIntoPeers; empty: no push
   int64_t arena_bytes_ = 0;
   int64_t push_min_output_bytes_ = 0;
 };

@@ -38,13 +38,12 @@ int CopyPeerMemory(bool write, int64_t pid, uintptr_t remote, char* local, int64
 // bug (hvd.init() checked that both directions work).
 void CopyWithPeer(bool write, int j, int64_t pid, uintptr_t remote, char* local, int64_t bytes) {
   const int err = CopyPeerMemory(write, pid, remote, local, bytes);
-  HVDMX_CHECK(err == 0, std::string(write ? "writing into" : "reading") + " local rank " +
-                            std::to_string(j) +
-                            (write ? "'s output with process_vm_writev" :
-                                     "'s buffer with process_vm_readv") +
-                            " failed (" + std::strerror(err) +
-                            "); HVDMX_SHM_DIRECT_MIN_BYTES=-1 moves bytes through the "
-                            "shared-memory stages instead");
+  HVDMX_CHECK(err == 0,
+              std::string(write ? "writing into" : "reading") + " local rank " + std::to_string(j) +
+                  (write ? "'s output with process_vm_writev" : "'s buffer with process_vm_readv") +
+                  " failed (" + std::strerror(err) +
+                  "); HVDMX_SHM_DIRECT_MIN_BYTES=-1 moves bytes through the "
+                  "shared-memory stages instead");
 }
 
 }  // namespace
@@ -104,8 +103,8 @@ void ShmExchange::ExchangeDirect(Move move, const Stream& stream) {
   // A broadcast: the root (the one rank with a stream) writes the end of
   // every other rank's read. A broadcast's read is the root's whole stream.
   const bool broadcast = move == kBroadcast;
-  const int root_rank = static_cast<int>(
-      std::max_element(lengths_.begin(), lengths_.end()) - lengths_.begin());
+  const int root_rank =
+      static_cast<int>(std::max_element(lengths_.begin(), lengths_.end()) - lengths_.begin());
   const bool root = broadcast && root_rank == rank_;
   // Out of place, the root copies the message into its own output: as much
   // as a peer reads, so it has no time to write for them.
@@ -154,9 +153,9 @@ void ShmExchange::ExchangeDirect(Move move, const Stream& stream) {
     // The read is one of the peer's blocks, wholly before its hole or
     // wholly after it (alltoall's hole is the peer's block for itself).
     const int64_t hole_at = peer.stream_hole_at.load(std::memory_order_relaxed);
-    const int64_t at =
-        read.offset < hole_at ? read.offset
-                              : read.offset + peer.stream_hole_bytes.load(std::memory_order_relaxed);
+    const int64_t at = read.offset < hole_at
+                           ? read.offset
+                           : read.offset + peer.stream_hole_bytes.load(std::memory_order_relaxed);
     const uintptr_t from = peer.stream_data.load(std::memory_order_relaxed) + at;
     const bool helped = broadcast && peer.root_writes.load(std::memory_order_relaxed) != 0;
     const int64_t bytes = read.bytes - (helped ? RootWrittenBytes(read.bytes) : 0);
@@ -170,7 +169,7 @@ void ShmExchange::ExchangeDirect(Move move, const Stream& stream) {
 }
 
 bool ShmExchange::CrossMemoryAttachWorks(int64_t pid, const void* address, const void* expected,
-                                          void* writable, int64_t bytes, std::string* why) {
+                                         void* writable, int64_t bytes, std::string* why) {
   std::string got(static_cast<size_t>(bytes), '\0');
   int err = CopyPeerMemory(false, pid, reinterpret_cast<uintptr_t>(address), got.data(), bytes);
   if (err != 0) {

@@ -10,7 +10,7 @@ namespace hvdmx {
 using shm_internal::Control;
 
 void ShmExchange::WriteIntoPeers(std::vector<char*> arenas, int64_t arena_bytes,
-                                  int64_t min_output_bytes) {
+                                 int64_t min_output_bytes) {
   HVDMX_CHECK(single_host_ && static_cast<int>(arenas.size()) == size_ && arena_bytes > 0 &&
                   min_output_bytes > 0,
               "writing into peers' outputs: one host, one output file per rank, outputs of "
@@ -77,7 +77,8 @@ bool ShmExchange::ExchangePush(Move move) {
         const Send& send = sends_[j];
         if (send.bytes == 0) continue;
         char* out = j == rank_ ? out_.data
-                               : arenas_[j] + region_->control(j).out_offset.load(std::memory_order_relaxed);
+                               : arenas_[j] +
+                                     region_->control(j).out_offset.load(std::memory_order_relaxed);
         // The output is new, so no send overlaps it: an own block already
         // in place (a fused allgather's) has no bytes to send.
         region_->StageCopy(out + send.at, send.src, send.bytes);

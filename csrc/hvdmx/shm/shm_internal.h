@@ -50,8 +50,7 @@ constexpr int64_t kPageBytes = 4096;
 // (ShmRegion::Mailbox).
 constexpr int64_t kControlBlockBytes = 8192;
 constexpr int64_t kMailboxes = 4;
-constexpr int64_t kControlBytes =
-    kControlBlockBytes + kMailboxes * ShmRegion::kMaxPayloadBytes;
+constexpr int64_t kControlBytes = kControlBlockBytes + kMailboxes * ShmRegion::kMaxPayloadBytes;
 
 #if defined(__x86_64__)
 inline void CpuRelax() { __builtin_ia32_pause(); }

@@ -91,8 +91,8 @@ void ShmRegion::MarkStopped() { control(rank_).stopped.store(1, std::memory_orde
 std::string ShmRegion::PeerGoneReason(int j) {
   const Control& peer = control(j);
   const int64_t pid = peer.pid.load(std::memory_order_relaxed);
-  const std::string who = "rank " + std::to_string(j) + " of this host (pid " +
-                          std::to_string(pid) + ")";
+  const std::string who =
+      "rank " + std::to_string(j) + " of this host (pid " + std::to_string(pid) + ")";
   if (peer.stopped.load(std::memory_order_acquire) != 0) {
     return who + " has stopped hvdmx (a stall shutdown, a failure, or hvd.shutdown() there)";
   }
@@ -136,8 +136,8 @@ char* ShmRegion::ClaimStage(uint64_t seq, const char* src) {
     }
   }
   // See Note [Where a chunk sits in its stage].
-  const int64_t shift = static_cast<int64_t>((reinterpret_cast<uintptr_t>(src) + kPageBytes / 2) %
-                                             kPageBytes);
+  const int64_t shift =
+      static_cast<int64_t>((reinterpret_cast<uintptr_t>(src) + kPageBytes / 2) % kPageBytes);
   control(rank_).shift[seq % kStages].store(shift, std::memory_order_relaxed);
   return Stage(rank_, seq);
 }

@@ -66,12 +66,12 @@ class ShmPeerGone : public PeerGone {
 
 // What the collectives on one region have done so far (a snapshot).
 struct ShmStats {
-  int64_t calls = 0;             // allreduces and reduce-scatters
-  int64_t streamed_calls = 0;    // calls of every kind that streamed their stores
-  int64_t exchanges = 0;         // broadcasts, allgathers and alltoalls
-  int64_t direct_exchanges = 0;  // those that read the peers' buffers directly
-  int64_t root_writes = 0;       // direct broadcasts whose root wrote into peers
-  int64_t push_exchanges = 0;    // exchanges that wrote into the peers' outputs
+  int64_t calls = 0;                 // allreduces and reduce-scatters
+  int64_t streamed_calls = 0;        // calls of every kind that streamed their stores
+  int64_t exchanges = 0;             // broadcasts, allgathers and alltoalls
+  int64_t direct_exchanges = 0;      // those that read the peers' buffers directly
+  int64_t root_writes = 0;           // direct broadcasts whose root wrote into peers
+  int64_t push_exchanges = 0;        // exchanges that wrote into the peers' outputs
   int64_t collapsed_huge_pages = 0;  // under streams the peers read directly
   int64_t refused_huge_pages = 0;
   int64_t bit_ands = 0;           // completed

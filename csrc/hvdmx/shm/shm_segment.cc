@@ -20,9 +20,7 @@
 namespace hvdmx {
 namespace {
 
-std::string ErrnoText(const std::string& what, int err) {
-  return what + ": " + std::strerror(err);
-}
+std::string ErrnoText(const std::string& what, int err) { return what + ": " + std::strerror(err); }
 
 // Creates and sizes a new shared-memory object with a name no other object
 // has. Returns the fd, or -1 with *why set.
@@ -95,8 +93,7 @@ std::shared_ptr<ShmSegment> ShmSegment::Create(MPI_Comm comm, int64_t region_byt
     if (why->empty()) *why = "another rank could not map the shared memory";
     return nullptr;
   }
-  return std::shared_ptr<ShmSegment>(
-      new ShmSegment(static_cast<char*>(base), region_bytes, total));
+  return std::shared_ptr<ShmSegment>(new ShmSegment(static_cast<char*>(base), region_bytes, total));
 }
 
 ShmSegment::~ShmSegment() { munmap(base_, total_); }
@@ -119,8 +116,7 @@ MPI_Comm SplitByHost(MPI_Comm comm, const Config& config) {
 
 // The ring between hosts for a hierarchical allreduce: over the ranks of
 // `comm` with this rank's local rank.
-ShmAllreduce::CrossAllreduce RingAcrossHosts(MPI_Comm comm, int local_rank,
-                                             const Config& config) {
+ShmAllreduce::CrossAllreduce RingAcrossHosts(MPI_Comm comm, int local_rank, const Config& config) {
   int rank = 0;
   MPI_Comm_rank(comm, &rank);
   MPI_Comm cross;
@@ -140,11 +136,10 @@ ShmAllreduce::CrossAllreduce RingAcrossHosts(MPI_Comm comm, int local_rank,
   auto scratch = std::make_shared<RingScratch>();
   const int64_t segment_bytes = config.ring_segment_bytes;
   const bool wide_partials = config.half_partials_wide;
-  return [ring, scratch, segment_bytes, wide_partials](void* buf, float* wide, int64_t count,
-                                                       DataType dtype, ReduceOp op,
-                                                       double postscale) {
-    RingCrossAllreduce(*ring, buf, wide, count, dtype, op, postscale, wide_partials,
-                       segment_bytes, scratch.get());
+  return [ring, scratch, segment_bytes, wide_partials](
+             void* buf, float* wide, int64_t count, DataType dtype, ReduceOp op, double postscale) {
+    RingCrossAllreduce(*ring, buf, wide, count, dtype, op, postscale, wide_partials, segment_bytes,
+                       scratch.get());
   };
 }
 
@@ -239,17 +234,16 @@ std::shared_ptr<OutputFiles> MapOutputFiles(MPI_Comm comm, MPI_Comm local, const
       ok = 0;
       break;
     }
-    const std::string path = "/proc/" + std::to_string(all[2 * j]) + "/fd/" +
-                             std::to_string(all[2 * j + 1]);
+    const std::string path =
+        "/proc/" + std::to_string(all[2 * j]) + "/fd/" + std::to_string(all[2 * j + 1]);
     const int peer_fd = open(path.c_str(), O_RDWR | O_CLOEXEC);
     if (peer_fd < 0) {
-      *why = ErrnoText("opening local rank " + std::to_string(j) + "'s output file " + path,
-                       errno);
+      *why = ErrnoText("opening local rank " + std::to_string(j) + "'s output file " + path, errno);
       ok = 0;
       break;
     }
-    void* base = mmap(nullptr, static_cast<size_t>(OutputPool::kArenaBytes),
-                      PROT_READ | PROT_WRITE, MAP_SHARED | MAP_NORESERVE, peer_fd, 0);
+    void* base = mmap(nullptr, static_cast<size_t>(OutputPool::kArenaBytes), PROT_READ | PROT_WRITE,
+                      MAP_SHARED | MAP_NORESERVE, peer_fd, 0);
     const int err = errno;
     close(peer_fd);
     if (base == MAP_FAILED) {
@@ -289,8 +283,8 @@ std::unique_ptr<ShmHost> CreateNodeShm(MPI_Comm comm, const Config& config) {
   int sizes[2] = {-local_size, local_size};  // -min, max
   MPI_Allreduce(MPI_IN_PLACE, sizes, 2, MPI_INT, MPI_MAX, comm);
   const bool one_host = local_size == size;
-  const bool hierarchical = !one_host && config.hierarchical_allreduce &&
-                            -sizes[0] == sizes[1] && local_size > 1;
+  const bool hierarchical =
+      !one_host && config.hierarchical_allreduce && -sizes[0] == sizes[1] && local_size > 1;
   if (size == 1 || (!one_host && !hierarchical)) {
     if (config.hierarchical_allreduce && !one_host) {
       HVDMX_LOG(kWarning) << "HVDMX_HIERARCHICAL_ALLREDUCE=1 ignored, the ring is used: it needs "
@@ -333,19 +327,19 @@ std::unique_ptr<ShmHost> CreateNodeShm(MPI_Comm comm, const Config& config) {
   HVDMX_LOG(kDebug) << "shared-memory allreduce on: " << local_size << " ranks on this host"
                     << (hierarchical ? ", the ring between hosts" : "") << ", " << region_bytes
                     << " bytes per rank, direct reads "
-                    << (direct_min_bytes == kShmDirectAuto
-                            ? std::string("auto")
-                            : direct_min_bytes < 0 ? std::string("never")
-                                                   : "from " + std::to_string(direct_min_bytes) +
-                                                         " bytes")
+                    << (direct_min_bytes == kShmDirectAuto ? std::string("auto")
+                        : direct_min_bytes < 0
+                            ? std::string("never")
+                            : "from " + std::to_string(direct_min_bytes) + " bytes")
                     << (files ? ", writes into peers' outputs" : "");
-  auto owner = std::make_shared<std::pair<std::shared_ptr<ShmSegment>,
-                                          std::shared_ptr<OutputFiles>>>(segment, files);
-  auto shm = std::make_unique<ShmHost>(local_rank, local_size, std::move(regions),
-                                       config.shm_chunk_bytes, std::move(owner), std::move(cross),
-                                       direct_min_bytes, config.shm_streaming_stores,
-                                       config.huge_pages);
-  if (files) shm->exchange().WriteIntoPeers(files->bases, OutputPool::kArenaBytes, OutputPool::kMinBytes);
+  auto owner =
+      std::make_shared<std::pair<std::shared_ptr<ShmSegment>, std::shared_ptr<OutputFiles>>>(
+          segment, files);
+  auto shm = std::make_unique<ShmHost>(
+      local_rank, local_size, std::move(regions), config.shm_chunk_bytes, std::move(owner),
+      std::move(cross), direct_min_bytes, config.shm_streaming_stores, config.huge_pages);
+  if (files)
+    shm->exchange().WriteIntoPeers(files->bases, OutputPool::kArenaBytes, OutputPool::kMinBytes);
   return shm;
 }
 

@@ -54,12 +54,11 @@ class ShmSegment {
   int64_t total_;
 };
 
-// Shared memory among the ranks of `comm` (shm_host.h), for the allreduce: over all its ranks when they share
-// this host (and there are several); hierarchical (shared memory inside each
-// host, the ring between hosts) when config.hierarchical_allreduce is set and
-// every host has the same number of ranks, more than one. Null otherwise,
-// when config.allreduce_algo is ring or mpi, or when the memory cannot be
-// had (logged). Collective over `comm`.
+// Shared memory among the ranks of `comm` (shm_host.h), for the allreduce: over all its ranks when
+// they share this host (and there are several); hierarchical (shared memory inside each host, the
+// ring between hosts) when config.hierarchical_allreduce is set and every host has the same number
+// of ranks, more than one. Null otherwise, when config.allreduce_algo is ring or mpi, or when the
+// memory cannot be had (logged). Collective over `comm`.
 std::unique_ptr<ShmHost> CreateNodeShm(MPI_Comm comm, const Config& config);
 
 }  // namespace hvdmx

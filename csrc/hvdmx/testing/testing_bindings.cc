@@ -67,14 +67,13 @@ void TestingReduce3Scaled(py::array out, py::array a, py::array b, int dtype, in
     throw py::value_error("out, a and b differ in size");
   }
   Reduce3Scaled(out.mutable_data(), a.data(), b.data(),
-                out.nbytes() / static_cast<int64_t>(DataTypeSize(t)), t,
-                static_cast<ReduceOp>(op), factor);
+                out.nbytes() / static_cast<int64_t>(DataTypeSize(t)), t, static_cast<ReduceOp>(op),
+                factor);
 }
 
 void TestingScale(py::array buf, int dtype, double factor) {
   DataType t = CheckedType(dtype);
-  ScaleBuffer(buf.mutable_data(), buf.nbytes() / static_cast<int64_t>(DataTypeSize(t)), t,
-              factor);
+  ScaleBuffer(buf.mutable_data(), buf.nbytes() / static_cast<int64_t>(DataTypeSize(t)), t, factor);
 }
 
 // Runs body(comm, r) on one thread per rank of an in-process world of n
@@ -94,8 +93,8 @@ void OnLocalRanks(int n, F body) {
 
 // One widened kernel (reduce_kernels.h: 0 widen, 1 reduce, 2 narrow) over
 // `count` elements of a half dtype; the float32 side is a float32 array.
-void TestingWidenedKernel(int kernel, py::array out, py::array in, int dtype, int op,
-                          double factor, bool portable) {
+void TestingWidenedKernel(int kernel, py::array out, py::array in, int dtype, int op, double factor,
+                          bool portable) {
   DataType t = CheckedType(dtype);
   if (!HalfReducesWide(t)) throw py::value_error("not a half dtype");
   const py::array& half = kernel == 2 ? out : in;
@@ -143,8 +142,7 @@ void TestingRingAllreduceWidened(std::vector<py::array> arrays, int dtype, int o
 }
 
 // Runs RingAllreduce on LocalComm, one thread per array (= rank), in place.
-void TestingRingAllreduce(std::vector<py::array> arrays, int dtype, int op,
-                          int64_t segment_bytes) {
+void TestingRingAllreduce(std::vector<py::array> arrays, int dtype, int op, int64_t segment_bytes) {
   DataType t = CheckedType(dtype);
   const int n = static_cast<int>(arrays.size());
   std::vector<void*> data;
@@ -156,8 +154,7 @@ void TestingRingAllreduce(std::vector<py::array> arrays, int dtype, int op,
   py::gil_scoped_release release;
   OnLocalRanks(n, [&](LocalComm& comm, int r) {
     RingScratch scratch;
-    RingAllreduce(comm, data[r], counts[r], t, static_cast<ReduceOp>(op), segment_bytes,
-                  &scratch);
+    RingAllreduce(comm, data[r], counts[r], t, static_cast<ReduceOp>(op), segment_bytes, &scratch);
   });
 }
 
@@ -286,12 +283,12 @@ class LocalJob {
     for (int r = 0; r < size; ++r) {
       std::unique_ptr<ShmHost> local;
       if (shm) {
-        local = std::make_unique<ShmHost>(r, size, host.regions, config.shm_chunk_bytes,
-                                               host.memory);
+        local =
+            std::make_unique<ShmHost>(r, size, host.regions, config.shm_chunk_bytes, host.memory);
       }
       runtimes_.push_back(std::make_unique<Runtime>(std::make_unique<LocalComm>(control, r),
-                                                    std::make_unique<LocalComm>(data, r),
-                                                    config, std::move(local)));
+                                                    std::make_unique<LocalComm>(data, r), config,
+                                                    std::move(local)));
       runtimes_.back()->Start();
     }
   }
@@ -306,8 +303,8 @@ class LocalJob {
   ~LocalJob() { Shutdown(); }
 
   int64_t Submit(int rank, const std::string& kind, const std::string& name,
-                 std::vector<py::array> inputs, std::vector<py::array> outputs, int dtype,
-                 int op, int root, double prescale, double postscale) {
+                 std::vector<py::array> inputs, std::vector<py::array> outputs, int dtype, int op,
+                 int root, double prescale, double postscale) {
     Runtime& rt = *runtimes_.at(rank);
     TensorEntry entry;
     std::vector<int> dtypes;
@@ -318,9 +315,9 @@ class LocalJob {
       entry.inputs.push_back(inputs[i].data());
       entry.outputs.push_back(outputs[i].mutable_data());
     }
-    entry.request = MakeRequest(kind == "broadcast" ? CollectiveType::kBroadcast
-                                                    : CollectiveType::kAllreduce,
-                                name, dtypes, shapes, op, root, prescale, postscale, 1, 0, rank);
+    entry.request =
+        MakeRequest(kind == "broadcast" ? CollectiveType::kBroadcast : CollectiveType::kAllreduce,
+                    name, dtypes, shapes, op, root, prescale, postscale, 1, 0, rank);
     const int64_t ticket = next_ticket_++;
     entry.callback = [this, ticket](const Status& status) {
       std::lock_guard<std::mutex> lock(mu_);
@@ -408,8 +405,8 @@ void DefineTestingBindings(py::module_& m) {
   m.def("widened_kernel", &TestingWidenedKernel);
   m.def("ring_allreduce_widened", &TestingRingAllreduceWidened);
   m.def("load_config", &TestingLoadConfig);
-  m.def("choose_cpu", [](const std::string& mode, const std::vector<int>& cpus,
-                                  int local_rank, int local_size, bool same_cpus_on_host) {
+  m.def("choose_cpu", [](const std::string& mode, const std::vector<int>& cpus, int local_rank,
+                         int local_size, bool same_cpus_on_host) {
     const std::map<std::string, std::string> env = {{"HVDMX_CPU_BIND", mode}};
     Config c;
     ThrowIfError(LoadConfig(MapLookup(env), &c));

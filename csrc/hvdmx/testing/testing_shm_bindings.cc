@@ -16,8 +16,8 @@
 #include "comm/local_comm.h"
 #include "platform/huge_pages.h"
 #include "platform/stage_stores.h"
-#include "shm/shm_host.h"
 #include "shm/shm_control_comm.h"
+#include "shm/shm_host.h"
 #include "testing/testing_bindings.h"
 
 namespace py = pybind11;
@@ -128,14 +128,14 @@ std::vector<int64_t> TestingShmAllreduce(std::vector<std::vector<std::vector<py:
       if (hosts > 1) {
         auto comm = std::make_shared<LocalComm>(cross_worlds[l], h);
         auto scratch = std::make_shared<RingScratch>();
-        cross = [comm, scratch](void* buf, float* wide, int64_t count, DataType dtype,
-                                ReduceOp op, double postscale) {
+        cross = [comm, scratch](void* buf, float* wide, int64_t count, DataType dtype, ReduceOp op,
+                                double postscale) {
           RingCrossAllreduce(*comm, buf, wide, count, dtype, op, postscale,
                              /*wide_partials=*/true, 4096, scratch.get());
         };
       }
-      ShmHost shm(l, local, host_memory[h].regions, chunk_bytes, host_memory[h].memory,
-                       cross, -1, stage_stores);
+      ShmHost shm(l, local, host_memory[h].regions, chunk_bytes, host_memory[h].memory, cross, -1,
+                  stage_stores);
       for (size_t c = 0; c < calls.size(); ++c) {
         shm.allreduce().Allreduce(spans[c][r], t, static_cast<ReduceOp>(op), postscale, prescale);
       }
@@ -148,14 +148,14 @@ std::vector<int64_t> TestingShmAllreduce(std::vector<std::vector<std::vector<py:
 
 // One call of a mixed sequence for TestingShmSequence.
 struct ShmTestCall {
-  std::string kind;           // allreduce, broadcast, allgather, alltoall, reducescatter
-  std::vector<py::array> in;  // one per rank (allreduce, broadcast: in place)
-  std::vector<py::array> out; // allgather, alltoall, reducescatter, broadcast out of
-                              // place: one per rank
-  std::vector<int64_t> ints;  // allreduce: dtype, op; broadcast: root;
-                              // allgather: byte offsets; alltoall: byte matrix;
-                              // reducescatter: dtype, op, element offsets;
-                              // bitand: none (in: uint64 words, ANDed in place)
+  std::string kind;            // allreduce, broadcast, allgather, alltoall, reducescatter
+  std::vector<py::array> in;   // one per rank (allreduce, broadcast: in place)
+  std::vector<py::array> out;  // allgather, alltoall, reducescatter, broadcast out of
+                               // place: one per rank
+  std::vector<int64_t> ints;   // allreduce: dtype, op; broadcast: root;
+                               // allgather: byte offsets; alltoall: byte matrix;
+                               // reducescatter: dtype, op, element offsets;
+                               // bitand: none (in: uint64 words, ANDed in place)
 };
 
 // Runs a sequence of mixed shared-memory calls in one process, one thread per
@@ -227,8 +227,9 @@ std::tuple<int64_t, int64_t, int64_t> TestingShmSequence(const std::vector<py::t
   for (int r = 0; r < n; ++r) {
     threads.emplace_back([&, r] {
       ShmHost shm(r, n, host.regions, chunk_bytes, host.memory, nullptr, direct_min_bytes,
-                       stage_stores);
-      if (!push.empty()) shm.exchange().WriteIntoPeers(std::vector<char*>(n, file.data()), file_bytes, 1);
+                  stage_stores);
+      if (!push.empty())
+        shm.exchange().WriteIntoPeers(std::vector<char*>(n, file.data()), file_bytes, 1);
       for (size_t c = 0; c < calls.size(); ++c) {
         const ShmTestCall& call = calls[c];
         char* src = in[c][r];
@@ -243,19 +244,20 @@ std::tuple<int64_t, int64_t, int64_t> TestingShmSequence(const std::vector<py::t
         if (call.kind == "allreduce") {
           const DataType t = static_cast<DataType>(call.ints[0]);
           shm.allreduce().Allreduce(src, in_bytes[c][r] / static_cast<int64_t>(DataTypeSize(t)), t,
-                        static_cast<ReduceOp>(call.ints[1]));
+                                    static_cast<ReduceOp>(call.ints[1]));
         } else if (call.kind == "broadcast") {
           // In place without outputs.
-          shm.exchange().Broadcast(src, dst ? dst : src, in_bytes[c][r], static_cast<int>(call.ints[0]));
+          shm.exchange().Broadcast(src, dst ? dst : src, in_bytes[c][r],
+                                   static_cast<int>(call.ints[0]));
         } else if (call.kind == "allgather") {
           shm.exchange().Allgather(src, dst, call.ints);
         } else if (call.kind == "reducescatter") {
           const std::vector<int64_t> starts(call.ints.begin() + 2, call.ints.end());
           shm.allreduce().ReduceScatter(src, dst, starts, static_cast<DataType>(call.ints[0]),
-                            static_cast<ReduceOp>(call.ints[1]), 1.0);
+                                        static_cast<ReduceOp>(call.ints[1]), 1.0);
         } else if (call.kind == "bitand") {
           shm.control().StartBitAnd(reinterpret_cast<uint64_t*>(src),
-                          static_cast<int>(in_bytes[c][r] / sizeof(uint64_t)));
+                                    static_cast<int>(in_bytes[c][r] / sizeof(uint64_t)));
           while (!shm.control().TestBitAnd()) std::this_thread::yield();
         } else {
           shm.exchange().Alltoall(src, dst, call.ints);
@@ -362,8 +364,8 @@ std::vector<std::string> TestingShmPeerStops(int size, int stopper, const std::s
       std::string text;
       try {
         if (kind == "allreduce") {
-          shm.allreduce().Allreduce(data.data(), static_cast<int64_t>(data.size()), DataType::kFloat32,
-                        ReduceOp::kSum);
+          shm.allreduce().Allreduce(data.data(), static_cast<int64_t>(data.size()),
+                                    DataType::kFloat32, ReduceOp::kSum);
         } else if (kind == "broadcast") {
           shm.exchange().Broadcast(data.data(), data.data(), 4000, stopper);
         } else if (kind == "bitand") {
@@ -386,16 +388,14 @@ void DefineTestingShmBindings(py::module_& m) {
         py::arg("kind"));
   m.def("shm_control_comm", &TestingShmControlComm, py::arg("size"), py::arg("steps"));
   m.attr("SHM_MAX_PAYLOAD_BYTES") = ShmControl::kMaxPayloadBytes;
-  m.def("shm_allreduce", &TestingShmAllreduce, py::arg("calls"), py::arg("dtype"),
-        py::arg("op"), py::arg("chunk_bytes"), py::arg("hosts") = 1,
-        py::arg("postscale") = 1.0,
+  m.def("shm_allreduce", &TestingShmAllreduce, py::arg("calls"), py::arg("dtype"), py::arg("op"),
+        py::arg("chunk_bytes"), py::arg("hosts") = 1, py::arg("postscale") = 1.0,
         py::arg("outputs") = std::vector<std::vector<std::vector<py::array>>>{},
         py::arg("stores") = 0, py::arg("prescale") = 1.0);
   m.def("shm_sequence", &TestingShmSequence, py::arg("calls"), py::arg("chunk_bytes"),
         py::arg("direct_min_bytes") = -1, py::arg("stores") = 0,
         py::arg("push") = std::vector<bool>{});
-  m.def("stage_store_chooser", &TestingStageStoreChooser, py::arg("stores"),
-        py::arg("calls"));
+  m.def("stage_store_chooser", &TestingStageStoreChooser, py::arg("stores"), py::arg("calls"));
   m.def("streaming_copy", &TestingStreamingCopy, py::arg("dst"), py::arg("src"));
   m.def("shm_slice_start", &ShmSliceStart);
   m.def("collapse_huge_pages", &TestingCollapseHugePages, py::arg("arrays"));

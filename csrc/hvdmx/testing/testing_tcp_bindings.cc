@@ -5,9 +5,9 @@
 #include <pybind11/stl.h>
 
 #include <chrono>
-#include <functional>
 #include <condition_variable>
 #include <cstring>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -92,9 +92,9 @@ std::vector<py::dict> TestingTcpCollectives(int n, int direct_bit_and_ranks, int
     for (int round = 0; round < 3; ++round) {
       std::vector<uint64_t> words(3, ~uint64_t{0});
       for (uint64_t& w : words) w &= ~(uint64_t{1} << ((r + round) % 64));
-      comm->StartBitAndWithPayload(words.data(), 3,
-                                   "payload of rank " + std::to_string(r) + " round " +
-                                       std::to_string(round));
+      comm->StartBitAndWithPayload(
+          words.data(), 3,
+          "payload of rank " + std::to_string(r) + " round " + std::to_string(round));
       while (!comm->TestBitAnd()) comm->AwaitArrival(1000000);
       ands.push_back(words);
       std::vector<std::string> got;
@@ -118,11 +118,10 @@ std::vector<py::dict> TestingTcpCollectives(int n, int direct_bit_and_ranks, int
     std::vector<float> exchanged(count), ringed(count);
     for (int64_t i = 0; i < count; ++i) exchanged[i] = ringed[i] = float(r * 1000 + i);
     std::vector<char> scratch;
-    ExchangeAllreduce(*comm, exchanged.data(), count, DataType::kFloat32, ReduceOp::kSum,
-                      &scratch);
+    ExchangeAllreduce(*comm, exchanged.data(), count, DataType::kFloat32, ReduceOp::kSum, &scratch);
     RingScratch ring_scratch;
-    RingAllreduce(*comm, ringed.data(), count, DataType::kFloat32, ReduceOp::kSum,
-                  segment_bytes, &ring_scratch);
+    RingAllreduce(*comm, ringed.data(), count, DataType::kFloat32, ReduceOp::kSum, segment_bytes,
+                  &ring_scratch);
     const int connections = comm->connections();
     py::gil_scoped_acquire gil;
     (*result)["ands"] = ands;
