@@ -8,6 +8,7 @@
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <poll.h>
+#include <sched.h>
 #include <sys/socket.h>
 #include <sys/uio.h>
 #include <unistd.h>
@@ -436,7 +437,11 @@ void TcpComm::PollPending(int64_t micros) {
 }
 
 void TcpComm::AwaitArrival(int64_t waited_micros) {
-  if (ProgressAll() || waited_micros < options_.spin_micros) return;
+  if (ProgressAll()) return;
+  if (waited_micros < options_.spin_micros) {
+    sched_yield();
+    return;
+  }
   PollPending(kPollSliceMicros);
 }
 
@@ -451,6 +456,8 @@ void TcpComm::WaitUntil(const std::function<bool()>& done, const char* what, boo
       if (!idle_(i)) throw CommAbandoned();
     } else if (MicrosSince(start) >= options_.spin_micros) {
       PollPending(kPollSliceMicros);
+    } else {
+      sched_yield();
     }
     if (options_.give_up_seconds > 0 &&
         MicrosSince(last_moved_) > static_cast<int64_t>(options_.give_up_seconds * 1e6)) {

@@ -62,10 +62,9 @@ struct TcpOptions {
   // A wait in which no byte moved for this long throws PeerGone; 0: wait
   // as long as the kernel's keepalive says the peer is there.
   double give_up_seconds = 0;
-  // How long a wait tries its sockets without blocking before it blocks in
-  // poll(2): a reply often comes within tens of microseconds, sooner than
-  // a blocked thread is woken. 0 when the host's ranks outnumber its CPUs,
-  // where trying takes the CPU from the rank that would send the reply.
+  // How long a wait tries its sockets without blocking (yielding the CPU
+  // between tries) before it blocks in poll(2): a reply often comes within
+  // tens of microseconds, sooner than a blocked thread is woken.
   int64_t spin_micros = 0;
   // Up to this many ranks, a bit-and goes from every rank to every other;
   // beyond, through rank 0 (Note [The bit-and over TCP] in tcp_collectives.cc).
@@ -77,7 +76,9 @@ struct TcpOptions {
 inline TcpOptions TcpOptionsFor(const Config& config, bool ranks_outnumber_cpus) {
   constexpr int64_t kSpinMicros = 50;
   TcpOptions options;
-  options.spin_micros = ranks_outnumber_cpus ? 0 : kSpinMicros;
+  options.spin_micros = config.tcp_spin_micros >= 0 ? config.tcp_spin_micros
+                        : ranks_outnumber_cpus      ? 0
+                                                    : kSpinMicros;
   options.iface = config.tcp_iface;
   options.give_up_seconds = config.stall_shutdown_seconds;
   return options;

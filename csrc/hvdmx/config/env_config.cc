@@ -205,6 +205,9 @@ Status LoadConfig(const EnvLookup& lookup, Config* out) {
                "one of auto (tcp when the job spans hosts, else mpi), tcp, mpi", &config.transport);
   if (!s.ok()) return s;
   if (auto value = Find(lookup, "TCP_IFACE", &name)) config.tcp_iface = *value;
+  s = ReadInt(lookup, "TCP_SPIN_MICROS", -1, "microseconds >= 0, or -1 (auto)",
+              &config.tcp_spin_micros);
+  if (!s.ok()) return s;
   s = ReadWord(lookup, "CPU_BIND",
                {{"auto", CpuBind::kAuto}, {"core", CpuBind::kCore}, {"none", CpuBind::kNone}},
                "one of auto, core, none", &config.cpu_bind);
@@ -212,6 +215,7 @@ Status LoadConfig(const EnvLookup& lookup, Config* out) {
   if (auto value = Find(lookup, "HIERARCHICAL_ALLREDUCE", &name)) {
     if (*value != "0" && *value != "1") return Invalid(name, *value, "0 or 1");
     config.hierarchical_allreduce = *value == "1";
+    config.hierarchical_allreduce_set = true;
     config.allreduce_algo_fixed = config.allreduce_algo_fixed || config.hierarchical_allreduce;
   }
   if (auto value = Find(lookup, "LOG_LEVEL", &name)) {
@@ -238,8 +242,8 @@ std::string Config::ToString() const {
       << " shm_streaming_stores=" << StageStoresName(shm_streaming_stores)
       << " huge_pages=" << huge_pages << " shm_push=" << shm_push
       << " half_partials=" << (half_partials_wide ? "float32" : "half")
-      << " cpu_bind=" << CpuBindName(cpu_bind)
-      << " hierarchical_allreduce=" << hierarchical_allreduce
+      << " cpu_bind=" << CpuBindName(cpu_bind) << " hierarchical_allreduce="
+      << (hierarchical_allreduce_set ? std::to_string(hierarchical_allreduce) : "auto")
       << " transport=" << TransportName(transport) << " tcp_iface='" << tcp_iface << "'"
       << " testing_ranks_per_host=" << testing_ranks_per_host
       << " stall_check_seconds=" << stall_check_seconds

@@ -104,8 +104,11 @@ struct Config {
   bool half_partials_wide = true;
   // HVDMX_HIERARCHICAL_ALLREDUCE (HOROVOD_HIERARCHICAL_ALLREDUCE): 0 or 1.
   // 1: on several hosts with equal rank counts, shared memory inside each
-  // host and our ring between hosts (shm_allreduce.h).
+  // host and our ring between hosts (shm_allreduce.h). Unset (the default):
+  // the same where the hosts allow it, without the warning where they do
+  // not (hierarchical_allreduce_set is false).
   bool hierarchical_allreduce = false;
+  bool hierarchical_allreduce_set = false;
   // HVDMX_TRANSPORT: auto, tcp or mpi. How ranks on different hosts talk
   // (the negotiation, and the collectives' bytes that do not go through
   // shared memory): tcp through hvdmx's own sockets (comm/tcp_comm.h), mpi
@@ -114,6 +117,11 @@ struct Config {
   // HVDMX_TCP_IFACE: the interface whose address the tcp transport listens
   // on; empty: see TcpOptions::iface.
   std::string tcp_iface;
+  // HVDMX_TCP_SPIN_MICROS: how long a wait of the tcp transport keeps trying
+  // its sockets (yielding the CPU between tries) before it blocks in
+  // poll(2); -1 (auto): 50 us, or 0 where the host's ranks outnumber its
+  // CPUs (TcpOptions::spin_micros).
+  int64_t tcp_spin_micros = -1;
   // HVDMX_TESTING_RANKS_PER_HOST: for tests only. > 0 pretends that each
   // run of this many consecutive ranks is one host; 0 asks MPI.
   int64_t testing_ranks_per_host = 0;

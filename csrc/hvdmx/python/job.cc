@@ -185,7 +185,8 @@ Status CheckSettingsAgree(MPI_Comm comm, const Config& c, int size) {
       {"SHM_DIRECT_MIN_BYTES", c.shm_direct_min_bytes},
       {"SHM_PUSH", c.shm_push ? 1 : 0},
       {"HALF_PARTIALS", c.half_partials_wide ? 1 : 0},
-      {"HIERARCHICAL_ALLREDUCE", c.hierarchical_allreduce ? 1 : 0},
+      {"HIERARCHICAL_ALLREDUCE",
+       c.hierarchical_allreduce_set ? (c.hierarchical_allreduce ? 1 : 0) : 2},
       {"TRANSPORT", static_cast<int64_t>(c.transport)},
       {"TESTING_RANKS_PER_HOST", c.testing_ranks_per_host},
   };
@@ -198,6 +199,7 @@ Status CheckSettingsAgree(MPI_Comm comm, const Config& c, int size) {
     if (std::string(mine[i].var) == "HALF_PARTIALS") return std::string(v ? "float32" : "half");
     if (std::string(mine[i].var) == "TRANSPORT")
       return std::string(TransportName(static_cast<Transport>(v)));
+    if (std::string(mine[i].var) == "HIERARCHICAL_ALLREDUCE" && v == 2) return std::string("unset");
     return std::string(mine[i].var) == "ALLREDUCE_ALGO"
                ? AllreduceAlgoName(static_cast<AllreduceAlgo>(v))
                : std::to_string(v);
