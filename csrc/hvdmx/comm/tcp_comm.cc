@@ -196,6 +196,13 @@ void TcpComm::Fail(int peer, const std::string& what) {
                            "ranks' output (see docs/errors.md)");
 }
 
+void TcpComm::FailOnError(int peer, int err, const char* doing) {
+  // A reset (or a write after the peer's close) is how a peer whose process
+  // ended without closing cleanly shows.
+  if (err == ECONNRESET || err == EPIPE) Fail(peer, "was closed by that rank (" + Errno(err) + ")");
+  Fail(peer, std::string("failed while ") + doing + ": " + Errno(err));
+}
+
 int TcpComm::connections() const {
   int n = 0;
   for (const Peer& p : peers_) n += p.fd >= 0;
@@ -335,7 +342,7 @@ bool TcpComm::ProgressSends(int peer) {
     const ssize_t n = n_iov == 0 ? 0 : sendmsg(p.fd, &msg, MSG_DONTWAIT | MSG_NOSIGNAL);
     if (n < 0) {
       if (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR) break;
-      Fail(peer, "failed while sending: " + Errno(errno));
+      FailOnError(peer, errno, "sending");
     }
     moved = moved || n > 0;
     op.moved += n;
@@ -372,7 +379,7 @@ bool TcpComm::ProgressRecvs(int peer) {
       if (n == 0) Fail(peer, "was closed by that rank");
       if (n < 0) {
         if (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR) break;
-        Fail(peer, "failed while receiving: " + Errno(errno));
+        FailOnError(peer, errno, "receiving");
       }
       moved = true;
     }

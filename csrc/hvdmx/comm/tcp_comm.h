@@ -151,6 +151,7 @@ class TcpComm : public Comm {
   void WaitUntil(const std::function<bool()>& done, const char* what, bool use_idle);
   void Free(Request request);
   [[noreturn]] void Fail(int peer, const std::string& what);
+  [[noreturn]] void FailOnError(int peer, int err, const char* doing);
   std::string Describe(int peer) const;
 
   int rank_ = 0;
