@@ -14,36 +14,17 @@ prints one JSON object: {"sizes": {bytes: {"hvd_us", "mpi_us"}}, "model": {...}}
 """
 import argparse
 import json
-import time
+import os
+import sys
 
 import numpy as np
 from mpi4py import MPI  # first: Horovod joins the MPI that mpi4py started
 import mxnet as mx
 import horovod.mxnet as hvd
 
-
-def timed(fn, warmup, iters, comm):
-    for _ in range(warmup):
-        fn()
-    comm.Barrier()
-    start = time.perf_counter()
-    for _ in range(iters):
-        fn()
-    return comm.allreduce(time.perf_counter() - start, op=MPI.MAX) / iters
-
-
-def parse_size(text):
-    units = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
-    return int(text[:-1]) * units[text[-1]] if text[-1] in units else int(text)
-
-
-def model_gradients(name):
-    """Shapes of the network's gradients, sorted by parameter name (the order
-    DistributedTrainer reduces them)."""
-    net = mx.gluon.model_zoo.vision.get_model(name, pretrained=False)
-    net.initialize(mx.init.Xavier())
-    net(mx.nd.zeros((1, 3, 224, 224)))
-    return [p.shape for _, p in sorted(net.collect_params().items()) if p.grad_req != "null"]
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", ".."))
+# The slowest rank's mean, and the gradient shapes; neither loads hvdmx's core.
+from hvdmx.bench import model_gradients, parse_size, timed  # noqa: E402
 
 
 def main(argv=None):
@@ -76,7 +57,7 @@ def main(argv=None):
         out["sizes"][size] = {"hvd_us": timed(hvd_call, warmup, iters, comm) * 1e6,
                               "mpi_us": timed(mpi_call, warmup, iters, comm) * 1e6}
     if args.model:
-        shapes = model_gradients(args.model)
+        shapes = [s for s, _ in model_gradients(args.model)]
         grads = [mx.nd.ones(s) for s in shapes]
         bufs = [np.ones(s, dtype=np.float32) for s in shapes]
 

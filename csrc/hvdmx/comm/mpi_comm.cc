@@ -64,15 +64,17 @@ std::vector<std::string> MpiAllgatherStrings(MPI_Comm comm, const std::string& m
   return out;
 }
 
-bool HostRanksOutnumberCpus(MPI_Comm comm) {
+int HostRankCount(MPI_Comm comm) {
   int rank = 0, local_size = 1;
   MPI_Comm_rank(comm, &rank);
   MPI_Comm local;
   MPI_Comm_split_type(comm, MPI_COMM_TYPE_SHARED, rank, MPI_INFO_NULL, &local);
   MPI_Comm_size(local, &local_size);
   MPI_Comm_free(&local);
-  return local_size > UsableCpuCount();
+  return local_size;
 }
+
+bool HostRanksOutnumberCpus(MPI_Comm comm) { return HostRankCount(comm) > UsableCpuCount(); }
 
 int EnsureMpiInitialized() {
   int initialized = 0;

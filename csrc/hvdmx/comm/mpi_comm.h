@@ -56,6 +56,10 @@ class MpiComm : public Comm {
 // How a TcpComm's ranks learn each other's addresses.
 std::vector<std::string> MpiAllgatherStrings(MPI_Comm comm, const std::string& mine);
 
+// How many ranks of `comm` share this host (MPI's idea of a host).
+// Collective over `comm`.
+int HostRankCount(MPI_Comm comm);
+
 // Whether this host's ranks of `comm` outnumber the CPUs this process may
 // run on (MPI's idea of a host). Collective over `comm`.
 bool HostRanksOutnumberCpus(MPI_Comm comm);

@@ -323,23 +323,29 @@ TcpComm::Request TcpComm::IRecvAny(std::string* out, int peer) {
   return Post(op, peer);
 }
 
+size_t TcpComm::Remaining(Op& op, msghdr* msg, iovec* iov) {
+  size_t n_iov = 0, bytes = 0;
+  if (op.moved < kHeaderBytes) {
+    iov[n_iov++] = {reinterpret_cast<char*>(&op.header) + op.moved,
+                    static_cast<size_t>(kHeaderBytes - op.moved)};
+  }
+  const int64_t body = std::max<int64_t>(0, op.moved - kHeaderBytes);
+  if (op.bytes > body) iov[n_iov++] = {op.buf + body, static_cast<size_t>(op.bytes - body)};
+  for (size_t k = 0; k < n_iov; ++k) bytes += iov[k].iov_len;
+  msg->msg_iov = iov;
+  msg->msg_iovlen = n_iov;
+  return bytes;
+}
+
 bool TcpComm::ProgressSends(int peer) {
   Peer& p = peers_[peer];
   bool moved = false;
   while (!p.sends.empty()) {
     Op& op = ops_[p.sends.front()];
-    iovec iov[2];
-    int n_iov = 0;
-    if (op.moved < kHeaderBytes) {
-      iov[n_iov++] = {reinterpret_cast<char*>(&op.header) + op.moved,
-                      static_cast<size_t>(kHeaderBytes - op.moved)};
-    }
-    const int64_t body = std::max<int64_t>(0, op.moved - kHeaderBytes);
-    if (op.bytes > body) iov[n_iov++] = {op.buf + body, static_cast<size_t>(op.bytes - body)};
     msghdr msg{};
-    msg.msg_iov = iov;
-    msg.msg_iovlen = n_iov;
-    const ssize_t n = n_iov == 0 ? 0 : sendmsg(p.fd, &msg, MSG_DONTWAIT | MSG_NOSIGNAL);
+    iovec iov[2];
+    const size_t want = Remaining(op, &msg, iov);
+    const ssize_t n = want == 0 ? 0 : sendmsg(p.fd, &msg, MSG_DONTWAIT | MSG_NOSIGNAL);
     if (n < 0) {
       if (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR) break;
       FailOnError(peer, errno, "sending");
@@ -358,23 +364,13 @@ bool TcpComm::ProgressRecvs(int peer) {
   bool moved = false;
   while (!p.recvs.empty()) {
     Op& op = ops_[p.recvs.front()];
-    iovec iov[2];
-    int n_iov = 0;
-    if (op.moved < kHeaderBytes) {
-      iov[n_iov++] = {reinterpret_cast<char*>(&op.header) + op.moved,
-                      static_cast<size_t>(kHeaderBytes - op.moved)};
-    }
     // A receive of any size (bytes < 0) learns its size from the header
     // first; one of known size reads header and body at once.
-    const int64_t body = std::max<int64_t>(0, op.moved - kHeaderBytes);
-    if (op.bytes > body) iov[n_iov++] = {op.buf + body, static_cast<size_t>(op.bytes - body)};
+    msghdr msg{};
+    iovec iov[2];
+    const size_t want = Remaining(op, &msg, iov);
     ssize_t n = 0;
-    size_t want = 0;
-    if (n_iov > 0) {
-      for (int k = 0; k < n_iov; ++k) want += iov[k].iov_len;
-      msghdr msg{};
-      msg.msg_iov = iov;
-      msg.msg_iovlen = n_iov;
+    if (want > 0) {
       n = recvmsg(p.fd, &msg, MSG_DONTWAIT);
       if (n == 0) Fail(peer, "was closed by that rank");
       if (n < 0) {

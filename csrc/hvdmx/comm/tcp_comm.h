@@ -41,6 +41,9 @@
 #ifndef HVDMX_TCP_COMM_H_
 #define HVDMX_TCP_COMM_H_
 
+#include <sys/socket.h>
+#include <sys/uio.h>
+
 #include <chrono>
 #include <cstdint>
 #include <deque>
@@ -143,6 +146,9 @@ class TcpComm : public Comm {
   void AcceptUntil(int peer);
   // Moves what the sockets take or give without blocking; true if a byte moved.
   bool ProgressAll();
+  // Points msg at what is left of op (header, then body) in iov[0..1];
+  // returns its bytes.
+  static size_t Remaining(Op& op, msghdr* msg, iovec* iov);
   bool ProgressSends(int peer);
   bool ProgressRecvs(int peer);
   // Blocks until a socket with pending work is ready, or `micros` pass.

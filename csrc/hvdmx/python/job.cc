@@ -65,15 +65,7 @@ Topology ComputeTopology(MPI_Comm comm) {
 }
 
 // Whether another rank of `comm` runs on this host. Collective over `comm`.
-bool PeersOnThisHost(MPI_Comm comm) {
-  int rank = 0, local_size = 1;
-  MPI_Comm_rank(comm, &rank);
-  MPI_Comm local;
-  MPI_Comm_split_type(comm, MPI_COMM_TYPE_SHARED, rank, MPI_INFO_NULL, &local);
-  MPI_Comm_size(local, &local_size);
-  MPI_Comm_free(&local);
-  return local_size > 1;
-}
+bool PeersOnThisHost(MPI_Comm comm) { return HostRankCount(comm) > 1; }
 
 // A fingerprint of a list of ints (FNV-1a over them, plus their count), for
 // ranks to check cheaply that they hold the same list.
@@ -114,14 +106,9 @@ void MaybeBindToCpu(MPI_Comm comm, CpuBind mode) {
 // Config::transport). Collective over `comm`.
 bool UseTcp(MPI_Comm comm, Transport transport) {
   if (transport != Transport::kAuto) return transport == Transport::kTcp;
-  int rank = 0, size = 1, local_size = 1;
-  MPI_Comm_rank(comm, &rank);
+  int size = 1;
   MPI_Comm_size(comm, &size);
-  MPI_Comm local;
-  MPI_Comm_split_type(comm, MPI_COMM_TYPE_SHARED, rank, MPI_INFO_NULL, &local);
-  MPI_Comm_size(local, &local_size);
-  MPI_Comm_free(&local);
-  return local_size < size;
+  return HostRankCount(comm) < size;
 }
 
 // A communicator over the ranks of `comm`: MPI's, or TCP's built with MPI's
