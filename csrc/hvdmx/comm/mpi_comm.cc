@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <climits>
 
+#include "comm/tcp_comm.h"
 #include "platform/cpu_binding.h"
 
 namespace hvdmx {
@@ -43,6 +44,16 @@ bool MpiOp(ReduceOp op, MPI_Op* out) {
 }
 
 }  // namespace
+
+std::unique_ptr<Comm> CommOver(MPI_Comm comm, const Config& config, bool ranks_outnumber_cpus) {
+  if (config.transport != Transport::kTcp) return std::make_unique<MpiComm>(comm);
+  int rank = 0, size = 1;
+  MPI_Comm_rank(comm, &rank);
+  MPI_Comm_size(comm, &size);
+  return std::make_unique<TcpComm>(
+      rank, size, TcpOptionsFor(config, ranks_outnumber_cpus),
+      [comm](const std::string& mine) { return MpiAllgatherStrings(comm, mine); });
+}
 
 std::vector<std::string> MpiAllgatherStrings(MPI_Comm comm, const std::string& mine) {
   int size = 1;

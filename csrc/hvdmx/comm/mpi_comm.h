@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "comm/comm.h"
+#include "config/env_config.h"
 
 namespace hvdmx {
 
@@ -51,6 +52,12 @@ class MpiComm : public Comm {
   std::vector<int64_t> free_slots_;
   MPI_Request bit_and_request_ = MPI_REQUEST_NULL;
 };
+
+// A communicator over the ranks of `comm`: MPI's (a duplicate), or, when
+// config.transport is kTcp, a TcpComm whose addresses travel by one MPI
+// allgather over `comm`; `ranks_outnumber_cpus` sets its spin
+// (TcpOptionsFor). Collective over `comm`.
+std::unique_ptr<Comm> CommOver(MPI_Comm comm, const Config& config, bool ranks_outnumber_cpus);
 
 // Every rank's string (index = rank): an allgather over `comm`, collective.
 // How a TcpComm's ranks learn each other's addresses.

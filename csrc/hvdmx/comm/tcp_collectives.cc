@@ -6,6 +6,7 @@
 #include "comm/tcp_comm.h"
 
 namespace hvdmx {
+
 void TcpComm::Bcast(void* buf, int64_t bytes, int root) {
   // A binomial tree over ranks relative to the root.
   const int v = (rank_ - root + size_) % size_;
@@ -27,9 +28,7 @@ void TcpComm::Bcast(void* buf, int64_t bytes, int root) {
 std::vector<std::string> TcpComm::Gather(const std::string& mine, int root) {
   std::vector<std::string> out;
   if (rank_ != root) {
-    const Request r = ISend(mine.data(), static_cast<int64_t>(mine.size()), root);
-    WaitUntil([&] { return ops_[r].done; }, "negotiation", /*use_idle=*/true);
-    Free(r);
+    Finish(ISend(mine.data(), static_cast<int64_t>(mine.size()), root), "negotiation", true);
     return out;
   }
   out.resize(size_);
@@ -55,9 +54,7 @@ void TcpComm::BcastString(std::string* data, int root) {
   int mask = 1;
   while (mask < size_) {
     if (v & mask) {
-      const Request r = IRecvAny(data, (v - mask + root) % size_);
-      WaitUntil([&] { return ops_[r].done; }, "negotiation", /*use_idle=*/true);
-      Free(r);
+      Finish(IRecvAny(data, (v - mask + root) % size_), "negotiation", true);
       break;
     }
     mask <<= 1;
@@ -69,10 +66,7 @@ void TcpComm::BcastString(std::string* data, int root) {
           ISend(data->data(), static_cast<int64_t>(data->size()), (v + mask + root) % size_));
     }
   }
-  for (Request r : sends) {
-    WaitUntil([&] { return ops_[r].done; }, "negotiation", /*use_idle=*/true);
-    Free(r);
-  }
+  for (Request r : sends) Finish(r, "negotiation", true);
 }
 
 // Note [The bit-and over TCP]

@@ -486,8 +486,10 @@ void TcpComm::Free(Request request) {
   free_ops_.push_back(request);
 }
 
-void TcpComm::Wait(Request request) {
-  WaitUntil([&] { return ops_[request].done; }, "a collective's transfer", /*use_idle=*/false);
+void TcpComm::Wait(Request request) { Finish(request, "a collective's transfer", false); }
+
+void TcpComm::Finish(Request request, const char* what, bool use_idle) {
+  WaitUntil([&] { return ops_[request].done; }, what, use_idle);
   Free(request);
 }
 

@@ -156,6 +156,8 @@ class TcpComm : public Comm {
   // Progresses and blocks until done() holds; see give_up_seconds.
   void WaitUntil(const std::function<bool()>& done, const char* what, bool use_idle);
   void Free(Request request);
+  // WaitUntil the request is done, then Free it.
+  void Finish(Request request, const char* what, bool use_idle);
   [[noreturn]] void Fail(int peer, const std::string& what);
   [[noreturn]] void FailOnError(int peer, int err, const char* doing);
   std::string Describe(int peer) const;

@@ -7,7 +7,6 @@
 #include "base/logging.h"
 #include "base/timeline.h"
 #include "comm/mpi_comm.h"
-#include "comm/tcp_comm.h"
 #include "platform/cpu_binding.h"
 #include "platform/output_pool.h"
 #include "shm/shm_segment.h"
@@ -111,25 +110,14 @@ bool UseTcp(MPI_Comm comm, Transport transport) {
   return HostRankCount(comm) < size;
 }
 
-// A communicator over the ranks of `comm`: MPI's, or TCP's built with MPI's
-// help. Collective over `comm`.
-std::unique_ptr<Comm> MakeComm(MPI_Comm comm, const Config& config) {
-  if (config.transport != Transport::kTcp) return std::make_unique<MpiComm>(comm);
-  int rank = 0, size = 1;
-  MPI_Comm_rank(comm, &rank);
-  MPI_Comm_size(comm, &size);
-  return std::make_unique<TcpComm>(
-      rank, size, TcpOptionsFor(config, HostRanksOutnumberCpus(comm)),
-      [comm](const std::string& mine) { return MpiAllgatherStrings(comm, mine); });
-}
-
 // Collective over `comm`.
 std::shared_ptr<Runtime> StartRuntime(MPI_Comm comm) {
   Config config = G().config;
   config.transport = UseTcp(comm, config.transport) ? Transport::kTcp : Transport::kMpi;
   std::unique_ptr<ShmHost> shm = CreateNodeShm(comm, config);
-  std::unique_ptr<Comm> control = MakeComm(comm, config);
-  std::unique_ptr<Comm> data = MakeComm(comm, config);
+  const bool busy = config.transport == Transport::kTcp && HostRanksOutnumberCpus(comm);
+  std::unique_ptr<Comm> control = CommOver(comm, config, busy);
+  std::unique_ptr<Comm> data = CommOver(comm, config, busy);
   auto runtime = std::make_shared<Runtime>(std::move(control), std::move(data), config,
                                            std::move(shm), PeersOnThisHost(comm));
   runtime->Start();

@@ -14,7 +14,6 @@
 #include "algorithms/ring.h"
 #include "base/logging.h"
 #include "comm/mpi_comm.h"
-#include "comm/tcp_comm.h"
 #include "platform/output_pool.h"
 
 namespace hvdmx {
@@ -121,17 +120,8 @@ ShmAllreduce::CrossAllreduce RingAcrossHosts(MPI_Comm comm, int local_rank, cons
   MPI_Comm_rank(comm, &rank);
   MPI_Comm cross;
   MPI_Comm_split(comm, local_rank, rank, &cross);
-  std::shared_ptr<Comm> ring;
-  if (config.transport == Transport::kTcp) {
-    int cross_rank = 0, cross_size = 1;
-    MPI_Comm_rank(cross, &cross_rank);
-    MPI_Comm_size(cross, &cross_size);
-    ring = std::make_shared<TcpComm>(
-        cross_rank, cross_size, TcpOptionsFor(config, HostRanksOutnumberCpus(comm)),
-        [cross](const std::string& mine) { return MpiAllgatherStrings(cross, mine); });
-  } else {
-    ring = std::make_shared<MpiComm>(cross);  // its own duplicate
-  }
+  const bool busy = config.transport == Transport::kTcp && HostRanksOutnumberCpus(comm);
+  std::shared_ptr<Comm> ring = CommOver(cross, config, busy);
   MPI_Comm_free(&cross);
   auto scratch = std::make_shared<RingScratch>();
   const int64_t segment_bytes = config.ring_segment_bytes;
