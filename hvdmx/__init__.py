@@ -26,11 +26,12 @@ programs below it use hvdmx through it, as a user's script does.
     gather_scatter  allgather, alltoall, reducescatter
     compression     Compression.none, fp16, onebit
     objects         the collectives on Python objects
-    checkpoint      save_checkpoint, load_checkpoint
     functions       horovod.mxnet.functions's names (the objects' collectives)
     optimizer       DistributedOptimizer, broadcast_parameters, gradient reduction
     trainer         DistributedTrainer
     kvstore         KVStore, registered with MXNet as 'dist_sync_hvdmx' at import
+    checkpoint_residuals  each rank's compression residuals in a checkpoint
+    checkpoint      save_checkpoint, load_checkpoint
     hvdmx           this facade
     build_report    hvdmxrun --check-build's checklist
     run             hvdmxrun, the launcher

@@ -16,6 +16,14 @@ The file is an MXNet NDArray file (``mx.nd.load`` reads it):
 its optimizer state, and ``hvdmx.checkpoint``, a uint8 array holding the
 pickled rest (the optimizer, how states nest, ``extra``).
 
+With gradient compression that keeps residuals (Compression.onebit in
+DistributedTrainer or DistributedOptimizer, hvd.KVStore's 2bit and 1bit),
+each rank's residuals (what it has not yet sent of past gradients) are saved
+too, as ``residual:<holder>:<key>:<rank>``, and each rank gets its own back.
+They differ by rank, so such a save is collective: every rank must call
+``save_checkpoint``, and the checkpoint's residuals load only into a job of
+the same size (another size starts them at zero, with a warning).
+
 Parameters are identified by key, not by position: for a Block the
 structural key that ``Block.save_parameters`` uses (``"0.weight"``), which
 does not depend on the block's name prefix, so a checkpoint loads into a
@@ -34,6 +42,7 @@ import numpy as np
 from mxnet.gluon.parameter import Parameter, ParameterDict
 
 from hvdmx.basics import rank, size
+from hvdmx.checkpoint_residuals import gather_residuals, scatter_residuals, without_residuals
 from hvdmx.ops import Sum, _check_root, allreduce, broadcast_
 
 __all__ = ["load_checkpoint", "save_checkpoint"]
@@ -121,7 +130,9 @@ def save_checkpoint(path: str, params: Params, trainer: Optional[mx.gluon.Traine
     ``params`` is the model (a gluon Block), a ParameterDict or a dict of
     Parameters or NDArrays. ``extra`` keyword values (an epoch, a step, ...)
     must be picklable and come back from ``load_checkpoint``. Every rank may
-    call it (only rank 0 writes) or rank 0 alone. The file is written to
+    call it (only rank 0 writes) or rank 0 alone, except when the trainer
+    keeps gradient compression residuals: then every rank must call it, as
+    each rank's travel to rank 0 (see the module doc). The file is written to
     ``path + '.tmp-<pid>'`` first and renamed, so a crash never leaves a half
     written checkpoint under ``path``. Waits for the values it saves.
     """
@@ -129,9 +140,12 @@ def save_checkpoint(path: str, params: Params, trainer: Optional[mx.gluon.Traine
         raise TypeError("hvdmx.save_checkpoint: argument 'path' must be a str or a path, got "
                         f"{type(path).__name__}")
     named = _named("save_checkpoint", params)
+    residuals: Dict[str, mx.nd.NDArray] = {}
+    layout: List[tuple] = []
     if trainer is not None:
         _check_trainer("save_checkpoint", trainer)
         keys = _trainer_keys("save_checkpoint", trainer, named)
+        layout, residuals = gather_residuals(trainer, keys)
     if rank() != 0:
         return
     arrays: Dict[str, mx.nd.NDArray] = {}
@@ -150,7 +164,11 @@ def save_checkpoint(path: str, params: Params, trainer: Optional[mx.gluon.Traine
         states = {}
         for index, state in updater.states.items():
             states[keys[index]] = _flatten(state, f"state:{keys[index]}", arrays)
-        meta["trainer"] = {"optimizer": trainer._optimizer, "states": states}
+        meta["trainer"] = {"optimizer": without_residuals(trainer._optimizer),
+                           "states": states}
+        if layout:
+            meta["residuals"] = {"ranks": size(), "layout": layout}
+            arrays.update(residuals)
     try:
         blob = pickle.dumps(meta)
     except Exception as error:  # what pickle raises depends on the object
@@ -242,11 +260,13 @@ def _mismatch(path: str, named, trainer, meta, shapes) -> Optional[str]:
             return (f"checkpoint '{path}' has no trainer state (it was saved without "
                     "'trainer'); load it with trainer=None")
         keys = set(_trainer_keys("load_checkpoint", trainer, named))
-        stray = sorted(set(meta["trainer"]["states"]) - keys)
+        saved = meta.get("residuals") or {"layout": []}
+        stray = sorted(set(meta["trainer"]["states"]) - keys) \
+            or sorted({key for _, key, _ in saved["layout"]} - keys)
         if stray:
-            return (f"checkpoint '{path}' has an optimizer state for parameter '{stray[0]}', "
-                    "which this trainer does not train; pass the trainer of the same "
-                    "parameters")
+            return (f"checkpoint '{path}' has an optimizer state or a compression residual "
+                    f"for parameter '{stray[0]}', which this trainer does not train; pass the "
+                    "trainer of the same parameters")
     return None
 
 
@@ -273,7 +293,10 @@ def load_checkpoint(path: str, params: Params, trainer: Optional[mx.gluon.Traine
     broadcast, so they need not see the file (their ``path`` is not used).
     Every rank must call it. With ``trainer``, the trainer's optimizer is
     replaced by the saved one (hyperparameters, update counts, learning-rate
-    schedule; as ``Trainer.load_states`` does) and its states are restored.
+    schedule; as ``Trainer.load_states`` does) and its states are restored,
+    and each rank gets its own compression residuals back (if the checkpoint
+    was saved by a job of this size; otherwise they are left out, with a
+    warning).
 
     Raises on every rank, before anything is loaded, when the file cannot be
     read (FileNotFoundError, PermissionError, ValueError for a file that is
@@ -323,7 +346,9 @@ def load_checkpoint(path: str, params: Params, trainer: Optional[mx.gluon.Traine
     _agree(error, source)
 
     # 3. The arrays travel from the root, one broadcast each, in one order.
-    for entry in sorted(shapes):
+    #    (Residuals are each rank's own: step 4.)
+    common = [entry for entry in sorted(shapes) if not entry.startswith("residual:")]
+    for entry in common:
         shape, dtype = shapes[entry]
         buffer = arrays[entry] if mine else mx.nd.empty(shape, dtype=dtype)
         arrays[entry] = broadcast_(buffer, root, name=f"load_checkpoint.{entry}")
@@ -335,7 +360,10 @@ def load_checkpoint(path: str, params: Params, trainer: Optional[mx.gluon.Traine
             data.copyto(value)
     if trainer is not None:
         _restore_trainer(trainer, named, meta["trainer"], arrays)
-    for entry in sorted(shapes):  # errors surface here; the names are free again
+        # 4. Each rank's compression residuals, from the root to that rank.
+        scatter_residuals(trainer, _trainer_keys("load_checkpoint", trainer, named),
+                           meta.get("residuals"), arrays, root, source)
+    for entry in common:  # errors surface here; the names are free again
         arrays[entry].wait_to_read()
     return dict(meta["extra"])
 

@@ -142,9 +142,10 @@ class KVStore(KVStoreBase):
         size()  # raises a clear error before init()
         self._compression = compression
         self._prefix = prefix if prefix else ""
-        # set_gradient_compression's (type, threshold), and its residuals by name
+        # set_gradient_compression's (type, threshold), and its residuals by
+        # key (a Trainer's keys are its parameters' indices)
         self._gradient_compression: Optional[Tuple[str, float]] = None
-        self._residuals: Dict[str, mx.nd.NDArray] = {}
+        self._residuals: Dict[Any, mx.nd.NDArray] = {}
 
     def __repr__(self) -> str:
         compression = getattr(self._compression, "__name__", repr(self._compression))
@@ -214,12 +215,12 @@ class KVStore(KVStoreBase):
         once; reads of the results wait."""
         priority = _check_priority("pushpull", priority)
         for k, values, outs in _entries("pushpull", key, value, out):
-            self._pushpull_one(f"{self._prefix}kvstore.pushpull.{k}", values, outs, priority)
+            self._pushpull_one(k, f"{self._prefix}kvstore.pushpull.{k}", values, outs, priority)
 
-    def _pushpull_one(self, name: str, values: List[mx.nd.NDArray],
+    def _pushpull_one(self, key, name: str, values: List[mx.nd.NDArray],
                       outs: Optional[List[mx.nd.NDArray]], priority: int) -> None:
         if self._gradient_compression is not None:
-            self._pushpull_quantized(name, values, outs)
+            self._pushpull_quantized(key, name, values, outs)
             return
         in_place = outs is None
         total = values[0] if in_place or len(values) == 1 else values[0].copy()
@@ -265,7 +266,7 @@ class KVStore(KVStoreBase):
             "optimizer runs on every rank in the Trainer or Module; create the Trainer with "
             "update_on_kvstore=None or False")
 
-    def _pushpull_quantized(self, name: str, values: List[mx.nd.NDArray],
+    def _pushpull_quantized(self, key, name: str, values: List[mx.nd.NDArray],
                             outs: Optional[List[mx.nd.NDArray]]) -> None:
         """pushpull under set_gradient_compression: this rank's sum over its
         devices is quantized with its residual for the key, the codes are
@@ -279,10 +280,10 @@ class KVStore(KVStoreBase):
         for other in values[1:]:
             total += other.as_in_context(total.context)
         if kind == "2bit":
-            _exchange_with_residual("twobit", self._residuals, name, total, name,
+            _exchange_with_residual("twobit", self._residuals, key, total, name,
                                     global_process_set, threshold)
         else:
-            _exchange_with_residual("onebit", self._residuals, name, total, name,
+            _exchange_with_residual("onebit", self._residuals, key, total, name,
                                     global_process_set)
         for t in (values[1:] if outs is None else outs):
             if t.handle.value != total.handle.value:

@@ -3,6 +3,7 @@ run bitwise, for DistributedTrainer and for gluon.Trainer with the kvstore
 plugin; only the root needs the file; bad files and models that do not fit
 raise on every rank, naming the parameter, and nothing hangs."""
 import os
+import pickle
 
 import mxnet as mx
 import numpy as np
@@ -89,6 +90,110 @@ def test_states_matter():
     for step in range(2, 4):
         train_step(fresh, trainer2, local(xs[step]), local(ys[step]), batch)
     assert not np.array_equal(params_numpy(fresh)["0.weight"], params_numpy(net)["0.weight"])
+
+
+def compressed_trainer(net, holder, prefix):
+    """A trainer whose gradient compression keeps a residual per rank and
+    parameter, in the trainer, its DistributedOptimizer or its KVStore."""
+    opt = {"learning_rate": 0.1, "momentum": MOMENTUM}
+    if holder == "trainer":
+        return hvd.DistributedTrainer(net.collect_params(), "sgd", opt, prefix=prefix,
+                                      compression=hvd.Compression.onebit), B
+    if holder == "optimizer":
+        wrapped = hvd.DistributedOptimizer(mx.optimizer.create("sgd", **opt),
+                                           compression=hvd.Compression.onebit)
+        return gluon.Trainer(net.collect_params(), wrapped, kvstore=None), B
+    kind = holder.split(":")[1]
+    params = {"type": kind, "threshold": 0.01} if kind == "2bit" else {"type": kind}
+    return gluon.Trainer(net.collect_params(), "sgd", opt, kvstore=hvd.KVStore(prefix=prefix),
+                         compression_params=params), hvd.size() * B
+
+
+def residuals_of(trainer):
+    from hvdmx.checkpoint_residuals import _residual_holders
+    (holder,) = _residual_holders(trainer).values()
+    return holder
+
+
+@pytest.mark.parametrize("holder", ["trainer", "optimizer", "kvstore:2bit", "kvstore:1bit"])
+def test_resume_with_compression_residuals(tmp_path, holder):
+    """Each rank's residuals come back to that rank: the resumed run equals
+    the uninterrupted one bitwise, and it would not with the residuals lost.
+    Every rank calls save_checkpoint (the residuals travel to rank 0)."""
+    xs, ys = batches(STEPS)
+    tag = holder.replace(":", "")
+    path = str(tmp_path / "residuals.ckpt")
+    net = make_net(f"ckptres{tag}_")
+    hvd.broadcast_parameters(net.collect_params(), root_rank=0, prefix=f"ckptres.{tag}.")
+    trainer, batch = compressed_trainer(net, holder, f"ckptres.{tag}.")
+    for step in range(STEPS):
+        if step == RESUME_AT:
+            hvd.save_checkpoint(path, net, trainer, step=step)
+            saved = {i: r.asnumpy() for i, r in residuals_of(trainer).items()}
+        train_step(net, trainer, local(xs[step]), local(ys[step]), batch)
+        assert_identical_across_ranks(net)
+    uninterrupted = params_numpy(net)
+    if hvd.size() > 1:  # the residuals differ by rank, so each must get its own
+        assert len(saved) == 4
+        mine = np.concatenate([saved[i].ravel() for i in sorted(saved)])
+        everyone = MPI.COMM_WORLD.allgather(mine)
+        assert not all(np.array_equal(everyone[0], other) for other in everyone[1:])
+
+    def resume(label, lose_residuals=False):
+        resumed = make_net(f"{label}{tag}_", seed=99)
+        trainer2, batch = compressed_trainer(resumed, holder, f"{label}.{tag}.")
+        hvd.load_checkpoint(path, resumed, trainer2)
+        if hvd.size() > 1:
+            got = residuals_of(trainer2)
+            assert sorted(got) == sorted(saved)
+            assert all(np.array_equal(got[i].asnumpy(), saved[i]) for i in saved)
+        if lose_residuals:
+            residuals_of(trainer2).clear()
+        for step in range(RESUME_AT, STEPS):
+            train_step(resumed, trainer2, local(xs[step]), local(ys[step]), batch)
+        assert_identical_across_ranks(resumed)
+        return params_numpy(resumed)
+
+    got = resume("ckptresumed")
+    for key in uninterrupted:
+        assert np.array_equal(got[key], uninterrupted[key]), key
+    if hvd.size() > 1:
+        lost = resume("ckptlost", lose_residuals=True)
+        assert not all(np.array_equal(lost[k], uninterrupted[k]) for k in uninterrupted)
+
+
+def test_residuals_of_another_job_size_are_not_loaded(tmp_path):
+    """A checkpoint whose residuals were saved by another number of ranks
+    loads everything else, warns on every rank, and starts the residuals
+    at zero."""
+    xs, ys = batches(2)
+    path = shared_path(tmp_path, "othersize.ckpt")
+    net = make_net("ckptsize_")
+    hvd.broadcast_parameters(net.collect_params(), root_rank=0, prefix="ckptsize.")
+    trainer, batch = compressed_trainer(net, "trainer", "ckptsize.")
+    train_step(net, trainer, local(xs[0]), local(ys[0]), batch)
+    hvd.save_checkpoint(path, net, trainer)
+    if hvd.rank() == 0:  # as if written by a job of one more rank
+        arrays = mx.nd.load(path)
+        meta = pickle.loads(arrays["hvdmx.checkpoint"].asnumpy().tobytes())
+        if hvd.size() > 1:
+            assert meta["residuals"]["ranks"] == hvd.size()
+            meta["residuals"]["ranks"] = hvd.size() + 1
+        else:
+            assert "residuals" not in meta  # one rank sends nothing, keeps nothing
+        blob = np.frombuffer(pickle.dumps(meta), dtype=np.uint8)
+        arrays["hvdmx.checkpoint"] = mx.nd.array(blob, dtype="uint8")
+        mx.nd.save(path, arrays)
+    resumed = make_net("ckptsize2_", seed=99)
+    trainer2, _ = compressed_trainer(resumed, "trainer", "ckptsize2.")
+    if hvd.size() > 1:
+        with pytest.warns(UserWarning, match=f"residuals of {hvd.size() + 1} ranks and this "
+                                             f"job has {hvd.size()}; they were not loaded"):
+            hvd.load_checkpoint(path, resumed, trainer2)
+    else:
+        hvd.load_checkpoint(path, resumed, trainer2)
+    assert residuals_of(trainer2) == {}
+    assert params_numpy(resumed)["0.weight"].tolist() == params_numpy(net)["0.weight"].tolist()
 
 
 def test_every_root_and_plain_dicts(tmp_path):

@@ -1,0 +1,121 @@
+"""Gradient compression residuals in checkpoints (hvdmx/checkpoint.py).
+
+Compression.onebit (in DistributedTrainer and DistributedOptimizer) and
+hvd.KVStore's 2bit and 1bit keep, on every rank, what that rank has not yet
+sent of past gradients: a residual per parameter, which differs by rank. So
+it cannot travel as the rest of a checkpoint does (the root's values to every
+rank): save sends each rank's residuals to rank 0, stored as
+``residual:<holder>:<key>:<rank>``, and load sends each rank its own, one
+broadcast per rank either way (every rank receives each; a checkpoint is
+rare). Residuals of a job of another size cannot be given out rank by rank
+and are left out, with a warning.
+"""
+from __future__ import annotations
+
+import copy
+import warnings
+from typing import Dict, List, Tuple
+
+import mxnet as mx
+import numpy as np
+
+from hvdmx.basics import rank, size
+from hvdmx.compression import Compression
+from hvdmx.kvstore import KVStore
+from hvdmx.ops import broadcast_
+from hvdmx.optimizer import DistributedOptimizer
+from hvdmx.trainer import DistributedTrainer
+
+__all__ = ["gather_residuals", "scatter_residuals", "without_residuals"]
+
+
+def _residual_holders(trainer) -> Dict[str, dict]:
+    """The residual dicts (by parameter index) that ``trainer`` trains with:
+    DistributedTrainer's and DistributedOptimizer's Compression.onebit, and
+    hvd.KVStore's set_gradient_compression."""
+    holders = {}
+    if isinstance(trainer, DistributedTrainer) and trainer._compression is Compression.onebit:
+        holders["trainer"] = trainer._residuals
+    optimizer = trainer._optimizer
+    if isinstance(optimizer, DistributedOptimizer) and optimizer._compression is Compression.onebit:
+        holders["optimizer"] = optimizer._residuals
+    kvstore = trainer._kvstore if trainer._kv_initialized else None
+    if isinstance(kvstore, KVStore) and kvstore._gradient_compression is not None:
+        holders["kvstore"] = kvstore._residuals
+    return holders
+
+
+def without_residuals(optimizer):
+    """The optimizer to pickle: a DistributedOptimizer's residuals are this
+    rank's own and are saved apart."""
+    if isinstance(optimizer, DistributedOptimizer):
+        optimizer = copy.copy(optimizer)
+        object.__setattr__(optimizer, "_residuals", {})
+    return optimizer
+
+
+def gather_residuals(trainer, keys) -> Tuple[List[tuple], Dict[str, mx.nd.NDArray]]:
+    """(layout, arrays): the (holder, key, shape) of each residual the
+    trainer keeps, the same on every rank, and on rank 0 every rank's
+    residuals as ``residual:<holder>:<key>:<rank>`` (elsewhere empty)."""
+    found = sorted((holder, keys[index], value)
+                   for holder, residuals in _residual_holders(trainer).items()
+                   for index, value in residuals.items())
+    if not found:
+        return [], {}
+    layout = [(holder, key, tuple(value.shape)) for holder, key, value in found]
+    flat = mx.nd.concat(*[value.reshape((-1,)) for _, _, value in found], dim=0)
+    arrays: Dict[str, mx.nd.NDArray] = {}
+    for r in range(size()):
+        if r > 0:
+            buffer = flat if r == rank() else mx.nd.empty(flat.shape, dtype="float32")
+            received = broadcast_(buffer, r, name=f"save_checkpoint.residuals.{r}")
+        else:
+            received = flat
+        if rank() == 0:
+            offset = 0
+            for holder, key, shape in layout:
+                count = int(np.prod(shape))
+                arrays[f"residual:{holder}:{key}:{r}"] = \
+                    received[offset:offset + count].reshape(shape)
+                offset += count
+    return layout, arrays
+
+
+def scatter_residuals(trainer, keys, saved, arrays, root: int, path: str) -> None:
+    """Gives each rank its residuals from the checkpoint (see above)."""
+    if not saved:
+        return
+    if saved["ranks"] != size():
+        warnings.warn(f"hvdmx.load_checkpoint: checkpoint '{path}' holds the gradient "
+                      f"compression residuals of {saved['ranks']} ranks and this job has "
+                      f"{size()}; they were not loaded, so compression starts again from "
+                      "zero residuals", stacklevel=3)
+        return
+    if not trainer._kv_initialized:  # as Trainer.load_states: the kvstore holds some
+        trainer._init_kvstore()
+    layout = saved["layout"]
+    count = sum(int(np.prod(shape)) for _, _, shape in layout)
+    for r in range(size()):
+        if rank() == root:
+            buffer = mx.nd.concat(*[arrays[f"residual:{holder}:{key}:{r}"].reshape((-1,))
+                                    for holder, key, _ in layout], dim=0)
+        else:
+            buffer = mx.nd.empty((count,), dtype="float32")
+        received = broadcast_(buffer, root, name=f"load_checkpoint.residuals.{r}")
+        if r == rank():
+            own = received
+    holders, index_of = _residual_holders(trainer), {k: i for i, k in enumerate(keys)}
+    offset, unused = 0, set()
+    for holder, key, shape in layout:
+        size_of = int(np.prod(shape))
+        if holder in holders:
+            holders[holder][index_of[key]] = own[offset:offset + size_of].reshape(shape).copy()
+        else:
+            unused.add(holder)
+        offset += size_of
+    own.wait_to_read()
+    if unused:
+        warnings.warn(f"hvdmx.load_checkpoint: checkpoint '{path}' holds gradient compression "
+                      f"residuals of the {', '.join(sorted(unused))} that this trainer does not "
+                      "compress with; they were not loaded", stacklevel=3)
