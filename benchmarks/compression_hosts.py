@@ -2,17 +2,20 @@
 "Gradient compression across hosts" table of docs/benchmarks.md.
 
     python benchmarks/compression_hosts.py               # 1 Gbit/s cap, 2 hosts x 1 rank
+    python benchmarks/compression_hosts.py --per-host 2 --schemes none,onebit,local4,hlocal4
 
 Makes two test hosts (tools/testhosts.py) whose links are capped at --rate, and
-for each compression (none: float32, fp16, onebit) runs, in interleaved rounds:
+for each scheme (none: float32 gradients, fp16, onebit; localH: local SGD, the
+parameters averaged every H steps; hlocalH: hierarchical local SGD, gradients
+averaged inside each host every step) runs, in interleaved rounds:
 
 - examples/synthetic_benchmark.py (--model, synthetic images) twice, with a short
   and a long run; the bytes each host sent over its link in the long run minus
   the short one, divided by the extra batches, is what one training step sends
   (start-up, the first broadcast of the parameters and warm-up cancel out); the
   long run's ms per batch on rank 0 is the step time;
-- once, examples/mnist_gluon.py with that compression (the digits example):
-  its final test accuracy.
+- once, examples/mnist_gluon.py with that scheme (the digits example): its
+  final test accuracy.
 
 Prints one table: medians over the rounds.
 """
@@ -31,6 +34,20 @@ ENV = {"OMP_NUM_THREADS": "1", "MXNET_CPU_WORKER_NTHREADS": "1",
        "MXNET_ENGINE_TYPE": "ThreadedEnginePerDevice", "PYTHONPATH": REPO}
 MS = re.compile(r"\(([\d.]+) ms per batch on rank 0\)")
 ACCURACY = re.compile(r"test accuracy ([\d.]+)")
+
+
+LOCAL = re.compile(r"(h?)local(\d+)$")
+
+
+def scheme_flags(scheme):
+    """The flags of examples/synthetic_benchmark.py and mnist_gluon.py for a scheme."""
+    if scheme in ("none", "fp16", "onebit"):
+        return ["--compression", scheme]
+    local = LOCAL.match(scheme)
+    if not local or int(local[2]) < 2:
+        raise SystemExit(f"compression_hosts.py: unknown scheme {scheme!r}; give none, fp16, "
+                         "onebit, localH or hlocalH (H >= 2)")
+    return ["--local-sgd-steps", local[2]] + (["--hierarchical-local-sgd"] if local[1] else [])
 
 
 def run(th, per_host, argv, timeout):
@@ -58,7 +75,8 @@ def main(argv=None):
     parser.add_argument("--image-size", type=int, default=64)
     parser.add_argument("--batch-size", type=int, default=16)
     parser.add_argument("--batches", default="4,12", help="short and long run, in batches")
-    parser.add_argument("--compressions", default="none,fp16,onebit")
+    parser.add_argument("--schemes", "--compressions", default="none,fp16,onebit",
+                        help="comma-separated: none, fp16, onebit, localH, hlocalH")
     parser.add_argument("--digits-epochs", type=int, default=0,
                         help="epochs of the digits example (0: its default)")
     parser.add_argument("--timeout", type=int, default=1200)
@@ -67,7 +85,9 @@ def main(argv=None):
     if reason:
         raise SystemExit(f"compression_hosts.py: {reason}")
     short, long_ = (int(b) for b in args.batches.split(","))
-    kinds = args.compressions.split(",")
+    kinds = args.schemes.split(",")
+    for kind in kinds:
+        scheme_flags(kind)  # an unknown one stops here, before any host is made
     per_host = [args.per_host, args.per_host]
     bytes_per_step = {k: [] for k in kinds}
     step_ms = {k: [] for k in kinds}
@@ -79,7 +99,7 @@ def main(argv=None):
                 base = [sys.executable, "examples/synthetic_benchmark.py", "--model",
                         args.model, "--image-size", str(args.image_size), "--batch-size",
                         str(args.batch_size), "--num-classes", "10", "--num-warmup-batches",
-                        "2", "--num-batches-per-iter", "1", "--compression", kind,
+                        "2", "--num-batches-per-iter", "1"] + scheme_flags(kind) + [
                         "--num-iters"]
                 moved = []
                 for batches in (short, long_):
@@ -94,7 +114,7 @@ def main(argv=None):
                 print(f"# round {r + 1} {kind}: {per_rank / 1e6:.2f} MB sent per rank and "
                       f"step, {statistics.median(times):.1f} ms per step", flush=True)
                 if r == 0:
-                    digits = [sys.executable, "examples/mnist_gluon.py", "--compression", kind]
+                    digits = [sys.executable, "examples/mnist_gluon.py"] + scheme_flags(kind)
                     if args.digits_epochs:
                         digits += ["--epochs", str(args.digits_epochs)]
                     out = run(th, per_host, digits, args.timeout)
@@ -106,7 +126,7 @@ def main(argv=None):
     print(f"\n{args.model} (synthetic {args.image_size}x{args.image_size}, batch "
           f"{args.batch_size} per rank), 2 hosts x {args.per_host}, links capped at "
           f"{args.rate}; medians of {args.rounds} interleaved rounds\n")
-    print("| compression | MB sent per rank and step | fewer than float32 | ms per step | "
+    print("| scheme | MB sent per rank and step | fewer than float32 | ms per step | "
           "digits test accuracy |")
     print("| --- | --- | --- | --- | --- |")
     for kind in kinds:

@@ -7,7 +7,8 @@ Every rank trains on its own shard of the training set; DistributedTrainer
 averages the gradients over all ranks at every step, so the job trains one
 model on a batch of batch-size x ranks samples (with --local-sgd-steps H,
 each rank updates on its own and the parameters are averaged every H
-steps instead). Rank 0 logs MXNet
+steps instead; add --hierarchical-local-sgd to average the gradients inside
+each host every step). Rank 0 logs MXNet
 Speedometer lines (speed in samples/sec of the whole job). At the end, the
 test accuracy over the whole test set, and a check that every rank holds
 bitwise-identical parameters (the exit status is 1 when they differ).
@@ -56,6 +57,9 @@ def parse_args(argv=None):
     parser.add_argument("--local-sgd-steps", type=int, default=1, metavar="H",
                         help="local SGD: each rank updates on its own and the parameters are "
                              "averaged every H steps (1: average the gradients every step)")
+    parser.add_argument("--hierarchical-local-sgd", action="store_true",
+                        help="with --local-sgd-steps H: average the gradients over each host's "
+                             "ranks every step, the parameters over all ranks every H steps")
     parser.add_argument("--seed", type=int, default=42, help="data split and shuffling seed")
     args = parser.parse_args(argv)
     if args.epochs < 1 or args.batch_size < 1 or args.log_interval < 1:
@@ -187,7 +191,8 @@ def main(argv=None):
                                      {"learning_rate": args.lr * size,
                                       "momentum": args.momentum},
                                      compression=compression,
-                                     local_sgd_steps=args.local_sgd_steps)
+                                     local_sgd_steps=args.local_sgd_steps,
+                                     hierarchical_local_sgd=args.hierarchical_local_sgd)
     loss_fn = gluon.loss.SoftmaxCrossEntropyLoss()
     metric = mx.metric.Accuracy()
     speedometer = mx.callback.Speedometer(args.batch_size * size, args.log_interval)

@@ -57,6 +57,12 @@ def parse_args(argv=None):
                         help="how gradients travel: float32, float16, or one bit per value "
                              "with a scale and error feedback (hvd.Compression.onebit; "
                              "hvdmx only)")
+    parser.add_argument("--local-sgd-steps", type=int, default=1, metavar="H",
+                        help="local SGD: no gradient is sent; the parameters are averaged "
+                             "every H steps (hvdmx only)")
+    parser.add_argument("--hierarchical-local-sgd", action="store_true",
+                        help="with --local-sgd-steps H: average the gradients over each host's "
+                             "ranks every step (hvdmx only)")
     parser.add_argument("--no-overlap", action="store_true",
                         help="wait for the whole backward pass before the first allreduce "
                              "starts (no overlap of communication with backward), and "
@@ -79,6 +85,11 @@ def parse_args(argv=None):
     if args.sync_only and args.horovod:
         parser.error("--sync-only needs hvd.barrier(), which horovod.mxnet does not have: "
                      "give one of --sync-only and --horovod")
+    if (args.local_sgd_steps != 1 or args.hierarchical_local_sgd) and \
+            (args.horovod or args.sync_only or args.compression != "none" or args.fp16_allreduce):
+        parser.error("--local-sgd-steps and --hierarchical-local-sgd are hvdmx's local SGD, "
+                     "which sends no gradients: give them without --horovod, --sync-only and "
+                     "compression")
     for flag in ("fp16_allreduce", "no_overlap"):
         if args.sync_only and getattr(args, flag):
             parser.error(f"--{flag.replace('_', '-')} is about the gradients' allreduce, "
@@ -116,7 +127,9 @@ def main(argv=None):
         trainer = gluon.Trainer(net.collect_params(), "sgd", optimizer_params, kvstore=None)
     else:
         trainer = hvd.DistributedTrainer(net.collect_params(), "sgd", optimizer_params,
-                                         compression=compression)
+                                         compression=compression,
+                                         local_sgd_steps=args.local_sgd_steps,
+                                         hierarchical_local_sgd=args.hierarchical_local_sgd)
     loss_fn = gluon.loss.SoftmaxCrossEntropyLoss()
     data = mx.nd.random.uniform(-1, 1, shape=(args.batch_size, 3, args.image_size,
                                               args.image_size), ctx=ctx)
@@ -153,7 +166,10 @@ def main(argv=None):
             "gradients: not exchanged (--sync-only: the ranks wait for each other after "
             "every batch)" if args.sync_only else
             f"compression: {args.compression}, overlap with "
-            f"backward: {'no' if args.no_overlap else 'yes'}"))
+            f"backward: {'no' if args.no_overlap else 'yes'}" + (
+                f", local SGD every {args.local_sgd_steps} steps"
+                f"{' (hierarchical)' if args.hierarchical_local_sgd else ''}"
+                if args.local_sgd_steps > 1 else "")))
     log(f"Running {args.num_warmup_batches} warm-up batches...")
     train_batches(args.num_warmup_batches)
 

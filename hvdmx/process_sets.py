@@ -189,11 +189,42 @@ def _forget_all() -> None:
     counts of their unnamed calls: the next init gives their ids again, and
     a new set must name its calls alike on every rank, whichever old sets of
     that id the rank was in."""
+    global _host
     for process_set in _registered.values():
         process_set.process_set_id = None
     _registered.clear()
+    _host = None
     for key in [key for key in _counters if key[1] != 0]:
         del _counters[key]
+
+
+def _host_process_set() -> Optional[ProcessSet]:
+    """The process set of this host's ranks (those that share memory with
+    this one, as local_rank counts them), or None when this rank is alone on
+    its host. The global set when one host holds every rank. The first call
+    after init is collective over the whole job: every rank registers one set
+    per host of two or more ranks (the ranks of every host are learned from
+    MPI); later calls return the same set."""
+    global _host
+    if _host is None:
+        check_running()
+        comm = job_comm()
+        local = comm.Split_type(MPI.COMM_TYPE_SHARED, key=comm.Get_rank())
+        try:
+            mine = tuple(local.allgather(_core.topology()[0]))
+        finally:
+            local.Free()
+        hosts = sorted(set(comm.allgather(mine)))
+        found = global_process_set if len(hosts) == 1 else None
+        for ranks in hosts if len(hosts) > 1 else ():
+            if len(ranks) > 1:
+                added = add_process_set(list(ranks))
+                found = added if ranks == mine else found
+        _host = [found]
+    return _host[0]
+
+
+_host: Optional[list] = None  # [_host_process_set's answer] until shutdown
 
 
 def _auto_name(kind: str, set_id: int = 0) -> str:

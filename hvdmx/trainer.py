@@ -22,7 +22,8 @@ from hvdmx.errors import MismatchError
 from hvdmx.ops import Average, Max, Sum, _allreduce_each_, allreduce
 from hvdmx.optimizer import DistributedOptimizer, _check_num_groups, _check_predivide, \
     _onebit_exchange, _outside, _reduce_by_dtype, _split_list
-from hvdmx.process_sets import ProcessSet, _check_registered, global_process_set
+from hvdmx.process_sets import ProcessSet, _check_registered, _host_process_set, \
+    global_process_set
 
 __all__ = ["DistributedTrainer"]
 
@@ -94,6 +95,21 @@ def _check_same_parameters(params: Sequence[Parameter], name: str, who: str,
 
 
 
+def _check_hierarchical(hierarchical, local_sgd_steps, process_set) -> None:
+    if not isinstance(hierarchical, bool):
+        raise ValueError("hvdmx.DistributedTrainer: argument 'hierarchical_local_sgd'="
+                         f"{hierarchical!r} must be True or False")
+    if hierarchical and local_sgd_steps == 1:
+        raise ValueError("hvdmx.DistributedTrainer: hierarchical_local_sgd=True needs "
+                         "local_sgd_steps > 1 (with 1, every step already averages over all "
+                         "ranks); pass local_sgd_steps=H, the steps between averages across "
+                         "hosts")
+    if hierarchical and process_set is not global_process_set:
+        raise ValueError("hvdmx.DistributedTrainer: hierarchical_local_sgd=True works on the "
+                         f"whole job's hosts; leave 'process_set' at its default (got "
+                         f"{process_set!r})")
+
+
 def _reject_kvstore_arguments(kwargs: Dict[str, Any]) -> None:
     kvstore = kwargs.pop("kvstore", None)
     if kvstore is not None:
@@ -141,6 +157,14 @@ class DistributedTrainer(mx.gluon.Trainer):
     "localsgd." + str(i)``), bitwise identical on every rank afterwards.
     Optimizer state (momentum, Adam's moments) stays each rank's own; it is
     not averaged. H = 1 (the default) is ordinary synchronous training.
+
+    ``hierarchical_local_sgd=True`` (with H > 1) is local SGD between hosts:
+    every step averages the gradients over the ranks of this rank's host
+    (named ``prefix + "host." + str(i)``), so each host trains as one
+    synchronous worker with the same parameters and optimizer state on its
+    ranks, and every H-th step averages the parameters over all ranks as
+    above. Only the H-th step crosses the network between hosts. On one host
+    it is synchronous training with a redundant average every H steps.
     """
 
     def __init__(self, params: Union[ParameterDict, Dict[str, Parameter], List[Parameter]],
@@ -149,13 +173,14 @@ class DistributedTrainer(mx.gluon.Trainer):
                  compression: type = Compression.none, gradient_predivide_factor: float = 1.0,
                  prefix: Optional[str] = None, num_groups: int = 0,
                  process_set: ProcessSet = global_process_set, local_sgd_steps: int = 1,
-                 **kwargs: Any) -> None:
+                 hierarchical_local_sgd: bool = False, **kwargs: Any) -> None:
         _reject_kvstore_arguments(kwargs)
         if isinstance(local_sgd_steps, bool) or not isinstance(local_sgd_steps, numbers.Integral) \
                 or local_sgd_steps < 1:
             raise ValueError("hvdmx.DistributedTrainer: argument 'local_sgd_steps'="
                              f"{local_sgd_steps!r} must be an int >= 1 (1: reduce gradients "
                              "every step; H > 1: average parameters every H steps)")
+        _check_hierarchical(hierarchical_local_sgd, local_sgd_steps, process_set)
         if isinstance(optimizer, DistributedOptimizer):
             warnings.warn("hvdmx.DistributedTrainer does not take a DistributedOptimizer as "
                           "its optimizer (gradients would be reduced twice); it has been "
@@ -181,6 +206,7 @@ class DistributedTrainer(mx.gluon.Trainer):
         super().__init__(params, optimizer, optimizer_params=optimizer_params, kvstore=None)
         self._local_sgd_steps = int(local_sgd_steps)
         self._local_steps_done = 0
+        self._hierarchical = hierarchical_local_sgd
         if self._local_sgd_steps > 1:
             if compression is not Compression.none or predivide != 1.0 or num_groups:
                 raise ValueError("hvdmx.DistributedTrainer: local_sgd_steps="
@@ -221,10 +247,7 @@ class DistributedTrainer(mx.gluon.Trainer):
         entries = [(i, p) for i, p in enumerate(self._params)]
         if self._process_set.size() == 1 or not entries or _outside(self._process_set):
             return
-        if not self._hvdmx_checked:
-            _check_same_parameters(self._params, f"{self._prefix}DistributedTrainer.check",
-                                   "DistributedTrainer", self._process_set)
-            self._hvdmx_checked = True
+        self._check_parameters()
         datas = [p.list_data() for _, p in entries]
         _allreduce_each_([d[0] for d in datas], [f"{self._prefix}localsgd.{i}" for i, _ in entries],
                          [-i for i, _ in entries], Average, 1.0, 1.0, self._process_set)
@@ -242,17 +265,28 @@ class DistributedTrainer(mx.gluon.Trainer):
         # and gradient_predivide_factor is 1.
         inside = not _outside(self._process_set)
         if inside and self._local_sgd_steps == 1 and self._process_set.size() > 1:
-            if not self._hvdmx_checked:
-                _check_same_parameters(self._params, f"{self._prefix}DistributedTrainer.check",
-                                       "DistributedTrainer", self._process_set)
-                self._hvdmx_checked = True
+            self._check_parameters()
             self._reduce(entries, grads, 1.0 / f)
+        elif self._hierarchical:
+            host = _host_process_set()  # collective the first time
+            if host is not None:
+                self._check_parameters()
+                _allreduce_each_(grads, [f"{self._prefix}host.{i}" for i, _ in entries],
+                                 [-i for i, _ in entries], Average, 1.0, 1.0, host)
         elif inside and f != 1.0:
             for g in grads:  # the 1/f that the allreduce would apply (_scale has f)
                 g *= 1.0 / f
         for (_, p), g in zip(entries, grads):
             for other in p.list_grad()[1:]:
                 g.copyto(other)
+
+    def _check_parameters(self) -> None:
+        """Before the first collective on the parameters: the ranks must hold
+        the same ones (see _check_same_parameters)."""
+        if not self._hvdmx_checked:
+            _check_same_parameters(self._params, f"{self._prefix}DistributedTrainer.check",
+                                   "DistributedTrainer", self._process_set)
+            self._hvdmx_checked = True
 
     @staticmethod
     def _sum_over_contexts(param: Parameter) -> mx.nd.NDArray:

@@ -58,6 +58,23 @@ def test_synthetic_benchmark_sync_only():
     assert re.search(r"Total img/sec on 2 rank\(s\): [\d.]+ \+-[\d.]+", result.stdout)
 
 
+def test_synthetic_benchmark_hierarchical_local_sgd():
+    result = run_example("synthetic_benchmark.py", "--model", "resnet18_v1", "--image-size",
+                         "16", "--batch-size", "2", "--num-classes", "10",
+                         "--num-warmup-batches", "1", "--num-batches-per-iter", "1",
+                         "--num-iters", "2", "--local-sgd-steps", "2",
+                         "--hierarchical-local-sgd")
+    assert result.returncode == 0, result.stderr
+    assert "compression: none, overlap with backward: yes, local SGD every 2 steps " \
+        "(hierarchical)" in result.stdout
+    assert re.search(r"Total img/sec on 2 rank\(s\): [\d.]+ \+-[\d.]+", result.stdout)
+    refused = run_example("synthetic_benchmark.py", "--local-sgd-steps", "2", "--horovod",
+                          timeout=60)
+    assert refused.returncode != 0
+    assert "--local-sgd-steps and --hierarchical-local-sgd are hvdmx's local SGD" \
+        in refused.stderr
+
+
 @pytest.mark.parametrize("flag", ["--fp16-allreduce", "--no-overlap"])
 def test_synthetic_benchmark_rejects_sync_only_with_allreduce_flags(flag):
     result = run_example("synthetic_benchmark.py", "--sync-only", flag, timeout=60)

@@ -164,7 +164,7 @@ PARALLEL_FILES = ["test_basics.py", "test_allreduce.py", "test_gather_scatter.py
                   "test_shm.py::test_hierarchical_on_the_hosts", "test_errors.py",
                   "test_training.py"]
 COMMON = ("topology or set_per_host or every_collective or hierarchical_on_the_hosts "
-          "or barrier or data_parallel_equivalence")
+          "or barrier or data_parallel_equivalence or hierarchical_local_sgd")
 LAYOUTS = {
     "2x1": ([1, 1], COMMON + " or shutdown_on_one or (every_dtype_op_and_count and float32) "
                              "or grouped_allreduce or grouped_allgather_mixed or repeated_names "

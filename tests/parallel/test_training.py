@@ -13,6 +13,7 @@ import warnings
 import mxnet as mx
 import numpy as np
 import pytest
+from mpi4py import MPI
 from mxnet import autograd, gluon
 from mxnet.gluon import nn
 
@@ -641,6 +642,50 @@ def test_local_sgd_average_parameters_on_demand_and_bad_input():
                                          "'compression'"):
         hvd.DistributedTrainer(params, "sgd", local_sgd_steps=2,
                                compression=hvd.Compression.fp16)
+
+
+@pytest.mark.parametrize("h", [2, 3])
+def test_hierarchical_local_sgd(h):
+    """Every step averages the gradients over the host's ranks, every h-th
+    the parameters over all ranks: in between, the ranks of a host hold the
+    same values (moved by their host's mean gradient), and hosts differ.
+    tests/test_many_hosts.py runs this across test hosts."""
+    size = hvd.size()
+    local = MPI.COMM_WORLD.Split_type(MPI.COMM_TYPE_SHARED)
+    try:
+        host = local.allgather(hvd.rank())
+        prefix = f"hlsgd{h}."
+        w = gluon.Parameter(f"{prefix}w", shape=(4,), init=mx.init.Constant(10.0))
+        w.initialize()
+        trainer = hvd.DistributedTrainer([w], "sgd", {"learning_rate": 1.0}, local_sgd_steps=h,
+                                         hierarchical_local_sgd=True, prefix=prefix)
+        host_mean = sum(2 * r for r in host) / len(host)  # of the ranks' gradients / (k+1)
+        for k in range(2 * h):
+            _local_sgd_step(w, trainer, k)
+            value = w.data().asnumpy()
+            last = (k + 1) // h * h  # steps done at the last average over all ranks
+            synced = 10.0 - (size - 1) * last * (last + 1) / 2
+            if (k + 1) % h == 0:
+                assert value.tolist() == [synced] * 4
+                assert all_equal_across_ranks(value)
+            else:
+                moved = host_mean * sum(j + 1 for j in range(last, k + 1))
+                assert value.tolist() == [synced - moved] * 4
+                same = local.allgather(value)
+                assert all(np.array_equal(same[0], v) for v in same)
+    finally:
+        local.Free()
+
+
+def test_hierarchical_local_sgd_bad_input():
+    params = make_net("hlsgd.bad.").collect_params()
+    with pytest.raises(ValueError, match="hierarchical_local_sgd=True needs local_sgd_steps > 1"):
+        hvd.DistributedTrainer(params, "sgd", hierarchical_local_sgd=True)
+    with pytest.raises(ValueError, match="'hierarchical_local_sgd'='yes' must be True or False"):
+        hvd.DistributedTrainer(params, "sgd", local_sgd_steps=2, hierarchical_local_sgd="yes")
+    with pytest.raises(ValueError, match="leave 'process_set' at its default"):
+        hvd.DistributedTrainer(params, "sgd", local_sgd_steps=2, hierarchical_local_sgd=True,
+                               process_set=hvd.ProcessSet([0]))
 
 
 @pytest.mark.skipif(hvd.size() != 2, reason="the accuracy target is for 2 ranks")
