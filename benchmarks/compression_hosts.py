@@ -7,7 +7,8 @@
 Makes two test hosts (tools/testhosts.py) whose links are capped at --rate, and
 for each scheme (none: float32 gradients, fp16, onebit; localH: local SGD, the
 parameters averaged every H steps; hlocalH: hierarchical local SGD, gradients
-averaged inside each host every step) runs, in interleaved rounds:
+averaged inside each host every step; easgdH: elastic averaging every H steps,
+beta 0.9) runs, in interleaved rounds:
 
 - examples/synthetic_benchmark.py (--model, synthetic images) twice, with a short
   and a long run; the bytes each host sent over its link in the long run minus
@@ -36,7 +37,7 @@ MS = re.compile(r"\(([\d.]+) ms per batch on rank 0\)")
 ACCURACY = re.compile(r"test accuracy ([\d.]+)")
 
 
-LOCAL = re.compile(r"(h?)local(\d+)$")
+LOCAL = re.compile(r"(h?)(local|easgd)(\d+)$")
 
 
 def scheme_flags(scheme):
@@ -44,10 +45,11 @@ def scheme_flags(scheme):
     if scheme in ("none", "fp16", "onebit"):
         return ["--compression", scheme]
     local = LOCAL.match(scheme)
-    if not local or int(local[2]) < 2:
+    if not local or int(local[3]) < 2:
         raise SystemExit(f"compression_hosts.py: unknown scheme {scheme!r}; give none, fp16, "
-                         "onebit, localH or hlocalH (H >= 2)")
-    return ["--local-sgd-steps", local[2]] + (["--hierarchical-local-sgd"] if local[1] else [])
+                         "onebit, localH, hlocalH or easgdH (H >= 2)")
+    return (["--local-sgd-steps", local[3]] + (["--hierarchical-local-sgd"] if local[1] else [])
+            + (["--easgd-beta", "0.9"] if local[2] == "easgd" else []))
 
 
 def run(th, per_host, argv, timeout):
@@ -76,7 +78,7 @@ def main(argv=None):
     parser.add_argument("--batch-size", type=int, default=16)
     parser.add_argument("--batches", default="4,12", help="short and long run, in batches")
     parser.add_argument("--schemes", "--compressions", default="none,fp16,onebit",
-                        help="comma-separated: none, fp16, onebit, localH, hlocalH")
+                        help="comma-separated: none, fp16, onebit, localH, hlocalH, easgdH")
     parser.add_argument("--digits-epochs", type=int, default=0,
                         help="epochs of the digits example (0: its default)")
     parser.add_argument("--timeout", type=int, default=1200)

@@ -60,6 +60,10 @@ def parse_args(argv=None):
     parser.add_argument("--hierarchical-local-sgd", action="store_true",
                         help="with --local-sgd-steps H: average the gradients over each host's "
                              "ranks every step, the parameters over all ranks every H steps")
+    parser.add_argument("--easgd-beta", type=float, default=None, metavar="BETA",
+                        help="with --local-sgd-steps H: elastic averaging (EASGD) every H "
+                             "steps instead of the average, the center moving BETA (e.g. 0.9) "
+                             "toward the ranks' mean; the center is evaluated")
     parser.add_argument("--seed", type=int, default=42, help="data split and shuffling seed")
     args = parser.parse_args(argv)
     if args.epochs < 1 or args.batch_size < 1 or args.log_interval < 1:
@@ -192,7 +196,8 @@ def main(argv=None):
                                       "momentum": args.momentum},
                                      compression=compression,
                                      local_sgd_steps=args.local_sgd_steps,
-                                     hierarchical_local_sgd=args.hierarchical_local_sgd)
+                                     hierarchical_local_sgd=args.hierarchical_local_sgd,
+                                     easgd_beta=args.easgd_beta)
     loss_fn = gluon.loss.SoftmaxCrossEntropyLoss()
     metric = mx.metric.Accuracy()
     speedometer = mx.callback.Speedometer(args.batch_size * size, args.log_interval)
@@ -218,7 +223,8 @@ def main(argv=None):
         name, value = metric.get_global()
         log.info("Epoch[%d] Train-%s=%f (rank 0's shard)", epoch, name, value)
         log.info("Epoch[%d] Time cost=%.3f", epoch, time.time() - tic)
-    # Under local SGD the replicas differ between averages: average once more.
+    # Under local SGD the replicas differ between averages: average once more
+    # (under EASGD: every rank takes the center).
     trainer.average_parameters()
     train_seconds = time.time() - start
 

@@ -63,6 +63,9 @@ def parse_args(argv=None):
     parser.add_argument("--hierarchical-local-sgd", action="store_true",
                         help="with --local-sgd-steps H: average the gradients over each host's "
                              "ranks every step (hvdmx only)")
+    parser.add_argument("--easgd-beta", type=float, default=None, metavar="BETA",
+                        help="with --local-sgd-steps H: elastic averaging (EASGD) every H "
+                             "steps instead of the average (hvdmx only)")
     parser.add_argument("--no-overlap", action="store_true",
                         help="wait for the whole backward pass before the first allreduce "
                              "starts (no overlap of communication with backward), and "
@@ -85,9 +88,11 @@ def parse_args(argv=None):
     if args.sync_only and args.horovod:
         parser.error("--sync-only needs hvd.barrier(), which horovod.mxnet does not have: "
                      "give one of --sync-only and --horovod")
-    if (args.local_sgd_steps != 1 or args.hierarchical_local_sgd) and \
+    if (args.local_sgd_steps != 1 or args.hierarchical_local_sgd
+            or args.easgd_beta is not None) and \
             (args.horovod or args.sync_only or args.compression != "none" or args.fp16_allreduce):
-        parser.error("--local-sgd-steps and --hierarchical-local-sgd are hvdmx's local SGD, "
+        parser.error("--local-sgd-steps, --hierarchical-local-sgd and --easgd-beta are "
+                     "hvdmx's local SGD, "
                      "which sends no gradients: give them without --horovod, --sync-only and "
                      "compression")
     for flag in ("fp16_allreduce", "no_overlap"):
@@ -129,7 +134,8 @@ def main(argv=None):
         trainer = hvd.DistributedTrainer(net.collect_params(), "sgd", optimizer_params,
                                          compression=compression,
                                          local_sgd_steps=args.local_sgd_steps,
-                                         hierarchical_local_sgd=args.hierarchical_local_sgd)
+                                         hierarchical_local_sgd=args.hierarchical_local_sgd,
+                                         easgd_beta=args.easgd_beta)
     loss_fn = gluon.loss.SoftmaxCrossEntropyLoss()
     data = mx.nd.random.uniform(-1, 1, shape=(args.batch_size, 3, args.image_size,
                                               args.image_size), ctx=ctx)
@@ -169,6 +175,7 @@ def main(argv=None):
             f"backward: {'no' if args.no_overlap else 'yes'}" + (
                 f", local SGD every {args.local_sgd_steps} steps"
                 f"{' (hierarchical)' if args.hierarchical_local_sgd else ''}"
+                f"{f' (EASGD, beta {args.easgd_beta})' if args.easgd_beta else ''}"
                 if args.local_sgd_steps > 1 else "")))
     log(f"Running {args.num_warmup_batches} warm-up batches...")
     train_batches(args.num_warmup_batches)

@@ -19,7 +19,7 @@ from mxnet.gluon.parameter import Parameter, ParameterDict
 from hvdmx.basics import size
 from hvdmx.compression import Compression
 from hvdmx.errors import MismatchError
-from hvdmx.ops import Average, Max, Sum, _allreduce_each_, allreduce
+from hvdmx.ops import Average, Max, Sum, _allreduce_each_, allreduce, broadcast_
 from hvdmx.optimizer import DistributedOptimizer, _check_num_groups, _check_predivide, \
     _onebit_exchange, _outside, _reduce_by_dtype, _split_list
 from hvdmx.process_sets import ProcessSet, _check_registered, _host_process_set, \
@@ -110,6 +110,18 @@ def _check_hierarchical(hierarchical, local_sgd_steps, process_set) -> None:
                          f"{process_set!r})")
 
 
+def _check_easgd(beta, local_sgd_steps) -> None:
+    if beta is None:
+        return
+    if isinstance(beta, bool) or not isinstance(beta, numbers.Real) or not 0 < beta <= 1:
+        raise ValueError(f"hvdmx.DistributedTrainer: argument 'easgd_beta'={beta!r} must be a "
+                         "number in (0, 1] (how far the center moves toward the ranks' mean "
+                         "at each synchronization; EASGD's paper suggests 0.9), or None")
+    if local_sgd_steps == 1:
+        raise ValueError("hvdmx.DistributedTrainer: easgd_beta needs local_sgd_steps > 1, the "
+                         "steps between elastic averages; pass local_sgd_steps=H")
+
+
 def _reject_kvstore_arguments(kwargs: Dict[str, Any]) -> None:
     kvstore = kwargs.pop("kvstore", None)
     if kvstore is not None:
@@ -165,6 +177,16 @@ class DistributedTrainer(mx.gluon.Trainer):
     ranks, and every H-th step averages the parameters over all ranks as
     above. Only the H-th step crosses the network between hosts. On one host
     it is synchronous training with a redundant average every H steps.
+
+    ``easgd_beta`` = beta in (0, 1] (with H > 1) replaces the average by
+    elastic averaging (synchronous EASGD, Zhang, Choromanska and LeCun 2015):
+    the trainer keeps a center copy of the parameters, the same on every rank
+    (rank 0's initial values, broadcast at the first step), and every H-th
+    step each rank moves alpha = beta / size of the way toward the center
+    while the center moves beta of the way toward the ranks' mean (one
+    Average allreduce of each rank's distance to the center, named ``prefix
+    + "easgd." + str(i)``). The ranks' parameters never become equal;
+    ``average_parameters()`` sets every rank's to the center.
     """
 
     def __init__(self, params: Union[ParameterDict, Dict[str, Parameter], List[Parameter]],
@@ -173,7 +195,8 @@ class DistributedTrainer(mx.gluon.Trainer):
                  compression: type = Compression.none, gradient_predivide_factor: float = 1.0,
                  prefix: Optional[str] = None, num_groups: int = 0,
                  process_set: ProcessSet = global_process_set, local_sgd_steps: int = 1,
-                 hierarchical_local_sgd: bool = False, **kwargs: Any) -> None:
+                 hierarchical_local_sgd: bool = False, easgd_beta: Optional[float] = None,
+                 **kwargs: Any) -> None:
         _reject_kvstore_arguments(kwargs)
         if isinstance(local_sgd_steps, bool) or not isinstance(local_sgd_steps, numbers.Integral) \
                 or local_sgd_steps < 1:
@@ -181,6 +204,7 @@ class DistributedTrainer(mx.gluon.Trainer):
                              f"{local_sgd_steps!r} must be an int >= 1 (1: reduce gradients "
                              "every step; H > 1: average parameters every H steps)")
         _check_hierarchical(hierarchical_local_sgd, local_sgd_steps, process_set)
+        _check_easgd(easgd_beta, local_sgd_steps)
         if isinstance(optimizer, DistributedOptimizer):
             warnings.warn("hvdmx.DistributedTrainer does not take a DistributedOptimizer as "
                           "its optimizer (gradients would be reduced twice); it has been "
@@ -207,6 +231,8 @@ class DistributedTrainer(mx.gluon.Trainer):
         self._local_sgd_steps = int(local_sgd_steps)
         self._local_steps_done = 0
         self._hierarchical = hierarchical_local_sgd
+        self._easgd_beta = None if easgd_beta is None else float(easgd_beta)
+        self._center: Optional[List[mx.nd.NDArray]] = None  # EASGD's, by parameter index
         if self._local_sgd_steps > 1:
             if compression is not Compression.none or predivide != 1.0 or num_groups:
                 raise ValueError("hvdmx.DistributedTrainer: local_sgd_steps="
@@ -232,19 +258,31 @@ class DistributedTrainer(mx.gluon.Trainer):
         self._after_update()
 
     def _after_update(self) -> None:
-        """Local SGD: every local_sgd_steps-th update, average the parameters."""
+        """Local SGD: every local_sgd_steps-th update, average the parameters
+        (or, with easgd_beta, the elastic step)."""
         if self._local_sgd_steps == 1:
             return
         self._local_steps_done += 1
-        if self._local_steps_done % self._local_sgd_steps == 0:
+        if self._local_steps_done % self._local_sgd_steps != 0:
+            return
+        if self._easgd_beta is None:
             self.average_parameters()
+        else:
+            self._elastic_step()
 
     def average_parameters(self) -> None:
         """Replaces every parameter with its average over the process set's
         ranks, in place and asynchronously (local SGD does this every
         ``local_sgd_steps`` steps; call it yourself to synchronize at other
-        times, e.g. before evaluating). Every rank must call it together."""
+        times, e.g. before evaluating). With ``easgd_beta``, once the center
+        exists (from the first step on), every rank's parameters are set to
+        the center instead. Every rank must call it together."""
         entries = [(i, p) for i, p in enumerate(self._params)]
+        if self._center is not None:
+            for (_, p), center in zip(entries, self._center):
+                for data in p.list_data():
+                    center.copyto(data)
+            return
         if self._process_set.size() == 1 or not entries or _outside(self._process_set):
             return
         self._check_parameters()
@@ -255,7 +293,40 @@ class DistributedTrainer(mx.gluon.Trainer):
             for other in copies[1:]:
                 copies[0].copyto(other)
 
+    def _ensure_center(self) -> None:
+        """EASGD: the center starts as rank 0's parameters (of the set), on
+        every rank of the set; collective the first time."""
+        if self._easgd_beta is None or self._center is not None \
+                or _outside(self._process_set):
+            return
+        self._check_parameters()
+        root = self._process_set.ranks[0]
+        self._center = [broadcast_(p.list_data()[0].copy(), root,
+                                   name=f"{self._prefix}easgd.center.{i}", priority=-i)
+                        for i, p in enumerate(self._params)]
+
+    def _elastic_step(self) -> None:
+        """EASGD's synchronization (see the class doc): with d the distance of
+        this rank's parameter to the center, the parameter moves by
+        -beta/size * d and the center by beta * mean(d), the same on every
+        rank."""
+        if _outside(self._process_set):
+            return
+        self._ensure_center()
+        beta, n = self._easgd_beta, self._process_set.size()
+        datas = [p.list_data() for p in self._params]
+        distances = [d[0] - c for d, c in zip(datas, self._center)]
+        means = [d.copy() for d in distances]
+        _allreduce_each_(means, [f"{self._prefix}easgd.{i}" for i in range(len(means))],
+                         [-i for i in range(len(means))], Average, 1.0, 1.0, self._process_set)
+        for copies, distance, mean, center in zip(datas, distances, means, self._center):
+            copies[0][:] = copies[0] - distance * (beta / n)
+            center[:] = center + mean * beta
+            for other in copies[1:]:
+                copies[0].copyto(other)
+
     def _allreduce_grads(self):
+        self._ensure_center()
         entries = [(i, p) for i, p in enumerate(self._params) if p.grad_req != "null"]
         grads = [self._sum_over_contexts(p) for _, p in entries]
         f = self._gradient_predivide_factor

@@ -71,8 +71,8 @@ def test_synthetic_benchmark_hierarchical_local_sgd():
     refused = run_example("synthetic_benchmark.py", "--local-sgd-steps", "2", "--horovod",
                           timeout=60)
     assert refused.returncode != 0
-    assert "--local-sgd-steps and --hierarchical-local-sgd are hvdmx's local SGD" \
-        in refused.stderr
+    assert "--local-sgd-steps, --hierarchical-local-sgd and --easgd-beta are hvdmx's local " \
+        "SGD" in refused.stderr
 
 
 @pytest.mark.parametrize("flag", ["--fp16-allreduce", "--no-overlap"])

@@ -677,6 +677,47 @@ def test_hierarchical_local_sgd(h):
         local.Free()
 
 
+@pytest.mark.parametrize("h", [2, 3])
+def test_easgd_moves_the_ranks_and_the_center(h):
+    """Every h-th step each rank moves beta/size toward the center and the
+    center beta toward the ranks' mean (a float64 model of the same steps);
+    the center is bitwise the same on every rank, the ranks' parameters are
+    not, and average_parameters() gives every rank the center."""
+    rank, size, beta = hvd.rank(), hvd.size(), 0.5
+    prefix = f"easgd{h}."
+    w = gluon.Parameter(f"{prefix}w", shape=(4,), init=mx.init.Constant(10.0))
+    w.initialize()
+    trainer = hvd.DistributedTrainer([w], "sgd", {"learning_rate": 1.0}, local_sgd_steps=h,
+                                     easgd_beta=beta, prefix=prefix)
+    xs, center = [10.0] * size, 10.0
+    for k in range(3 * h):
+        _local_sgd_step(w, trainer, k)
+        xs = [x - 2 * r * (k + 1) for r, x in enumerate(xs)]
+        if (k + 1) % h == 0:
+            distances = [x - center for x in xs]
+            xs = [x - beta / size * d for x, d in zip(xs, distances)]
+            center += beta * sum(distances) / size
+            got = trainer._center[0].asnumpy()
+            np.testing.assert_allclose(got, [center] * 4, rtol=1e-6)
+            assert all_equal_across_ranks(got)
+        np.testing.assert_allclose(w.data().asnumpy(), [xs[rank]] * 4, rtol=1e-6)
+    if size > 1:
+        assert not all_equal_across_ranks(w.data().asnumpy())
+    trainer.average_parameters()
+    assert np.array_equal(w.data().asnumpy(), trainer._center[0].asnumpy())
+    assert all_equal_across_ranks(w.data().asnumpy())
+
+
+def test_easgd_bad_input():
+    params = make_net("easgd.bad.").collect_params()
+    for bad in (0, 1.5, -0.1, True, "0.9"):
+        with pytest.raises(ValueError, match=f"'easgd_beta'={bad!r} must be a number in "
+                                             r"\(0, 1\]"):
+            hvd.DistributedTrainer(params, "sgd", local_sgd_steps=2, easgd_beta=bad)
+    with pytest.raises(ValueError, match="easgd_beta needs local_sgd_steps > 1"):
+        hvd.DistributedTrainer(params, "sgd", easgd_beta=0.9)
+
+
 def test_hierarchical_local_sgd_bad_input():
     params = make_net("hlsgd.bad.").collect_params()
     with pytest.raises(ValueError, match="hierarchical_local_sgd=True needs local_sgd_steps > 1"):
@@ -689,6 +730,8 @@ def test_hierarchical_local_sgd_bad_input():
 
 
 @pytest.mark.skipif(hvd.size() != 2, reason="the accuracy target is for 2 ranks")
-def test_mnist_example_with_local_sgd_reaches_the_accuracy():
-    accuracy = mnist_example_accuracy(["--local-sgd-steps", "4", "--log-interval", "1000"])
+@pytest.mark.parametrize("flags", [[], ["--easgd-beta", "0.9"]], ids=["average", "easgd"])
+def test_mnist_example_with_local_sgd_reaches_the_accuracy(flags):
+    accuracy = mnist_example_accuracy(["--local-sgd-steps", "4", "--log-interval", "1000"]
+                                      + flags)
     assert accuracy >= 0.95  # its final check raises if the ranks' parameters differ
