@@ -30,6 +30,9 @@ constexpr int kHeaderBytes = 8;
 constexpr int64_t kPollSliceMicros = 100 * 1000;
 // How long a rank waits for a peer's connection when no give-up time is set.
 constexpr double kConnectSeconds = 300;
+// How long a rank tries to connect to a peer, which listens from before the
+// address exchange: a handshake that has not completed by then will not.
+constexpr int64_t kConnectMicros = 10 * 1000 * 1000;
 
 std::string Errno(int err) { return std::string(std::strerror(err)); }
 
@@ -146,6 +149,21 @@ bool Exactly(int fd, char* buf, int64_t bytes, bool write, int64_t micros) {
   return true;
 }
 
+// connect(2) on the non-blocking socket `fd`, waiting at most `micros` for
+// the handshake: 0, or the errno it failed with (ETIMEDOUT when the time ran
+// out). A blocking connect would wait for the kernel's SYN retries, about
+// two minutes, where the peer's host is gone or drops packets.
+int ConnectWithin(int fd, const sockaddr_in& addr, int64_t micros) {
+  if (connect(fd, reinterpret_cast<const sockaddr*>(&addr), sizeof(addr)) == 0) return 0;
+  if (errno != EINPROGRESS) return errno;
+  pollfd p{fd, POLLOUT, 0};
+  if (poll(&p, 1, static_cast<int>(std::max<int64_t>(micros / 1000, 1))) <= 0) return ETIMEDOUT;
+  int err = 0;
+  socklen_t len = sizeof(err);
+  if (getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &len) != 0) return errno;
+  return err;
+}
+
 }  // namespace
 
 TcpComm::TcpComm(int rank, int size, const TcpOptions& options, const Exchange& exchange)
@@ -215,14 +233,16 @@ void TcpComm::Connect(int peer) {
   const Clock::time_point start = Clock::now();
   int fd = -1;
   for (int attempt = 0;; ++attempt) {
-    fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-    if (connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0) break;
-    const int err = errno;
+    fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+    const int err = ConnectWithin(fd, addr, kConnectMicros - MicrosSince(start));
+    if (err == 0) break;
     close(fd);
     // The peer listens from before the exchange, so a refusal means it is
     // gone; a full backlog or a slow link may need another try.
-    if (err == ECONNREFUSED || MicrosSince(start) > 10 * 1000 * 1000) {
-      Fail(peer, "could not be made: " + Errno(err));
+    if (err == ECONNREFUSED) Fail(peer, "could not be made: " + Errno(err));
+    if (MicrosSince(start) >= kConnectMicros) {
+      Fail(peer, "could not be made within " + std::to_string(kConnectMicros / 1000000) +
+                     " s: " + Errno(err));
     }
     usleep(std::min(1000 * (attempt + 1), 100 * 1000));
   }

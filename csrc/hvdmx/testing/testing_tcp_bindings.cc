@@ -167,6 +167,31 @@ std::vector<py::dict> TestingTcpPeerGone(int n, const std::string& how) {
   });
 }
 
+// Rank 0 of a comm of two whose rank 1 is `address` (host:port, a listener
+// the test made): the first send makes the connection. Returns the error it
+// raised ("" if none) and the seconds it took.
+py::dict TestingTcpConnectTo(const std::string& address) {
+  std::string error;
+  const auto start = std::chrono::steady_clock::now();
+  {
+    py::gil_scoped_release release;
+    try {
+      TcpComm comm(0, 2, TcpOptions{}, [&](const std::string& mine) {
+        return std::vector<std::string>{mine, address};
+      });
+      char byte = 0;
+      comm.Wait(comm.ISend(&byte, 1, 1));
+    } catch (const std::exception& e) {
+      error = e.what();
+    }
+  }
+  py::dict out;
+  out["error"] = error;
+  out["seconds"] =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  return out;
+}
+
 }  // namespace
 
 void DefineTestingTcpBindings(py::module_& m) {
@@ -174,6 +199,7 @@ void DefineTestingTcpBindings(py::module_& m) {
         py::arg("direct_bit_and_ranks") = 16, py::arg("count") = 100,
         py::arg("segment_bytes") = 64);
   m.def("tcp_peer_gone", &TestingTcpPeerGone, py::arg("n"), py::arg("how"));
+  m.def("tcp_connect_to", &TestingTcpConnectTo, py::arg("address"));
 }
 
 }  // namespace hvdmx
