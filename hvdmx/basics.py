@@ -204,7 +204,11 @@ def shutdown() -> None:
     reason = _core.stop_reason()
     if _peers_stopped_taking_part(reason):
         _peers_gone = reason
-    unread = _unread_errors() if _core.is_initialized() and _core.all_idle() else []
+    # Idle first, then running: a peer's shutdown that arrives in between
+    # fails this rank's pending ops with its "shut down" error, which must
+    # come at their reads, not here; asked in the other order, the stop could
+    # fall between the two answers and be taken for an earlier failure.
+    unread = _unread_errors() if _core.all_idle() and _core.is_initialized() else []
     _core.shutdown()
     _process_sets._forget_all()
     if unread:
