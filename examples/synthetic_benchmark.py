@@ -92,9 +92,8 @@ def parse_args(argv=None):
             or args.easgd_beta is not None) and \
             (args.horovod or args.sync_only or args.compression != "none" or args.fp16_allreduce):
         parser.error("--local-sgd-steps, --hierarchical-local-sgd and --easgd-beta are "
-                     "hvdmx's local SGD, "
-                     "which sends no gradients: give them without --horovod, --sync-only and "
-                     "compression")
+                     "hvdmx's local SGD, which sends no gradients: give them without "
+                     "--horovod, --sync-only and compression")
     for flag in ("fp16_allreduce", "no_overlap"):
         if args.sync_only and getattr(args, flag):
             parser.error(f"--{flag.replace('_', '-')} is about the gradients' allreduce, "

@@ -185,7 +185,7 @@ Response MakeResponse(const std::vector<Request>& requests) {
     bool differs = false;
     for (const Request& q : requests) differs |= prop.value(q) != want;
     if (!differs) continue;
-    // A sizes round runs under the name plus "#sizes" (hvdmx/ops.py); the
+    // A sizes round runs under the name plus "#sizes" (hvdmx/gather_scatter.py); the
     // user knows the name they gave.
     std::string shown = first.name;
     const std::string suffix = "#sizes";
