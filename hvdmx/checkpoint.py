@@ -132,7 +132,7 @@ def save_checkpoint(path: str, params: Params, trainer: Optional[mx.gluon.Traine
     must be picklable and come back from ``load_checkpoint``. Every rank may
     call it (only rank 0 writes) or rank 0 alone, except when the trainer
     keeps gradient compression residuals: then every rank must call it, as
-    each rank's travel to rank 0 (see the module doc). The file is written to
+    each rank's residuals travel to rank 0 (see the module doc). The file is written to
     ``path + '.tmp-<pid>'`` first and renamed, so a crash never leaves a half
     written checkpoint under ``path``. Waits for the values it saves.
     """

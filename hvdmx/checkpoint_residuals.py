@@ -54,6 +54,20 @@ def without_residuals(optimizer):
     return optimizer
 
 
+def _flat(values) -> mx.nd.NDArray:
+    """The arrays end to end, as one vector: what one broadcast carries."""
+    return mx.nd.concat(*[value.reshape((-1,)) for value in values], dim=0)
+
+
+def _pieces(flat: mx.nd.NDArray, layout):
+    """((holder, key, shape), its part of ``flat``) for each entry of the layout."""
+    offset = 0
+    for entry in layout:
+        count = int(np.prod(entry[2]))
+        yield entry, flat[offset:offset + count].reshape(entry[2])
+        offset += count
+
+
 def gather_residuals(trainer, keys) -> Tuple[List[tuple], Dict[str, mx.nd.NDArray]]:
     """(layout, arrays): the (holder, key, shape) of each residual the
     trainer keeps, the same on every rank, and on rank 0 every rank's
@@ -64,7 +78,7 @@ def gather_residuals(trainer, keys) -> Tuple[List[tuple], Dict[str, mx.nd.NDArra
     if not found:
         return [], {}
     layout = [(holder, key, tuple(value.shape)) for holder, key, value in found]
-    flat = mx.nd.concat(*[value.reshape((-1,)) for _, _, value in found], dim=0)
+    flat = _flat(value for _, _, value in found)
     arrays: Dict[str, mx.nd.NDArray] = {}
     for r in range(size()):
         if r > 0:
@@ -73,12 +87,8 @@ def gather_residuals(trainer, keys) -> Tuple[List[tuple], Dict[str, mx.nd.NDArra
         else:
             received = flat
         if rank() == 0:
-            offset = 0
-            for holder, key, shape in layout:
-                count = int(np.prod(shape))
-                arrays[f"residual:{holder}:{key}:{r}"] = \
-                    received[offset:offset + count].reshape(shape)
-                offset += count
+            for (holder, key, _), piece in _pieces(received, layout):
+                arrays[f"residual:{holder}:{key}:{r}"] = piece
     return layout, arrays
 
 
@@ -98,22 +108,19 @@ def scatter_residuals(trainer, keys, saved, arrays, root: int, path: str) -> Non
     count = sum(int(np.prod(shape)) for _, _, shape in layout)
     for r in range(size()):
         if rank() == root:
-            buffer = mx.nd.concat(*[arrays[f"residual:{holder}:{key}:{r}"].reshape((-1,))
-                                    for holder, key, _ in layout], dim=0)
+            buffer = _flat(arrays[f"residual:{holder}:{key}:{r}"] for holder, key, _ in layout)
         else:
             buffer = mx.nd.empty((count,), dtype="float32")
         received = broadcast_(buffer, root, name=f"load_checkpoint.residuals.{r}")
         if r == rank():
             own = received
     holders, index_of = _residual_holders(trainer), {k: i for i, k in enumerate(keys)}
-    offset, unused = 0, set()
-    for holder, key, shape in layout:
-        size_of = int(np.prod(shape))
+    unused = set()
+    for (holder, key, _), piece in _pieces(own, layout):
         if holder in holders:
-            holders[holder][index_of[key]] = own[offset:offset + size_of].reshape(shape).copy()
+            holders[holder][index_of[key]] = piece.copy()
         else:
             unused.add(holder)
-        offset += size_of
     own.wait_to_read()
     if unused:
         warnings.warn(f"hvdmx.load_checkpoint: checkpoint '{path}' holds gradient compression "

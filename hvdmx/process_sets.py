@@ -216,8 +216,8 @@ def _host_process_set() -> Optional[ProcessSet]:
             local.Free()
         hosts = sorted(set(comm.allgather(mine)))
         found = global_process_set if len(hosts) == 1 else None
-        for ranks in hosts if len(hosts) > 1 else ():
-            if len(ranks) > 1:
+        for ranks in hosts:
+            if len(hosts) > 1 and len(ranks) > 1:  # every rank adds every host's set
                 added = add_process_set(list(ranks))
                 found = added if ranks == mine else found
         _host = [found]
