@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import os
 import re
+import secrets
 import shlex
 import shutil
 import signal
@@ -253,6 +254,19 @@ def launcher_environ(launcher: Launcher, environ: Mapping[str, str]) -> Dict[str
     return {name: value for name, value in environ.items() if not name.startswith("PMIX_")}
 
 
+def job_environ(environ: Mapping[str, str]) -> Dict[str, str]:
+    """`environ` with the job's secret key, HVDMX_SECRET_KEY: the one the user
+    set (or its HOROVOD_ twin), else 256 fresh bits from the operating system's
+    random source. It reaches the ranks through the launcher's environment
+    (Hydra hands that to every rank, Open MPI's -x forwards it by name), never
+    on a command line, and is never printed: --dry-run and --verbose show the
+    command only."""
+    out = dict(environ)
+    if "HVDMX_SECRET_KEY" not in out and "HOROVOD_SECRET_KEY" not in out:
+        out["HVDMX_SECRET_KEY"] = secrets.token_hex(32)
+    return out
+
+
 def launcher_mismatch(built_vendor: str, launcher: Launcher) -> Optional[str]:
     """A warning when hvdmx's MPI and the launcher's cannot talk to each other:
     every rank would then start alone, as a job of size 1."""
@@ -470,8 +484,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
               f"({format_hosts(hosts)}) in order, so {', '.join(unused_hosts(num_proc, hosts))} "
               "get(s) no process; raise -np or list fewer hosts", file=sys.stderr)
 
+    environ = job_environ(os.environ)
     cmd = build_command(launcher, num_proc, hosts, tuning_env(args), mpi_args, command,
-                        os.environ, as_root=os.geteuid() == 0)
+                        environ, as_root=os.geteuid() == 0)
     warning = launcher_mismatch(_built_vendor() or "", launcher)
     if warning:
         print(f"{PROG}: warning: {warning}", file=sys.stderr)
@@ -480,7 +495,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         return 0
     if args.verbose:
         print(shlex.join(cmd), file=sys.stderr, flush=True)
-    return run_command(cmd, launcher_environ(launcher, os.environ))
+    return run_command(cmd, launcher_environ(launcher, environ))
 
 
 if __name__ == "__main__":

@@ -158,3 +158,16 @@ def test_bad_shared_memory_values(name, value, accepted):
     with pytest.raises(ValueError) as info:
         _hvdmx_testing.load_config({name: value})
     assert f"{name}='{value}'" in str(info.value) and accepted in str(info.value)
+
+
+def test_secret_key_is_64_hex_digits_and_never_repeated():
+    key = "0123456789abcdef" * 4
+    _hvdmx_testing.load_config({"HVDMX_SECRET_KEY": key})
+    _hvdmx_testing.load_config({"HOROVOD_SECRET_KEY": key.upper()})
+    for bad in (key[:-2], key + "00", "z" * 64, "hunter2"):
+        with pytest.raises(ValueError) as info:
+            _hvdmx_testing.load_config({"HVDMX_SECRET_KEY": bad})
+        message = str(info.value)
+        assert "HVDMX_SECRET_KEY must be 64 hex digits" in message, message
+        assert "secrets.token_hex(32)" in message
+        assert bad not in message

@@ -107,10 +107,15 @@ def test_the_check_sees_an_upward_import(tmp_path, monkeypatch):
     assert list(imported_layers(str(fake / "ops.py"))) == [(1, "basics"), (2, "hvdmx")]
 
 
-def test_no_file_is_over_500_lines():
+# A smell detector, not a design rule (issue 50): a file past it is read for
+# whether it owns more than one concept, and split by concept if it does.
+MAX_LINES = 800
+
+
+def test_no_file_is_over_the_line_cap():
     long = {os.path.relpath(path, PACKAGE): n for path in module_files()
-            if (n := sum(1 for _ in open(path))) > 500}
-    assert not long, f"files over 500 lines (split them by concern): {long}"
+            if (n := sum(1 for _ in open(path))) > MAX_LINES}
+    assert not long, f"files over {MAX_LINES} lines (does each own one concept?): {long}"
 
 
 # Not the extension: it is loaded through hvdmx._mpi, after mpi4py has loaded

@@ -38,13 +38,17 @@ def test_includes_go_down_the_layers_only():
     assert not wrong, "includes that go up a layer:\n" + "\n".join(wrong)
 
 
-def test_no_file_over_500_lines():
-    # One concern a file (issue 41): a file that grows past this is split.
+# A smell detector, not a design rule (issue 50): a file past it is read for
+# whether it owns more than one concept, and split by concept if it does.
+MAX_LINES = 800
+
+
+def test_no_file_over_the_line_cap():
     long = []
     for layer in layer_order():
         for name in sorted(os.listdir(os.path.join(CSRC, layer))):
             with open(os.path.join(CSRC, layer, name)) as f:
                 lines = sum(1 for _ in f)
-            if lines > 500:
+            if lines > MAX_LINES:
                 long.append(f"{layer}/{name}: {lines} lines")
-    assert not long, "files over 500 lines:\n" + "\n".join(long)
+    assert not long, f"files over {MAX_LINES} lines:\n" + "\n".join(long)

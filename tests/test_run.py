@@ -552,7 +552,8 @@ import json, os, sys
 import hvdmx as hvd
 hvd.init()
 report = {"rank": hvd.rank(), "size": hvd.size(), "argv": sys.argv[1:],
-          "cycle_time": os.environ.get("HVDMX_CYCLE_TIME")}
+          "cycle_time": os.environ.get("HVDMX_CYCLE_TIME"),
+          "key": os.environ.get("HVDMX_SECRET_KEY")}
 sys.stdout.write("RANK " + json.dumps(report) + "\\n")  # one write: ranks share stdout
 sys.stdout.flush()
 """
@@ -572,12 +573,29 @@ def test_two_ranks_with_arguments_intact(tmp_path):
         assert report["size"] == 2
         assert report["argv"] == TRICKY_ARGS
         assert report["cycle_time"] == "0.5"
+    # Both ranks got the job's key in their environment: the same 256 bits,
+    # never on the command line.
+    keys = {r["key"] for r in reports}
+    assert len(keys) == 1 and re.fullmatch("[0-9a-f]{64}", keys.pop())
+    assert reports[0]["key"] not in result.stderr
     # --verbose printed the command, quoted so that a shell reads back the same words.
     printed = [line for line in result.stderr.splitlines() if line.startswith(MPIEXEC)]
     assert len(printed) == 1
     assert shlex.split(printed[0]) == [MPIEXEC, "-n", "2", "-bind-to", "none",
                                        "-genv", "HVDMX_CYCLE_TIME", "0.5",
                                        sys.executable, str(script), *TRICKY_ARGS]
+
+
+def test_every_job_gets_a_key_of_its_own_unless_the_user_set_one():
+    first, second = run.job_environ({"PATH": "/bin"}), run.job_environ({"PATH": "/bin"})
+    assert re.fullmatch("[0-9a-f]{64}", first["HVDMX_SECRET_KEY"])
+    assert first["HVDMX_SECRET_KEY"] != second["HVDMX_SECRET_KEY"]
+    mine = {"HVDMX_SECRET_KEY": "ab" * 32}
+    assert run.job_environ(mine) == mine
+    assert "HVDMX_SECRET_KEY" not in run.job_environ({"HOROVOD_SECRET_KEY": "cd" * 32})
+    # Open MPI forwards it by name; its value is never an argument.
+    cmd = run.build_command(OPENMPI, 2, None, {}, [], ["prog"], first)
+    assert "HVDMX_SECRET_KEY" in cmd and first["HVDMX_SECRET_KEY"] not in " ".join(cmd)
 
 
 def test_pmix_variables_do_not_reach_hydra_ranks():

@@ -117,3 +117,38 @@ def test_a_killed_peer_fails_the_others_naming_it():
         assert "was closed by that rank" in line or "has been shut down by another rank" in line \
             or "rank 2 (host" in line, line
     assert any("the connection to rank 2 (host" in line for line in lines), out
+
+
+INIT_REPORT = ("import sys, hvdmx\ntry:\n    hvdmx.init()\n    sys.stdout.write('joined\\n')\n"
+               "except Exception as e:\n"
+               "    sys.stdout.write(type(e).__name__ + ': ' + str(e) + '\\n')\n"
+               "sys.stdout.flush()\n")
+KEY_A, KEY_B = "a1" * 32, "b2" * 32
+
+
+def test_ranks_with_different_keys_refuse_each_other_on_every_rank():
+    code, out, err = run([MPIEXEC, "-n", "1", "-env", "HVDMX_SECRET_KEY", KEY_A, PYTHON, "-c",
+                          INIT_REPORT, ":", "-n", "1", "-env", "HVDMX_SECRET_KEY", KEY_B, PYTHON,
+                          "-c", INIT_REPORT], {"HVDMX_TRANSPORT": "tcp"}, timeout=120)
+    lines = out.splitlines()
+    assert len(lines) == 2 and "joined" not in out, out + err
+    for line in lines:
+        assert "do not hold the same secret key" in line, line
+    assert any("rank 1 (host" in line for line in lines) and \
+        any("rank 0 (host" in line for line in lines), out
+    assert KEY_A not in out + err and KEY_B not in out + err
+
+
+def test_a_key_set_for_some_ranks_only_is_refused_at_init():
+    code, out, err = run([MPIEXEC, "-n", "1", PYTHON, "-c", INIT_REPORT, ":", "-n", "2", "-env",
+                          "HVDMX_SECRET_KEY", KEY_A, PYTHON, "-c", INIT_REPORT],
+                         {"HVDMX_TRANSPORT": "tcp"}, timeout=120)
+    assert code == 0, err
+    assert out.count("ValueError: hvdmx.init: HVDMX_SECRET_KEY is set for rank 1 but not for "
+                     "rank 0") == 3, out
+
+
+def test_ranks_that_share_a_key_of_their_own_run():
+    code, out, err = run([MPIEXEC, "-n", "2", PYTHON, "-c", INIT_REPORT],
+                         {"HVDMX_TRANSPORT": "tcp", "HVDMX_SECRET_KEY": KEY_A}, timeout=120)
+    assert code == 0 and out.split() == ["joined", "joined"], out + err

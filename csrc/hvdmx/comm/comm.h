@@ -6,6 +6,12 @@
 // Threading: a Comm object is used by one thread at a time (the runtime's
 // background thread). Every collective-style call must be made by all ranks
 // of the communicator in the same order.
+//
+// First contact: a Comm is ready when its constructor returns, so no call
+// below waits to reach a peer for the first time. Building one is the step
+// that may block on first contact: TcpComm connects to and authenticates
+// every peer there, bounded by the give-up time (300 s without one) for
+// the peers to arrive and 10 s for a connect to be answered (comm/tcp_comm.h).
 #ifndef HVDMX_COMM_H_
 #define HVDMX_COMM_H_
 

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <climits>
 
+#include "base/crypto.h"
 #include "comm/tcp_comm.h"
 #include "platform/cpu_binding.h"
 
@@ -53,6 +54,30 @@ std::unique_ptr<Comm> CommOver(MPI_Comm comm, const Config& config, bool ranks_o
   return std::make_unique<TcpComm>(
       rank, size, TcpOptionsFor(config, ranks_outnumber_cpus),
       [comm](const std::string& mine) { return MpiAllgatherStrings(comm, mine); });
+}
+
+Status AgreeOnSecretKey(MPI_Comm comm, std::string* key) {
+  int rank = 0;
+  MPI_Comm_rank(comm, &rank);
+  // The lowest rank with a key and the lowest without one (size if none).
+  int size = 1;
+  MPI_Comm_size(comm, &size);
+  const int mine[2] = {key->empty() ? size : rank, key->empty() ? rank : size};
+  int lowest[2] = {size, size};
+  CheckMpi(MPI_Allreduce(mine, lowest, 2, MPI_INT, MPI_MIN, comm), "MPI_Allreduce");
+  const int with = lowest[0], without = lowest[1];
+  if (with < size && without < size) {
+    return Status::InvalidArgument(
+        "hvdmx.init: HVDMX_SECRET_KEY is set for rank " + std::to_string(with) +
+        " but not for rank " + std::to_string(without) +
+        "; set the same key for every rank (e.g. with mpiexec -genv), or for none, and hvdmx "
+        "makes one for the job");
+  }
+  if (with < size) return Status::Ok();
+  std::string made = rank == 0 ? RandomBytes(kSecretKeyBytes) : std::string(kSecretKeyBytes, '\0');
+  CheckMpi(MPI_Bcast(&made[0], static_cast<int>(made.size()), MPI_BYTE, 0, comm), "MPI_Bcast");
+  *key = made;
+  return Status::Ok();
 }
 
 std::vector<std::string> MpiAllgatherStrings(MPI_Comm comm, const std::string& mine) {

@@ -59,6 +59,15 @@ class MpiComm : public Comm {
 // (TcpOptionsFor). Collective over `comm`.
 std::unique_ptr<Comm> CommOver(MPI_Comm comm, const Config& config, bool ranks_outnumber_cpus);
 
+// Makes sure every rank of `comm` holds a secret key for the job's TCP
+// connections (Config::secret_key): if no rank has one, rank 0 makes one
+// from the operating system's random source and sends it over `comm`, whose
+// channel the launcher already trusts. If every rank has one, each keeps
+// its own (ranks with different keys then refuse each other's
+// connections); if only some do, an error on every rank says so.
+// Collective over `comm`.
+Status AgreeOnSecretKey(MPI_Comm comm, std::string* key);
+
 // Every rank's string (index = rank): an allgather over `comm`, collective.
 // How a TcpComm's ranks learn each other's addresses.
 std::vector<std::string> MpiAllgatherStrings(MPI_Comm comm, const std::string& mine);

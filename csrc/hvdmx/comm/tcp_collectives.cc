@@ -35,7 +35,7 @@ std::vector<std::string> TcpComm::Gather(const std::string& mine, int root) {
   out[root] = mine;
   std::vector<Request> recvs;
   for (int j = 0; j < size_; ++j) {
-    if (j != root) recvs.push_back(IRecvAny(&out[j], j));
+    if (j != root) recvs.push_back(IRecvAny(&out[j], j, kMaxMessageBytes));
   }
   WaitUntil(
       [&] {
@@ -54,7 +54,7 @@ void TcpComm::BcastString(std::string* data, int root) {
   int mask = 1;
   while (mask < size_) {
     if (v & mask) {
-      Finish(IRecvAny(data, (v - mask + root) % size_), "negotiation", true);
+      Finish(IRecvAny(data, (v - mask + root) % size_, kMaxMessageBytes), "negotiation", true);
       break;
     }
     mask <<= 1;
@@ -103,7 +103,9 @@ void TcpComm::StartBitAndWithPayload(uint64_t* words, int n, const std::string& 
       const std::string& out = j == 0 ? bit_up_ : bit_mine_;
       bit_sends_.push_back(ISend(out.data(), static_cast<int64_t>(out.size()), j));
     }
-    bit_requests_.push_back(IRecvAny(&bit_in_[j], j));
+    // Only rank 0 is sent payloads.
+    const int64_t most = static_cast<int64_t>(word_bytes) + (rank_ == 0 ? kMaxPayloadBytes : 0);
+    bit_requests_.push_back(IRecvAny(&bit_in_[j], j, most));
   }
 }
 
@@ -120,9 +122,11 @@ bool TcpComm::TestBitAnd() {
   const bool direct = size_ <= options_.direct_bit_and_ranks;
   for (int j = 0; j < size_; ++j) {
     if (j == rank_ || (!direct && rank_ != 0 && j != 0)) continue;
-    HVDMX_CHECK(bit_in_[j].size() >= word_bytes,
-                "a bit-and of " + std::to_string(bit_in_[j].size()) + " bytes from " + Describe(j) +
-                    ": the ranks' cache capacities differ");
+    if (bit_in_[j].size() < word_bytes) {
+      FailProtocol(j, "a bit-and of " + std::to_string(bit_in_[j].size()) + " bytes where " +
+                          std::to_string(word_bytes) +
+                          " were expected (do the ranks' HVDMX_CACHE_CAPACITY differ?)");
+    }
     const uint64_t* theirs = reinterpret_cast<const uint64_t*>(bit_in_[j].data());
     for (int w = 0; w < bit_n_; ++w) bit_words_[w] &= theirs[w];
     if (rank_ == 0) payloads_[j] = bit_in_[j].substr(word_bytes);

@@ -42,6 +42,14 @@ void TcpComm::Fail(int peer, const std::string& what) {
                            "ranks' output (see docs/errors.md)");
 }
 
+void TcpComm::FailProtocol(int peer, const std::string& what) {
+  throw PeerProtocolError(peer, "hvdmx: " + Describe(peer) + " sent " + what +
+                                    ", which the protocol does not allow: the ranks may run "
+                                    "different versions of hvdmx or different collectives. hvdmx "
+                                    "has stopped on this rank: end the job and look at the other "
+                                    "ranks' output (see docs/errors.md)");
+}
+
 void TcpComm::FailOnError(int peer, int err, const char* doing) {
   // A reset (or a write after the peer's close) is how a peer whose process
   // ended without closing cleanly shows.
@@ -52,13 +60,7 @@ void TcpComm::FailOnError(int peer, int err, const char* doing) {
 TcpComm::Request TcpComm::Post(Op op, int peer) {
   HVDMX_CHECK(peer >= 0 && peer < size_ && peer != rank_, "bad peer " + std::to_string(peer));
   Peer& p = peers_[peer];
-  if (p.fd < 0) {
-    if (rank_ < peer) {
-      Connect(peer);
-    } else {
-      AcceptUntil(peer);
-    }
-  }
+  HVDMX_CHECK(p.socket.valid(), "no link to rank " + std::to_string(peer));
   Request r;
   if (free_ops_.empty()) {
     r = static_cast<Request>(ops_.size());
@@ -92,10 +94,11 @@ TcpComm::Request TcpComm::IRecv(void* buf, int64_t bytes, int peer) {
   return Post(op, peer);
 }
 
-TcpComm::Request TcpComm::IRecvAny(std::string* out, int peer) {
+TcpComm::Request TcpComm::IRecvAny(std::string* out, int peer, int64_t max_bytes) {
   Op op;
   op.any = out;
   op.bytes = -1;
+  op.max_bytes = max_bytes;
   return Post(op, peer);
 }
 
@@ -121,11 +124,13 @@ bool TcpComm::ProgressSends(int peer) {
     msghdr msg{};
     iovec iov[2];
     const size_t want = Remaining(op, &msg, iov);
-    const ssize_t n = want == 0 ? 0 : sendmsg(p.fd, &msg, MSG_DONTWAIT | MSG_NOSIGNAL);
-    if (n < 0) {
-      if (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR) break;
-      FailOnError(peer, errno, "sending");
+    ssize_t n = 0;
+    try {
+      n = want == 0 ? 0 : p.socket.SendMessage(&msg);
+    } catch (const SystemError& e) {
+      FailOnError(peer, e.error(), "sending");
     }
+    if (want > 0 && n == 0) break;
     moved = moved || n > 0;
     op.moved += n;
     if (op.moved < kHeaderBytes + op.bytes) break;
@@ -147,27 +152,28 @@ bool TcpComm::ProgressRecvs(int peer) {
     const size_t want = Remaining(op, &msg, iov);
     ssize_t n = 0;
     if (want > 0) {
-      n = recvmsg(p.fd, &msg, MSG_DONTWAIT);
-      if (n == 0) Fail(peer, "was closed by that rank");
-      if (n < 0) {
-        if (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR) break;
-        FailOnError(peer, errno, "receiving");
+      try {
+        n = p.socket.RecvMessage(&msg);
+      } catch (const SystemError& e) {
+        FailOnError(peer, e.error(), "receiving");
       }
+      if (n < 0) Fail(peer, "was closed by that rank");
+      if (n == 0) break;
       moved = true;
     }
     const bool header_arrived = op.moved < kHeaderBytes && op.moved + n >= kHeaderBytes;
     op.moved += n;
     if (header_arrived && op.bytes < 0) {
-      HVDMX_CHECK(op.header <= static_cast<uint64_t>(kMaxMessageBytes) * 64,
-                  "a message header from " + Describe(peer) + " is not one of ours");
+      if (op.header > static_cast<uint64_t>(op.max_bytes)) {
+        FailProtocol(peer, "a message of " + std::to_string(op.header) + " bytes where at most " +
+                               std::to_string(op.max_bytes) + " were expected");
+      }
       op.any->resize(op.header);
       op.buf = &(*op.any)[0];
       op.bytes = static_cast<int64_t>(op.header);
-    } else if (header_arrived) {
-      HVDMX_CHECK(op.header == static_cast<uint64_t>(op.bytes),
-                  "a message of " + std::to_string(op.header) + " bytes from " + Describe(peer) +
-                      " where " + std::to_string(op.bytes) +
-                      " were expected: the ranks are running different collectives");
+    } else if (header_arrived && op.header != static_cast<uint64_t>(op.bytes)) {
+      FailProtocol(peer, "a message of " + std::to_string(op.header) + " bytes where " +
+                             std::to_string(op.bytes) + " were expected");
     }
     if (op.moved < kHeaderBytes || op.moved < kHeaderBytes + op.bytes) {
       if (static_cast<size_t>(n) < want) break;  // the socket has no more for now
@@ -205,14 +211,14 @@ void TcpComm::PollPending(int64_t micros) {
     short events = 0;
     if (!p.sends.empty()) events |= POLLOUT;
     if (!p.recvs.empty()) events |= POLLIN;
-    fds.push_back({p.fd, events, 0});
+    fds.push_back({p.socket.fd(), events, 0});
   }
   const int ms = static_cast<int>((micros + 999) / 1000);
   if (fds.empty()) {
     usleep(static_cast<useconds_t>(micros));
     return;
   }
-  poll(fds.data(), fds.size(), ms);
+  PollSockets(&fds, ms);
 }
 
 void TcpComm::AwaitArrival(int64_t waited_micros) {

@@ -3,7 +3,11 @@
 // of through MPI, so that every wait blocks in poll(2) and wakes when a
 // byte arrives (Note [Waiting for the network]). MPI still starts the job,
 // says who runs where, and carries the one exchange of addresses that
-// builds this comm.
+// builds this comm. The files: tcp_address (where a rank listens),
+// tcp_socket (a descriptor and its options), tcp_handshake (the proof of
+// the job's key), tcp_links.cc (making every connection), tcp_comm.cc
+// (frames, queues and the waits), tcp_collectives.cc (broadcast, gather,
+// bit-and).
 //
 // Note [Waiting for the network]
 // ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
@@ -23,14 +27,24 @@
 // waits for: no spinning, no timer, and no CPU taken from the ranks that
 // are working.
 //
-// Wire: one stream connection per pair of ranks, made when the pair first
-// exchanges a message (the lower rank connects, the higher accepts, so no
-// connect waits for the other side's code), and kept until the comm is
-// destroyed. Every message is an 8-byte length followed by its bytes; a
-// pair's messages arrive in the order they were sent, which is the order
-// Comm promises (as MPI's, for one tag). A receive posted for a known size
-// checks the length; a receive of any size (Gather, BcastString, the
-// bit-and's payload) takes it from the header.
+// Links: one stream connection per pair of ranks, all made while the comm
+// is built, concurrently (tcp_links.cc): the lower rank connects, the
+// higher accepts, and each proves to the other that it holds the job's key
+// before anything else is read (Note [Authenticating a connection] in
+// comm/tcp_handshake.h). A connection to the listening port that does not
+// prove it within a short deadline is dropped without delaying the others;
+// once every peer is linked the port closes, so nothing from outside the job
+// reaches a running comm. Building the comm is the one step that blocks on
+// first contact: bounded by the give-up time (or 300 s without one) for the
+// peers to arrive, 10 s for a connect to be answered, and 2 s for a stranger
+// to prove itself.
+//
+// Frames: every message is an 8-byte length followed by its bytes; a pair's
+// messages arrive in the order they were sent, which is the order Comm
+// promises (as MPI's, for one tag). A receive posted for a known size must
+// get exactly that size; a receive of any size takes it from the header, up
+// to the limit its caller set. A peer that breaks either rule fails the comm
+// with PeerProtocolError naming it and what it sent.
 //
 // Failure: a connection that closes or fails, or (with give_up_seconds) a
 // wait during which no byte moved for that long, throws PeerGone naming the
@@ -52,6 +66,8 @@
 #include <vector>
 
 #include "comm/comm.h"
+#include "comm/tcp_handshake.h"
+#include "comm/tcp_socket.h"
 #include "config/env_config.h"
 
 namespace hvdmx {
@@ -72,10 +88,27 @@ struct TcpOptions {
   // Up to this many ranks, a bit-and goes from every rank to every other;
   // beyond, through rank 0 (Note [The bit-and over TCP] in tcp_collectives.cc).
   int direct_bit_and_ranks = 16;
+  // The job's secret key (kSecretKeyBytes), which every connection proves.
+  std::string key;
+  // Which build of the job's comms this is (Note [Authenticating a connection]).
+  uint32_t generation = 0;
+  // How long a connection to the listening port has to prove itself.
+  double handshake_seconds = 2.0;
+  // Tests only: a wait between the address exchange and the links
+  // (HVDMX_TESTING_LINK_DELAY_SECONDS).
+  double link_delay_seconds = 0;
 };
 
-// The options the configuration gives: HVDMX_TCP_IFACE, and the stall
-// shutdown time as the give-up time (0 when there is none); and the spin.
+// A peer sent what the protocol does not allow (a frame of another size
+// than the one posted, a length over the limit): the comm cannot go on.
+class PeerProtocolError : public PeerGone {
+ public:
+  using PeerGone::PeerGone;
+};
+
+// The options the configuration gives: HVDMX_TCP_IFACE, the stall shutdown
+// time as the give-up time (0 when there is none), the spin, and the job's
+// secret key.
 inline TcpOptions TcpOptionsFor(const Config& config, bool ranks_outnumber_cpus) {
   constexpr int64_t kSpinMicros = 50;
   TcpOptions options;
@@ -84,6 +117,8 @@ inline TcpOptions TcpOptionsFor(const Config& config, bool ranks_outnumber_cpus)
                                                     : kSpinMicros;
   options.iface = config.tcp_iface;
   options.give_up_seconds = config.stall_shutdown_seconds;
+  options.key = config.secret_key;
+  options.link_delay_seconds = config.testing_link_delay_seconds;
   return options;
 }
 
@@ -92,8 +127,10 @@ class TcpComm : public Comm {
   // Every rank's string, index = rank; collective over the ranks.
   using Exchange = std::function<std::vector<std::string>(const std::string&)>;
 
-  // Collective: listens, then exchanges addresses through `exchange`.
-  // Throws std::runtime_error saying why when it cannot listen.
+  // Collective: listens, exchanges addresses through `exchange`, and links
+  // to every other rank. Throws std::runtime_error saying why when it
+  // cannot listen, PeerGone naming the peer when a link cannot be made
+  // (gone, unreachable, or holding another key).
   TcpComm(int rank, int size, const TcpOptions& options, const Exchange& exchange);
   ~TcpComm() override;
   TcpComm(const TcpComm&) = delete;
@@ -119,8 +156,10 @@ class TcpComm : public Comm {
   bool WakesOnArrival() const override { return true; }
   void AwaitArrival(int64_t waited_micros) override;
 
-  // Connections made so far (for tests).
+  // Connections made (for tests), and connections to the listening port
+  // that were dropped because they did not prove the job's key.
   int connections() const;
+  int dropped_connections() const { return dropped_; }
 
   static constexpr int64_t kMaxPayloadBytes = int64_t{64} << 20;
 
@@ -130,20 +169,22 @@ class TcpComm : public Comm {
     bool done = false;
     char* buf = nullptr;
     int64_t bytes = 0;
+    int64_t max_bytes = 0;       // a receive of any size: the most it takes
     int64_t moved = 0;           // header and payload bytes moved so far
     uint64_t header = 0;         // the length on the wire
     std::string* any = nullptr;  // a receive of any size lands here
   };
   struct Peer {
-    int fd = -1;
+    Socket socket;
     std::deque<Request> sends;
     std::deque<Request> recvs;
   };
 
   Request Post(Op op, int peer);
-  Request IRecvAny(std::string* out, int peer);
-  void Connect(int peer);
-  void AcceptUntil(int peer);
+  // A receive of any size up to `max_bytes`.
+  Request IRecvAny(std::string* out, int peer, int64_t max_bytes);
+  // Makes every link (tcp_links.cc).
+  void Link();
   // Moves what the sockets take or give without blocking; true if a byte moved.
   bool ProgressAll();
   // Points msg at what is left of op (header, then body) in iov[0..1];
@@ -159,15 +200,17 @@ class TcpComm : public Comm {
   // WaitUntil the request is done, then Free it.
   void Finish(Request request, const char* what, bool use_idle);
   [[noreturn]] void Fail(int peer, const std::string& what);
+  [[noreturn]] void FailProtocol(int peer, const std::string& what);
   [[noreturn]] void FailOnError(int peer, int err, const char* doing);
   std::string Describe(int peer) const;
 
   int rank_ = 0;
   int size_ = 1;
   TcpOptions options_;
-  int listen_fd_ = -1;
+  Socket listener_;  // open only while the links are made
   std::string address_;
-  uint64_t token_ = 0;
+  TcpIdentity identity_;
+  int dropped_ = 0;
   std::vector<std::string> addresses_;  // "ip:port hostname", index = rank
   std::vector<Peer> peers_;
   std::vector<int> pending_;  // peers with queued operations, unordered

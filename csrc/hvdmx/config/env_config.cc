@@ -7,6 +7,8 @@
 #include <sstream>
 #include <utility>
 
+#include "base/crypto.h"
+
 namespace hvdmx {
 namespace {
 
@@ -150,6 +152,9 @@ Status LoadConfig(const EnvLookup& lookup, Config* out) {
   s = ReadInt(lookup, "TESTING_RANKS_PER_HOST", 0, "an integer >= 0 (0: the real hosts)",
               &config.testing_ranks_per_host);
   if (!s.ok()) return s;
+  s = ReadDouble(lookup, "TESTING_LINK_DELAY_SECONDS", "seconds >= 0",
+                 &config.testing_link_delay_seconds);
+  if (!s.ok()) return s;
   s = ReadDouble(lookup, "STALL_CHECK_TIME_SECONDS", "seconds >= 0 (0 disables)",
                  &config.stall_check_seconds);
   if (!s.ok()) return s;
@@ -205,6 +210,21 @@ Status LoadConfig(const EnvLookup& lookup, Config* out) {
                "one of auto (tcp when the job spans hosts, else mpi), tcp, mpi", &config.transport);
   if (!s.ok()) return s;
   if (auto value = Find(lookup, "TCP_IFACE", &name)) config.tcp_iface = *value;
+  if (auto value = Find(lookup, "SECRET_KEY", &name)) {
+    // The value itself is never repeated in a message.
+    if (!FromHex(*value, &config.secret_key) || config.secret_key.size() != kSecretKeyBytes) {
+      config.secret_key.clear();
+      return Status::InvalidArgument(
+          "hvdmx: " + name + " must be " + std::to_string(2 * kSecretKeyBytes) +
+          " hex digits (a 256-bit key), but it has " + std::to_string(value->size()) +
+          " characters" +
+          (value->find_first_not_of("0123456789abcdefABCDEF") == std::string::npos
+               ? std::string()
+               : std::string(", not all of them hex digits")) +
+          ". Make one with: python -c 'import secrets; print(secrets.token_hex(32))', or unset "
+          "it and hvdmx makes one for the job");
+    }
+  }
   s = ReadInt(lookup, "TCP_SPIN_MICROS", -1, "microseconds >= 0, or -1 (auto)",
               &config.tcp_spin_micros);
   if (!s.ok()) return s;

@@ -117,6 +117,12 @@ struct Config {
   // HVDMX_TCP_IFACE: the interface whose address the tcp transport listens
   // on; empty: see TcpOptions::iface.
   std::string tcp_iface;
+  // HVDMX_SECRET_KEY: the job's secret key, 64 hex digits (256 bits), that
+  // every TCP connection between ranks proves (Note [Authenticating a
+  // connection] in comm/tcp_handshake.h); held here as its 32 bytes. Unset:
+  // rank 0 makes one at init and sends it to the others over MPI. Never
+  // logged.
+  std::string secret_key;
   // HVDMX_TCP_SPIN_MICROS: how long a wait of the tcp transport keeps trying
   // its sockets (yielding the CPU between tries) before it blocks in
   // poll(2); -1 (auto): 50 us, or 0 where the host's ranks outnumber its
@@ -125,6 +131,10 @@ struct Config {
   // HVDMX_TESTING_RANKS_PER_HOST: for tests only. > 0 pretends that each
   // run of this many consecutive ranks is one host; 0 asks MPI.
   int64_t testing_ranks_per_host = 0;
+  // HVDMX_TESTING_LINK_DELAY_SECONDS: for tests only. The TCP transport
+  // waits this long between the address exchange and making its links, so
+  // that a test can reach the listening ports from outside the job first.
+  double testing_link_delay_seconds = 0;
   // HVDMX_LOG_LEVEL: trace, debug, info, warning, error, fatal.
   LogLevel log_level = LogLevel::kWarning;
   // HVDMX_STALL_CHECK_TIME_SECONDS: warn when this rank has waited this long

@@ -238,6 +238,8 @@ Status Init(uintptr_t comm_address) {
   SetLogRank(G().topo.rank);
   status = CheckSettingsAgree(comm, config, G().topo.size);
   if (!status.ok()) return status;
+  status = AgreeOnSecretKey(comm, &G().config.secret_key);
+  if (!status.ok()) return status;
   HVDMX_LOG(kDebug) << "init: size " << G().topo.size << ", local_size " << G().topo.local_size
                     << ", " << config.ToString();
   MPI_Comm_dup(comm, &G().world);

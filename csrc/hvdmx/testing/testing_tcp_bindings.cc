@@ -1,9 +1,12 @@
-// Entry points for tests/test_tcp_comm.py: TcpComm (comm/tcp_comm.h) with
-// threads as ranks in one process, over real sockets on the loopback
-// interface, at any size; its failures made on purpose.
+// Entry points for tests/test_tcp_comm.py and tests/test_tcp_handshake.py:
+// TcpComm (comm/tcp_comm.h) with threads as ranks in one process, over real
+// sockets on the loopback interface, at any size; its failures made on
+// purpose; strangers at its listening ports; and the handshake
+// (comm/tcp_handshake.h) on its own, for tests and the fuzzer.
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
+#include <algorithm>
 #include <chrono>
 #include <condition_variable>
 #include <cstring>
@@ -16,7 +19,9 @@
 
 #include "algorithms/exchange_allreduce.h"
 #include "algorithms/ring.h"
+#include "base/crypto.h"
 #include "comm/tcp_comm.h"
+#include "comm/tcp_handshake.h"
 #include "testing/testing_bindings.h"
 
 namespace py = pybind11;
@@ -25,15 +30,21 @@ namespace hvdmx {
 namespace {
 
 // The address exchange of n threads: each puts its string and waits for
-// every other's.
+// every other's. The last to arrive first calls `on_all` with every string,
+// before any rank goes on to make its links.
 class ThreadExchange {
  public:
-  explicit ThreadExchange(int n) : slots_(n) {}
+  explicit ThreadExchange(int n, std::function<void(const std::vector<std::string>&)> on_all = {})
+      : slots_(n), on_all_(std::move(on_all)) {}
   std::vector<std::string> operator()(int rank, const std::string& mine) {
     std::unique_lock<std::mutex> lock(mu_);
     slots_[rank] = mine;
-    if (++arrived_ == static_cast<int>(slots_.size())) cv_.notify_all();
-    cv_.wait(lock, [&] { return arrived_ == static_cast<int>(slots_.size()); });
+    if (++arrived_ == static_cast<int>(slots_.size())) {
+      if (on_all_) on_all_(slots_);
+      done_ = true;
+      cv_.notify_all();
+    }
+    cv_.wait(lock, [&] { return done_; });
     return slots_;
   }
 
@@ -41,11 +52,17 @@ class ThreadExchange {
   std::mutex mu_;
   std::condition_variable cv_;
   std::vector<std::string> slots_;
+  std::function<void(const std::vector<std::string>&)> on_all_;
   int arrived_ = 0;
+  bool done_ = false;
 };
 
-std::unique_ptr<TcpComm> MakeComm(int rank, int n, ThreadExchange* exchange,
-                                  const TcpOptions& options) {
+// The key every test comm holds unless a test gives another.
+std::string TestKey() { return std::string(kSecretKeyBytes, 'k'); }
+
+std::unique_ptr<TcpComm> MakeComm(int rank, int n, ThreadExchange* exchange, TcpOptions options) {
+  if (options.key.empty()) options.key = TestKey();
+  if (options.iface.empty()) options.iface = "lo";
   return std::make_unique<TcpComm>(
       rank, n, options, [=](const std::string& mine) { return (*exchange)(rank, mine); });
 }
@@ -173,10 +190,90 @@ std::vector<py::dict> TestingTcpPeerGone(int n, const std::string& how) {
 std::string TestingTcpConnectTo(const std::string& address) {
   py::gil_scoped_release release;
   try {
-    TcpComm comm(0, 2, TcpOptions{},
-                 [&](const std::string& mine) { return std::vector<std::string>{mine, address}; });
+    TcpOptions options;
+    options.key = TestKey();
+    options.iface = "lo";
+    TcpComm comm(0, 2, options, [&](const std::string& mine) {
+      return std::vector<std::string>{mine, address + " 00"};
+    });
     char byte = 0;
     comm.Wait(comm.ISend(&byte, 1, 1));
+  } catch (const std::exception& e) {
+    return e.what();
+  }
+  return "";
+}
+
+// A job of n thread ranks whose listening ports strangers reach first:
+// once every rank has listened and the addresses are known, `strangers`
+// (a Python callable) is called with them ("ip:port host id" per rank)
+// and may connect to the ports, send what it likes and keep the
+// connections open; then the ranks make their links and run a bit-and and
+// an allreduce. keys[r], where given, is rank r's secret key. Per rank:
+// its error ("" if none), the sum it got, the connections it dropped, and
+// the seconds from the end of the exchange to the allreduce's end.
+std::vector<py::dict> TestingTcpStrangers(int n, const std::vector<py::bytes>& keys,
+                                          py::function strangers, double give_up_seconds) {
+  std::vector<std::string> key_bytes;
+  for (const py::bytes& k : keys) key_bytes.push_back(k);
+  std::chrono::steady_clock::time_point exchanged;
+  ThreadExchange exchange(n, [&](const std::vector<std::string>& all) {
+    py::gil_scoped_acquire gil;
+    strangers(all);
+    exchanged = std::chrono::steady_clock::now();
+  });
+  py::gil_scoped_release release;
+  return OnThreads(n, [&](int r, py::dict* result) {
+    TcpOptions options;
+    options.give_up_seconds = give_up_seconds;
+    if (r < static_cast<int>(key_bytes.size())) options.key = key_bytes[r];
+    std::unique_ptr<TcpComm> comm;
+    int dropped = 0;
+    std::vector<float> sum(5);
+    for (int i = 0; i < 5; ++i) sum[i] = float(r * 10 + i);
+    comm = MakeComm(r, n, &exchange, options);
+    dropped = comm->dropped_connections();
+    uint64_t word = ~uint64_t{0};
+    comm->StartBitAnd(&word, 1);
+    while (!comm->TestBitAnd()) comm->AwaitArrival(1000000);
+    std::vector<char> scratch;
+    ExchangeAllreduce(*comm, sum.data(), 5, DataType::kFloat32, ReduceOp::kSum, &scratch);
+    const double seconds =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - exchanged).count();
+    py::gil_scoped_acquire gil;
+    (*result)["sum"] = sum;
+    (*result)["dropped"] = dropped;
+    (*result)["seconds"] = seconds;
+  });
+}
+
+// Rank 0 of a pair whose rank 1 is played by the test at `listener`
+// ("ip:port"): it links (the test answers the handshake with the test key,
+// TestKey: 32 bytes of 'k') and then waits for rank 1's part of `what`:
+// "recv" (a message of exactly `bytes`), "gather" (a message of any size,
+// to rank 0) or "bit_and" (one word). Returns the error it raised, "" if
+// none.
+std::string TestingTcpLyingPeer(const std::string& listener, const std::string& what,
+                                int64_t bytes) {
+  py::gil_scoped_release release;
+  try {
+    TcpOptions options;
+    options.key = TestKey();
+    options.iface = "lo";
+    options.give_up_seconds = 10;
+    TcpComm comm(0, 2, options, [&](const std::string& mine) {
+      return std::vector<std::string>{mine, listener + " lying-peer 00"};
+    });
+    if (what == "recv") {
+      std::vector<char> buf(static_cast<size_t>(std::max<int64_t>(bytes, 1)));
+      comm.Wait(comm.IRecv(buf.data(), bytes, 1));
+    } else if (what == "gather") {
+      comm.Gather("", 0);
+    } else {
+      uint64_t word = ~uint64_t{0};
+      comm.StartBitAnd(&word, 1);
+      while (!comm.TestBitAnd()) comm.AwaitArrival(1000000);
+    }
   } catch (const std::exception& e) {
     return e.what();
   }
@@ -186,6 +283,48 @@ std::string TestingTcpConnectTo(const std::string& address) {
 }  // namespace
 
 void DefineTestingTcpBindings(py::module_& m) {
+  py::class_<Handshake>(m, "Handshake")
+      .def_static(
+          "connector",
+          [](const py::bytes& key, const py::bytes& comm_id, uint32_t generation, int self,
+             int size, int peer) {
+            return Handshake::Connector(TcpIdentity{key, comm_id, generation}, self, size, peer);
+          },
+          py::arg("key"), py::arg("comm_id"), py::arg("generation"), py::arg("self"),
+          py::arg("size"), py::arg("peer"))
+      .def_static(
+          "acceptor",
+          [](const py::bytes& key, const py::bytes& comm_id, uint32_t generation, int self) {
+            return Handshake::Acceptor(TcpIdentity{key, comm_id, generation}, self);
+          },
+          py::arg("key"), py::arg("comm_id"), py::arg("generation"), py::arg("self"))
+      .def("output", [](const Handshake& h) { return py::bytes(h.output()); })
+      .def("sent", &Handshake::Sent)
+      .def("want", &Handshake::want)
+      .def("feed",
+           [](Handshake& h, const py::bytes& data) {
+             const std::string bytes = data;
+             h.Feed(bytes.data(), bytes.size());
+           })
+      .def("state",
+           [](const Handshake& h) {
+             switch (h.state()) {
+               case Handshake::State::kRunning: return "running";
+               case Handshake::State::kDone: return "done";
+               case Handshake::State::kRejected: return "rejected";
+             }
+             return "?";
+           })
+      .def("peer", &Handshake::peer)
+      .def("wrong_key", &Handshake::wrong_key)
+      .def("why", &Handshake::why);
+  m.attr("handshake_hello_bytes") = Handshake::kHelloBytes;
+  m.attr("handshake_challenge_bytes") = Handshake::kChallengeBytes;
+  m.def("tcp_strangers", &TestingTcpStrangers, py::arg("n"), py::arg("keys"), py::arg("strangers"),
+        py::arg("give_up_seconds") = 30.0);
+  m.def("tcp_lying_peer", &TestingTcpLyingPeer, py::arg("listener"), py::arg("what"),
+        py::arg("bytes") = 0);
+  m.attr("tcp_test_key") = py::bytes(TestKey());
   m.def("tcp_collectives", &TestingTcpCollectives, py::arg("n"),
         py::arg("direct_bit_and_ranks") = 16, py::arg("count") = 100,
         py::arg("segment_bytes") = 64);
