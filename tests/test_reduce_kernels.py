@@ -297,7 +297,7 @@ def test_reduce_then_scale_in_one_call(dtype, op, n):
 # bfloat16 operands folded into float32 partials and rounded once.
 HALVES = [FLOAT16, BFLOAT16]
 WIDEN, REDUCE_WIDENED, NARROW = 0, 1, 2
-WIDE_FACTORS = [1.0, 0.5, 3.0, 1 / 3, -2.5, 1e-3]
+WIDE_FACTORS = [1.0, 0.5, 3.0, 1 / 3, 0.7, 1.3, -2.5, 1e-3]
 
 
 def widened_kernel(kernel, out, inp, dtype, op=SUM, factor=1.0, portable=False):
@@ -313,9 +313,18 @@ def canonical32(x):
 
 
 def times(x, factor):
-    """x * float32(factor) in float32, as the kernels scale (none at 1)."""
+    """x * float32(factor) in float32, as NarrowScaled scales (none at 1)."""
     with np.errstate(all="ignore"):
         return x if factor == 1.0 else x * np.float32(factor)
+
+
+def operand(x, dtype, factor):
+    """A half operand as the widened kernels take it (issue 46): scaled in
+    float32, rounded to the dtype as ScaleBuffer rounds it, widened exactly;
+    only widened when factor == 1."""
+    if factor == 1.0:
+        return widen(x, dtype)
+    return widen(narrow(times(widen(x, dtype), factor), dtype), dtype)
 
 
 @pytest.mark.parametrize("portable", [False, True])
@@ -327,23 +336,64 @@ def test_widen_scaled(dtype, factor, n, portable):
     x = random_array(rng, dtype, n)
     got = widened_kernel(WIDEN, np.zeros(n, np.float32), x, dtype, factor=factor,
                          portable=portable)
-    # A NaN's payload here is the hardware's; only the narrowed result fixes it.
-    np.testing.assert_array_equal(canonical32(got), canonical32(times(widen(x, dtype), factor)))
+    want = operand(x, dtype, factor)
+    if factor == 1.0:
+        # A NaN's payload here is the hardware's; only the narrowed result fixes it.
+        np.testing.assert_array_equal(canonical32(got), canonical32(want))
+    else:  # rounded to the dtype, so every NaN is canonical
+        assert_same_bits(got, want)
 
 
 @pytest.mark.parametrize("portable", [False, True])
 @pytest.mark.parametrize("n", LENGTHS)
-@pytest.mark.parametrize("factor", [1.0, 0.5, 1 / 3])
+@pytest.mark.parametrize("factor", [1.0, 0.5, 1 / 3, 0.7, 1.3])
 @pytest.mark.parametrize("op", ALL_OPS)
 @pytest.mark.parametrize("dtype", HALVES)
 def test_reduce_widened_into(dtype, op, factor, n, portable):
     rng = np.random.default_rng([dtype, op, n, int(abs(factor) * 1000)])
     acc = random_array(rng, FLOAT32, n)
     x = random_array(rng, dtype, n)
-    operand = times(widen(x, dtype), factor)
-    want = reference(acc, narrow(operand, FLOAT32), FLOAT32, op)
+    want = reference(acc, narrow(operand(x, dtype, factor), FLOAT32), FLOAT32, op)
     got = widened_kernel(REDUCE_WIDENED, acc, x, dtype, op, factor, portable)
     assert_same_bits(got, want)
+
+
+@pytest.mark.parametrize("factor", [0.5, 1 / 3, 0.7, 1.3, -2.5, 1e-3, 1e5, 1e-30])
+@pytest.mark.parametrize("dtype", HALVES)
+def test_scaled_operand_is_scale_buffers_element_on_both_paths(dtype, factor):
+    # Every 16-bit pattern (NaN payloads, infinities, subnormals, signed
+    # zeros) prescaled: WidenScaled gives ScaleBuffer's element, widened, and
+    # ReduceWidenedInto folds in that operand, on the portable path and on
+    # this CPU's (F16C for float16 Sum and Product) alike, bit for bit.
+    x = np.arange(1 << 16, dtype=np.uint16).view(STORAGE[dtype])
+    want = widen(scale(x, dtype, factor), dtype)
+    acc = random_array(np.random.default_rng([dtype, 46]), FLOAT32, x.size)
+    for portable in [False, True]:
+        got = widened_kernel(WIDEN, np.zeros(x.size, np.float32), x, dtype, factor=factor,
+                             portable=portable)
+        assert_same_bits(got, want)
+        for op in ALL_OPS:
+            folded = widened_kernel(REDUCE_WIDENED, acc, x, dtype, op, factor, portable)
+            assert_same_bits(folded, reference(acc, want, FLOAT32, op))
+
+
+@pytest.mark.parametrize("dtype", HALVES)
+def test_prescaled_operands_round_to_the_dtype_before_the_sum(dtype):
+    # Horovod scales each input in its dtype, then sums (issue 46). Three
+    # operands whose products with 1/3 are not exact in the dtype: the sum
+    # of the rounded products, rounded once, differs from the sum of the
+    # float32 products in the last bit.
+    f = np.float32(1 / 3)
+    values = {FLOAT16: [1024.0, 1026.0, 1030.0], BFLOAT16: [128.0, 129.0, 131.0]}[dtype]
+    xs = [narrow(np.array([v], np.float32), dtype) for v in values]
+    acc = widened_kernel(WIDEN, np.zeros(1, np.float32), xs[0], dtype, factor=1 / 3)
+    for x in xs[1:]:
+        acc = widened_kernel(REDUCE_WIDENED, acc, x, dtype, factor=1 / 3)
+    got = widened_kernel(NARROW, np.zeros(1, STORAGE[dtype]), acc, dtype)
+    rounded = sum(widen(narrow(widen(x, dtype) * f, dtype), dtype) for x in xs)
+    assert_same_bits(got, narrow(rounded, dtype))
+    unrounded = sum(widen(x, dtype) * f for x in xs)
+    assert narrow(unrounded, dtype).view(np.uint16)[0] != got.view(np.uint16)[0]
 
 
 @pytest.mark.parametrize("portable", [False, True])

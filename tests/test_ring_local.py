@@ -1,7 +1,7 @@
 """The ring allreduce on the in-process communicator: any size, no MPI."""
 import numpy as np
 import pytest
-from hypothesis import given, settings
+from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
 import _hvdmx_testing
@@ -82,15 +82,29 @@ def to_half(x, dtype):
     return ((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16).astype(np.uint16)
 
 
+def prescaled(x, factor, dtype):
+    """float32 x times the prescale as the core takes it (issue 46): scaled in
+    float32, rounded to the dtype, widened back."""
+    if factor == 1.0:
+        return x
+    half = to_half(x * np.float32(factor), dtype)
+    if dtype == "float16":
+        return half.astype(np.float32)
+    return (half.astype(np.uint32) << 16).view(np.float32)
+
+
 @settings(max_examples=60, deadline=None)
 @given(size=st.integers(1, 7), count=st.integers(0, 300),
        segment=st.sampled_from([4, 8, 12, 64, 1 << 20]),
        dtype=st.sampled_from(sorted(HALF_CODES)), op=st.sampled_from([SUM, MIN, MAX, PRODUCT]),
-       scales=st.sampled_from([(1.0, 1.0), (0.5, 3.0), (2.0, 0.25)]))
+       scales=st.sampled_from([(1.0, 1.0), (0.5, 3.0), (2.0, 0.25), (1 / 3, 1.0), (0.7, 3.0),
+                               (1.3, 0.1)]))
 def test_widened_ring_rounds_once(size, count, segment, dtype, op, scales):
     pre, post = scales
+    # A product of inexact operands depends on the ring's order: powers of two only.
+    assume(op != PRODUCT or pre in (0.5, 1.0, 2.0))
     wide, arrays = half_inputs(size, count, dtype, op)
-    scaled = [w * np.float32(pre) for w in wide]
+    scaled = [prescaled(w, pre, dtype) for w in wide]
     fn = {SUM: np.sum, MIN: np.min, MAX: np.max, PRODUCT: np.prod}[op]
     reduced = fn(np.stack(scaled), axis=0).astype(np.float32) if count else np.zeros(0, np.float32)
     want = to_half(reduced * np.float32(post), dtype)

@@ -654,21 +654,34 @@ def round_half(x, code):
     return ((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16).astype(np.uint16)
 
 
+def prescaled(x, factor, code):
+    """float32 x times the prescale as the core takes it (issue 46): scaled in
+    float32, rounded to the dtype, widened back."""
+    if factor == 1.0:
+        return x
+    half = round_half(x * np.float32(factor), code)
+    if code == FLOAT16:
+        return half.astype(np.float32)
+    return (half.astype(np.uint32) << 16).view(np.float32)
+
+
 @settings(max_examples=40, deadline=None)
 @given(layout=st.sampled_from([(3, 1), (4, 1), (5, 1), (4, 2), (6, 2), (6, 3)]),
        counts=st.lists(st.integers(0, 300), min_size=1, max_size=3),
        chunk=st.sampled_from(CHUNKS), code=st.sampled_from([FLOAT16, BFLOAT16]),
-       scales=st.sampled_from([(1.0, 1.0), (0.5, 3.0), (2.0, 0.25)]),
+       scales=st.sampled_from([(1.0, 1.0), (0.5, 3.0), (2.0, 0.25), (1 / 3, 1.0), (0.7, 3.0),
+                               (1.3, 0.1)]),
        stores=st.sampled_from(STORES))
 def test_half_summed_in_float32_rounded_once(layout, counts, chunk, code, scales, stores):
     # Note [Half precision summed in float32]: on one host and across
     # pretend hosts (the hosts' ring takes float32 host sums), the result is
-    # the float32 sum of the prescaled operands, postscaled, rounded once.
+    # the float32 sum of the operands, each prescaled and rounded to the
+    # dtype first (issue 46), postscaled, rounded once.
     size, hosts = layout
     pre, post = scales
     values = [half_values(size, count, code, seed=c) for c, count in enumerate(counts)]
     calls = [[round_half(v, code) for v in vs] for vs in values]
-    wants = [round_half(np.sum([v * np.float32(pre) for v in vs], axis=0, dtype=np.float32)
+    wants = [round_half(np.sum([prescaled(v, pre, code) for v in vs], axis=0, dtype=np.float32)
                         * np.float32(post), code) for vs in values]
     _hvdmx_testing.shm_allreduce([[[a] for a in arrays] for arrays in calls], code, SUM, chunk,
                                  hosts, postscale=post, stores=stores, prescale=pre)

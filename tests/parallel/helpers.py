@@ -81,15 +81,49 @@ def half_input(rank, count, offset=0):
 
 
 def half_expected(size, count, op, prescale=1.0, postscale=1.0, offset=0):
-    """The float32 reference: every rank's input times the prescale, summed,
-    times the postscale (over size for Average), in float32, rounded to
-    float16 once. The inputs are integers, so the float32 sum is exact in any
-    order."""
-    total = np.zeros(count, np.float32)
-    for r in range(size):
-        total += half_input(r, count, offset).astype(np.float32) * np.float32(prescale)
-    factor = postscale / size if op == hvd.Average else postscale
-    return (total * np.float32(factor)).astype(np.float16)
+    """half_input's reduction as Horovod defines it: see prescaled_half_reference."""
+    return prescaled_half_reference([half_input(r, count, offset) for r in range(size)], op,
+                                    prescale, postscale)
+
+
+def hashed_half_input(rank, count, offset=0):
+    """Integers of magnitude 256 to 2047, either sign, from a hash of (rank,
+    index): no period for a chunk or segment boundary to line up with. Most
+    of them times a factor such as 1/3 or 0.7 are not exact in float16, and
+    a sum of such products rounded to float16 (at most 8 * 2662 in
+    magnitude, nothing finer than 2^-4) is exact in float32."""
+    i = np.arange(offset, offset + count, dtype=np.uint64)
+    h = (i * np.uint64(0x9E3779B1) + np.uint64(rank * 0x85EBCA77 + 0x165667B1)) & np.uint64(
+        0xFFFFFFFF)
+    h ^= h >> np.uint64(15)
+    h = (h * np.uint64(0x2C1B3C6D)) & np.uint64(0xFFFFFFFF)
+    h ^= h >> np.uint64(12)
+    magnitude = 256 + (h >> np.uint64(1)) % np.uint64(1792)
+    sign = np.where(h & np.uint64(1), -1.0, 1.0)
+    return (sign * magnitude.astype(np.float64)).astype(np.float16)
+
+
+def prescaled_half_reference(inputs, op, prescale=1.0, postscale=1.0):
+    """Horovod's meaning of a float16 Sum or Average with scale factors, as
+    the core computes it (Note [Half precision summed in float32] in
+    reduce_kernels.cc): each rank's input scaled in float16,
+    float16(float32(prescale) * float32(x)), then summed (exactly here, in
+    float64; the inputs keep the core's float32 sum exact too), then times
+    the postscale (over size for Average) in float32 and rounded once."""
+    total = np.zeros(len(inputs[0]), np.float64)
+    for x in inputs:
+        x = np.asarray(x, np.float32)
+        w = x if prescale == 1.0 else (x * np.float32(prescale)).astype(np.float16)
+        total += w.astype(np.float64)
+    factor = postscale / len(inputs) if op == hvd.Average else postscale
+    total = total.astype(np.float32)
+    return (total if factor == 1.0 else total * np.float32(factor)).astype(np.float16)
+
+
+def hashed_half_expected(size, count, op, prescale=1.0, postscale=1.0, offset=0):
+    """hashed_half_input's reduction over `size` ranks: see prescaled_half_reference."""
+    return prescaled_half_reference([hashed_half_input(r, count, offset) for r in range(size)],
+                                    op, prescale, postscale)
 
 
 def my_rows(dim0, size, rank):

@@ -7,8 +7,8 @@ import pytest
 import hvdmx as hvd
 from hvdmx import _core
 from conftest import all_equal_across_ranks, restart
-from helpers import (DTYPES, OPS, counts_for, expected, half_expected, half_input, rank_input,
-                     reduced, restarted)
+from helpers import (DTYPES, OPS, counts_for, expected, half_expected, half_input,
+                     hashed_half_expected, hashed_half_input, rank_input, reduced, restarted)
 
 
 def check(out, want):
@@ -95,6 +95,49 @@ def test_half_is_summed_in_float32_and_rounded_once(world, algo):
                 out = hvd.allreduce(mx.nd.array(data, dtype="float16"), op=op,
                                     prescale_factor=pre, postscale_factor=post).asnumpy()
                 assert all_equal_across_ranks(out)
+
+
+# Prescale factors that are not powers of two, with postscales, and counts
+# from empty to one that every algorithm cuts into many chunks or pieces.
+HALF_SCALES = [(1 / 3, 1.0), (0.7, 3.0), (1.3, 0.1)]
+
+
+def half_counts(size):
+    return [0, 1, size + 1, 1001, 20_011]
+
+
+@pytest.mark.parametrize("algo", sorted(HALF_ALGORITHMS))
+def test_half_prescale_rounds_each_input_to_the_dtype_first(world, algo):
+    # Horovod scales each rank's input in its own dtype before the sum
+    # (issue 46): float16(float32(f) * float32(x)), then the sum in float32,
+    # rounded once. A prescaled input kept in float32 differs by an ulp in
+    # some elements. Against the reference, with equality.
+    rank, size = world
+    with restarted(HALF_ALGORITHMS[algo]):
+        counts = half_counts(size)
+        for op in [hvd.Sum, hvd.Average]:
+            for pre, post in HALF_SCALES:
+                tag = f"prescaled.{algo}.{op}.{pre}.{post}"
+                for count in counts:
+                    x = mx.nd.array(hashed_half_input(rank, count), dtype="float16")
+                    out = hvd.allreduce(x, op=op, prescale_factor=pre, postscale_factor=post,
+                                        name=f"{tag}.{count}")
+                    check(out, hashed_half_expected(size, count, op, pre, post))
+                xs = [mx.nd.array(hashed_half_input(rank, c, offset=k), dtype="float16")
+                      for k, c in enumerate(counts)]
+                outs = hvd.grouped_allreduce(xs, op=op, prescale_factor=pre,
+                                             postscale_factor=post, name=f"{tag}.grouped")
+                for k, (out, c) in enumerate(zip(outs, counts)):
+                    check(out, hashed_half_expected(size, c, op, pre, post, offset=k))
+                # In place, one push per tensor (the trainer's path), and grouped in place.
+                ys = [mx.nd.array(hashed_half_input(rank, c, offset=k), dtype="float16")
+                      for k, c in enumerate(counts)]
+                hvd.allreduce_(ys[-1], op=op, prescale_factor=pre, postscale_factor=post,
+                               name=f"{tag}.inplace")
+                hvd.grouped_allreduce_(ys[:-1], op=op, prescale_factor=pre,
+                                       postscale_factor=post, name=f"{tag}.grouped_inplace")
+                for k, (y, c) in enumerate(zip(ys, counts)):
+                    check(y, hashed_half_expected(size, c, op, pre, post, offset=k))
 
 
 @pytest.mark.parametrize("algo", ["ring", "mpi"])

@@ -8,7 +8,8 @@ import pytest
 import hvdmx as hvd
 from hvdmx import _core
 from conftest import all_equal_across_ranks, restart
-from helpers import DTYPES, expected, half_expected, half_input, my_rows, rank_input
+from helpers import (DTYPES, expected, half_expected, half_input, hashed_half_expected,
+                     hashed_half_input, my_rows, rank_input)
 
 # Each test runs over shared memory and over MPI (conftest.transport).
 pytestmark = pytest.mark.usefixtures("transport")
@@ -262,6 +263,35 @@ def test_reducescatter_sums_half_in_float32_and_rounds_once(world, transport):
                     got = out.asnumpy()
                     assert got.dtype == want.dtype and got.shape == want.shape
                     assert np.array_equal(got, want), (op, pre, post, k)
+    finally:
+        restart({"HVDMX_ALLREDUCE_ALGO": transport})
+
+
+def test_reducescatter_half_prescale_rounds_each_input_to_the_dtype_first(world, transport):
+    # As allreduce (test_allreduce.py, issue 46): each rank's input scaled in
+    # float16 first, then summed in float32 and rounded once.
+    rank, size = world
+    restart({"HVDMX_ALLREDUCE_ALGO": transport, "HVDMX_FUSION_PIECE_BYTES": "4096",
+             "HVDMX_RING_SEGMENT_BYTES": "1024"})
+    try:
+        shapes = [(0,), (1,), (size + 1, 3), (20_011,), (2 * size + 1, 2, 5)]
+        for op in (hvd.Sum, hvd.Average):
+            for pre, post in [(1 / 3, 1.0), (0.7, 3.0), (1.3, 0.1)]:
+                xs = [mx.nd.array(hashed_half_input(rank, int(np.prod(s)), offset=k).reshape(s),
+                                  dtype="float16") for k, s in enumerate(shapes)]
+                outs = hvd.grouped_reducescatter(xs, op=op, prescale_factor=pre,
+                                                 postscale_factor=post)
+                alone = [hvd.reducescatter(x, op=op, prescale_factor=pre, postscale_factor=post)
+                         for x in xs]
+                for k, out in enumerate(outs + alone):
+                    k %= len(shapes)
+                    s = shapes[k]
+                    start, end = my_rows(s[0], size, rank)
+                    want = hashed_half_expected(size, int(np.prod(s)), op, pre, post,
+                                                offset=k).reshape(s)[start:end]
+                    got = out.asnumpy()
+                    assert got.dtype == want.dtype and got.shape == want.shape
+                    np.testing.assert_array_equal(got, want, err_msg=str((op, pre, post, k)))
     finally:
         restart({"HVDMX_ALLREDUCE_ALGO": transport})
 

@@ -16,10 +16,9 @@
 // tail). Replicas must never drift, so every path computes each element the
 // same way:
 // - one IEEE operation (an add or a multiply) in the type the header states,
-//   rounded to nearest-even. Where a multiply feeds an add (the widened
-//   kernels), -ffp-contract=off keeps them apart (Note [Half precision summed
-//   in float32]); -ffast-math, which would allow reassociation, is refused
-//   below.
+//   rounded to nearest-even. Should a multiply feed an add, -ffp-contract=off
+//   keeps them apart (Note [Half precision summed in float32]); -ffast-math, which would allow
+//   reassociation, is refused below.
 // - float16 and bfloat16 widen to float32 exactly and narrow with
 //   round-to-nearest-even: in integer code on the portable path, with
 //   VCVTPS2PH and an explicit rounding mode on the F16C path.
@@ -39,17 +38,23 @@
 // A float16 or bfloat16 allreduce (and reducescatter) is computed as if the
 // tensors were float32, rounded to the dtype once at the end:
 //   out = dtype(float32(postscale) * (w_0 OP w_1 OP ... OP w_{n-1})),
-//   w_j = float32(x_j) * float32(prescale),
+//   w_j = float32(dtype(float32(x_j) * float32(prescale))),
 // every operation in float32, the OP chain in the algorithm's fixed order.
-// Reducing in the dtype instead rounds after every pairwise step (and after
-// each scaling): a float16 sum of n values then carries up to n - 1
-// roundings, and its error grows with the job. The kernels below are what
-// the collectives build this from: WidenScaled makes w_j, ReduceWidenedInto
-// folds an operand into a float32 partial, and NarrowScaled applies the
-// postscale and rounds. Partials travel between ranks as float32 (the
-// collectives say how). Two operations in a row (a multiply, then an add)
-// could be fused into an FMA where the target has one (aarch64 always):
-// setup.py builds with -ffp-contract=off so that no compiler does.
+// The prescaled operand w_j is rounded to the dtype before it joins the
+// chain (exactly what ScaleBuffer leaves in a half buffer, widened), as
+// Horovod scales each rank's input in the tensor's own dtype before the sum
+// (issue 46): kept in float32, a prescale such as 1/3 gave results an ulp
+// away from Horovod's in some elements. With prescale 1, w_j is x_j.
+// Reducing in the dtype instead rounds after every pairwise step as well: a
+// float16 sum of n values then carries up to n - 1 more roundings, and its
+// error grows with the job. The kernels below are what the collectives build
+// this from: WidenScaled makes w_j, ReduceWidenedInto folds an operand into
+// a float32 partial, and NarrowScaled applies the postscale and rounds.
+// Partials travel between ranks as float32 (the collectives say how). A
+// multiply that fed an add straight away could be fused into an FMA where
+// the target has one (aarch64 always); the rounding of w_j stands between
+// them here, and setup.py builds with -ffp-contract=off so that no compiler
+// fuses any.
 #include "algorithms/reduce_kernels.h"
 
 #include <algorithm>

@@ -49,20 +49,21 @@ void ScaleBuffer(void* buf, int64_t count, DataType dtype, double factor);
 
 // Half precision reduced in float32 (see Note [Half precision summed in
 // float32] in reduce_kernels.cc): a collective that reduces float16 or
-// bfloat16 widens every rank's operand to float32 (times the prescale),
-// combines the operands and partial results in float32, and rounds to the
-// dtype once, after the postscale. Each call below takes a half dtype
-// (HalfReducesWide(dtype)) and computes every element as stated, with one
-// rounding per float32 operation (never fused into an FMA) and every NaN
-// canonical where the result is stored.
+// bfloat16 scales every rank's operand by the prescale in the dtype (as
+// Horovod does), widens it to float32, combines the operands and partial
+// results in float32, and rounds to the dtype once, after the postscale. Each call below takes a
+// half dtype (HalfReducesWide(dtype)) and computes every element as stated, with one rounding per
+// float32 operation (never fused into an FMA) and every NaN canonical where the result is stored.
 bool HalfReducesWide(DataType dtype);
 
-// out[i] = float32(in[i]) * float32(factor); exact widening when factor == 1.
-// in holds count elements of dtype.
+// out[i] = float32(dtype(float32(in[i]) * float32(factor))): the element
+// ScaleBuffer(in, count, dtype, factor) would leave, widened exactly; exact
+// widening alone when factor == 1. in holds count elements of dtype.
 void WidenScaled(float* out, const void* in, int64_t count, DataType dtype, double factor);
 
-// acc[i] = acc[i] OP (float32(in[i]) * float32(factor)), in float32 (Average
-// as Sum; Min and Max as for float32 above). in holds elements of dtype.
+// acc[i] = acc[i] OP w[i], in float32, where w[i] is WidenScaled's out[i]
+// (Average as Sum; Min and Max as for float32 above). in holds elements of
+// dtype.
 void ReduceWidenedInto(float* acc, const void* in, int64_t count, DataType dtype, ReduceOp op,
                        double factor);
 

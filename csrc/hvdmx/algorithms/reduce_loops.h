@@ -181,7 +181,14 @@ HVDMX_AVX2 void ScaleAvx2(void* buf, int64_t n, double factor) {
 }
 
 // The widened loops (Note [Half precision summed in float32]): F is Float16
-// or BFloat16, Op a float32 element operation; kScaled multiplies by f.
+// or BFloat16, Op a float32 element operation; kScaled scales each operand
+// by f in the dtype first, as ScaleBuffer does (FloatScale<F>), and widens
+// the rounded product.
+template <typename F, bool kScaled>
+HVDMX_ALWAYS_INLINE float WidenOperand(uint16_t x, float f) {
+  return F::Load(kScaled ? FloatScale<F>::Apply(x, f) : x);
+}
+
 template <typename Op>
 HVDMX_ALWAYS_INLINE float ApplyFloat(float a, float b) {
   if constexpr (std::is_same_v<typename Op::T, float>) {
@@ -195,20 +202,15 @@ template <typename F, bool kScaled>
 HVDMX_ALWAYS_INLINE void Widen(float* __restrict out, const void* __restrict in_bytes, int64_t n,
                                float f) {
   const auto* in = static_cast<const uint16_t*>(in_bytes);
-  for (int64_t i = 0; i < n; ++i) {
-    const float x = F::Load(in[i]);
-    out[i] = kScaled ? x * f : x;
-  }
+  for (int64_t i = 0; i < n; ++i) out[i] = WidenOperand<F, kScaled>(in[i], f);
 }
 
 template <typename F, typename Op, bool kScaled>
 HVDMX_ALWAYS_INLINE void ReduceWide(float* __restrict acc, const void* __restrict in_bytes,
                                     int64_t n, float f) {
   const auto* in = static_cast<const uint16_t*>(in_bytes);
-  for (int64_t i = 0; i < n; ++i) {
-    const float x = F::Load(in[i]);
-    acc[i] = ApplyFloat<Op>(acc[i], kScaled ? x * f : x);
-  }
+  for (int64_t i = 0; i < n; ++i)
+    acc[i] = ApplyFloat<Op>(acc[i], WidenOperand<F, kScaled>(in[i], f));
 }
 
 template <typename F, bool kScaled>
@@ -262,10 +264,19 @@ HVDMX_AVX2 inline __m256 LoadHalf8(const uint16_t* p) {
 }
 
 // Canonical NaN first: VCVTPS2PH would keep part of the payload.
-HVDMX_AVX2 inline void StoreHalf8(uint16_t* p, __m256 x) {
+HVDMX_AVX2 inline __m128i NarrowHalf8(__m256 x) {
   const __m256 nan = _mm256_castsi256_ps(_mm256_set1_epi32(static_cast<int>(Float32::kNaNBits)));
   x = _mm256_blendv_ps(x, nan, _mm256_cmp_ps(x, x, _CMP_UNORD_Q));
-  _mm_storeu_si128(reinterpret_cast<__m128i*>(p), _mm256_cvtps_ph(x, _MM_FROUND_TO_NEAREST_INT));
+  return _mm256_cvtps_ph(x, _MM_FROUND_TO_NEAREST_INT);
+}
+
+HVDMX_AVX2 inline void StoreHalf8(uint16_t* p, __m256 x) {
+  _mm_storeu_si128(reinterpret_cast<__m128i*>(p), NarrowHalf8(x));
+}
+
+// x * factor rounded to float16 and widened back: WidenOperand's scaling.
+HVDMX_AVX2 inline __m256 ScaleInHalf8(__m256 x, __m256 factor) {
+  return _mm256_cvtph_ps(NarrowHalf8(_mm256_mul_ps(x, factor)));
 }
 
 // out may be a: each block is loaded before it is stored.
@@ -324,7 +335,7 @@ HVDMX_AVX2 void WidenHalfF16c(float* out, const void* in_bytes, int64_t n, float
   int64_t i = 0;
   for (; i + 8 <= n; i += 8) {
     const __m256 x = LoadHalf8(in + i);
-    _mm256_storeu_ps(out + i, kScaled ? _mm256_mul_ps(x, factor) : x);
+    _mm256_storeu_ps(out + i, kScaled ? ScaleInHalf8(x, factor) : x);
   }
   Widen<Float16, kScaled>(out + i, in + i, n - i, f);
 }
@@ -337,7 +348,7 @@ HVDMX_AVX2 void ReduceWideHalfF16c(float* acc, const void* in_bytes, int64_t n, 
   int64_t i = 0;
   for (; i + 8 <= n; i += 8) {
     __m256 x = LoadHalf8(in + i);
-    if (kScaled) x = _mm256_mul_ps(x, factor);
+    if (kScaled) x = ScaleInHalf8(x, factor);
     const __m256 a = _mm256_loadu_ps(acc + i);
     _mm256_storeu_ps(acc + i, CanonicalNaN8(kProduct ? _mm256_mul_ps(a, x) : _mm256_add_ps(a, x)));
   }

@@ -57,7 +57,8 @@ void RingAllreduce(Comm& comm, void* buf, int64_t count, DataType dtype, ReduceO
 // sends: (n-1)/n * count * (4 + 2), 1.5x a half ring. `wide` is count
 // floats: with operands_in_wide, this rank's operands in float32 (scaled
 // already; `prescale` is not applied), else scratch, the operands being
-// buf's elements times `prescale`, widened as the steps reach them. `wide`
+// buf's elements times `prescale` in the dtype (WidenScaled), widened as the
+// steps reach them. `wide`
 // is clobbered; every chunk is still reduced once, on one rank.
 void RingAllreduceWidened(Comm& comm, void* buf, float* wide, bool operands_in_wide, int64_t count,
                           DataType dtype, ReduceOp op, double prescale, double postscale,

@@ -48,10 +48,10 @@ class Executor {
   void Run(const std::vector<Response>& responses, TensorQueue* queue);
 
   // In-place allreduce of one buffer with the configured algorithm, each
-  // rank's operand multiplied by `prescale` first and the result by
-  // `postscale` (for float16 and bfloat16 in float32, rounded once: Note
-  // [Half precision summed in float32]); returns the algorithm's name for
-  // the timeline.
+  // rank's operand multiplied by `prescale` first, in the dtype, and the
+  // result by `postscale` (float16 and bfloat16 summed and postscaled in
+  // float32, rounded once: Note [Half precision summed in float32]);
+  // returns the algorithm's name for the timeline.
   const char* Allreduce(void* buf, int64_t count, DataType dtype, ReduceOp op, double prescale,
                         double postscale);
 

@@ -42,7 +42,8 @@
 //
 // float16 and bfloat16 are reduced in float32 (Note [Half precision summed
 // in float32] in reduce_kernels.cc): the reducing rank widens every rank's
-// operand (times the prescale), combines them in float32 a block at a time
+// operand (times the prescale, rounded to the dtype), combines them in
+// float32 a block at a time
 // and rounds once, after the postscale. Nothing else changes: the stages
 // carry the dtype's bytes.
 //
@@ -96,8 +97,9 @@ class ShmAllreduce {
   // reduces as kSum), then multiplies the result by `postscale`: each block
   // as soon as it is reduced, while it is in cache, with the bits that
   // ScaleBuffer on the result would give. For a half dtype, the operands are
-  // multiplied by `prescale` and everything is computed in float32 and
-  // rounded once; other dtypes take prescale 1 (the caller scales them).
+  // multiplied by `prescale` in the dtype (WidenScaled), then summed and
+  // postscaled in float32 and rounded once; other dtypes take prescale 1
+  // (the caller scales them).
   void Allreduce(void* buf, int64_t count, DataType dtype, ReduceOp op, double postscale = 1.0,
                  double prescale = 1.0);
   // `count` elements at `data`: one tensor of a fused allreduce. Out of
@@ -142,11 +144,12 @@ class ShmAllreduce {
   void CopyOut(const Call& call, int64_t k);
   // operands_[0..size) reduced in rank order into `out` (n elements),
   // multiplied by `scale`; a half dtype's in float32, each operand times
-  // `prescale`, rounded once.
+  // `prescale` in the dtype (WidenScaled), the result rounded once.
   void ReduceOperands(char* out, int64_t n, DataType dtype, ReduceOp op, double scale,
                       double prescale = 1.0);
-  // A half dtype's operands_, from element `first`, each times `prescale`,
-  // reduced in rank order in float32 into acc (n elements).
+  // A half dtype's operands_, from element `first`, each times `prescale`
+  // in the dtype (WidenScaled), reduced in rank order in float32 into acc
+  // (n elements).
   void ReduceOperandsWide(float* acc, int64_t first, int64_t n, DataType dtype, ReduceOp op,
                           double prescale) const;
   ShmRegion* const region_;
