@@ -5,13 +5,15 @@ that both read it without importing each other (see the layers in
 hvdmx/__init__.py)."""
 from __future__ import annotations
 
+from typing import Optional
+
 # _core before mpi4py.MPI: see basics.py.
 from hvdmx import _core
 from hvdmx.errors import InvalidArgumentError, MismatchError, NotRunningError
 from mpi4py import MPI
 from mxnet.base import MXNetError
 
-comm = None  # the mpi4py communicator hvdmx runs on; None before the first init
+comm: Optional[MPI.Comm] = None  # the mpi4py communicator hvdmx runs on; None before the first init
 
 
 def job_comm():

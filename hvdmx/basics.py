@@ -4,7 +4,7 @@ from __future__ import annotations
 import atexit
 import os
 import sys
-from typing import Any, Optional, Sequence, Union
+from typing import Any, List, Optional, Sequence, Union
 
 # _core before mpi4py.MPI: loading it imports mpi4py.MPI (which loads libmpi
 # and starts MPI), after refusing a launcher that MPI could not join; the
@@ -214,23 +214,23 @@ def _shutdown_at_exit() -> None:
     nothing. (Allgather's and alltoall's mismatches raise at the call; see
     docs/errors.md for the errors that an unread output can still hold.)"""
     rank = MPI.COMM_WORLD.Get_rank() if MPI.Is_initialized() and not MPI.Is_finalized() else 0
+    unread: List[str] = []
     try:
         shutdown()
-        unread = []
     except mx.base.MXNetError as error:
         unread = list(getattr(error, "unread", [str(error)]))
-    for error in unread + _unread_errors():
+    for message in unread + _unread_errors():
         sys.stderr.write(f"[hvdmx ERROR rank {rank}] at exit: an operation failed and its "
                          "result was never read (read each collective's output, or call "
-                         f"mx.nd.waitall(), to get its error where it happens): {error}\n")
+                         f"mx.nd.waitall(), to get its error where it happens): {message}\n")
     sys.stderr.flush()
 
 
-def _unread_errors() -> list:
+def _unread_errors() -> List[str]:
     """Waits for every operation in MXNet's engine and returns the errors no
     read has raised yet, taking them out of the engine (a later read of
     those outputs no longer raises)."""
-    errors = []
+    errors: List[str] = []
     while True:
         try:
             mx.nd.waitall()

@@ -135,7 +135,7 @@ def _check_root(fn: str, root_rank, set_ranks: List[int]) -> int:
     if isinstance(root_rank, bool) or not isinstance(root_rank, numbers.Integral):
         raise TypeError(f"hvdmx.{fn}: argument 'root_rank' must be an int, got {root_rank!r}")
     n = _topology()[1]
-    if not 0 <= root_rank < n:
+    if not 0 <= int(root_rank) < n:
         raise InvalidArgumentError(f"hvdmx.{fn}: argument 'root_rank'={root_rank} is out of range; "
                                    f"it must be in [0, {n}) for a job of size {n}")
     if root_rank not in set_ranks:
