@@ -27,7 +27,7 @@ BUILD_REQUIRES = $(shell $(PY) -c 'import re, shlex, sys; t = open("pyproject.to
 	re.search(r"^requires\s*=\s*\[(.*?)\]", t, re.S | re.M).group(1)); \
 	print(" ".join(map(shlex.quote, r)))')
 
-.PHONY: venv build demo test lint-cxx lint-py horovod-programs other-mpi clean distclean
+.PHONY: venv build demo test lint-cxx lint-py typecheck horovod-programs other-mpi clean distclean
 
 venv: $(INSTALLED)
 
@@ -100,7 +100,12 @@ demo: venv build
 lint-py: venv
 	$(VENV)/bin/ruff check .
 
-test: venv build horovod-programs other-mpi lint-py
+# hvdmx/ and examples/ under mypy, configured in pyproject.toml ([tool.mypy]):
+# the public API's hints must hold, so that hvdmx/py.typed tells the truth.
+typecheck: venv
+	$(VENV)/bin/mypy
+
+test: venv build horovod-programs other-mpi lint-py typecheck
 	$(MAKE) --no-print-directory lint-cxx
 	PYTHON=$(PY) MPIEXEC=$(MPIEXEC) MPIEXEC_FLAGS='$(MPIEXEC_FLAGS)' tests/run_all.sh
 

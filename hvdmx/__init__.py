@@ -39,6 +39,7 @@ programs below it use hvdmx through it, as a user's script does.
     as_horovod      runs programs written for horovod.mxnet
 """
 import importlib
+from typing import TYPE_CHECKING
 
 __version__ = "0.1.0"
 
@@ -99,6 +100,40 @@ _EXPORTS = {
     'remove_process_set': 'process_sets',
 }
 __all__ = sorted(_EXPORTS)
+
+# For type checkers, the same names as explicit imports (PEP 484's
+# "import X as X" re-export), so that hvd.allreduce has allreduce's type, not
+# Any; at run time they stay lazy (see above). tests/test_typing.py keeps this
+# block and _EXPORTS the same.
+if TYPE_CHECKING:
+    from hvdmx import errors as errors
+    from hvdmx.basics import (ccl_built as ccl_built, cross_rank as cross_rank,
+        cross_size as cross_size, cuda_built as cuda_built, ddl_built as ddl_built,
+        gloo_built as gloo_built, gloo_enabled as gloo_enabled, init as init,
+        is_initialized as is_initialized, local_rank as local_rank, local_size as local_size,
+        mpi_built as mpi_built, mpi_enabled as mpi_enabled,
+        mpi_threads_supported as mpi_threads_supported, nccl_built as nccl_built, rank as rank,
+        rocm_built as rocm_built, shutdown as shutdown, size as size,
+        start_timeline as start_timeline, stop_timeline as stop_timeline)
+    from hvdmx.checkpoint import (load_checkpoint as load_checkpoint,
+        save_checkpoint as save_checkpoint)
+    from hvdmx.compression import Compression as Compression
+    from hvdmx.gather_scatter import (allgather as allgather, alltoall as alltoall,
+        grouped_allgather as grouped_allgather, grouped_reducescatter as grouped_reducescatter,
+        reducescatter as reducescatter)
+    from hvdmx.kvstore import KVStore as KVStore
+    from hvdmx.objects import (allgather_object as allgather_object,
+        broadcast_object as broadcast_object)
+    from hvdmx.ops import (Adasum as Adasum, Average as Average, Max as Max, Min as Min,
+        Product as Product, Sum as Sum, allreduce as allreduce, allreduce_ as allreduce_,
+        barrier as barrier, broadcast as broadcast, broadcast_ as broadcast_,
+        grouped_allreduce as grouped_allreduce, grouped_allreduce_ as grouped_allreduce_,
+        join as join)
+    from hvdmx.optimizer import (DistributedOptimizer as DistributedOptimizer,
+        broadcast_parameters as broadcast_parameters)
+    from hvdmx.process_sets import (ProcessSet as ProcessSet, add_process_set as add_process_set,
+        global_process_set as global_process_set, remove_process_set as remove_process_set)
+    from hvdmx.trainer import DistributedTrainer as DistributedTrainer
 
 
 def __getattr__(name):

@@ -5,12 +5,15 @@ that both read it without importing each other (see the layers in
 hvdmx/__init__.py)."""
 from __future__ import annotations
 
+from typing import Optional
+
 # _core before mpi4py.MPI: see basics.py.
 from hvdmx import _core
-from hvdmx.errors import NotRunningError
+from hvdmx.errors import InvalidArgumentError, MismatchError, NotRunningError
 from mpi4py import MPI
+from mxnet.base import MXNetError
 
-comm = None  # the mpi4py communicator hvdmx runs on; None before the first init
+comm: Optional[MPI.Comm] = None  # the mpi4py communicator hvdmx runs on; None before the first init
 
 
 def job_comm():
@@ -18,10 +21,50 @@ def job_comm():
     return comm if comm is not None else MPI.COMM_WORLD
 
 
+# What each status code of the core (Status::Code in csrc/hvdmx/base/common.h)
+# means to the Python layer, decided by the code and never by the message's
+# text: the exception class of a call that failed with it ...
+_ERROR_CLASSES = {
+    _core.STATUS_INVALID_ARGUMENT: InvalidArgumentError,
+    _core.STATUS_MISMATCH: MismatchError,
+    _core.STATUS_SHUTDOWN: MXNetError,
+    _core.STATUS_INTERNAL: MXNetError,
+    _core.STATUS_PEER_SHUTDOWN: MXNetError,
+    _core.STATUS_STALLED: MXNetError,
+    _core.STATUS_PEER_GONE: MXNetError,
+}
+# ... and, for the reason the runtime stopped (stop_status), whether the peers
+# this rank waited for may be gone: the stall shutdown gave up on them while
+# this rank waited for collectives, or a transport or shared memory found one
+# stopped, dead or unreachable. Not a stall while this rank waited in
+# hvd.shutdown() (STATUS_SHUTDOWN): the others may only be busy elsewhere,
+# and MPI_Finalize waits for them as it should. Not another rank's shutdown
+# either: that rank finalizes MPI too. basics._exit_if_peers_are_gone acts on it.
+_PEERS_GONE = frozenset({_core.STATUS_STALLED, _core.STATUS_PEER_GONE})
+
+
+def error_for(code: int, message: str) -> MXNetError:
+    """The exception for a call of this rank that failed with the core's
+    status ``(code, message)``."""
+    return _ERROR_CLASSES[code](message)
+
+
+def peers_gone(code: int) -> bool:
+    """Whether a runtime that stopped with status ``code`` stopped because the
+    peers it waited for stopped taking part (see _PEERS_GONE)."""
+    return code in _PEERS_GONE
+
+
+def stop_status() -> tuple:
+    """(code, message): why hvdmx stopped on its own or by another rank's
+    shutdown; (STATUS_OK, "") while it runs, and after this rank's shutdown."""
+    return _core.stop_status()
+
+
 def not_running() -> NotRunningError:
     """The error for a call made while hvdmx is not running: why it stopped,
     when it stopped on its own or by another rank's shutdown."""
-    return NotRunningError(_core.stop_reason() or "hvdmx has not been initialized, or has been "
+    return NotRunningError(stop_status()[1] or "hvdmx has not been initialized, or has been "
                            "shut down; call hvd.init() first")
 
 

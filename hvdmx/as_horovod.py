@@ -47,8 +47,9 @@ def _forwarder(name: str, target: str) -> types.ModuleType:
             raise AttributeError(f"module {name!r} has no attribute {attr!r}")
         return getattr(importlib.import_module(target), attr)
 
-    module.__getattr__ = __getattr__
-    module.__dir__ = lambda: dir(importlib.import_module(target))
+    # PEP 562's module hooks, set on the new module's namespace.
+    vars(module)["__getattr__"] = __getattr__
+    vars(module)["__dir__"] = lambda: dir(importlib.import_module(target))
     return module
 
 
@@ -77,8 +78,7 @@ def install() -> None:
     sys.modules["horovod.mxnet"] = package
     horovod = types.ModuleType("horovod", "hvdmx standing in for Horovod")
     horovod.__path__ = []
-    horovod._hvdmx_alias = True
-    horovod.mxnet = package
+    vars(horovod).update(_hvdmx_alias=True, mxnet=package)
     sys.modules["horovod"] = horovod
 
 

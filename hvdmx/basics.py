@@ -4,7 +4,7 @@ from __future__ import annotations
 import atexit
 import os
 import sys
-from typing import Any, Optional, Sequence, Union
+from typing import Any, List, Optional, Sequence, Union
 
 # _core before mpi4py.MPI: loading it imports mpi4py.MPI (which loads libmpi
 # and starts MPI), after refusing a launcher that MPI could not join; the
@@ -133,37 +133,22 @@ def _finalize_mpi() -> None:
         MPI.Finalize()
 
 
-# Why hvdmx stopped on this rank when the peers it waited for may be gone:
-# the stall shutdown's report when the other ranks stopped taking part in
-# negotiation while this rank waited for collectives (csrc/hvdmx/runtime/runtime.cc,
-# Runtime::LoopOnce), a peer on this host found stopped or exited in
-# shared memory (Note [A peer that stops] in csrc/hvdmx/shm/shm_allreduce.h),
-# and a peer's TCP connection closed, failed or gone silent
-# (csrc/hvdmx/comm/tcp_comm.h).
-# Set by shutdown() when it ends a runtime that stopped so. Not the report of
-# a wait in hvd.shutdown() itself: there the others may only be busy
-# elsewhere, and MPI_Finalize waits for them as it should.
-_GONE_MARKS = ("have not taken part in negotiation",
-               "while this rank waited for it in shared memory",
-               "hvdmx: the connection to rank", "hvdmx: no bytes have moved between this rank")
-_SHUTDOWN_WAIT_MARK = "waited in hvd.shutdown()"
-_peers_gone: Optional[str] = None
+# Whether hvdmx stopped on this rank because the peers it waited for may be
+# gone (_job.peers_gone: the stall shutdown while this rank waited for
+# collectives, csrc/hvdmx/runtime/runtime.cc, Runtime::Negotiate; a peer on
+# this host found stopped or exited in shared memory, Note [A peer that
+# stops] in csrc/hvdmx/shm/shm_region.h; a peer's TCP connection closed,
+# failed or gone silent, csrc/hvdmx/comm/tcp_comm.h). Set by shutdown() when
+# it ends a runtime that stopped so: the core forgets why once it has shut
+# down.
+_peers_gone = False
 # The least time MPI_Finalize is given, after such a stop, before the
 # process ends without it (HVDMX_STALL_SHUTDOWN_TIME_SECONDS when longer).
 _FINALIZE_GRACE_SECONDS = 5.0
 
 
-def _peers_stopped_taking_part(reason: str) -> bool:
-    return any(mark in reason for mark in _GONE_MARKS) and _SHUTDOWN_WAIT_MARK not in reason
-
-
 def _finalize_grace() -> float:
-    for name in ("HVDMX_STALL_SHUTDOWN_TIME_SECONDS", "HOROVOD_STALL_SHUTDOWN_TIME_SECONDS"):
-        try:
-            return max(_FINALIZE_GRACE_SECONDS, float(os.environ.get(name, "")))
-        except ValueError:
-            continue
-    return _FINALIZE_GRACE_SECONDS
+    return max(_FINALIZE_GRACE_SECONDS, _core.stall_shutdown_seconds())
 
 
 def _exit_if_peers_are_gone() -> None:
@@ -179,8 +164,7 @@ def _exit_if_peers_are_gone() -> None:
     would make the launcher kill them). Not MPI_Abort: that would kill the
     other survivors, and with a host's link down it did not return either
     (tried)."""
-    reason = _peers_gone or _core.stop_reason()
-    if not _peers_stopped_taking_part(reason or "") or MPI.Is_finalized():
+    if not (_peers_gone or _job.peers_gone(_job.stop_status()[0])) or MPI.Is_finalized():
         return
     grace = _finalize_grace()
     # A thread of the core's, not a Python timer: when mpi4py finalizes MPI,
@@ -201,9 +185,8 @@ def shutdown() -> None:
     pending collective fails with the shutdown, and its "shut down" error
     must still come at its read; the exit hook reports what is left."""
     global _peers_gone
-    reason = _core.stop_reason()
-    if _peers_stopped_taking_part(reason):
-        _peers_gone = reason
+    if _job.peers_gone(_job.stop_status()[0]):
+        _peers_gone = True
     # Idle first, then running: a peer's shutdown that arrives in between
     # fails this rank's pending ops with its "shut down" error, which must
     # come at their reads, not here; asked in the other order, the stop could
@@ -231,23 +214,23 @@ def _shutdown_at_exit() -> None:
     nothing. (Allgather's and alltoall's mismatches raise at the call; see
     docs/errors.md for the errors that an unread output can still hold.)"""
     rank = MPI.COMM_WORLD.Get_rank() if MPI.Is_initialized() and not MPI.Is_finalized() else 0
+    unread: List[str] = []
     try:
         shutdown()
-        unread = []
     except mx.base.MXNetError as error:
         unread = list(getattr(error, "unread", [str(error)]))
-    for error in unread + _unread_errors():
+    for message in unread + _unread_errors():
         sys.stderr.write(f"[hvdmx ERROR rank {rank}] at exit: an operation failed and its "
                          "result was never read (read each collective's output, or call "
-                         f"mx.nd.waitall(), to get its error where it happens): {error}\n")
+                         f"mx.nd.waitall(), to get its error where it happens): {message}\n")
     sys.stderr.flush()
 
 
-def _unread_errors() -> list:
+def _unread_errors() -> List[str]:
     """Waits for every operation in MXNet's engine and returns the errors no
     read has raised yet, taking them out of the engine (a later read of
     those outputs no longer raises)."""
-    errors = []
+    errors: List[str] = []
     while True:
         try:
             mx.nd.waitall()

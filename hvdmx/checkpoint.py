@@ -207,9 +207,10 @@ def _read(path: str) -> Tuple[Dict[str, mx.nd.NDArray], bytes]:
 def _broadcast_bytes(data: Optional[bytes], root: int, name: str) -> bytes:
     """``data`` from ``root`` on every rank (None elsewhere). Blocks."""
     mine = rank() == root
-    length = mx.nd.array([len(data) if mine else 0], dtype="int64")
+    length = mx.nd.array([len(data) if data is not None and mine else 0], dtype="int64")
     n = int(broadcast_(length, root, name=f"{name}.length").asnumpy()[0])
-    buffer = mx.nd.array(np.frombuffer(data, dtype=np.uint8), dtype="uint8") if mine \
+    buffer = mx.nd.array(np.frombuffer(data, dtype=np.uint8), dtype="uint8") \
+        if data is not None and mine \
         else mx.nd.empty((n,), dtype="uint8")
     return broadcast_(buffer, root, name=name).asnumpy().tobytes()
 
@@ -260,9 +261,9 @@ def _mismatch(path: str, named, trainer, meta, shapes) -> Optional[str]:
             return (f"checkpoint '{path}' has no trainer state (it was saved without "
                     "'trainer'); load it with trainer=None")
         keys = set(_trainer_keys("load_checkpoint", trainer, named))
-        saved = meta.get("residuals") or {"layout": []}
+        residuals = meta.get("residuals") or {"layout": []}
         stray = sorted(set(meta["trainer"]["states"]) - keys) \
-            or sorted({key for _, key, _ in saved["layout"]} - keys)
+            or sorted({key for _, key, _ in residuals["layout"]} - keys)
         if stray:
             return (f"checkpoint '{path}' has an optimizer state or a compression residual "
                     f"for parameter '{stray[0]}', which this trainer does not train; pass the "
@@ -340,10 +341,10 @@ def load_checkpoint(path: str, params: Params, trainer: Optional[mx.gluon.Traine
 
     # 2. Every rank checks its own model and trainer; all raise if one fails.
     try:
-        error = _mismatch(source, named, trainer, meta, shapes)
+        problem = _mismatch(source, named, trainer, meta, shapes)
     except ValueError as mismatch:
-        error = str(mismatch).removeprefix("hvdmx.load_checkpoint: ")
-    _agree(error, source)
+        problem = str(mismatch).removeprefix("hvdmx.load_checkpoint: ")
+    _agree(problem, source)
 
     # 3. The arrays travel from the root, one broadcast each, in one order.
     #    (Residuals are each rank's own: step 4.)

@@ -35,13 +35,13 @@ from __future__ import annotations
 
 import math
 import numbers
-from typing import Any, Dict, List, Optional, Tuple, Union
+from typing import Any, Dict, List, Optional, Tuple, Type, Union
 
 import mxnet as mx
 from mxnet.kvstore import KVStoreBase
 
 from hvdmx.basics import rank, size
-from hvdmx.compression import Compression, _check_quantizable, _exchange_with_residual
+from hvdmx.compression import Compression, Compressor, _check_quantizable, _exchange_with_residual
 from hvdmx.errors import InvalidArgumentError
 from hvdmx.process_sets import global_process_set
 from hvdmx.ops import Sum, allreduce, allreduce_, broadcast_
@@ -101,7 +101,8 @@ def _no_push_pull(fn: str):
         "grad_stype='default'), whose gradients go through pushpull")
 
 
-def _entries(fn: str, key, value, out) -> List[Tuple[object, list, Optional[list]]]:
+def _entries(fn: str, key, value, out) -> List[Tuple[Any, List[mx.nd.NDArray],
+                                                    Optional[List[mx.nd.NDArray]]]]:
     """(key, values, outs) per key, for a single key or a list of keys."""
     if isinstance(key, (list, tuple)):
         if not isinstance(value, (list, tuple)) or len(value) != len(key):
@@ -111,8 +112,8 @@ def _entries(fn: str, key, value, out) -> List[Tuple[object, list, Optional[list
         if out is not None and (not isinstance(out, (list, tuple)) or len(out) != len(key)):
             raise InvalidArgumentError(f"hvdmx.KVStore.{fn}: with a list of {len(key)} keys, "
                                        "argument 'out' must be None or a list of as many outputs")
-        outs = out if out is not None else [None] * len(key)
-        return [e for k, v, o in zip(key, value, outs) for e in _entries(fn, k, v, o)]
+        each_out = out if out is not None else [None] * len(key)
+        return [e for k, v, o in zip(key, value, each_out) for e in _entries(fn, k, v, o)]
     _check_key(fn, "key", key)
     values = _check_arrays(fn, "value", value)
     outs = None if out is None else _check_arrays(fn, "out", out, values[0].shape)
@@ -130,7 +131,8 @@ class KVStore(KVStoreBase):
     first. ``mx.kv.create('dist_sync_hvdmx')`` makes one with the defaults.
     """
 
-    def __init__(self, compression: type = Compression.none, prefix: Optional[str] = None) -> None:
+    def __init__(self, compression: Type[Compressor] = Compression.none,
+                 prefix: Optional[str] = None) -> None:
         if not (callable(getattr(compression, "compress", None))
                 and callable(getattr(compression, "decompress", None))):
             raise TypeError("hvdmx.KVStore: argument 'compression' must be "
@@ -194,6 +196,7 @@ class KVStore(KVStoreBase):
                                        f"NDArray, got a list of {len(values)}")
         source = values[0]
         name = f"{self._prefix}kvstore.broadcast.{key}"
+        assert outs is not None  # 'out' was given
         handles = {o.handle.value for o in outs}
         if source.handle.value in handles:
             broadcast_(_plain_layout(source), 0, name=name, priority=priority)
@@ -227,7 +230,7 @@ class KVStore(KVStoreBase):
         for other in values[1:]:
             total += other.as_in_context(total.context)
         sent, ctx = self._compression.compress(total)
-        if in_place:
+        if outs is None:  # in place
             allreduce_(sent, op=Sum, name=name, priority=priority)
             if sent is not total:
                 self._compression.decompress(sent, ctx).copyto(total)
@@ -272,6 +275,7 @@ class KVStore(KVStoreBase):
         devices is quantized with its residual for the key, the codes are
         allgathered, and every rank adds up every rank's values in rank
         order (csrc/hvdmx/algorithms/twobit.h, onebit.h)."""
+        assert self._gradient_compression is not None  # the caller's condition
         kind, threshold = self._gradient_compression
         for i, v in enumerate(values):
             _check_quantizable(f"hvdmx.KVStore.pushpull: gradient compression '{kind}' needs "

@@ -19,9 +19,9 @@ from typing import List, Optional, Sequence
 import mxnet as mx
 import numpy as np
 
-from hvdmx import _core
+from hvdmx import _core, _job
 from hvdmx.basics import _check_running, _topology
-from hvdmx.errors import InvalidArgumentError, InvalidTypeError, MismatchError
+from hvdmx.errors import InvalidArgumentError, InvalidTypeError
 from hvdmx.process_sets import ProcessSet, _auto_name, _set_for_call, global_process_set
 
 # Reduction ops, as the core numbers them (csrc/hvdmx/base/common.h, exported
@@ -135,7 +135,7 @@ def _check_root(fn: str, root_rank, set_ranks: List[int]) -> int:
     if isinstance(root_rank, bool) or not isinstance(root_rank, numbers.Integral):
         raise TypeError(f"hvdmx.{fn}: argument 'root_rank' must be an int, got {root_rank!r}")
     n = _topology()[1]
-    if not 0 <= root_rank < n:
+    if not 0 <= int(root_rank) < n:
         raise InvalidArgumentError(f"hvdmx.{fn}: argument 'root_rank'={root_rank} is out of range; "
                                    f"it must be in [0, {n}) for a job of size {n}")
     if root_rank not in set_ranks:
@@ -340,10 +340,11 @@ def broadcast_(tensor: mx.nd.NDArray, root_rank: int, name: Optional[str] = None
 # ---- barrier and join ---------------------------------------------------------
 
 def _raise_if(error, code) -> None:
-    """Raises a negotiated unit's error: MismatchError for the round's error
-    response (the ranks' calls do not match), else MXNetError (shut down)."""
+    """Raises a negotiated unit's error, of the class its status code maps to
+    (hvdmx/_job.py): MismatchError for the round's error response (the
+    ranks' calls do not match), MXNetError when hvdmx stopped."""
     if error is not None:
-        raise (MismatchError if code == _core.STATUS_MISMATCH else mx.base.MXNetError)(error)
+        raise _job.error_for(code, error)
 
 
 def barrier(process_set: ProcessSet = global_process_set) -> None:

@@ -19,14 +19,14 @@ from __future__ import annotations
 import numbers
 import types
 import warnings
-from typing import Any, Dict, List, Optional, Sequence, Union
+from typing import Any, Dict, List, Optional, Sequence, Type, Union
 
 import mxnet as mx
 import numpy as np
 from mxnet.gluon.parameter import DeferredInitializationError, Parameter, ParameterDict
 
 from hvdmx import _core
-from hvdmx.compression import Compression, _check_quantizable, _exchange_with_residual
+from hvdmx.compression import Compression, Compressor, _check_quantizable, _exchange_with_residual
 from hvdmx.process_sets import ProcessSet, _check_registered, _set_for_call, global_process_set
 from hvdmx.ops import Sum, _allreduce_each_, _check_root, broadcast_, grouped_allreduce_
 
@@ -42,7 +42,7 @@ def _split_list(items: Sequence, n: int) -> List[list]:
 
 def _check_predivide(fn: str, value) -> float:
     if isinstance(value, bool) or not isinstance(value, numbers.Real) \
-            or not np.isfinite(value) or value <= 0:
+            or not np.isfinite(float(value)) or float(value) <= 0:
         raise ValueError(f"hvdmx.{fn}: argument 'gradient_predivide_factor'={value!r} must be "
                          "a finite number > 0 (1.0 averages after the sum)")
     return float(value)
@@ -123,7 +123,7 @@ class DistributedOptimizer(mx.optimizer.Optimizer):
 
     def __init__(self, optimizer: mx.optimizer.Optimizer, gradient_predivide_factor: float = 1.0,
                  num_groups: int = 0, process_set: ProcessSet = global_process_set,
-                 compression: type = Compression.none) -> None:
+                 compression: Type[Compressor] = Compression.none) -> None:
         # Optimizer.__init__ is not called on purpose: this object keeps no
         # optimizer state of its own, everything lives in the wrapped one.
         if isinstance(optimizer, DistributedOptimizer):

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import itertools
 import numbers
-from typing import Any, List, Optional, Sequence, Union
+from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple, Union
 
 from hvdmx import _core  # before mpi4py.MPI: see basics.py
 from hvdmx._job import check_running, job_comm, topology
@@ -91,9 +91,9 @@ class _GlobalProcessSet(ProcessSet):
 
 global_process_set = _GlobalProcessSet()
 # Registered sets by id (the global set is not listed).
-_registered = {}
+_registered: Dict[int, ProcessSet] = {}
 # The count of unnamed calls so far, by (kind of call, set id): see _auto_name.
-_counters = {}
+_counters: Dict[Tuple[str, int], Iterator[int]] = {}
 
 
 def _check_ranks(fn: str, arg: str, ranks) -> List[int]:
@@ -175,11 +175,12 @@ def remove_process_set(process_set: ProcessSet) -> bool:
     if process_set is global_process_set or process_set.process_set_id == 0:
         raise ValueError("hvdmx.remove_process_set: the global process set cannot be "
                          "removed; it lives until hvd.shutdown()")
-    if _registered.get(process_set.process_set_id) is not process_set:
+    set_id = process_set.process_set_id
+    if set_id is None or _registered.get(set_id) is not process_set:
         return False
     check_running()
-    del _registered[process_set.process_set_id]
-    _core.remove_process_set(process_set.process_set_id)
+    del _registered[set_id]
+    _core.remove_process_set(set_id)
     process_set.process_set_id = None
     return True
 
@@ -215,7 +216,7 @@ def _host_process_set() -> Optional[ProcessSet]:
         finally:
             local.Free()
         hosts = sorted(set(comm.allgather(mine)))
-        found = global_process_set if len(hosts) == 1 else None
+        found: Optional[ProcessSet] = global_process_set if len(hosts) == 1 else None
         for ranks in hosts:
             if len(hosts) > 1 and len(ranks) > 1:  # every rank adds every host's set
                 added = add_process_set(list(ranks))

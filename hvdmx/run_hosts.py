@@ -147,8 +147,8 @@ def _is_this_host(name: str) -> bool:
     if name in ("localhost", here, here.split(".")[0]):
         return True
     try:
-        addresses = {a[4][0] for a in socket.getaddrinfo(name, None)}
-        mine = {a[4][0] for a in socket.getaddrinfo(here, None)}
+        addresses = {str(a[4][0]) for a in socket.getaddrinfo(name, None)}
+        mine = {str(a[4][0]) for a in socket.getaddrinfo(here, None)}
     except OSError:
         return False
     return any(a.startswith("127.") or a == "::1" or a in mine for a in addresses)

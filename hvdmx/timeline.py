@@ -23,7 +23,7 @@ import argparse
 import collections
 import json
 import sys
-from typing import Dict, List, Tuple
+from typing import DefaultDict, Dict, List, Tuple
 
 # The top-level events of a row (Horovod's names); every other event but a
 # negotiation is a step nested inside one of these.
@@ -68,8 +68,9 @@ def phase_order(names) -> List[str]:
 def summarize(rows: Dict[int, str], events: List[dict]):
     """Per phase: (count, total us); per tensor: {phase: total us}. A step's
     time is inside its operation's."""
-    per_phase = collections.defaultdict(lambda: [0, 0])
-    per_tensor = collections.defaultdict(lambda: collections.defaultdict(int))
+    per_phase: DefaultDict[str, List[float]] = collections.defaultdict(lambda: [0, 0])
+    per_tensor: DefaultDict[str, DefaultDict[str, float]] = collections.defaultdict(
+        lambda: collections.defaultdict(int))
     for e in events:
         if e["ph"] != "X":
             continue

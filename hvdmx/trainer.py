@@ -10,14 +10,14 @@ from __future__ import annotations
 import hashlib
 import numbers
 import warnings
-from typing import Any, Dict, List, Optional, Sequence, Union
+from typing import Any, Dict, List, Optional, Sequence, Type, Union
 
 import mxnet as mx
 import numpy as np
 from mxnet.gluon.parameter import Parameter, ParameterDict
 
 from hvdmx.basics import size
-from hvdmx.compression import Compression
+from hvdmx.compression import Compression, Compressor
 from hvdmx.errors import MismatchError
 from hvdmx.ops import Average, Max, Sum, _allreduce_each_, allreduce, broadcast_
 from hvdmx.optimizer import DistributedOptimizer, _check_num_groups, _check_predivide, \
@@ -113,7 +113,7 @@ def _check_hierarchical(hierarchical, local_sgd_steps, process_set) -> None:
 def _check_easgd(beta, local_sgd_steps) -> None:
     if beta is None:
         return
-    if isinstance(beta, bool) or not isinstance(beta, numbers.Real) or not 0 < beta <= 1:
+    if isinstance(beta, bool) or not isinstance(beta, numbers.Real) or not 0 < float(beta) <= 1:
         raise ValueError(f"hvdmx.DistributedTrainer: argument 'easgd_beta'={beta!r} must be a "
                          "number in (0, 1] (how far the center moves toward the ranks' mean "
                          "at each synchronization; EASGD's paper suggests 0.9), or None")
@@ -189,10 +189,24 @@ class DistributedTrainer(mx.gluon.Trainer):
     ``average_parameters()`` sets every rank's to the center.
     """
 
+    # Its own state (set in __init__), declared for type checkers: its base,
+    # MXNet's Trainer, has no type hints.
+    _local_sgd_steps: int
+    _local_steps_done: int
+    _hierarchical: bool
+    _easgd_beta: Optional[float]
+    _gradient_predivide_factor: float
+    _prefix: str
+    _num_groups: int
+    _compression: Type[Compressor]
+    _process_set: ProcessSet
+    _hvdmx_checked: bool
+
     def __init__(self, params: Union[ParameterDict, Dict[str, Parameter], List[Parameter]],
                  optimizer: Union[str, mx.optimizer.Optimizer],
                  optimizer_params: Optional[Dict[str, Any]] = None,
-                 compression: type = Compression.none, gradient_predivide_factor: float = 1.0,
+                 compression: Type[Compressor] = Compression.none,
+                 gradient_predivide_factor: float = 1.0,
                  prefix: Optional[str] = None, num_groups: int = 0,
                  process_set: ProcessSet = global_process_set, local_sgd_steps: int = 1,
                  hierarchical_local_sgd: bool = False, easgd_beta: Optional[float] = None,
@@ -313,6 +327,8 @@ class DistributedTrainer(mx.gluon.Trainer):
         if _outside(self._process_set):
             return
         self._ensure_center()
+        # Both set with easgd_beta, which this step runs under.
+        assert self._center is not None and self._easgd_beta is not None
         beta, n = self._easgd_beta, self._process_set.size()
         datas = [p.list_data() for p in self._params]
         distances = [d[0] - c for d, c in zip(datas, self._center)]

@@ -99,9 +99,14 @@ def test_a_rank_that_raises_does_not_hang_the_others():
             hvd.allreduce(mx.nd.ones((3,)), name="never-matched").wait_to_read()
         except mx.base.MXNetError as e:
             sys.stderr.write(f"rank {rank} failed: {str(e).splitlines()[0]}\\n")
+        from hvdmx import _core, _job
+        code = _core.stop_status()[0]
+        sys.stderr.write(f"rank {rank} stopped by a peer's shutdown: "
+                         f"{code == _core.STATUS_PEER_SHUTDOWN}, gone: {_job.peers_gone(code)}\\n")
         sys.stderr.write(f"rank {rank} at the end\\n")
     """)
     assert result.returncode != 0
+    assert "rank 0 stopped by a peer's shutdown: True, gone: False" in result.stderr
     assert "RuntimeError: rank 1 fails on purpose" in result.stderr
     assert ("rank 0 failed: MXNetError: hvdmx has been shut down by another rank (it called "
             "hvd.shutdown(), or its process ended, which calls it)") in result.stderr, \
@@ -194,6 +199,10 @@ def test_stall_shutdown_stops_waiting_for_a_rank_outside_hvdmx():
             sys.stderr.write("rank 0 failed: " + str(e).splitlines()[0] + "\\n")
             later = hvd.is_initialized()
             sys.stderr.write(f"initialized after: {later}, rank {hvd.rank()} of {hvd.size()}\\n")
+            from hvdmx import _core, _job
+            code = _core.stop_status()[0]
+            sys.stderr.write(f"stalled: {code == _core.STATUS_STALLED}, "
+                             f"gone: {_job.peers_gone(code)}\\n")
             try:
                 hvd.broadcast(mx.nd.ones((1,)), root_rank=0)
             except ValueError as again:
@@ -205,6 +214,7 @@ def test_stall_shutdown_stops_waiting_for_a_rank_outside_hvdmx():
     assert "the other ranks have not taken part in negotiation for 2 s" in result.stderr
     assert "lonely" in result.stderr
     assert "initialized after: False, rank 0 of 2" in result.stderr
+    assert "stalled: True, gone: True" in result.stderr
     assert "later call: hvdmx: the other ranks have not taken part in negotiation" in result.stderr
 
 

@@ -3,6 +3,7 @@ uses (``timed``), rounds taken in turn, and MPI loaded after hvdmx's core."""
 from __future__ import annotations
 
 import time
+from typing import Dict, List
 
 
 def parse_size(text: str) -> int:
@@ -41,7 +42,7 @@ def timed(fn, warmup: int, iters: int, comm) -> float:
 def rounds(steps: dict, rounds: int, warmup: int, iters: int, comm) -> dict:
     """Times each step (name -> callable) in turn, ``rounds`` times over:
     name -> seconds per call, one figure per round."""
-    times = {name: [] for name in steps}
+    times: Dict[str, List[float]] = {name: [] for name in steps}
     for _ in range(rounds):
         for name, step in steps.items():
             times[name].append(timed(step, warmup, iters, comm))

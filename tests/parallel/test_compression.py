@@ -66,21 +66,25 @@ def test_onebit_exchange_matches_the_model_bit_for_bit(n):
 
 def test_onebit_error_feedback_loses_nothing():
     # Over the steps, what every rank sent plus what every rank still holds
-    # equals the sum of all the gradients, to float32 rounding.
+    # equals the sum of all the gradients, to float32 rounding: relative to
+    # the magnitude of what was added up, so the bound does not grow with
+    # the number of ranks or steps.
     rank, size = hvd.rank(), hvd.size()
     n, steps = 4099, 6
     grad = mx.nd.zeros((n,))
     residual = mx.nd.zeros((n,))
     received = np.zeros(n, np.float64)
     true = np.zeros(n, np.float64)
+    magnitude = 0.0
     for step in range(steps):
         grad[:] = gradient(rank, step, n)
         hvd.Compression.onebit.exchange(grad, residual, "onebit.feedback",
                                         hvd.global_process_set)
         received += grad.asnumpy()
         true += sum(gradient(r, step, n).astype(np.float64) for r in range(size))
+        magnitude += sum(np.abs(gradient(r, step, n)).max() for r in range(size))
     held = hvd.allreduce(residual, op=hvd.Sum, name="onebit.feedback.held").asnumpy()
-    np.testing.assert_allclose(received + held, true, rtol=0, atol=1e-4 * steps * size)
+    np.testing.assert_allclose(received + held, true, rtol=0, atol=1e-6 * magnitude)
     # and compression really happened: the sent values are levels, not the gradients
     assert not np.allclose(received, true, atol=1e-2)
 

@@ -11,6 +11,7 @@ from mxnet import gluon
 
 import hvdmx as hvd
 from conftest import all_equal_across_ranks
+from helpers import mixed
 from test_training import (B, IN, LR, MOMENTUM, OUT, assert_close, assert_identical_across_ranks,
                            batches, copy_params, local, make_net, module_mlp, params_numpy,
                            train_step)
@@ -166,7 +167,7 @@ def test_module_equivalence():
 def ramp(shape, r, k=0):
     """Integer-valued float32 data that depends on rank r and key k."""
     n = int(np.prod(shape))
-    return ((np.arange(n) * 7 + r * 3 + k) % 11).reshape(shape).astype(np.float32)
+    return mixed(r, n, salt=k).reshape(shape).astype(np.float32)
 
 
 def sum_over_ranks(shape, k=0):

@@ -17,7 +17,7 @@ import pytest
 import hvdmx as hvd
 from hvdmx import _core
 from conftest import restart
-from helpers import DTYPES, my_rows, reduced
+from helpers import DTYPES, mixed, my_rows, reduced
 
 FLOATS = ["float32", "float64", "float16"]
 KINDS = ["allreduce", "allreduce_", "grouped_allreduce", "broadcast", "broadcast_",
@@ -44,8 +44,8 @@ def algo(request):
 
 def values(rank, call, shape, dtype):
     """Rank `rank`'s input to call `call`: small integers, exact in every dtype."""
-    i = np.arange(int(np.prod(shape, dtype=np.int64)))
-    return ((i * 7 + rank * 3 + call * 5) % 11).astype(dtype).reshape(shape)
+    return mixed(rank, int(np.prod(shape, dtype=np.int64)), salt=call).astype(dtype) \
+        .reshape(shape)
 
 
 def draw(seed, size):

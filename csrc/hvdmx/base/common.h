@@ -54,10 +54,23 @@ enum class CollectiveType : int32_t {
 std::string CollectiveTypeName(CollectiveType type);
 
 // Outcome of an operation. The message is for the user: it says what went
-// wrong and what to do about it.
+// wrong and what to do about it. The code is for the program: it says why,
+// and callers decide by it, never by the message's text (the Python layer
+// maps each code to an exception class and to how the process exits:
+// hvdmx/_job.py). A runtime that stops records why as one of these
+// (Runtime::stop_status).
 class Status {
  public:
-  enum class Code : int32_t { kOk = 0, kInvalidArgument, kMismatch, kShutdown, kInternal };
+  enum class Code : int32_t {
+    kOk = 0,
+    kInvalidArgument,  // the user's call is wrong (a bad value, a set this rank is not in)
+    kMismatch,         // the ranks' calls of one collective do not match
+    kShutdown,         // hvd.shutdown() on this rank, or not initialized
+    kInternal,         // a failure of MXNet's C API or of hvdmx itself
+    kPeerShutdown,     // another rank shut hvdmx down (its hvd.shutdown() or its exit)
+    kStalled,          // the other ranks stopped taking part in negotiation (stall shutdown)
+    kPeerGone,         // a peer stopped, died or cannot be reached (PeerGone, comm/comm.h)
+  };
 
   Status() = default;
   static Status Ok() { return Status(); }
@@ -67,6 +80,11 @@ class Status {
   static Status Mismatch(std::string msg) { return Status(Code::kMismatch, std::move(msg)); }
   static Status Shutdown(std::string msg) { return Status(Code::kShutdown, std::move(msg)); }
   static Status Internal(std::string msg) { return Status(Code::kInternal, std::move(msg)); }
+  static Status PeerShutdown(std::string msg) {
+    return Status(Code::kPeerShutdown, std::move(msg));
+  }
+  static Status Stalled(std::string msg) { return Status(Code::kStalled, std::move(msg)); }
+  static Status PeerGone(std::string msg) { return Status(Code::kPeerGone, std::move(msg)); }
 
   bool ok() const { return code_ == Code::kOk; }
   Code code() const { return code_; }

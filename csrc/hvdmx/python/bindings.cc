@@ -336,9 +336,20 @@ PYBIND11_MODULE(_core, m) {
     std::lock_guard<std::mutex> lock(G().mu);
     return Running();
   });
-  m.def("stop_reason", [] {
+  // (code, message): why the global runtime stopped when this rank's
+  // shutdown did not stop it alone (Runtime::stop_status), or (STATUS_OK, "")
+  // while it runs, before init and after this rank's shutdown. The Python
+  // layer decides by the code (hvdmx/_job.py).
+  m.def("stop_status", [] {
     std::lock_guard<std::mutex> lock(G().mu);
-    return G().runtime ? G().runtime->stop_reason() : std::string();
+    const Status status = G().runtime ? G().runtime->stop_status() : Status::Ok();
+    return py::make_tuple(static_cast<int>(status.code()), status.message());
+  });
+  // HVDMX_STALL_SHUTDOWN_TIME_SECONDS as the last hvd.init() read it (0: off,
+  // and before the first init): the core is the one reader of the settings.
+  m.def("stall_shutdown_seconds", [] {
+    std::lock_guard<std::mutex> lock(G().mu);
+    return G().config.stall_shutdown_seconds;
   });
   m.def("topology", [] {
     int thread_level = 0;
@@ -390,8 +401,7 @@ PYBIND11_MODULE(_core, m) {
   m.attr("REDUCESCATTER") = static_cast<int>(CollectiveType::kReducescatter);
   m.attr("BARRIER") = static_cast<int>(CollectiveType::kBarrier);
   m.attr("JOIN") = static_cast<int>(CollectiveType::kJoin);
-  // The code negotiate() returns for an error response (Executor::Run).
-  m.attr("STATUS_MISMATCH") = static_cast<int>(Status::Code::kMismatch);
+  AddStatusCodes(m);
   // The dtype and reduction op codes (base/common.h) by name: the one list
   // that hvdmx/ops.py and the tests read. DTYPE_CODES has every DataType,
   // ARRAY_DTYPES the names of those the collectives take from an NDArray.

@@ -2,6 +2,7 @@
 #include "python/bindings_support.h"
 
 #include <stdexcept>
+#include <utility>
 
 #include "config/env_config.h"
 
@@ -13,6 +14,20 @@ void ThrowIfError(const Status& status) {
   if (status.ok()) return;
   if (status.code() == Status::Code::kInvalidArgument) throw py::value_error(status.message());
   throw std::runtime_error(status.message());
+}
+
+void AddStatusCodes(py::module_& m) {
+  for (const auto& code :
+       {std::make_pair("STATUS_OK", Status::Code::kOk),
+        std::make_pair("STATUS_INVALID_ARGUMENT", Status::Code::kInvalidArgument),
+        std::make_pair("STATUS_MISMATCH", Status::Code::kMismatch),
+        std::make_pair("STATUS_SHUTDOWN", Status::Code::kShutdown),
+        std::make_pair("STATUS_INTERNAL", Status::Code::kInternal),
+        std::make_pair("STATUS_PEER_SHUTDOWN", Status::Code::kPeerShutdown),
+        std::make_pair("STATUS_STALLED", Status::Code::kStalled),
+        std::make_pair("STATUS_PEER_GONE", Status::Code::kPeerGone)}) {
+    m.attr(code.first) = static_cast<int>(code.second);
+  }
 }
 
 Request MakeRequest(CollectiveType type, const std::string& name, const std::vector<int>& dtypes,

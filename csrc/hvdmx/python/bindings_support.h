@@ -19,6 +19,11 @@ namespace hvdmx {
 // RuntimeError otherwise. Call with the GIL held.
 void ThrowIfError(const Status& status);
 
+// Adds the Status codes (base/common.h) to module `m` as STATUS_OK,
+// STATUS_MISMATCH, ...: the values that negotiate() and stop_status() return
+// and hvdmx/_job.py maps to exceptions and to the exit path.
+void AddStatusCodes(pybind11::module_& m);
+
 // A request as the Python layer describes one (dtype codes, reduce op code,
 // device type 2 = GPU), from rank `rank`.
 Request MakeRequest(CollectiveType type, const std::string& name, const std::vector<int>& dtypes,

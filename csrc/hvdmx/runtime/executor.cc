@@ -168,7 +168,7 @@ void Executor::Run(const std::vector<Response>& responses, TensorQueue* queue) {
     // round took and has not finished fails
     // here; the runtime stops and fails the rest.
     for (TensorEntry& entry : entries) {
-      if (entry.callback) Fire(entry, Status::Shutdown(gone.what()));
+      if (entry.callback) Fire(entry, Status::PeerGone(gone.what()));
     }
     throw;
   }

@@ -138,7 +138,7 @@ void Runtime::Shutdown() {
 
 Status Runtime::StoppedStatus() {
   std::lock_guard<std::mutex> lock(stop_mu_);
-  return stop_reason_.empty() ? ShutdownStatus() : Status::Shutdown(stop_reason_);
+  return stop_status_.ok() ? ShutdownStatus() : stop_status_;
 }
 
 void Runtime::FailAll(const Status& status) {
@@ -282,16 +282,19 @@ bool Runtime::Negotiate(bool want_shutdown, RoundResult* round) {
     size_t total = 0;
     const std::vector<std::string> pending =
         queue_.EnqueuedBefore(std::chrono::steady_clock::now(), 8, &total);
+    // Nothing of this rank's is pending: it waits in hvd.shutdown() for the
+    // others to stop with it, and the stop is its own shutdown's.
+    const bool in_shutdown = pending.empty();
     std::ostringstream why;
     why << "hvdmx: the other ranks have not taken part in negotiation for "
         << config_.stall_shutdown_seconds
         << " s (HVDMX_STALL_SHUTDOWN_TIME_SECONDS) while this rank waited "
-        << (pending.empty() ? std::string("in hvd.shutdown() for them to stop with it")
-                            : "for " + JoinNames(pending, 8))
+        << (in_shutdown ? std::string("in hvd.shutdown() for them to stop with it")
+                        : "for " + JoinNames(pending, 8))
         << "; a rank may have died or be stuck outside hvdmx. hvdmx has stopped on this "
            "rank: end the job and look at the other ranks' output (see docs/errors.md).";
     HVDMX_LOG(kError) << why.str();
-    return Stop(why.str());
+    return Stop(in_shutdown ? Status::Shutdown(why.str()) : Status::Stalled(why.str()));
   }
   made_progress_ = !round->responses.empty();
   if (made_progress_) backoff_us_ = 0;
@@ -331,15 +334,15 @@ bool Runtime::FinishRound(const RoundResult& round, bool want_shutdown) {
   MaybeWarnStall();
   if (round.shutdown) {
     // Say so to this rank's later calls when its user did not shut hvdmx down.
-    return Stop(want_shutdown ? std::string() : kShutDownByPeer);
+    return Stop(want_shutdown ? Status::Ok() : Status::PeerShutdown(kShutDownByPeer));
   }
   return true;
 }
 
-bool Runtime::Stop(const std::string& why) {
-  if (!why.empty()) {
+bool Runtime::Stop(const Status& why) {
+  if (!why.ok()) {
     std::lock_guard<std::mutex> lock(stop_mu_);
-    if (stop_reason_.empty()) stop_reason_ = why;
+    if (stop_status_.ok()) stop_status_ = why;
   }
   stopped_ = true;
   // See Note [A peer that stops] in shm_region.h.
@@ -350,7 +353,7 @@ bool Runtime::Stop(const std::string& why) {
 
 bool Runtime::StopAfterPeer(const PeerGone& gone) {
   HVDMX_LOG(kError) << gone.what();
-  return Stop(gone.what());
+  return Stop(Status::PeerGone(gone.what()));
 }
 
 void Runtime::Loop() {

@@ -113,11 +113,15 @@ class Runtime {
   // See Note [Shutdown]. Idempotent. Any thread but the background thread.
   void Shutdown();
   bool stopped() const { return stopped_; }
-  // Why the runtime stopped when this rank's Shutdown() did not stop it (a
-  // stall shutdown, or another rank's Shutdown()); empty otherwise.
-  std::string stop_reason() {
+  // Why the runtime stopped when this rank's Shutdown() did not stop it
+  // alone: kStalled (the stall shutdown gave up on the peers while this rank
+  // waited for collectives), kShutdown (it gave up on them while this rank
+  // waited in Shutdown()), kPeerShutdown (another rank's Shutdown()) or
+  // kPeerGone (a PeerGone from a transport or shared memory); Ok otherwise.
+  // The code decides; the message is the report for the user.
+  Status stop_status() {
     std::lock_guard<std::mutex> lock(stop_mu_);
-    return stop_reason_;
+    return stop_status_;
   }
 
   // One pass of the background loop (see Note [Background loop]): the
@@ -151,11 +155,11 @@ class Runtime {
   // Entries that waited for their turn leave the engine's count once they
   // enter negotiation or fail (see Enqueue). Background thread.
   void CountReleased();
-  // Stops the runtime from the background thread: records `why` (unless
-  // empty or a reason is there already), tells the host's peers (Note [A
+  // Stops the runtime from the background thread: records `why` (unless Ok
+  // or a reason is there already), tells the host's peers (Note [A
   // peer that stops] in shm_region.h) and fails everything pending.
   // Returns false, for LoopOnce.
-  bool Stop(const std::string& why);
+  bool Stop(const Status& why);
   // Stop after a peer in shared memory stopped or died in the middle of a
   // round.
   bool StopAfterPeer(const PeerGone& gone);
@@ -186,7 +190,7 @@ class Runtime {
   std::condition_variable in_engine_cv_;
   int64_t in_engine_ = 0;
   std::mutex stop_mu_;
-  std::string stop_reason_;  // why the runtime stopped, when not by Shutdown()
+  Status stop_status_;  // why the runtime stopped, when not by Shutdown() alone
   bool made_progress_ = true;
   int64_t backoff_us_ = 0;
   std::chrono::steady_clock::time_point wait_started_;

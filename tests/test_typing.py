@@ -1,0 +1,66 @@
+"""hvdmx's public surface as a type checker sees it: ``import hvdmx as hvd;
+hvd.allreduce`` has allreduce's type, not Any, although the names load
+lazily at run time (hvdmx/__init__.py). `make typecheck` runs mypy over
+hvdmx/ and examples/; this runs it over a user's snippet."""
+import ast
+import os
+import subprocess
+import sys
+
+import pytest
+
+import hvdmx
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def type_checking_imports():
+    """{name: module} of the imports under ``if TYPE_CHECKING:`` in
+    hvdmx/__init__.py."""
+    tree = ast.parse(open(hvdmx.__file__).read())
+    names = {}
+    for node in tree.body:
+        if isinstance(node, ast.If) and getattr(node.test, "id", None) == "TYPE_CHECKING":
+            for imp in node.body:
+                assert isinstance(imp, ast.ImportFrom), ast.dump(imp)
+                for alias in imp.names:
+                    # "import X as X": the re-export form that checkers honour.
+                    assert alias.asname == alias.name, ast.dump(alias)
+                    module = imp.module if imp.module != "hvdmx" else alias.name
+                    names[alias.name] = module.removeprefix("hvdmx.")
+    return names
+
+
+def test_the_checkers_names_are_the_lazy_names():
+    expected = dict(hvdmx._EXPORTS, errors="errors")
+    assert type_checking_imports() == expected
+
+
+SNIPPET = """
+import hvdmx as hvd
+reveal_type(hvd.allreduce)
+reveal_type(hvd.DistributedTrainer)
+reveal_type(hvd.errors.MismatchError)
+reveal_type(hvd.size())
+"""
+
+
+def test_reveal_type_of_the_public_names_is_not_any(tmp_path):
+    pytest.importorskip("mypy")
+    snippet = tmp_path / "snippet.py"
+    snippet.write_text(SNIPPET)
+    result = subprocess.run(
+        [sys.executable, "-m", "mypy", "--config-file", os.path.join(ROOT, "pyproject.toml"),
+         "--no-incremental", "--cache-dir", os.devnull, str(snippet)],
+        capture_output=True, text=True, timeout=300, cwd=ROOT,
+        env=dict(os.environ, MYPYPATH=ROOT))
+    revealed = [line for line in result.stdout.splitlines() if "Revealed type" in line]
+    assert len(revealed) == 4, result.stdout + result.stderr
+    types = [line.split("Revealed type is ", 1)[1].strip('"') for line in revealed]
+    # Not "Any": allreduce's own signature (MXNet's NDArray is Any, MXNet
+    # having no hints, but the rest is hvdmx's).
+    assert types[0].startswith("def (tensor: ") and \
+        "process_set: hvdmx.process_sets.ProcessSet" in types[0], types[0]
+    assert types[1].endswith("-> hvdmx.trainer.DistributedTrainer"), types[1]
+    assert types[2].endswith("-> hvdmx.errors.MismatchError"), types[2]
+    assert types[3] in ("int", "builtins.int"), types[3]
