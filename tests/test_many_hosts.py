@@ -19,6 +19,7 @@ import pytest
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(REPO, "tools"))
+import strangers  # noqa: E402
 import testhosts  # noqa: E402
 
 PYTHON = sys.executable
@@ -390,3 +391,59 @@ def test_a_link_down_during_a_large_allreduce_fails_every_rank(th, tmp_path):
         link_down_mid_job(th, tmp_path, [1, 1], 8 << 20, at=0, mode="link-busy", settle=2)
     finally:
         th.cap(th.hosts[1], None)
+
+
+# ---- who can join a job ---------------------------------------------------------
+# The first collective's result and when it came, on every rank.
+FIRST_COLLECTIVE = """
+import sys, time
+t0 = time.perf_counter()
+import numpy as np, mxnet as mx, hvdmx as hvd
+hvd.init()
+x = mx.nd.array(np.arange(10, dtype=np.float32) + hvd.rank())
+out = hvd.allreduce(x, op=hvd.Sum, name="first").asnumpy()
+want = np.arange(10) * hvd.size() + sum(range(hvd.size()))
+sys.stdout.write(f"rank {hvd.rank()} ok {bool((out == want).all())} "
+                 f"first {time.perf_counter() - t0:.2f}\\n")
+"""
+# The ranks wait this long between the address exchange and their links, so
+# that the strangers are in the ports' queues first.
+LINK_DELAY = {"HVDMX_TESTING_LINK_DELAY_SECONDS": "2"}
+
+
+@pytest.mark.parametrize("mode, count", [("silent", 100), ("garbage", 20), ("forged", 20)])
+def test_strangers_from_another_host_cannot_stall_or_join_a_job(th, mode, count):
+    """A job on hosts 1 and 2 while host 3 holds `count` connections to each of
+    the ranks' listening ports (those of the negotiation's comm and then the
+    collectives'), sending nothing, garbage, or a forged hello: every rank gets
+    the right sum, and the job ends."""
+    proc = subprocess.Popen(th.mpiexec([1, 1], [PYTHON, "-c", FIRST_COLLECTIVE]), cwd=REPO,
+                            env=th.env(dict(ENV, **LINK_DELAY)), stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, stdin=subprocess.DEVNULL)
+    attacks = strangers.attack_each_comm(th, proc, mode, count, hold=5)
+    code, out = finish(th, proc)
+    assert code == 0, out[-3000:]
+    lines = sorted(line for line in out.splitlines() if line.startswith("rank "))
+    assert [line.split()[:4] for line in lines] == [["rank", "0", "ok", "True"],
+                                                    ["rank", "1", "ok", "True"]], out[-3000:]
+    # The strangers did reach the ports (had they not, this tested nothing).
+    assert len(attacks) == 2 and strangers.held(attacks) > 0
+
+
+def test_a_rank_of_another_job_is_refused_on_every_rank(th):
+    """Two ranks on two hosts with different keys (one of them, say, started for
+    another job): both fail in hvd.init() naming the other, and the job ends."""
+    script = ("import sys, hvdmx\ntry:\n    hvdmx.init()\n    sys.stdout.write('joined\\n')\n"
+              "except Exception as e:\n    sys.stdout.write(str(e) + '\\n')\n")
+    mpiexec = os.path.join(os.path.dirname(PYTHON), "mpiexec")
+    argv = [mpiexec, *th.mpi_args(), "-hosts", th.host_list([1, 1]),
+            "-n", "1", "-env", "HVDMX_SECRET_KEY", "a1" * 32, PYTHON, "-c", script, ":",
+            "-n", "1", "-env", "HVDMX_SECRET_KEY", "b2" * 32, PYTHON, "-c", script]
+    proc = subprocess.Popen(th.command(th.hosts[0], argv), cwd=REPO, env=th.env(ENV),
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            stdin=subprocess.DEVNULL)
+    code, out = finish(th, proc)
+    lines = [line for line in out.splitlines() if "secret key" in line]
+    assert len(lines) == 2 and "joined" not in out, out[-3000:]
+    assert any(f"(host {th.hosts[1]}" in line for line in lines), lines
+    assert any(f"(host {th.hosts[0]}" in line for line in lines), lines

@@ -36,7 +36,7 @@ class CommAbandoned : public std::runtime_error {
 // Thrown by a wait whose peer will not do its part any more: it stopped,
 // died, or cannot be reached (a shared-memory peer that stopped, a TCP
 // connection that closed or went silent). The message says which peer and
-// what was seen. Note [A peer that stops] in shm/shm_allreduce.h says what
+// what was seen. Note [A peer that stops] in shm/shm_region.h says what
 // the runtime does with it.
 class PeerGone : public std::runtime_error {
  public:
