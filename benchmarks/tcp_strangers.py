@@ -10,8 +10,10 @@ the same in every variant), the third host holds --count connections to each lis
 port of theirs (tools/strangers.py): none, silent ones, ones that send garbage, or ones
 that send a forged hello. Each job prints, per rank, the seconds from the start of the
 script to the first allreduce's result; the table gives the median over the rounds of
-the slower rank's time, and what the strangers added to it against no strangers in
-the same rounds. Variants run interleaved, round by round, so that the machine's drift
+the slower rank's time, and what the strangers added to it against no strangers, and
+against their program running on the third host without connecting ("idle": what the
+strangers cost the machine, two cores shared by three hosts, rather than the
+protocol), in the same rounds. Variants run interleaved, round by round, so that the machine's drift
 falls on all of them alike.
 """
 import argparse
@@ -44,8 +46,12 @@ def one_job(th, mode, count, delay):
     proc = subprocess.Popen(th.mpiexec([1, 1], [sys.executable, "-c", JOB]), cwd=REPO, env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             stdin=subprocess.DEVNULL)
-    attacks = strangers.attack_each_comm(th, proc, mode, count, hold=delay + 3) \
-        if mode != "none" else []
+    # "idle": the strangers' program runs on the third host but connects to
+    # nothing, so that what the strangers cost the machine (two cores shared
+    # by three hosts) is told apart from what they cost the protocol.
+    attacks = [] if mode == "none" else strangers.attack_each_comm(
+        th, proc, "silent" if mode == "idle" else mode, 0 if mode == "idle" else count,
+        hold=delay + 3)
     out, err = proc.communicate(timeout=300)
     held = strangers.held(attacks)
     times = [float(line.split()[1]) for line in out.splitlines() if line.startswith("first ")]
@@ -65,7 +71,7 @@ def main(argv=None):
     reason = testhosts.unavailable()
     if reason:
         raise SystemExit(f"tcp_strangers: no test hosts here: {reason}")
-    modes = ["none", "silent", "garbage", "forged"]
+    modes = ["none", "idle", "silent", "garbage", "forged"]
     times = {m: [] for m in modes}
     held = {m: [] for m in modes}
     with testhosts.hosts(3) as th:
@@ -75,13 +81,15 @@ def main(argv=None):
                 times[mode].append(t)
                 held[mode].append(h)
     base = statistics.median(times["none"])
+    idle = statistics.median(times["idle"])
     print(f"# 2 hosts x 1 rank, strangers on a third host, {args.count} connections per "
           f"listening port, link delay {args.delay} s, median of {args.rounds} rounds")
-    print(f"{'strangers':>10} {'held':>6} {'first collective (s)':>21} {'added (s)':>10}")
+    print(f"{'strangers':>10} {'held':>6} {'first collective (s)':>21} {'added (s)':>10} "
+          f"{'added vs idle (s)':>18}")
     for mode in modes:
         t = statistics.median(times[mode])
         print(f"{mode:>10} {int(statistics.median(held[mode])):>6} {t:>21.3f} "
-              f"{t - base:>10.3f}")
+              f"{t - base:>10.3f} {t - idle:>18.3f}")
     return 0
 
 

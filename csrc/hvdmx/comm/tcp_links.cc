@@ -164,12 +164,15 @@ void TcpComm::Link() {
       }
       a.connecting = false;
     }
+    auto send = [&] {
+      while (!h.output().empty()) {
+        const ssize_t n = a.socket.SendSome(h.output().data(), h.output().size());
+        if (n == 0) break;
+        h.Sent(static_cast<size_t>(n));
+      }
+    };
     bool closed = false;
-    while (!h.output().empty()) {
-      const ssize_t n = a.socket.SendSome(h.output().data(), h.output().size());
-      if (n == 0) break;
-      h.Sent(static_cast<size_t>(n));
-    }
+    send();
     while (h.state() == Handshake::State::kRunning && h.want() > 0) {
       char buf[Handshake::kHelloBytes];
       const ssize_t n = a.socket.RecvSome(buf, std::min(sizeof(buf), h.want()));
@@ -184,6 +187,7 @@ void TcpComm::Link() {
         return true;
       }
     }
+    send();  // what the bytes just read called for (a challenge, a proof)
     const int peer = h.peer();
     const bool from_peer_host = peer >= 0 && IpOf(a.socket.remote()) == IpOf(addresses_[peer]);
     if (h.state() == Handshake::State::kRejected) {
