@@ -278,13 +278,14 @@ def test_a_rank_with_another_key_is_refused_on_every_rank():
 
 class LyingPeer:
     """Rank 1 of a pair, played here: answers rank 0's handshake with `key`, then
-    sends `frames` (raw bytes) and waits for rank 0 to close."""
+    sends `frames` (raw bytes) and waits for rank 0 to close (or, without
+    `linger`, closes)."""
 
-    def __init__(self, frames, key=KEY):
+    def __init__(self, frames, key=KEY, linger=True):
         self.listener = socket.socket()
         self.listener.bind(("127.0.0.1", 0))
         self.listener.listen(4)
-        self.frames, self.key, self.error = frames, key, None
+        self.frames, self.key, self.linger, self.error = frames, key, linger, None
         self.thread = threading.Thread(target=self.serve, daemon=True)
         self.thread.start()
 
@@ -308,6 +309,8 @@ class LyingPeer:
                     return  # rank 0 refused this key
                 assert proof == mac(self.key, b"C", text)
                 conn.sendall(self.frames)
+                if not self.linger:
+                    return
                 conn.settimeout(30)
                 try:
                     while conn.recv(1 << 16):
@@ -353,3 +356,22 @@ def test_a_listener_with_another_key_is_refused():
         peer.close()
     assert peer.error is None, peer.error
     assert "rank 1 (host lying-peer" in got and "do not hold the same secret key" in got, got
+
+
+@settings(max_examples=60, deadline=None)
+@given(what=st.sampled_from(["recv", "gather", "bit_and"]),
+       frames=st.lists(st.tuples(st.integers(0, 2 ** 64 - 1) | st.integers(0, 64),
+                                 st.binary(max_size=64)), max_size=4),
+       tail=st.binary(max_size=12))
+def test_any_frames_end_in_a_result_or_an_error_naming_the_peer(what, frames, tail):
+    """Fuzz: after a good handshake the peer sends frames with any lengths and
+    bodies (and stray bytes), then closes. Rank 0 either gets a message it accepts
+    or fails naming rank 1, never crashes or waits on."""
+    data = b"".join(frame(length, body) for length, body in frames) + tail
+    peer = LyingPeer(data, linger=False)
+    try:
+        got = t.tcp_lying_peer(peer.address, what, 16)
+    finally:
+        peer.close()
+    assert peer.error is None, peer.error
+    assert got == "" or "rank 1 (host lying-peer" in got, got
