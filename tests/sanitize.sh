@@ -6,7 +6,8 @@
 #   bash tests/sanitize.sh address     # AddressSanitizer, the whole suite (tests/run_all.sh)
 #   bash tests/sanitize.sh undefined   # UndefinedBehaviorSanitizer, the whole suite
 #   bash tests/sanitize.sh thread      # ThreadSanitizer, the tests that run whole runtimes
-#                                      # one rank per thread in one process (no MPI)
+#                                      # and the comms one rank per thread in one process
+#                                      # (no MPI)
 #
 # Exits non-zero if a test failed or the sanitizer reported anything, and prints the
 # reports' summaries; the reports stay in the directory it names. Run `make test`
@@ -92,7 +93,8 @@ else
   value="report_signal_unsafe=0:log_path=$reports/$report"
   run=(setarch "$(uname -m)" -R .venv/bin/python -m pytest -q -p no:cacheprovider
     --timeout="$HVDMX_TEST_TIMEOUT" tests/test_negotiation_local.py tests/test_ring_local.py
-    tests/test_shm_local.py)
+    tests/test_shm_local.py tests/test_comm_local.py tests/test_tcp_comm.py
+    tests/test_tcp_handshake.py)
 fi
 
 # The tests must load the instrumented build, not another hvdmx on the path.

@@ -1,7 +1,10 @@
 // An abstract communicator: what the negotiation and the collectives need
-// from a transport, and nothing more. MpiComm (mpi_comm.h) is the real one;
-// LocalComm (local_comm.h) runs one rank per thread inside one process so
-// the ring and the negotiation round can be tested at any size without MPI.
+// from a transport, and nothing more. MpiComm (mpi_comm.h) runs MPI's own
+// calls; TcpComm (tcp_comm.h) and LocalComm (local_comm.h) are P2PComms
+// (p2p_comm.h), whose broadcast, gather and bit-and are written once over
+// their point-to-point messages. LocalComm runs one rank per thread inside
+// one process so that those, the ring and the negotiation round can be
+// tested at any size without MPI.
 //
 // Threading: a Comm object is used by one thread at a time (the runtime's
 // background thread). Every collective-style call must be made by all ranks
@@ -69,8 +72,8 @@ class Comm {
   virtual std::vector<std::string> Gather(const std::string& mine, int root) = 0;
   // Root's *data replaces everyone else's.
   virtual void BcastString(std::string* data, int root) = 0;
-  // How Gather and BcastString wait for the other ranks, where the comm can
-  // wait without blocking (MpiComm): idle(i) is called between polls, with
+  // How Gather and BcastString wait for the other ranks (MpiComm and every
+  // P2PComm wait without blocking): idle(i) is called between polls, with
   // the number of calls before it in this wait, and when it returns false
   // the call throws CommAbandoned, leaving the comm unusable for them. A
   // peer that stopped in the middle of a negotiation round (a stall

@@ -1,6 +1,8 @@
 #include "comm/local_comm.h"
 
 #include <cstring>
+#include <iterator>
+#include <utility>
 
 namespace hvdmx {
 
@@ -37,88 +39,83 @@ Comm::Request LocalComm::ISend(const void* buf, int64_t bytes, int peer) {
 
 Comm::Request LocalComm::IRecv(void* buf, int64_t bytes, int peer) {
   Request id = next_request_++;
-  recvs_[id] = PendingRecv{buf, bytes, peer};
+  PendingRecv recv;
+  recv.buf = buf;
+  recv.bytes = bytes;
+  recv.peer = peer;
+  recvs_[id] = recv;
   return id;
 }
 
-void LocalComm::Wait(Request request) {
-  auto it = recvs_.find(request);
-  if (it == recvs_.end()) return;  // a send: complete at once
-  std::string message = world_->Take(it->second.peer, rank_);
-  HVDMX_CHECK(static_cast<int64_t>(message.size()) == it->second.bytes,
-              "LocalComm message size mismatch");
-  if (!message.empty()) std::memcpy(it->second.buf, message.data(), message.size());
-  recvs_.erase(it);
+Comm::Request LocalComm::IRecvAny(std::string* out, int peer, int64_t max_bytes) {
+  Request id = next_request_++;
+  PendingRecv recv;
+  recv.bytes = -1;
+  recv.any = out;
+  recv.max_bytes = max_bytes;
+  recv.peer = peer;
+  recvs_[id] = recv;
+  return id;
 }
 
-void LocalComm::Bcast(void* buf, int64_t bytes, int root) {
-  if (rank_ == root) {
-    for (int peer = 0; peer < size(); ++peer) {
-      if (peer != root) world_->Post(rank_, peer, std::string(static_cast<char*>(buf), bytes));
+void LocalComm::FailProtocol(int peer, const std::string& what) {
+  throw PeerProtocolError(peer, "hvdmx: rank " + std::to_string(peer) + " sent " + what +
+                                    ", which the protocol does not allow");
+}
+
+void LocalComm::Deliver(PendingRecv* recv, std::string message) {
+  const int64_t got = static_cast<int64_t>(message.size());
+  if (recv->bytes < 0) {
+    if (got > recv->max_bytes) {
+      FailProtocol(recv->peer, "a message of " + std::to_string(got) + " bytes where at most " +
+                                   std::to_string(recv->max_bytes) + " were expected");
     }
-    return;
-  }
-  std::string message = world_->Take(root, rank_);
-  HVDMX_CHECK(static_cast<int64_t>(message.size()) == bytes, "LocalComm bcast size mismatch");
-  if (bytes) std::memcpy(buf, message.data(), bytes);
-}
-
-std::vector<std::string> LocalComm::Gather(const std::string& mine, int root) {
-  if (rank_ != root) {
-    world_->Post(rank_, root, mine);
-    return {};
-  }
-  std::vector<std::string> all(size());
-  for (int peer = 0; peer < size(); ++peer) {
-    all[peer] = peer == root ? mine : world_->Take(peer, root);
-  }
-  return all;
-}
-
-void LocalComm::BcastString(std::string* data, int root) {
-  if (rank_ == root) {
-    for (int peer = 0; peer < size(); ++peer) {
-      if (peer != root) world_->Post(rank_, peer, *data);
-    }
+    *recv->any = std::move(message);
   } else {
-    *data = world_->Take(root, rank_);
+    if (got != recv->bytes) {
+      FailProtocol(recv->peer, "a message of " + std::to_string(got) + " bytes where " +
+                                   std::to_string(recv->bytes) + " were expected");
+    }
+    if (got > 0) std::memcpy(recv->buf, message.data(), message.size());
   }
+  recv->done = true;
 }
 
-// Rank 0 collects every contribution, ANDs them and sends the result back.
-void LocalComm::StartBitAnd(uint64_t* words, int n) {
-  bit_words_ = words;
-  bit_count_ = n;
-  std::string mine(reinterpret_cast<const char*>(words), n * sizeof(uint64_t));
-  if (rank_ != 0) {
-    world_->Post(rank_, 0, std::move(mine));
-    return;
+bool LocalComm::Progress(Request request, bool block) {
+  auto it = recvs_.find(request);
+  if (it == recvs_.end()) return true;  // a send: complete at once
+  const int peer = it->second.peer;
+  for (auto earlier = recvs_.begin(); earlier != std::next(it); ++earlier) {
+    PendingRecv& recv = earlier->second;
+    if (recv.done || recv.peer != peer) continue;
+    std::string message;
+    if (block) {
+      message = world_->Take(peer, rank_);
+    } else if (!world_->TryTake(peer, rank_, &message)) {
+      return false;
+    }
+    Deliver(&recv, std::move(message));
   }
-  bit_parts_.assign(size(), std::string());
-  bit_parts_[0] = std::move(mine);
-  bit_parts_seen_ = 1;
+  return true;
 }
 
-bool LocalComm::TestBitAnd() {
-  if (rank_ != 0) {
-    std::string result;
-    if (!world_->TryTake(0, rank_, &result)) return false;
-    std::memcpy(bit_words_, result.data(), result.size());
-    return true;
-  }
-  for (int peer = 1; peer < size(); ++peer) {
-    if (bit_parts_[peer].empty() && world_->TryTake(peer, 0, &bit_parts_[peer])) {
-      ++bit_parts_seen_;
+bool LocalComm::Test(Request request) { return Progress(request, /*block=*/false); }
+
+void LocalComm::Wait(Request request) {
+  Progress(request, /*block=*/true);
+  recvs_.erase(request);
+}
+
+void LocalComm::WaitAll(const std::vector<Request>& requests, Waiting waiting) {
+  if (waiting == Waiting::kNegotiation && idle_) {
+    for (int64_t i = 0;; ++i) {
+      bool all = true;
+      for (Request r : requests) all = Test(r) && all;
+      if (all) break;
+      if (!idle_(i)) throw CommAbandoned();
     }
   }
-  if (bit_parts_seen_ < size()) return false;
-  for (int peer = 1; peer < size(); ++peer) {
-    const uint64_t* theirs = reinterpret_cast<const uint64_t*>(bit_parts_[peer].data());
-    for (int i = 0; i < bit_count_; ++i) bit_words_[i] &= theirs[i];
-  }
-  std::string result(reinterpret_cast<const char*>(bit_words_), bit_count_ * sizeof(uint64_t));
-  for (int peer = 1; peer < size(); ++peer) world_->Post(0, peer, result);
-  return true;
+  for (Request r : requests) Wait(r);
 }
 
 }  // namespace hvdmx

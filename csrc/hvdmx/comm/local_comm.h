@@ -1,6 +1,9 @@
 // An in-process Comm: one rank per thread, messages through mailboxes.
-// It exists so that the ring and the negotiation round can be tested at any
-// size without MPI (STYLE.md). Sends copy at once and never block.
+// It exists so that the ring, the negotiation round and the collectives
+// TcpComm runs can be tested at any size without MPI or sockets (STYLE.md):
+// it is a P2PComm, so its broadcast, gather and bit-and are the ones of
+// comm/p2p_collectives.cc. Sends copy at once and never block; a pair's
+// messages are received in the order they were sent.
 //
 // LocalWorld owns the mailboxes; each rank's thread holds its own LocalComm.
 #ifndef HVDMX_LOCAL_COMM_H_
@@ -14,7 +17,7 @@
 #include <string>
 #include <vector>
 
-#include "comm/comm.h"
+#include "comm/p2p_comm.h"
 
 namespace hvdmx {
 
@@ -36,9 +39,13 @@ class LocalWorld {
   std::vector<std::deque<std::string>> boxes_;  // index src * size + dst
 };
 
-class LocalComm : public Comm {
+class LocalComm : public P2PComm {
  public:
-  LocalComm(std::shared_ptr<LocalWorld> world, int rank) : world_(std::move(world)), rank_(rank) {}
+  // Bit-ands go from every rank to every other up to `direct_bit_and_ranks`
+  // ranks, through rank 0 beyond (as TcpOptions::direct_bit_and_ranks).
+  LocalComm(std::shared_ptr<LocalWorld> world, int rank,
+            int direct_bit_and_ranks = kDirectBitAndRanks)
+      : P2PComm(direct_bit_and_ranks), world_(std::move(world)), rank_(rank) {}
 
   int rank() const override { return rank_; }
   int size() const override { return world_->size(); }
@@ -46,29 +53,32 @@ class LocalComm : public Comm {
   Request ISend(const void* buf, int64_t bytes, int peer) override;
   Request IRecv(void* buf, int64_t bytes, int peer) override;
   void Wait(Request request) override;
-  void Bcast(void* buf, int64_t bytes, int root) override;
-  std::vector<std::string> Gather(const std::string& mine, int root) override;
-  void BcastString(std::string* data, int root) override;
-  void StartBitAnd(uint64_t* words, int n) override;
-  bool TestBitAnd() override;
+  Request IRecvAny(std::string* out, int peer, int64_t max_bytes) override;
+  bool Test(Request request) override;
+  // kNegotiation with an idle function polls, calling it between polls.
+  void WaitAll(const std::vector<Request>& requests, Waiting waiting) override;
+  [[noreturn]] void FailProtocol(int peer, const std::string& what) override;
   bool NativeAllreduce(void*, int64_t, DataType, ReduceOp) override { return false; }
 
  private:
   struct PendingRecv {
-    void* buf;
-    int64_t bytes;
-    int peer;
+    void* buf = nullptr;         // a receive of known size: where it lands
+    int64_t bytes = 0;           // its size; -1: a receive of any size
+    std::string* any = nullptr;  // a receive of any size lands here
+    int64_t max_bytes = 0;       // the most it takes
+    int peer = 0;
+    bool done = false;
   };
+  // Completes the receives from request's peer up to and including it, in
+  // the order they were posted; without `block`, stops at the first whose
+  // message is not there yet. True if `request` is done.
+  bool Progress(Request request, bool block);
+  void Deliver(PendingRecv* recv, std::string message);
+
   std::shared_ptr<LocalWorld> world_;
   int rank_;
-  std::map<Request, PendingRecv> recvs_;
+  std::map<Request, PendingRecv> recvs_;  // sends complete at once and are not kept
   Request next_request_ = 0;
-  // The outstanding bit-and: where the result goes, and contributions the
-  // root has collected so far.
-  uint64_t* bit_words_ = nullptr;
-  int bit_count_ = 0;
-  std::vector<std::string> bit_parts_;
-  int bit_parts_seen_ = 0;
 };
 
 }  // namespace hvdmx

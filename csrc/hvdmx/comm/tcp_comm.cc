@@ -270,6 +270,24 @@ void TcpComm::Free(Request request) {
 
 void TcpComm::Wait(Request request) { Finish(request, "a collective's transfer", false); }
 
+bool TcpComm::Test(Request request) {
+  if (!ops_[request].done) ProgressAll();
+  return ops_[request].done;
+}
+
+void TcpComm::WaitAll(const std::vector<Request>& requests, Waiting waiting) {
+  const bool negotiation = waiting == Waiting::kNegotiation;
+  WaitUntil(
+      [&] {
+        for (Request r : requests) {
+          if (!ops_[r].done) return false;
+        }
+        return true;
+      },
+      negotiation ? "negotiation" : "a collective's transfer", negotiation);
+  for (Request r : requests) Free(r);
+}
+
 void TcpComm::Finish(Request request, const char* what, bool use_idle) {
   WaitUntil([&] { return ops_[request].done; }, what, use_idle);
   Free(request);

@@ -6,8 +6,8 @@
 // builds this comm. The files: tcp_address (where a rank listens),
 // tcp_socket (a descriptor and its options), tcp_handshake (the proof of
 // the job's key), tcp_links.cc (making every connection), tcp_comm.cc
-// (frames, queues and the waits), tcp_collectives.cc (broadcast, gather,
-// bit-and).
+// (frames, queues and the waits). The broadcast, gather and bit-and are
+// P2PComm's, written once over these messages (comm/p2p_collectives.cc).
 //
 // Note [Waiting for the network]
 // ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
@@ -65,7 +65,7 @@
 #include <string>
 #include <vector>
 
-#include "comm/comm.h"
+#include "comm/p2p_comm.h"
 #include "comm/tcp_handshake.h"
 #include "comm/tcp_socket.h"
 #include "config/env_config.h"
@@ -86,8 +86,9 @@ struct TcpOptions {
   // tens of microseconds, sooner than a blocked thread is woken.
   int64_t spin_micros = 0;
   // Up to this many ranks, a bit-and goes from every rank to every other;
-  // beyond, through rank 0 (Note [The bit-and over TCP] in tcp_collectives.cc).
-  int direct_bit_and_ranks = 16;
+  // beyond, through rank 0 (Note [The bit-and over point-to-point] in
+  // comm/p2p_collectives.cc).
+  int direct_bit_and_ranks = P2PComm::kDirectBitAndRanks;
   // The job's secret key (kSecretKeyBytes), which every connection proves.
   std::string key;
   // Which build of the job's comms this is (Note [Authenticating a connection]).
@@ -97,13 +98,6 @@ struct TcpOptions {
   // Tests only: a wait between the address exchange and the links
   // (HVDMX_TESTING_LINK_DELAY_SECONDS).
   double link_delay_seconds = 0;
-};
-
-// A peer sent what the protocol does not allow (a frame of another size
-// than the one posted, a length over the limit): the comm cannot go on.
-class PeerProtocolError : public PeerGone {
- public:
-  using PeerGone::PeerGone;
 };
 
 // The options the configuration gives: HVDMX_TCP_IFACE, the stall shutdown
@@ -122,7 +116,7 @@ inline TcpOptions TcpOptionsFor(const Config& config, bool ranks_outnumber_cpus)
   return options;
 }
 
-class TcpComm : public Comm {
+class TcpComm : public P2PComm {
  public:
   // Every rank's string, index = rank; collective over the ranks.
   using Exchange = std::function<std::vector<std::string>(const std::string&)>;
@@ -144,14 +138,11 @@ class TcpComm : public Comm {
   Request ISend(const void* buf, int64_t bytes, int peer) override;
   Request IRecv(void* buf, int64_t bytes, int peer) override;
   void Wait(Request request) override;
-  void Bcast(void* buf, int64_t bytes, int root) override;
-  std::vector<std::string> Gather(const std::string& mine, int root) override;
-  void BcastString(std::string* data, int root) override;
-  void StartBitAnd(uint64_t* words, int n) override { StartBitAndWithPayload(words, n, ""); }
-  bool TestBitAnd() override;
-  int64_t BitAndPayloadCapacity() const override { return kMaxPayloadBytes; }
-  void StartBitAndWithPayload(uint64_t* words, int n, const std::string& payload) override;
-  std::string BitAndPayload(int rank) const override;
+  Request IRecvAny(std::string* out, int peer, int64_t max_bytes) override;
+  bool Test(Request request) override;
+  void WaitAll(const std::vector<Request>& requests, Waiting waiting) override;
+  // A frame of another size than posted, or over the limit: PeerProtocolError.
+  [[noreturn]] void FailProtocol(int peer, const std::string& what) override;
   bool NativeAllreduce(void*, int64_t, DataType, ReduceOp) override { return false; }
   bool WakesOnArrival() const override { return true; }
   void AwaitArrival(int64_t waited_micros) override;
@@ -160,8 +151,6 @@ class TcpComm : public Comm {
   // that were dropped because they did not prove the job's key.
   int connections() const;
   int dropped_connections() const { return dropped_; }
-
-  static constexpr int64_t kMaxPayloadBytes = int64_t{64} << 20;
 
  private:
   struct Op {
@@ -181,8 +170,6 @@ class TcpComm : public Comm {
   };
 
   Request Post(Op op, int peer);
-  // A receive of any size up to `max_bytes`.
-  Request IRecvAny(std::string* out, int peer, int64_t max_bytes);
   // Makes every link (tcp_links.cc).
   void Link();
   // Moves what the sockets take or give without blocking; true if a byte moved.
@@ -200,7 +187,6 @@ class TcpComm : public Comm {
   // WaitUntil the request is done, then Free it.
   void Finish(Request request, const char* what, bool use_idle);
   [[noreturn]] void Fail(int peer, const std::string& what);
-  [[noreturn]] void FailProtocol(int peer, const std::string& what);
   [[noreturn]] void FailOnError(int peer, int err, const char* doing);
   std::string Describe(int peer) const;
 
@@ -217,17 +203,6 @@ class TcpComm : public Comm {
   std::vector<Op> ops_;
   std::vector<Request> free_ops_;
   std::chrono::steady_clock::time_point last_moved_;
-
-  // The bit-and in flight (Note [The bit-and over TCP] in tcp_collectives.cc).
-  bool bit_and_active_ = false;
-  uint64_t* bit_words_ = nullptr;
-  int bit_n_ = 0;
-  std::string bit_mine_;               // this rank's words (rank 0 beyond the direct size: the AND)
-  std::string bit_up_;                 // the words and payload, for rank 0
-  std::vector<std::string> bit_in_;    // what each rank sent
-  std::vector<std::string> payloads_;  // rank 0: each rank's payload
-  std::vector<Request> bit_requests_;  // the receives
-  std::vector<Request> bit_sends_;     // the sends, waited at the next start
 };
 
 }  // namespace hvdmx

@@ -1,4 +1,4 @@
-// What tcp_comm.cc and tcp_connect.cc share (TcpComm's two halves); not
+// What tcp_comm.cc and tcp_links.cc share (TcpComm's two halves); not
 // part of the Comm interface.
 #pragma once
 

@@ -51,7 +51,11 @@ struct Attempt {
 }  // namespace
 
 TcpComm::TcpComm(int rank, int size, const TcpOptions& options, const Exchange& exchange)
-    : rank_(rank), size_(size), options_(options), peers_(size) {
+    : P2PComm(options.direct_bit_and_ranks),
+      rank_(rank),
+      size_(size),
+      options_(options),
+      peers_(size) {
   if (options_.key.size() != kSecretKeyBytes) {
     throw std::runtime_error("hvdmx: the TCP transport needs the job's secret key (" +
                              std::to_string(kSecretKeyBytes) + " bytes), got " +

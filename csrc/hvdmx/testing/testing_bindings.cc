@@ -416,6 +416,7 @@ void DefineTestingBindings(py::module_& m) {
   m.def("plan_fusion", &TestingPlanFusion);
   DefineTestingShmBindings(m);
   DefineTestingTcpBindings(m);
+  DefineTestingCommBindings(m);
   py::class_<LocalJob>(m, "LocalJob")
       .def(py::init<int, const std::map<std::string, std::string>&, bool>(), py::arg("size"),
            py::arg("env"), py::arg("shm") = false)

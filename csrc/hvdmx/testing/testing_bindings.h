@@ -5,11 +5,14 @@
 
 #include <pybind11/pybind11.h>
 
+#include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
 
 #include "base/common.h"
+#include "comm/comm.h"
 #include "python/bindings_support.h"
 
 namespace hvdmx {
@@ -35,6 +38,18 @@ void DefineTestingBindings(pybind11::module_& m);
 void DefineTestingShmBindings(pybind11::module_& m);
 // testing_tcp_bindings.cc: TcpComm with threads as ranks.
 void DefineTestingTcpBindings(pybind11::module_& m);
+// testing_comm_bindings.cc: the collectives over LocalComm.
+void DefineTestingCommBindings(pybind11::module_& m);
+
+// Runs body(rank, &result) on n threads (the GIL released); returns each
+// rank's result with "error": what it threw ("" if nothing).
+std::vector<pybind11::dict> OnThreads(int n, const std::function<void(int, pybind11::dict*)>& body);
+// Every collective of the Comm interface on `comm`, from every root, as
+// tests/comm_checks.py expects them: three bit-ands with payloads, Gather,
+// BcastString and Bcast (`count` ints) from each root, and the exchange and
+// ring allreduces of `count` floats. Called by every rank, with the GIL
+// released; puts what this rank got in *result.
+void RecordCollectives(Comm& comm, int64_t count, int64_t segment_bytes, pybind11::dict* result);
 
 }  // namespace hvdmx
 

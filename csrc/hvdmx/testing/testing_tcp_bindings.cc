@@ -18,7 +18,6 @@
 #include <vector>
 
 #include "algorithms/exchange_allreduce.h"
-#include "algorithms/ring.h"
 #include "base/crypto.h"
 #include "comm/tcp_comm.h"
 #include "comm/tcp_handshake.h"
@@ -67,33 +66,10 @@ std::unique_ptr<TcpComm> MakeComm(int rank, int n, ThreadExchange* exchange, Tcp
       rank, n, options, [=](const std::string& mine) { return (*exchange)(rank, mine); });
 }
 
-// Runs body(rank) on n threads; returns what each returned, or what it threw.
-std::vector<py::dict> OnThreads(int n, const std::function<void(int, py::dict*)>& body) {
-  std::vector<std::string> errors(n);
-  std::vector<py::dict> out;
-  {
-    py::gil_scoped_acquire gil;
-    for (int r = 0; r < n; ++r) out.emplace_back();
-  }
-  std::vector<std::thread> threads;
-  for (int r = 0; r < n; ++r) {
-    threads.emplace_back([&, r] {
-      try {
-        body(r, &out[r]);
-      } catch (const std::exception& e) {
-        errors[r] = e.what();
-      }
-    });
-  }
-  for (std::thread& t : threads) t.join();
-  py::gil_scoped_acquire gil;
-  for (int r = 0; r < n; ++r) out[r]["error"] = errors[r];
-  return out;
-}
-
-// Every collective of the Comm interface, from every root, on n ranks;
-// bit-ands go rank to rank up to `direct_bit_and_ranks` ranks, through rank
-// 0 beyond. Per rank: what it got.
+// Every collective of the Comm interface, from every root, on n ranks
+// (RecordCollectives); bit-ands go rank to rank up to
+// `direct_bit_and_ranks` ranks, through rank 0 beyond. Per rank: what it
+// got, and the connections it made.
 std::vector<py::dict> TestingTcpCollectives(int n, int direct_bit_and_ranks, int64_t count,
                                             int64_t segment_bytes) {
   ThreadExchange exchange(n);
@@ -103,53 +79,9 @@ std::vector<py::dict> TestingTcpCollectives(int n, int direct_bit_and_ranks, int
   py::gil_scoped_release release;
   return OnThreads(n, [&](int r, py::dict* result) {
     std::unique_ptr<TcpComm> comm = MakeComm(r, n, &exchange, options);
-    // Three bit-ands: rank r clears bit (r + round) of every word.
-    std::vector<std::vector<uint64_t>> ands;
-    std::vector<std::vector<std::string>> payloads;
-    for (int round = 0; round < 3; ++round) {
-      std::vector<uint64_t> words(3, ~uint64_t{0});
-      for (uint64_t& w : words) w &= ~(uint64_t{1} << ((r + round) % 64));
-      comm->StartBitAndWithPayload(
-          words.data(), 3,
-          "payload of rank " + std::to_string(r) + " round " + std::to_string(round));
-      while (!comm->TestBitAnd()) comm->AwaitArrival(1000000);
-      ands.push_back(words);
-      std::vector<std::string> got;
-      if (r == 0) {
-        for (int j = 0; j < n; ++j) got.push_back(comm->BitAndPayload(j));
-      }
-      payloads.push_back(got);
-    }
-    std::vector<std::vector<std::string>> gathers;
-    std::vector<std::string> strings;
-    std::vector<std::vector<int>> bcasts;
-    for (int root = 0; root < n; ++root) {
-      gathers.push_back(comm->Gather(std::string(r, static_cast<char>('a' + root)), root));
-      std::string s = r == root ? std::string(root * 1000 + 1, static_cast<char>('A' + root)) : "";
-      comm->BcastString(&s, root);
-      strings.push_back(s);
-      std::vector<int> b(count, r == root ? root + 1 : -1);
-      comm->Bcast(b.data(), count * 4, root);
-      bcasts.push_back(b);
-    }
-    std::vector<float> exchanged(count), ringed(count);
-    for (int64_t i = 0; i < count; ++i) exchanged[i] = ringed[i] = float(r * 1000 + i);
-    std::vector<char> scratch;
-    ExchangeAllreduce(*comm, exchanged.data(), count, DataType::kFloat32, ReduceOp::kSum, &scratch);
-    RingScratch ring_scratch;
-    RingAllreduce(*comm, ringed.data(), count, DataType::kFloat32, ReduceOp::kSum, segment_bytes,
-                  &ring_scratch);
+    RecordCollectives(*comm, count, segment_bytes, result);
     const int connections = comm->connections();
     py::gil_scoped_acquire gil;
-    (*result)["ands"] = ands;
-    (*result)["payloads"] = payloads;
-    (*result)["gathers"] = gathers;
-    std::vector<py::bytes> as_bytes;
-    for (const std::string& s : strings) as_bytes.emplace_back(s);
-    (*result)["strings"] = as_bytes;
-    (*result)["bcasts"] = bcasts;
-    (*result)["exchange_allreduce"] = exchanged;
-    (*result)["ring_allreduce"] = ringed;
     (*result)["connections"] = connections;
   });
 }

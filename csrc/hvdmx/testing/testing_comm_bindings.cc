@@ -1,0 +1,157 @@
+// Entry points for tests/test_comm_local.py, and what it shares with
+// testing_tcp_bindings.cc: every collective of the Comm interface run by
+// one body over any comm, here over LocalComm (comm/local_comm.h), whose
+// broadcast, gather and bit-and are the ones TcpComm runs
+// (comm/p2p_collectives.cc); and a peer that breaks the protocol.
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+
+#include <cstdint>
+#include <exception>
+#include <functional>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "algorithms/exchange_allreduce.h"
+#include "algorithms/ring.h"
+#include "comm/local_comm.h"
+#include "testing/testing_bindings.h"
+
+namespace py = pybind11;
+
+namespace hvdmx {
+
+std::vector<py::dict> OnThreads(int n, const std::function<void(int, py::dict*)>& body) {
+  std::vector<std::string> errors(n);
+  std::vector<py::dict> out;
+  {
+    py::gil_scoped_acquire gil;
+    for (int r = 0; r < n; ++r) out.emplace_back();
+  }
+  std::vector<std::thread> threads;
+  for (int r = 0; r < n; ++r) {
+    threads.emplace_back([&, r] {
+      try {
+        body(r, &out[r]);
+      } catch (const std::exception& e) {
+        errors[r] = e.what();
+      }
+    });
+  }
+  for (std::thread& t : threads) t.join();
+  py::gil_scoped_acquire gil;
+  for (int r = 0; r < n; ++r) out[r]["error"] = errors[r];
+  return out;
+}
+
+void RecordCollectives(Comm& comm, int64_t count, int64_t segment_bytes, py::dict* result) {
+  const int r = comm.rank();
+  const int n = comm.size();
+  // Three bit-ands: rank r clears bit (r + round) of every word, and sends
+  // a payload that says whose it is (none from rank 1 in round 1).
+  std::vector<std::vector<uint64_t>> ands;
+  std::vector<std::vector<std::string>> payloads;
+  for (int round = 0; round < 3; ++round) {
+    std::vector<uint64_t> words(3, ~uint64_t{0});
+    for (uint64_t& w : words) w &= ~(uint64_t{1} << ((r + round) % 64));
+    const std::string payload = r == 1 && round == 1 ? ""
+                                                     : "payload of rank " + std::to_string(r) +
+                                                           " round " + std::to_string(round);
+    comm.StartBitAndWithPayload(words.data(), 3, payload);
+    while (!comm.TestBitAnd()) {
+      if (comm.WakesOnArrival()) {
+        comm.AwaitArrival(1000000);
+      } else {
+        std::this_thread::yield();
+      }
+    }
+    ands.push_back(words);
+    std::vector<std::string> got;
+    if (r == 0) {
+      for (int j = 0; j < n; ++j) got.push_back(comm.BitAndPayload(j));
+    }
+    payloads.push_back(got);
+  }
+  std::vector<std::vector<std::string>> gathers;
+  std::vector<std::string> strings;
+  std::vector<std::vector<int>> bcasts;
+  for (int root = 0; root < n; ++root) {
+    gathers.push_back(comm.Gather(std::string(r, static_cast<char>('a' + root)), root));
+    std::string s = r == root ? std::string(root * 1000 + 1, static_cast<char>('A' + root)) : "";
+    comm.BcastString(&s, root);
+    strings.push_back(s);
+    std::vector<int> b(count, r == root ? root + 1 : -1);
+    comm.Bcast(b.data(), count * 4, root);
+    bcasts.push_back(b);
+  }
+  std::vector<float> exchanged(count), ringed(count);
+  for (int64_t i = 0; i < count; ++i) exchanged[i] = ringed[i] = float(r * 1000 + i);
+  std::vector<char> scratch;
+  ExchangeAllreduce(comm, exchanged.data(), count, DataType::kFloat32, ReduceOp::kSum, &scratch);
+  RingScratch ring_scratch;
+  RingAllreduce(comm, ringed.data(), count, DataType::kFloat32, ReduceOp::kSum, segment_bytes,
+                &ring_scratch);
+  py::gil_scoped_acquire gil;
+  (*result)["ands"] = ands;
+  (*result)["payloads"] = payloads;
+  (*result)["gathers"] = gathers;
+  std::vector<py::bytes> as_bytes;
+  for (const std::string& s : strings) as_bytes.emplace_back(s);
+  (*result)["strings"] = as_bytes;
+  (*result)["bcasts"] = bcasts;
+  (*result)["exchange_allreduce"] = exchanged;
+  (*result)["ring_allreduce"] = ringed;
+}
+
+namespace {
+
+// RecordCollectives on n LocalComm ranks, one thread each.
+std::vector<py::dict> TestingLocalCollectives(int n, int direct_bit_and_ranks, int64_t count,
+                                              int64_t segment_bytes) {
+  auto world = std::make_shared<LocalWorld>(n);
+  py::gil_scoped_release release;
+  return OnThreads(n, [&](int r, py::dict* result) {
+    LocalComm comm(world, r, direct_bit_and_ranks);
+    RecordCollectives(comm, count, segment_bytes, result);
+  });
+}
+
+// Rank `victim` (0 or 1) of a LocalComm pair whose other rank sends
+// `bytes` bytes and then nothing else, while the victim waits for its part
+// of `what`: "recv" (a message of exactly 8 bytes) or "bit_and" (one word;
+// rank 0 may be sent a payload with it, rank 1 not). Returns the
+// PeerProtocolError it raised, "" if none.
+std::string TestingLocalLyingPeer(const std::string& what, int victim, int64_t bytes) {
+  auto world = std::make_shared<LocalWorld>(2);
+  LocalComm comm(world, victim);
+  LocalComm liar(world, 1 - victim);
+  try {
+    const std::string lie(static_cast<size_t>(bytes), 'x');
+    liar.Wait(liar.ISend(lie.data(), bytes, victim));
+    if (what == "recv") {
+      uint64_t word = 0;
+      comm.Wait(comm.IRecv(&word, 8, 1 - victim));
+    } else {
+      uint64_t word = ~uint64_t{0};
+      comm.StartBitAnd(&word, 1);
+      while (!comm.TestBitAnd()) std::this_thread::yield();
+    }
+  } catch (const PeerProtocolError& e) {
+    return e.what();
+  }
+  return "";
+}
+
+}  // namespace
+
+void DefineTestingCommBindings(py::module_& m) {
+  m.def("local_collectives", &TestingLocalCollectives, py::arg("n"),
+        py::arg("direct_bit_and_ranks") = P2PComm::kDirectBitAndRanks, py::arg("count") = 100,
+        py::arg("segment_bytes") = 64);
+  m.def("local_lying_peer", &TestingLocalLyingPeer, py::arg("what"), py::arg("victim"),
+        py::arg("bytes"));
+}
+
+}  // namespace hvdmx
