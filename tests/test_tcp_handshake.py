@@ -26,6 +26,7 @@ OTHER_KEY = b"o" * 32
 COMM_ID = bytes(range(16))
 MAGIC = b"HVDXtcp1"
 HELLO = t.handshake_hello_bytes
+REFUSAL = b"HVDX: your proof of the key does not verify".ljust(32, b".")[:32]
 CHALLENGE = t.handshake_challenge_bytes
 
 
@@ -83,9 +84,10 @@ def test_a_rank_with_another_key_is_refused_as_such(whose):
     c = t.Handshake.connector(OTHER_KEY if whose == "connector" else KEY, COMM_ID, 0, 0, 2, 1)
     a = t.Handshake.acceptor(OTHER_KEY if whose == "acceptor" else KEY, COMM_ID, 0, 1)
     run_pair(c, a)
-    # The connector checks first: it refuses the acceptor's proof and sends none.
+    # The connector checks first: it refuses the acceptor's proof, and says so
+    # in place of its own, so that both know why.
     assert c.state() == "rejected" and c.wrong_key(), c.why()
-    assert a.state() == "running" and a.want() == 32
+    assert a.state() == "rejected" and a.wrong_key() and "refused" in a.why(), a.why()
 
 
 def test_the_acceptor_proves_the_key_as_the_protocol_says():
@@ -266,11 +268,19 @@ def test_strangers_at_the_ports_are_dropped_and_the_job_runs(how, count):
 def test_a_rank_with_another_key_is_refused_on_every_rank():
     results = t.tcp_strangers(3, [KEY, KEY, OTHER_KEY], lambda entries: None,
                               give_up_seconds=5)
-    for r, result in enumerate(results):
-        assert "do not hold the same secret key" in result["error"], (r, result["error"])
-    # Each names the rank it could not trust.
-    assert "rank 2 (host" in results[0]["error"] and "rank 2 (host" in results[1]["error"]
-    assert "(host" in results[2]["error"]
+    # Ranks 1 and 2 each meet the other's key; each names the rank it could
+    # not trust.
+    for r, other in ((1, 2), (2, 0), (2, 1)):
+        error = results[r]["error"]
+        if f"rank {other} (host" in error:
+            assert "do not hold the same secret key" in error, (r, error)
+    assert "rank 2 (host" in results[1]["error"], results[1]["error"]
+    assert "do not hold the same secret key" in results[2]["error"], results[2]["error"]
+    # Rank 0 meets rank 2's key too, unless rank 1, gone for that reason
+    # already, refuses its connection first: then it names rank 1 as gone.
+    error = results[0]["error"]
+    assert ("rank 2 (host" in error and "do not hold the same secret key" in error) or \
+        ("rank 1 (host" in error and ("Connection refused" in error or "closed" in error)), error
 
 
 # ------------------------------------------------------------------ a peer that lies
@@ -286,6 +296,7 @@ class LyingPeer:
         self.listener.bind(("127.0.0.1", 0))
         self.listener.listen(4)
         self.frames, self.key, self.linger, self.error = frames, key, linger, None
+        self.refused = False
         self.thread = threading.Thread(target=self.serve, daemon=True)
         self.thread.start()
 
@@ -303,10 +314,10 @@ class LyingPeer:
                 na = os.urandom(32)
                 text = transcript(nc, na, comm_id, generation, src, dst)
                 conn.sendall(na + mac(self.key, b"A", text))
-                try:
-                    proof = recv_exactly(conn, 32)
-                except ConnectionError:
-                    return  # rank 0 refused this key
+                proof = recv_exactly(conn, 32)
+                if proof == REFUSAL:
+                    self.refused = True
+                    return
                 assert proof == mac(self.key, b"C", text)
                 conn.sendall(self.frames)
                 if not self.linger:
@@ -354,7 +365,7 @@ def test_a_listener_with_another_key_is_refused():
         got = t.tcp_lying_peer(peer.address, "recv", 1)
     finally:
         peer.close()
-    assert peer.error is None, peer.error
+    assert peer.error is None and peer.refused, peer.error
     assert "rank 1 (host lying-peer" in got and "do not hold the same secret key" in got, got
 
 

@@ -46,6 +46,15 @@ Handshake Handshake::Connector(const TcpIdentity& identity, int self, int size, 
   return h;
 }
 
+const std::string& Handshake::Refusal() {
+  static const std::string refusal = [] {
+    std::string r = "HVDX: your proof of the key does not verify";
+    r.resize(kProofBytes, '.');
+    return r;
+  }();
+  return refusal;
+}
+
 Handshake Handshake::Acceptor(const TcpIdentity& identity, int self) {
   return Handshake(identity, Role::kAcceptor, self, -1);
 }
@@ -129,7 +138,9 @@ void Handshake::OnChallenge() {
   acceptor_nonce_ = input_.substr(0, kNonceBytes);
   const std::string theirs = input_.substr(kNonceBytes);
   if (!SameBytesConstantTime(theirs, HmacSha256(identity_.key, "A" + Transcript()))) {
-    return Reject("its proof of the job's key does not verify", true);
+    Reject("its proof of the job's key does not verify", true);
+    output_ = Refusal();  // so that a rank with another key learns why
+    return;
   }
   output_ = HmacSha256(identity_.key, "C" + Transcript());
   step_ = Step::kFinished;
@@ -137,6 +148,9 @@ void Handshake::OnChallenge() {
 }
 
 void Handshake::OnProof() {
+  if (input_ == Refusal()) {
+    return Reject("it refused this rank's proof of the job's key, which did not verify", true);
+  }
   if (!SameBytesConstantTime(input_, HmacSha256(identity_.key, "C" + Transcript()))) {
     return Reject("its proof of the job's key does not verify", true);
   }

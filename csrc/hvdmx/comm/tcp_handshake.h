@@ -22,6 +22,11 @@
 //      mismatch means A holds another key, and C fails naming A. C -> A
 //      MAC_C = HMAC-SHA256(key, "C" | transcript).
 //   4. A compares MAC_C: from then on the connection is C's.
+// A connector whose check in step 3 fails sends, in place of MAC_C, a fixed
+// refusal (Refusal()) and closes, so that A, too, learns that the keys
+// differ rather than only that C went away. A believes that only from the
+// address the claimed rank listens on: from anywhere else, as any failure
+// of a stranger, it just drops the connection.
 // Both nonces are fresh, so a recorded handshake replayed later proves
 // nothing; the id and generation bind it to one communicator, the ranks to
 // one pair, and the two labels keep one side's MAC from serving as the
@@ -63,7 +68,8 @@ class Handshake {
   static Handshake Acceptor(const TcpIdentity& identity, int self);
 
   // Bytes to send now, and how many of them went. In state kDone the
-  // connection is the peer's once what output() still holds is sent.
+  // connection is the peer's once what output() still holds is sent; a
+  // connector rejected for a wrong key holds its refusal there.
   const std::string& output() const { return output_; }
   void Sent(size_t bytes) { output_.erase(0, bytes); }
   // How many bytes it reads next: 0 while it has nothing to read.
@@ -78,10 +84,10 @@ class Handshake {
   // Rejected because the peer's proof did not verify: it holds another key
   // (as opposed to bytes that are not our protocol at all).
   bool wrong_key() const { return wrong_key_; }
-  // An acceptor that sent its challenge and waits for the proof: a
-  // connector that closes now has found that the keys differ.
-  bool awaiting_proof() const { return step_ == Step::kProof; }
   const std::string& why() const { return why_; }
+  // What a connector sends in place of its proof when the acceptor's proof
+  // did not verify (kProofBytes).
+  static const std::string& Refusal();
 
  private:
   enum class Step { kHello, kChallenge, kProof, kFinished };

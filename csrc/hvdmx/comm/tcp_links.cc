@@ -196,11 +196,17 @@ void TcpComm::Link() {
     const bool from_peer_host = peer >= 0 && IpOf(a.socket.remote()) == IpOf(addresses_[peer]);
     if (h.state() == Handshake::State::kRejected) {
       if (a.outgoing) {
-        if (h.wrong_key()) fail_key(peer, "was answered with a proof of another key");
+        if (h.wrong_key()) {
+          try {
+            send();  // the refusal, so that the peer learns why (best effort)
+          } catch (const SystemError&) {
+          }
+          fail_key(peer, "was answered with a proof of another key");
+        }
         Fail(peer, "answered with bytes that are not an hvdmx handshake (" + h.why() + ")");
       }
       if (h.wrong_key() && from_peer_host) {
-        fail_key(peer, "was made from that rank's host with a proof of another key");
+        fail_key(peer, "was made from that rank's host, and " + h.why());
       }
       drop(a, h.why());
       return true;
@@ -210,9 +216,6 @@ void TcpComm::Link() {
         // The acceptor dropped it (too many strangers at once): try again.
         failed_connect(peer, ECONNRESET);
         return true;
-      }
-      if (h.awaiting_proof() && from_peer_host) {
-        fail_key(peer, "was closed by that rank when this rank proved its key");
       }
       drop(a, "it closed during the handshake");
       return true;
