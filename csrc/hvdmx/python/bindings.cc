@@ -547,8 +547,4 @@ PYBIND11_MODULE(_core, m) {
     }).detach();
   });
   m.def("stats", &Stats);
-  // The process's output pool, for the tests' module (tests/, built from
-  // testing/*.cc), which has its own copy of the pool's code but must act on
-  // this module's pool: a capsule named "hvdmx.OutputPool".
-  m.attr("_output_pool") = py::capsule(&OutputPool::Get(), "hvdmx.OutputPool");
 }

@@ -364,17 +364,14 @@ class LocalJob {
   int64_t next_ticket_ = 0;
 };
 
-// Takes a block of `bytes` from hvdmx._core's output pool (`core_pool`,
-// the capsule _core._output_pool) and fills it, then forks;
+// Takes a block of `bytes` from the process's output pool (the one
+// hvdmx._core's arrays come from: one core library) and fills it, then forks;
 // the child gives the block back and trims the pool to nothing, as a
 // forked child that drops its copy of the parent's array may, and exits.
 // Returns whether the block lies in the shared output file, and whether it
 // still holds its bytes here once the child is gone.
-std::pair<bool, bool> TestingOutputPoolForkedChildDrops(py::capsule core_pool, int64_t bytes) {
-  if (std::string(core_pool.name()) != "hvdmx.OutputPool") {
-    throw py::value_error("pool must be hvdmx._core._output_pool");
-  }
-  OutputPool& pool = *core_pool.get_pointer<OutputPool>();
+std::pair<bool, bool> TestingOutputPoolForkedChildDrops(int64_t bytes) {
+  OutputPool& pool = OutputPool::Get();
   char* block = static_cast<char*>(pool.Take(bytes));
   if (block == nullptr) throw py::value_error("the output pool is off");
   std::memset(block, 0x5a, static_cast<size_t>(bytes));
@@ -399,7 +396,14 @@ std::pair<bool, bool> TestingOutputPoolForkedChildDrops(py::capsule core_pool, i
 
 void DefineTestingBindings(py::module_& m) {
   m.def("output_pool_class", &OutputPool::ClassBytes);
-  m.def("output_pool_forked_child_drops", &TestingOutputPoolForkedChildDrops);
+  m.def("output_pool_forked_child_drops", &TestingOutputPoolForkedChildDrops, py::arg("bytes"));
+  // A block of the process's output pool, taken and given back by address:
+  // what _core.stats() reports of it shows whose pool it is.
+  m.def("output_pool_take",
+        [](int64_t bytes) { return reinterpret_cast<uintptr_t>(OutputPool::Get().Take(bytes)); });
+  m.def("output_pool_give", [](uintptr_t block, int64_t bytes) {
+    OutputPool::Get().Give(reinterpret_cast<void*>(block), bytes);
+  });
   m.def("reduce_into", &TestingReduceInto);
   m.def("scale", &TestingScale);
   m.def("reduce3_scaled", &TestingReduce3Scaled);
