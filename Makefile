@@ -16,7 +16,8 @@ EXT_SUFFIX := $(shell $(if $(wildcard $(PY)),$(PY),$(PYTHON)) -c \
 	'import sysconfig; print(sysconfig.get_config_var("EXT_SUFFIX"))')
 CORE := hvdmx/_core$(EXT_SUFFIX)
 # The tests' own module (csrc/hvdmx/testing/), built beside _core by the same
-# setup.py build_ext; never installed.
+# setup.py build_ext; never installed. Both link the core library
+# hvdmx/libhvdmx_core.so, which that command builds first (see setup.py).
 TESTING := tests/_hvdmx_testing$(EXT_SUFFIX)
 CSRC := $(wildcard csrc/hvdmx/*/*.cc csrc/hvdmx/*/*.h)
 
@@ -115,7 +116,7 @@ lint-cxx: venv
 	$(VENV)/bin/clang-format --dry-run --Werror $(sort $(CSRC))
 
 clean:
-	rm -rf build *.egg-info hvdmx/_core*.so tests/_hvdmx_testing*.so .pytest_cache .hypothesis
+	rm -rf build *.egg-info hvdmx/_core*.so hvdmx/libhvdmx_core.so tests/_hvdmx_testing*.so .pytest_cache .hypothesis
 	find . -path ./$(VENV) -prune -o -name __pycache__ -type d -prune -exec rm -rf {} +
 
 distclean: clean

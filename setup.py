@@ -1,14 +1,25 @@
-"""Builds hvdmx: the Python package hvdmx/ and one extension, hvdmx._core.
+"""Builds hvdmx: the Python package hvdmx/, the core as a shared library
+hvdmx/libhvdmx_core.so, and one extension, hvdmx._core.
 
-The extension is every csrc/hvdmx/<layer>/*.cc compiled together (C++17, pybind11)
-except csrc/hvdmx/testing/; csrc/hvdmx/README.md says what each layer folder holds.
+The core library is every csrc/hvdmx/<layer>/*.cc compiled together (C++17) except
+csrc/hvdmx/testing/ and the two pybind11 files python/bindings.cc and
+python/bindings_support.cc; csrc/hvdmx/README.md says what each layer folder holds.
+It is plain C++ with default visibility and no Python in it. hvdmx._core is
+bindings.cc and bindings_support.cc (pybind11), linked against it and finding it
+beside itself (RUNPATH $ORIGIN). The library is one of the build's extensions
+(named CORE_LIBRARY below, given a plain file name by build_ext.get_ext_filename),
+so setuptools puts it wherever it puts _core: the build directory, the source
+tree (--inplace, editable installs), the wheel.
 
 The tests' module
     `setup.py build_ext` (which `make build` and `make test` run) also builds
-    tests/_hvdmx_testing, the test suite's entry points (csrc/hvdmx/testing/*.cc)
-    with the rest of the core except python/bindings.cc. It is compiled with the
-    same flags, so it reuses _core's object files and costs a link. Installing
-    (pip install, a wheel, pip install -e .) leaves it out: hvdmx ships none of it.
+    tests/_hvdmx_testing, the test suite's entry points (csrc/hvdmx/testing/*.cc
+    and bindings_support.cc), linked against the same library (RUNPATH
+    $ORIGIN/../hvdmx): one core in memory, whose singletons (the job, the output
+    pool, the timeline) the tests' module and _core share
+    (tests/test_core_ships_no_tests.py checks that it carries no copy of its own).
+    Installing (pip install, a wheel, pip install -e .) leaves it out: hvdmx
+    ships none of it.
 It needs three things from the build environment, all found here:
 
 MPI
@@ -46,8 +57,10 @@ build environment that is deleted after the build. Instead:
   1. The package imports mpi4py.MPI before _core (load_core in hvdmx/_mpi.py).
      mpi4py has loaded the MPI library, and the dynamic loader satisfies _core's
      NEEDED entry with the loaded object whose soname matches, so both share one MPI.
-  2. As a fallback, RUNPATH $ORIGIN/../../.. points from <prefix>/lib/pythonX.Y/
-     site-packages/hvdmx to <prefix>/lib, where the `mpich` wheel puts libmpi.
+     The same holds for the core library's NEEDED libmpi, loaded with _core.
+  2. As a fallback, RUNPATH $ORIGIN/../../.. (in the core library and _core, both in
+     hvdmx/) points from <prefix>/lib/pythonX.Y/site-packages/hvdmx to <prefix>/lib,
+     where the `mpich` wheel puts libmpi.
 When the MPI was chosen explicitly (MPICC/HVDMX_MPI_HOME), it is a lasting
 installation: its wrapper's rpath is kept and the wheel fallback is left out.
 """
@@ -66,7 +79,7 @@ import time
 
 from pybind11.setup_helpers import ParallelCompile, Pybind11Extension
 from pybind11.setup_helpers import build_ext as _pybind11_build_ext
-from setuptools import setup
+from setuptools import Extension, setup
 from setuptools.errors import CompileError
 
 CSRC_DIR = os.path.join("csrc", "hvdmx")
@@ -326,7 +339,7 @@ class ObjectFreshness:
     than its source, any header under csrc/hvdmx, or setup.py, or when the compile
     command changed since the last build (see build_ext.build_extensions). Either
     way an object compiled during this build is not compiled again for the second
-    extension, which shares it."""
+    module that shares it (bindings_support.cc)."""
 
     def __init__(self):
         self.force = True
@@ -344,8 +357,16 @@ object_freshness = ObjectFreshness()
 
 
 class build_ext(_pybind11_build_ext):
-    """Adds the MPI and MXNet flags to hvdmx._core just before it is compiled, so
-    that commands which compile nothing (egg_info, sdist) need neither."""
+    """Adds the MPI and MXNet flags to the core library and the modules just before
+    they are compiled, so that commands which compile nothing (egg_info, sdist)
+    need neither."""
+
+    def get_ext_filename(self, fullname: str) -> str:
+        # A library, not a module: no EXT_SUFFIX. distutils asks with the last
+        # part of the name too (get_ext_fullpath).
+        if fullname in (CORE_LIBRARY, CORE_LIBRARY.split(".")[-1]):
+            return os.path.join(*fullname.split(".")[:-1], CORE_LIBRARY_FILE)
+        return super().get_ext_filename(fullname)
 
     def build_extensions(self):
         mpicc = find_mpicc()
@@ -357,12 +378,27 @@ class build_ext(_pybind11_build_ext):
             rpaths = mpi.rpaths
         else:
             rpaths = ["$ORIGIN/../../.."]  # See Note [Finding libmpi at run time]
+        # The core library, built first (it is the first extension): where the
+        # modules link it from.
+        core_dir = os.path.dirname(self.get_ext_fullpath(CORE_LIBRARY))
         for ext in self.extensions:
             ext_rpaths = rpaths
-            if ext.name == TESTING_MODULE:
+            if ext.name == CORE_MODULE:
+                ext_rpaths = ["$ORIGIN"] + rpaths  # the core library beside it
+            elif ext.name == TESTING_MODULE:
                 # Never installed: it may point at the build's MPI, and so loads
                 # without hvdmx (which loads libmpi through mpi4py) imported first.
-                ext_rpaths = mpi.rpaths + mpi.library_dirs
+                ext_rpaths = ["$ORIGIN/../hvdmx"] + mpi.rpaths + mpi.library_dirs
+            if ext.name != CORE_LIBRARY:
+                ext.library_dirs.append(core_dir)
+                ext.libraries.append(CORE_LIBRARY_NAME)
+            if ext.name == TESTING_MODULE:
+                # It calls no MPI function itself, so the linker would drop its
+                # NEEDED libmpi; kept, the rpath above finds it for the core
+                # library too (a loaded soname satisfies the library's NEEDED).
+                ext.extra_link_args += ["-Wl,--no-as-needed"] + [
+                    "-l" + name for name in mpi.libraries
+                ]
             ext.include_dirs += mpi.include_dirs
             ext.library_dirs += mpi.library_dirs
             ext.libraries += mpi.libraries + ["crypto", "dl", "pthread"]
@@ -413,13 +449,20 @@ class build_ext(_pybind11_build_ext):
 
 
 TESTING_DIR = os.path.join(CSRC_DIR, "testing")
+# The pybind11 files, compiled into each module rather than into the core library.
 CORE_BINDINGS = os.path.join(CSRC_DIR, "python", "bindings.cc")
+BINDINGS_SUPPORT = os.path.join(CSRC_DIR, "python", "bindings_support.cc")
+CORE_LIBRARY = "hvdmx.libhvdmx_core"
+CORE_LIBRARY_NAME = "hvdmx_core"  # -lhvdmx_core
+CORE_LIBRARY_FILE = "libhvdmx_core.so"
+CORE_MODULE = "hvdmx._core"
 TESTING_MODULE = "tests._hvdmx_testing"
+# -ffp-contract=off: see Note [Half precision summed in float32].
+COMPILE_ARGS = ["-O3", "-Wall", "-ffp-contract=off"]
 
 
-def extension(name: str, sources: list) -> Pybind11Extension:
-    """One of the two extensions; both compile with the same flags, so that they
-    share object files."""
+def module(name: str, sources: list) -> Pybind11Extension:
+    """A Python module: _core or the tests' module."""
     return Pybind11Extension(
         name,
         sources,
@@ -427,8 +470,21 @@ def extension(name: str, sources: list) -> Pybind11Extension:
         include_dirs=[CSRC_DIR],
         # Pybind11Extension adds -std=c++17, -fvisibility=hidden and -g0.
         cxx_std=17,
-        # -ffp-contract=off: see Note [Half precision summed in float32].
-        extra_compile_args=["-O3", "-Wall", "-ffp-contract=off"],
+        extra_compile_args=list(COMPILE_ARGS),
+        language="c++",
+    )
+
+
+def core_library(sources: list) -> Extension:
+    """The core as a shared library: default visibility (the modules call into
+    it), its soname what the modules record as NEEDED."""
+    return Extension(
+        CORE_LIBRARY,
+        sources,
+        depends=sorted(glob.glob(os.path.join(CSRC_DIR, "*", "*.h"))),
+        include_dirs=[CSRC_DIR],
+        extra_compile_args=["-std=c++17", "-g0"] + COMPILE_ARGS,
+        extra_link_args=["-Wl,-soname," + CORE_LIBRARY_FILE],
         language="c++",
     )
 
@@ -437,19 +493,25 @@ def core_sources() -> list:
     sources = sorted(glob.glob(os.path.join(CSRC_DIR, "*", "*.cc")))
     if not sources:
         raise BuildError(f"no C++ sources in {CSRC_DIR}/*/*.cc")
-    return [s for s in sources if os.path.dirname(s) != TESTING_DIR]
+    return [
+        s
+        for s in sources
+        if os.path.dirname(s) != TESTING_DIR and s not in (CORE_BINDINGS, BINDINGS_SUPPORT)
+    ]
 
 
 def extensions() -> list:
-    """hvdmx._core, and with `setup.py build_ext` the tests' module
-    tests/_hvdmx_testing (see the module docstring)."""
-    core = core_sources()
-    modules = [extension("hvdmx._core", core)]
+    """The core library and hvdmx._core, and with `setup.py build_ext` the tests'
+    module tests/_hvdmx_testing (see the module docstring). The library comes
+    first: the modules link it."""
+    built = [
+        core_library(core_sources()),
+        module(CORE_MODULE, [CORE_BINDINGS, BINDINGS_SUPPORT]),
+    ]
     if "build_ext" in sys.argv[1:]:
         testing = sorted(glob.glob(os.path.join(TESTING_DIR, "*.cc")))
-        shared = [s for s in core if s != CORE_BINDINGS]
-        modules.append(extension(TESTING_MODULE, shared + testing))
-    return modules
+        built.append(module(TESTING_MODULE, testing + [BINDINGS_SUPPORT]))
+    return built
 
 
 ParallelCompile(

@@ -47,9 +47,11 @@ def _sizes_round(set_id, ctype, name, checked, device, splits=()):
     and returns the response's splits, or raises its error: a mismatch
     (MismatchError) reaches every rank of the call in this same round, so no
     rank goes on to push the data exchange while another raises."""
-    error, sizes, _, code = _core.negotiate(set_id, ctype, name + "#sizes",
-                                            [c[0] for c in checked], [c[2] for c in checked],
-                                            list(splits), True, device[0], device[1])
+    error, sizes, _, code = _core.negotiate(set_id=set_id, collective=ctype, name=name + "#sizes",
+                                            dtypes=[c[0] for c in checked],
+                                            shapes=[c[2] for c in checked], splits=list(splits),
+                                            sizes_only=True, dev_type=device[0],
+                                            dev_id=device[1])
     _raise_if(error, code)
     return sizes
 

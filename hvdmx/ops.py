@@ -173,11 +173,11 @@ def _push(set_id, ctype, name, tensors, outputs, checked, device, op=Sum, root=0
     """Pushes the collective; ``checked`` holds _check_tensor's triple for
     each tensor, all on ``device``."""
     handles = [t.handle.value for t in tensors]
-    _core.push_async(set_id, ctype, name, handles,
-                     handles if outputs is tensors else [t.handle.value for t in outputs],
-                     [c[0] for c in checked],
-                     [c[2] for c in checked], op, root, prescale, postscale,
-                     list(splits), int(priority), device[0], device[1])
+    _core.push_async(set_id=set_id, collective=ctype, name=name, inputs=handles,
+                     outputs=handles if outputs is tensors else [t.handle.value for t in outputs],
+                     dtypes=[c[0] for c in checked], shapes=[c[2] for c in checked], op=op,
+                     root=root, prescale=prescale, postscale=postscale, splits=list(splits),
+                     priority=int(priority), dev_type=device[0], dev_id=device[1])
 
 
 def _allreduce(fn, tensors, outputs, average, name, priority, prescale_factor,
@@ -250,8 +250,10 @@ def _push_each_in_place(fn, set_id, tensors, names, priorities, op, prescale, po
     _check_tensor), then push an in-place allreduce of each; if it refuses
     one, nothing is pushed and allreduce_'s own error is raised for it
     (``label.format(i)`` names the argument)."""
-    bad, problem = _core.push_allreduce_each(set_id, names, [t.handle.value for t in tensors],
-                                             priorities, op, prescale, postscale)
+    bad, problem = _core.push_allreduce_each(set_id=set_id, names=names,
+                                             handles=[t.handle.value for t in tensors],
+                                             priorities=priorities, op=op, prescale=prescale,
+                                             postscale=postscale)
     if bad >= 0:
         _, _, dev_type, dev_id, _, _ = _core.describe(tensors[bad].handle.value)
         raise _array_error(fn, label.format(bad), tensors[bad], problem, (dev_type, dev_id))
@@ -352,8 +354,8 @@ def barrier(process_set: ProcessSet = global_process_set) -> None:
     Collectives submitted before it are not waited for."""
     _check_common("barrier", None, 0)
     set_id, _, _ = _set_for_call("barrier", process_set)
-    error, _, _, code = _core.negotiate(set_id, _core.BARRIER, _auto_name("barrier", set_id), [],
-                                        [], [], False, 1, 0)
+    error, _, _, code = _core.negotiate(set_id=set_id, collective=_core.BARRIER,
+                                        name=_auto_name("barrier", set_id))
     _raise_if(error, code)
 
 
@@ -368,6 +370,6 @@ def join() -> int:
     first waits until each has been submitted (left MXNet's engine queue).
     """
     _check_common("join", None, 0)
-    error, _, last, code = _core.negotiate(0, _core.JOIN, "hvdmx.join", [], [], [], False, 1, 0)
+    error, _, last, code = _core.negotiate(set_id=0, collective=_core.JOIN, name="hvdmx.join")
     _raise_if(error, code)
     return int(last)

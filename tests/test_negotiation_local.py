@@ -25,7 +25,8 @@ class Job:
                dtype=F32):
         outs = [np.empty_like(a) for a in arrays]
         self.keep.append((arrays, outs))
-        ticket = self.job.submit(rank, kind, name, arrays, outs, dtype, op, root, pre, post)
+        ticket = self.job.submit(rank=rank, kind=kind, name=name, inputs=arrays, outputs=outs,
+                                 dtype=dtype, op=op, root=root, prescale=pre, postscale=post)
         return ticket, outs
 
     def wait(self, ticket):

@@ -108,7 +108,8 @@ def test_widened_ring_rounds_once(size, count, segment, dtype, op, scales):
     fn = {SUM: np.sum, MIN: np.min, MAX: np.max, PRODUCT: np.prod}[op]
     reduced = fn(np.stack(scaled), axis=0).astype(np.float32) if count else np.zeros(0, np.float32)
     want = to_half(reduced * np.float32(post), dtype)
-    _hvdmx_testing.ring_allreduce_widened(arrays, HALF_CODES[dtype], op, segment, pre, post)
+    _hvdmx_testing.ring_allreduce_widened(arrays, HALF_CODES[dtype], op, segment, prescale=pre,
+                                          postscale=post)
     for a in arrays:
         assert a.tobytes() == want.tobytes()
 
@@ -118,7 +119,7 @@ def test_widened_ring_differs_from_the_half_ring(size):
     # The same inputs through the ring in float16 round at every step.
     _, arrays = half_inputs(size, 1001, "float16", SUM)
     pairwise = [a.copy() for a in arrays]
-    _hvdmx_testing.ring_allreduce_widened(arrays, HALF_CODES["float16"], SUM, 64, 1.0, 1.0)
+    _hvdmx_testing.ring_allreduce_widened(arrays, HALF_CODES["float16"], SUM, 64)
     _hvdmx_testing.ring_allreduce(pairwise, HALF_CODES["float16"], SUM, 64)
     assert not np.array_equal(arrays[0], pairwise[0])
     want = np.sum([a.astype(np.float32) for a in half_inputs(size, 1001, "float16", SUM)[1]],

@@ -53,7 +53,7 @@ def run(calls, code, op, chunk, hosts=1, stores=AUTO):
     """Reduces calls[c][r] (rank r's array in call c) in place, call by call;
     returns the calls each rank streamed."""
     return _hvdmx_testing.shm_allreduce([[[a] for a in arrays] for arrays in calls], code, op,
-                                        chunk, hosts, stores=stores)
+                                        chunk, hosts=hosts, stores=stores)
 
 
 def streamed_calls_wanted(stores, size, hosts, counts):
@@ -99,7 +99,8 @@ def test_out_of_place_reads_inputs_and_writes_outputs(hosts, local, counts, chun
         outs.append([[np.full(n, 99, HOLDER[code]) for n in spans] for _ in range(size)])
         wants.append([reference(arrays, code, op) for arrays in per_span])
     kept = [[[a.copy() for a in rank] for rank in call] for call in calls]
-    streamed = _hvdmx_testing.shm_allreduce(calls, code, op, chunk, hosts, 1.0, outs, stores)
+    streamed = _hvdmx_testing.shm_allreduce(calls, code, op, chunk, hosts=hosts, outputs=outs,
+                                            stores=stores)
     assert streamed == streamed_calls_wanted(stores, size, hosts, [sum(c) for c in counts])
     for c in range(len(calls)):
         for r in range(size):
@@ -198,7 +199,8 @@ def run_fused(calls, counts, code, op, chunk, hosts=1, postscale=1.0, stores=AUT
     """Like run(), but each rank's array travels as separate pieces in one
     fused call (ShmAllreduce::Span); returns the results joined again."""
     scattered = [[scatter(a, counts, shift=r) for r, a in enumerate(arrays)] for arrays in calls]
-    _hvdmx_testing.shm_allreduce(scattered, code, op, chunk, hosts, postscale, stores=stores)
+    _hvdmx_testing.shm_allreduce(scattered, code, op, chunk, hosts=hosts, postscale=postscale,
+                                 stores=stores)
     return [[np.concatenate(pieces) for pieces in ranks] for ranks in scattered]
 
 
@@ -684,7 +686,7 @@ def test_half_summed_in_float32_rounded_once(layout, counts, chunk, code, scales
     wants = [round_half(np.sum([prescaled(v, pre, code) for v in vs], axis=0, dtype=np.float32)
                         * np.float32(post), code) for vs in values]
     _hvdmx_testing.shm_allreduce([[[a] for a in arrays] for arrays in calls], code, SUM, chunk,
-                                 hosts, postscale=post, stores=stores, prescale=pre)
+                                 hosts=hosts, prescale=pre, postscale=post, stores=stores)
     for arrays, want in zip(calls, wants):
         for a in arrays:
             assert a.tobytes() == want.tobytes()

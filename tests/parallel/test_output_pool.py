@@ -229,6 +229,6 @@ def test_a_forked_child_leaves_the_parents_outputs_alone(world):
     # and trims the pool must neither give those pages back to the kernel
     # nor keep the block for itself: the parent's bytes stay.
     rank, size = world
-    shared, intact = _hvdmx_testing.output_pool_forked_child_drops(_core._output_pool, 1 << 20)
+    shared, intact = _hvdmx_testing.output_pool_forked_child_drops(1 << 20)
     assert shared == (size > 1)
     assert intact

@@ -85,7 +85,7 @@ def count_pushes(monkeypatch):
     for fn in ("push_async", "push_allreduce_each", "negotiate"):
         real = getattr(hvd.ops._core, fn)
         monkeypatch.setattr(hvd.ops._core, fn,
-                            lambda *a, _real=real, _fn=fn: pushed.append(_fn) or _real(*a))
+                            lambda _real=real, _fn=fn, **k: pushed.append(_fn) or _real(**k))
     return pushed
 
 

@@ -134,15 +134,15 @@ void RingAllreduce(Comm& comm, void* buf, int64_t count, DataType dtype, ReduceO
 }
 
 void RingAllreduceWidened(Comm& comm, void* buf, float* wide, bool operands_in_wide, int64_t count,
-                          DataType dtype, ReduceOp op, double prescale, double postscale,
-                          int64_t segment_bytes, RingScratch* scratch) {
+                          DataType dtype, ReduceOp op, Scale scale, int64_t segment_bytes,
+                          RingScratch* scratch) {
   const int n = comm.size();
   if (count == 0) return;
   char* half = static_cast<char*>(buf);
   const int64_t elem = static_cast<int64_t>(DataTypeSize(dtype));
   if (n == 1) {
-    if (!operands_in_wide) WidenScaled(wide, half, count, dtype, prescale);
-    NarrowScaled(half, wide, count, dtype, postscale);
+    if (!operands_in_wide) WidenScaled(wide, half, count, dtype, scale.pre);
+    NarrowScaled(half, wide, count, dtype, scale.post);
     return;
   }
   std::vector<int64_t>& starts = scratch->starts;
@@ -155,7 +155,7 @@ void RingAllreduceWidened(Comm& comm, void* buf, float* wide, bool operands_in_w
   const int r = comm.rank();
   if (!operands_in_wide) {
     WidenScaled(wide + starts[r], half + starts[r] * elem, starts[r + 1] - starts[r], dtype,
-                prescale);
+                scale.pre);
   }
   ReduceScatterSteps(
       comm, reinterpret_cast<char*>(wide), starts.data(), int64_t{4},
@@ -166,10 +166,10 @@ void RingAllreduceWidened(Comm& comm, void* buf, float* wide, bool operands_in_w
           if (operands_in_wide) {
             ReduceInto(partial, wide + first, len, DataType::kFloat32, op);
           } else {
-            ReduceWidenedInto(partial, half + first * elem, len, dtype, op, prescale);
+            ReduceWidenedInto(partial, half + first * elem, len, dtype, op, scale.pre);
           }
           if (last) {
-            NarrowScaled(half + first * elem, partial, len, dtype, postscale);
+            NarrowScaled(half + first * elem, partial, len, dtype, scale.post);
           } else {
             std::memcpy(wide + first, partial, len * 4);
           }
@@ -185,8 +185,8 @@ void RingCrossAllreduce(Comm& comm, void* buf, float* wide, int64_t count, DataT
   if (wide == nullptr) {
     RingAllreduce(comm, buf, count, dtype, op, segment_bytes, scratch);
   } else if (wide_partials) {
-    RingAllreduceWidened(comm, buf, wide, /*operands_in_wide=*/true, count, dtype, op, 1.0,
-                         postscale, segment_bytes, scratch);
+    RingAllreduceWidened(comm, buf, wide, /*operands_in_wide=*/true, count, dtype, op,
+                         Scale{1.0, postscale}, segment_bytes, scratch);
   } else {
     NarrowScaled(buf, wide, count, dtype, 1.0);
     RingAllreduce(comm, buf, count, dtype, op, segment_bytes, scratch);

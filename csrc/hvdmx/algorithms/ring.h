@@ -52,17 +52,17 @@ void RingAllreduce(Comm& comm, void* buf, int64_t count, DataType dtype, ReduceO
 // A float16 or bfloat16 allreduce of `buf` (count elements of the half
 // `dtype`) with float32 partials (Note [Half precision summed in float32]
 // in reduce_kernels.cc): the reduce-scatter passes float32 partials, each
-// rank multiplies the chunk it finishes by `postscale` and rounds it once
+// rank multiplies the chunk it finishes by `scale.post` and rounds it once
 // into `buf`, and the allgather moves the rounded chunks. Bytes each rank
 // sends: (n-1)/n * count * (4 + 2), 1.5x a half ring. `wide` is count
 // floats: with operands_in_wide, this rank's operands in float32 (scaled
-// already; `prescale` is not applied), else scratch, the operands being
-// buf's elements times `prescale` in the dtype (WidenScaled), widened as the
+// already; `scale.pre` is not applied), else scratch, the operands being
+// buf's elements times `scale.pre` in the dtype (WidenScaled), widened as the
 // steps reach them. `wide`
 // is clobbered; every chunk is still reduced once, on one rank.
 void RingAllreduceWidened(Comm& comm, void* buf, float* wide, bool operands_in_wide, int64_t count,
-                          DataType dtype, ReduceOp op, double prescale, double postscale,
-                          int64_t segment_bytes, RingScratch* scratch);
+                          DataType dtype, ReduceOp op, Scale scale, int64_t segment_bytes,
+                          RingScratch* scratch);
 
 // The hosts' part of a hierarchical allreduce (ShmAllreduce::CrossAllreduce's
 // contract): without `wide`, RingAllreduce of buf; with it (a half dtype's

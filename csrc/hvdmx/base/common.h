@@ -42,6 +42,17 @@ enum class ReduceOp : int32_t {
 };
 std::string ReduceOpName(ReduceOp op);
 
+// The two factors of a reduction, always in this order: each rank's operand
+// is multiplied by `pre` before it is reduced, the result by `post` after
+// (an Average's 1/size is folded into `post` by whoever runs the call).
+struct Scale {
+  double pre = 1.0;
+  double post = 1.0;
+
+  bool operator==(const Scale& o) const { return pre == o.pre && post == o.post; }
+  bool operator!=(const Scale& o) const { return !(*this == o); }
+};
+
 enum class CollectiveType : int32_t {
   kAllreduce = 0,
   kBroadcast = 1,

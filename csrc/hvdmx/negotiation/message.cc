@@ -74,8 +74,8 @@ std::string FormatScale(double v) {
 
 bool Request::SameParams(const Request& o) const {
   return type == o.type && name == o.name && dtypes == o.dtypes && shapes == o.shapes &&
-         op == o.op && root == o.root && prescale == o.prescale && postscale == o.postscale &&
-         device == o.device && sizes_only == o.sizes_only && splits == o.splits;
+         op == o.op && root == o.root && scale == o.scale && device == o.device &&
+         sizes_only == o.sizes_only && splits == o.splits;
 }
 
 int64_t ElementCount(const std::vector<int64_t>& shape) {
@@ -138,8 +138,7 @@ Response MakeResponse(const std::vector<Request>& requests) {
   r.dtypes = first.dtypes;
   r.op = first.op;
   r.root = first.root;
-  r.prescale = first.prescale;
-  r.postscale = first.postscale;
+  r.scale = first.scale;
   r.sizes_only = first.sizes_only;
   for (const auto& shape : first.shapes) r.counts.push_back(ElementCount(shape));
 
@@ -175,8 +174,8 @@ Response MakeResponse(const std::vector<Request>& requests) {
       {"op", reduces, [](const Request& q) { return ReduceOpName(q.op); }},
       {"root_rank", type == CollectiveType::kBroadcast,
        [](const Request& q) { return std::to_string(q.root); }},
-      {"prescale_factor", reduces, [](const Request& q) { return FormatScale(q.prescale); }},
-      {"postscale_factor", reduces, [](const Request& q) { return FormatScale(q.postscale); }},
+      {"prescale_factor", reduces, [](const Request& q) { return FormatScale(q.scale.pre); }},
+      {"postscale_factor", reduces, [](const Request& q) { return FormatScale(q.scale.post); }},
       {"device", has_tensors, [](const Request& q) { return DeviceName(q.device); }},
   };
   for (const Property& prop : kProperties) {
@@ -225,8 +224,8 @@ void WriteRequests(Writer* w, const std::vector<Request>& requests) {
     }
     w->Pod(q.op);
     w->Pod(q.root);
-    w->Pod(q.prescale);
-    w->Pod(q.postscale);
+    w->Pod(q.scale.pre);
+    w->Pod(q.scale.post);
     w->Pod(q.device);
     w->Pod(q.sizes_only);
     w->Pod<int64_t>(static_cast<int64_t>(q.splits.size()));
@@ -251,8 +250,8 @@ std::vector<Request> ReadRequests(Reader* r) {
     }
     q.op = r->Pod<ReduceOp>();
     q.root = r->Pod<int32_t>();
-    q.prescale = r->Pod<double>();
-    q.postscale = r->Pod<double>();
+    q.scale.pre = r->Pod<double>();
+    q.scale.post = r->Pod<double>();
     q.device = r->Pod<int32_t>();
     q.sizes_only = r->Pod<bool>();
     q.splits.resize(r->Pod<int64_t>());
@@ -308,8 +307,8 @@ std::string SerializeResponses(const std::vector<Response>& responses) {
     for (int64_t c : p.counts) w.Pod(c);
     w.Pod(p.op);
     w.Pod(p.root);
-    w.Pod(p.prescale);
-    w.Pod(p.postscale);
+    w.Pod(p.scale.pre);
+    w.Pod(p.scale.post);
     w.Pod(p.sizes_only);
     w.Pod<int64_t>(static_cast<int64_t>(p.splits.size()));
     for (int64_t v : p.splits) w.Pod(v);
@@ -330,8 +329,8 @@ std::vector<Response> ParseResponses(const std::string& bytes) {
     for (int64_t& c : p.counts) c = r.Pod<int64_t>();
     p.op = r.Pod<ReduceOp>();
     p.root = r.Pod<int32_t>();
-    p.prescale = r.Pod<double>();
-    p.postscale = r.Pod<double>();
+    p.scale.pre = r.Pod<double>();
+    p.scale.post = r.Pod<double>();
     p.sizes_only = r.Pod<bool>();
     p.splits.resize(r.Pod<int64_t>());
     for (int64_t& v : p.splits) v = r.Pod<int64_t>();

@@ -22,8 +22,7 @@ struct Request {
   std::vector<std::vector<int64_t>> shapes;  // one per tensor
   ReduceOp op = ReduceOp::kSum;
   int32_t root = 0;
-  double prescale = 1.0;
-  double postscale = 1.0;
+  Scale scale;          // allreduce and reducescatter
   int32_t device = -1;  // -1: CPU; otherwise a GPU ordinal
   // Allgather and alltoall negotiate twice: first only the sizes (each
   // rank's dim 0, or its alltoall splits), at the call, so that the output
@@ -54,8 +53,7 @@ struct Response {
   std::vector<int64_t> counts;  // elements per tensor
   ReduceOp op = ReduceOp::kSum;
   int32_t root = 0;
-  double prescale = 1.0;
-  double postscale = 1.0;
+  Scale scale;  // allreduce and reducescatter
   bool sizes_only = false;
   // allgather: dim 0 of tensor t on rank r at [t * size + r]; alltoall:
   // rows rank i sends to rank j at [i * size + j]. Empty for the others.

@@ -52,20 +52,35 @@ std::shared_ptr<Runtime> RuntimeOrRaise(int set_id = 0) {
   return runtime;
 }
 
-void PushAsync(int set_id, int type, const std::string& name, const std::vector<uintptr_t>& inputs,
-               const std::vector<uintptr_t>& outputs, const std::vector<int>& dtypes,
-               const std::vector<std::vector<int64_t>>& shapes, int op, int root, double prescale,
-               double postscale, const std::vector<int64_t>& splits, int priority, int dev_type,
-               int dev_id) {
+// The arguments every collective's binding takes by keyword (CollectiveArgs
+// but for the set and the arrays), in the order of the binding's signature.
+CollectiveArgs Collective(int type, const std::string& name, const std::vector<int>& dtypes,
+                          const std::vector<std::vector<int64_t>>& shapes, int op, int root,
+                          double prescale, double postscale, const std::vector<int64_t>& splits,
+                          int dev_type, int dev_id) {
+  CollectiveArgs c;
+  c.type = static_cast<CollectiveType>(type);
+  c.name = name;
+  c.dtypes = dtypes;
+  c.shapes = shapes;
+  c.op = op;
+  c.root = root;
+  c.scale = Scale{prescale, postscale};
+  c.splits = splits;
+  c.dev_type = dev_type;
+  c.dev_id = dev_id;
+  return c;
+}
+
+void PushAsync(int set_id, const CollectiveArgs& call, const std::vector<uintptr_t>& inputs,
+               const std::vector<uintptr_t>& outputs, int priority) {
   std::shared_ptr<Runtime> runtime = RuntimeOrRaise(set_id);
   PushArgs args;
-  args.request = MakeRequest(static_cast<CollectiveType>(type), name, dtypes, shapes, op, root,
-                             prescale, postscale, dev_type, dev_id, runtime->rank());
-  args.request.splits = splits;
+  args.request = MakeRequest(call, runtime->rank());
   for (uintptr_t h : inputs) args.inputs.push_back(reinterpret_cast<void*>(h));
   for (uintptr_t h : outputs) args.outputs.push_back(reinterpret_cast<void*>(h));
-  args.dev_type = dev_type;
-  args.dev_id = dev_id;
+  args.dev_type = call.dev_type;
+  args.dev_id = call.dev_id;
   args.priority = priority;
   ThrowIfError(PushCollective(runtime, std::move(args)));
 }
@@ -129,8 +144,7 @@ ArrayProblem CheckArray(const ArrayInfo& a) {
 // allreduce_'s own error.
 std::pair<int, int> PushAllreduceEach(int set_id, const std::vector<std::string>& names,
                                       const std::vector<uintptr_t>& handles,
-                                      const std::vector<int>& priorities, int op, double prescale,
-                                      double postscale) {
+                                      const std::vector<int>& priorities, int op, Scale scale) {
   if (names.size() != handles.size() || priorities.size() != handles.size()) {
     throw py::value_error("push_allreduce_each: one name and one priority per tensor");
   }
@@ -144,9 +158,17 @@ std::pair<int, int> PushAllreduceEach(int set_id, const std::vector<std::string>
   for (size_t i = 0; i < handles.size(); ++i) {
     const ArrayInfo& a = infos[i];
     void* handle = reinterpret_cast<void*>(handles[i]);
+    CollectiveArgs call;
+    call.type = CollectiveType::kAllreduce;
+    call.name = names[i];
+    call.dtypes = {a.dtype};
+    call.shapes = {a.shape};
+    call.op = op;
+    call.scale = scale;
+    call.dev_type = a.dev_type;
+    call.dev_id = a.dev_id;
     PushArgs args;
-    args.request = MakeRequest(CollectiveType::kAllreduce, names[i], {a.dtype}, {a.shape}, op, 0,
-                               prescale, postscale, a.dev_type, a.dev_id, runtime->rank());
+    args.request = MakeRequest(call, runtime->rank());
     args.inputs.push_back(handle);
     args.outputs.push_back(handle);
     args.dev_type = a.dev_type;
@@ -165,11 +187,9 @@ constexpr int64_t kNegotiateSpinMicros = 50;
 // response splits, response root, Status::Code: MISMATCH when the error is
 // the round's error response, which every rank of the call gets in that same
 // round). Ctrl-C interrupts the wait.
-py::tuple Negotiate(int set_id, int type, const std::string& name, const std::vector<int>& dtypes,
-                    const std::vector<std::vector<int64_t>>& shapes,
-                    const std::vector<int64_t>& splits, bool sizes_only, int dev_type, int dev_id) {
+py::tuple Negotiate(int set_id, const CollectiveArgs& call) {
   std::shared_ptr<Runtime> runtime = RuntimeOrRaise(set_id);
-  if (static_cast<CollectiveType>(type) == CollectiveType::kJoin) {
+  if (call.type == CollectiveType::kJoin) {
     // Every collective called before join() must reach the coordinator first
     // (Runtime::AddInEngine).
     while (true) {
@@ -189,10 +209,7 @@ py::tuple Negotiate(int set_id, int type, const std::string& name, const std::ve
   };
   auto outcome = std::make_shared<Outcome>();
   TensorEntry entry;
-  entry.request = MakeRequest(static_cast<CollectiveType>(type), name, dtypes, shapes, 1, 0, 1.0,
-                              1.0, dev_type, dev_id, runtime->rank());
-  entry.request.splits = splits;
-  entry.request.sizes_only = sizes_only;
+  entry.request = MakeRequest(call, runtime->rank());
   entry.on_response = [outcome](const Response& response) { outcome->response = response; };
   entry.callback = [outcome](const Status& status) {
     std::lock_guard<std::mutex> lock(outcome->mu);
@@ -444,9 +461,50 @@ PYBIND11_MODULE(_core, m) {
     ThrowIfError(NewInt32Array(values, &handle));
     return reinterpret_cast<uintptr_t>(handle);
   });
-  m.def("push_async", &PushAsync);
-  m.def("push_allreduce_each", &PushAllreduceEach);
-  m.def("negotiate", &Negotiate);
+  // The collectives take their arguments by keyword only, each named at the
+  // call (hvdmx/ops.py); defaults are those of a unit that reduces nothing.
+  constexpr int kSum = static_cast<int>(ReduceOp::kSum);
+  m.def(
+      "push_async",
+      [](int set_id, int collective, const std::string& name, const std::vector<uintptr_t>& inputs,
+         const std::vector<uintptr_t>& outputs, const std::vector<int>& dtypes,
+         const std::vector<std::vector<int64_t>>& shapes, int op, int root, double prescale,
+         double postscale, const std::vector<int64_t>& splits, int priority, int dev_type,
+         int dev_id) {
+        PushAsync(set_id,
+                  Collective(collective, name, dtypes, shapes, op, root, prescale, postscale,
+                             splits, dev_type, dev_id),
+                  inputs, outputs, priority);
+      },
+      py::kw_only(), py::arg("set_id"), py::arg("collective"), py::arg("name"), py::arg("inputs"),
+      py::arg("outputs"), py::arg("dtypes"), py::arg("shapes"), py::arg("op") = kSum,
+      py::arg("root") = 0, py::arg("prescale") = 1.0, py::arg("postscale") = 1.0,
+      py::arg("splits") = std::vector<int64_t>{}, py::arg("priority") = 0, py::arg("dev_type") = 1,
+      py::arg("dev_id") = 0);
+  m.def(
+      "push_allreduce_each",
+      [](int set_id, const std::vector<std::string>& names, const std::vector<uintptr_t>& handles,
+         const std::vector<int>& priorities, int op, double prescale, double postscale) {
+        return PushAllreduceEach(set_id, names, handles, priorities, op,
+                                 Scale{prescale, postscale});
+      },
+      py::kw_only(), py::arg("set_id"), py::arg("names"), py::arg("handles"), py::arg("priorities"),
+      py::arg("op"), py::arg("prescale") = 1.0, py::arg("postscale") = 1.0);
+  m.def(
+      "negotiate",
+      [](int set_id, int collective, const std::string& name, const std::vector<int>& dtypes,
+         const std::vector<std::vector<int64_t>>& shapes, const std::vector<int64_t>& splits,
+         bool sizes_only, int dev_type, int dev_id) {
+        CollectiveArgs call = Collective(collective, name, dtypes, shapes, kSum, 0, 1.0, 1.0,
+                                         splits, dev_type, dev_id);
+        call.sizes_only = sizes_only;
+        return Negotiate(set_id, call);
+      },
+      py::kw_only(), py::arg("set_id"), py::arg("collective"), py::arg("name"),
+      py::arg("dtypes") = std::vector<int>{},
+      py::arg("shapes") = std::vector<std::vector<int64_t>>{},
+      py::arg("splits") = std::vector<int64_t>{}, py::arg("sizes_only") = false,
+      py::arg("dev_type") = 1, py::arg("dev_id") = 0);
   // One-bit compression (onebit.h) and MXNet's 2-bit (twobit.h), as engine
   // ops on float32 arrays on the CPU.
   m.def("onebit_pack", [](uintptr_t gradient, uintptr_t residual, uintptr_t packed, int64_t n) {
@@ -489,8 +547,4 @@ PYBIND11_MODULE(_core, m) {
     }).detach();
   });
   m.def("stats", &Stats);
-  // The process's output pool, for the tests' module (tests/, built from
-  // testing/*.cc), which has its own copy of the pool's code but must act on
-  // this module's pool: a capsule named "hvdmx.OutputPool".
-  m.attr("_output_pool") = py::capsule(&OutputPool::Get(), "hvdmx.OutputPool");
 }

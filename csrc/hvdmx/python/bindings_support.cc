@@ -30,20 +30,19 @@ void AddStatusCodes(py::module_& m) {
   }
 }
 
-Request MakeRequest(CollectiveType type, const std::string& name, const std::vector<int>& dtypes,
-                    const std::vector<std::vector<int64_t>>& shapes, int op, int root,
-                    double prescale, double postscale, int dev_type, int dev_id, int rank) {
+Request MakeRequest(const CollectiveArgs& args, int rank) {
   Request q;
   q.rank = rank;
-  q.type = type;
-  q.name = name;
-  for (int d : dtypes) q.dtypes.push_back(static_cast<DataType>(d));
-  q.shapes = shapes;
-  q.op = static_cast<ReduceOp>(op);
-  q.root = root;
-  q.prescale = prescale;
-  q.postscale = postscale;
-  q.device = dev_type == 2 ? dev_id : -1;
+  q.type = args.type;
+  q.name = args.name;
+  for (int d : args.dtypes) q.dtypes.push_back(static_cast<DataType>(d));
+  q.shapes = args.shapes;
+  q.op = static_cast<ReduceOp>(args.op);
+  q.root = args.root;
+  q.scale = args.scale;
+  q.splits = args.splits;
+  q.sizes_only = args.sizes_only;
+  q.device = args.dev_type == 2 ? args.dev_id : -1;
   return q;
 }
 

@@ -24,11 +24,27 @@ void ThrowIfError(const Status& status);
 // and hvdmx/_job.py maps to exceptions and to the exit path.
 void AddStatusCodes(pybind11::module_& m);
 
-// A request as the Python layer describes one (dtype codes, reduce op code,
-// device type 2 = GPU), from rank `rank`.
-Request MakeRequest(CollectiveType type, const std::string& name, const std::vector<int>& dtypes,
-                    const std::vector<std::vector<int64_t>>& shapes, int op, int root,
-                    double prescale, double postscale, int dev_type, int dev_id, int rank);
+// A collective as the Python layer describes one: dtype and reduce op
+// codes, MXNet's device type (1 CPU, 2 GPU). The Python-facing functions
+// take each field as a keyword argument (py::kw_only), so that every call
+// names what it passes; the defaults are those of a unit that reduces
+// nothing (a barrier, a join).
+struct CollectiveArgs {
+  CollectiveType type = CollectiveType::kAllreduce;
+  std::string name;
+  std::vector<int> dtypes;
+  std::vector<std::vector<int64_t>> shapes;
+  int op = static_cast<int>(ReduceOp::kSum);
+  int root = 0;
+  Scale scale;
+  std::vector<int64_t> splits;
+  bool sizes_only = false;
+  int dev_type = 1;
+  int dev_id = 0;
+};
+
+// The request for `args` from rank `rank`.
+Request MakeRequest(const CollectiveArgs& args, int rank);
 
 // A direct-read threshold (HVDMX_SHM_DIRECT_MIN_BYTES) as Python sees it:
 // "auto" for kShmDirectAuto, else the byte count (-1: never).

@@ -27,14 +27,14 @@ AllreduceAlgo ChooseAllreduce(const Config& config, int64_t bytes, bool shm_on) 
 }  // namespace
 
 const char* Executor::Allreduce(void* buf, int64_t count, DataType dtype, ReduceOp op,
-                                double prescale, double postscale) {
+                                Scale scale) {
   // float16 and bfloat16 are summed in float32 on every path; see Note
   // [Half precision summed in float32] in reduce_kernels.cc.
   const bool half = HalfReducesWide(dtype);
   if (comm_.size() == 1 || count == 0) {
-    if (half) return AllreduceWide(buf, count, dtype, op, prescale, postscale, false);
-    ScaleBuffer(buf, count, dtype, prescale);
-    ScaleBuffer(buf, count, dtype, postscale);
+    if (half) return AllreduceWide(buf, count, dtype, op, scale, false);
+    ScaleBuffer(buf, count, dtype, scale.pre);
+    ScaleBuffer(buf, count, dtype, scale.post);
     return "LOCAL_ALLREDUCE";
   }
   const int64_t bytes = count * static_cast<int64_t>(DataTypeSize(dtype));
@@ -46,23 +46,23 @@ const char* Executor::Allreduce(void* buf, int64_t count, DataType dtype, Reduce
   const bool auto_shm = shm_ != nullptr && config_.allreduce_algo == AllreduceAlgo::kAuto;
   if (half && algo == AllreduceAlgo::kMpi && auto_shm) algo = AllreduceAlgo::kShm;
   if (half && algo == AllreduceAlgo::kShm) {
-    shm_->allreduce().Allreduce(buf, count, dtype, op, postscale, prescale);
+    shm_->allreduce().Allreduce(buf, count, dtype, op, scale);
     return "SHM_ALLREDUCE";
   }
   if (half && config_.half_partials_wide) {
-    return AllreduceWide(buf, count, dtype, op, prescale, postscale, algo == AllreduceAlgo::kMpi);
+    return AllreduceWide(buf, count, dtype, op, scale, algo == AllreduceAlgo::kMpi);
   }
-  ScaleBuffer(buf, count, dtype, prescale);
+  ScaleBuffer(buf, count, dtype, scale.pre);
   if (algo == AllreduceAlgo::kMpi) {
     if (comm_.NativeAllreduce(buf, count, dtype, op)) {
-      ScaleBuffer(buf, count, dtype, postscale);
+      ScaleBuffer(buf, count, dtype, scale.post);
       return "MPI_ALLREDUCE";
     }
     // A comm without its own (TcpComm) sends small tensors to every rank
     // at once where shared memory does not take them.
     if (!auto_shm && ExchangeAllreduceFits(bytes, comm_.size())) {
       ExchangeAllreduce(comm_, buf, count, dtype, op, &exchange_scratch_);
-      ScaleBuffer(buf, count, dtype, postscale);
+      ScaleBuffer(buf, count, dtype, scale.post);
       return "EXCHANGE_ALLREDUCE";
     }
     // MPI has no float16/bfloat16 reductions: with HVDMX_HALF_PARTIALS=half
@@ -70,16 +70,16 @@ const char* Executor::Allreduce(void* buf, int64_t count, DataType dtype, Reduce
     algo = auto_shm ? AllreduceAlgo::kShm : AllreduceAlgo::kRing;
   }
   if (algo == AllreduceAlgo::kShm) {
-    shm_->allreduce().Allreduce(buf, count, dtype, op, postscale);
+    shm_->allreduce().Allreduce(buf, count, dtype, op, Scale{1.0, scale.post});
     return "SHM_ALLREDUCE";
   }
   RingAllreduce(comm_, buf, count, dtype, op, config_.ring_segment_bytes, &ring_scratch_);
-  ScaleBuffer(buf, count, dtype, postscale);
+  ScaleBuffer(buf, count, dtype, scale.post);
   return "RING_ALLREDUCE";
 }
 
 const char* Executor::AllreduceWide(void* buf, int64_t count, DataType dtype, ReduceOp op,
-                                    double prescale, double postscale, bool mpi) {
+                                    Scale scale, bool mpi) {
   const char* algorithm = comm_.size() == 1 ? "LOCAL_ALLREDUCE" : "RING_ALLREDUCE";
   const int64_t elem = static_cast<int64_t>(DataTypeSize(dtype));
   for (int64_t done = 0; done < count; done += kWidePieceElems) {
@@ -88,18 +88,18 @@ const char* Executor::AllreduceWide(void* buf, int64_t count, DataType dtype, Re
     auto* wide = reinterpret_cast<float*>(wide_.Get(n * 4));
     if (comm_.size() > 1) mpi_pages_.Collapse(wide, n * 4);
     if (mpi && comm_.size() > 1) {
-      WidenScaled(wide, piece, n, dtype, prescale);
+      WidenScaled(wide, piece, n, dtype, scale.pre);
       if (comm_.NativeAllreduce(wide, n, DataType::kFloat32, op)) {
-        NarrowScaled(piece, wide, n, dtype, postscale);
+        NarrowScaled(piece, wide, n, dtype, scale.post);
         algorithm = "MPI_ALLREDUCE";
       } else {  // a comm without MPI's (LocalComm): the ring, from the widened operands
-        RingAllreduceWidened(comm_, piece, wide, /*operands_in_wide=*/true, n, dtype, op, 1.0,
-                             postscale, config_.ring_segment_bytes, &ring_scratch_);
+        RingAllreduceWidened(comm_, piece, wide, /*operands_in_wide=*/true, n, dtype, op,
+                             Scale{1.0, scale.post}, config_.ring_segment_bytes, &ring_scratch_);
       }
       continue;
     }
-    RingAllreduceWidened(comm_, piece, wide, /*operands_in_wide=*/false, n, dtype, op, prescale,
-                         postscale, config_.ring_segment_bytes, &ring_scratch_);
+    RingAllreduceWidened(comm_, piece, wide, /*operands_in_wide=*/false, n, dtype, op, scale,
+                         config_.ring_segment_bytes, &ring_scratch_);
   }
   return algorithm;
 }
@@ -313,8 +313,8 @@ void Executor::RunAllreduceGroup(const FusionGroup& group, const std::vector<Res
   const Response& head = responses[group.items[0].response];
   const DataType dtype = head.dtypes[group.items[0].tensor];
   const int64_t elem = static_cast<int64_t>(DataTypeSize(dtype));
-  double postscale = head.postscale;
-  if (head.op == ReduceOp::kAverage) postscale /= comm_.size();
+  Scale scale = head.scale;
+  if (head.op == ReduceOp::kAverage) scale.post /= comm_.size();
 
   Timeline& timeline = ProcessTimeline();
   // Records `phase` from `start` to `end` on every unit of the group.
@@ -349,7 +349,7 @@ void Executor::RunAllreduceGroup(const FusionGroup& group, const std::vector<Res
       const void* in = entry.inputs[item.tensor];
       if (out == in) {
         spans_.push_back({out, count});
-      } else if (shm && (head.prescale == 1.0 || half)) {
+      } else if (shm && (scale.pre == 1.0 || half)) {
         spans_.push_back({out, count, in});
       } else {
         if (count > 0) std::memcpy(out, in, count * elem);
@@ -366,13 +366,12 @@ void Executor::RunAllreduceGroup(const FusionGroup& group, const std::vector<Res
     if (shm) {
       if (!half) {
         for (const ShmAllreduce::Span& span : spans_) {
-          ScaleBuffer(span.data, span.count, dtype, head.prescale);
+          ScaleBuffer(span.data, span.count, dtype, scale.pre);
         }
       }
-      shm_->allreduce().Allreduce(spans_, dtype, head.op, postscale, half ? head.prescale : 1.0);
+      shm_->allreduce().Allreduce(spans_, dtype, head.op, half ? scale : Scale{1.0, scale.post});
     } else {
-      algorithm =
-          Allreduce(spans_[0].data, spans_[0].count, dtype, head.op, head.prescale, postscale);
+      algorithm = Allreduce(spans_[0].data, spans_[0].count, dtype, head.op, scale);
     }
     record(algorithm, t0, Clock::now());
     return;
@@ -415,7 +414,7 @@ void Executor::RunAllreduceGroup(const FusionGroup& group, const std::vector<Res
     copy_in += now - t;
     t = now;
     const int64_t count = piece / elem;
-    algorithm = Allreduce(buffer, count, dtype, head.op, head.prescale, postscale);
+    algorithm = Allreduce(buffer, count, dtype, head.op, scale);
     now = Clock::now();
     reduce += now - t;
     t = now;

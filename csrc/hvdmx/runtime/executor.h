@@ -48,12 +48,11 @@ class Executor {
   void Run(const std::vector<Response>& responses, TensorQueue* queue);
 
   // In-place allreduce of one buffer with the configured algorithm, each
-  // rank's operand multiplied by `prescale` first, in the dtype, and the
-  // result by `postscale` (float16 and bfloat16 summed and postscaled in
+  // rank's operand multiplied by `scale.pre` first, in the dtype, and the
+  // result by `scale.post` (float16 and bfloat16 summed and postscaled in
   // float32, rounded once: Note [Half precision summed in float32]);
   // returns the algorithm's name for the timeline.
-  const char* Allreduce(void* buf, int64_t count, DataType dtype, ReduceOp op, double prescale,
-                        double postscale);
+  const char* Allreduce(void* buf, int64_t count, DataType dtype, ReduceOp op, Scale scale);
 
   int64_t fusion_buffer_bytes() const { return fusion_.capacity(); }
   const HugePageCollapser& mpi_pages() const { return mpi_pages_; }
@@ -80,8 +79,8 @@ class Executor {
   // the wide buffer in pieces of at most kWidePieceElems: on the ring, or,
   // with `mpi`, MPI's float32 allreduce where the comm has one. Returns the
   // algorithm's name for the timeline.
-  const char* AllreduceWide(void* buf, int64_t count, DataType dtype, ReduceOp op, double prescale,
-                            double postscale, bool mpi);
+  const char* AllreduceWide(void* buf, int64_t count, DataType dtype, ReduceOp op, Scale scale,
+                            bool mpi);
   static constexpr int64_t kWidePieceElems = int64_t{8} << 20;
   // Returns the algorithm's name for the timeline.
   const char* RunReducescatter(const Response& response, TensorEntry& entry);

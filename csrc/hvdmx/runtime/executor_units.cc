@@ -212,8 +212,8 @@ const char* Executor::RunAlltoall(const Response& response, TensorEntry& entry) 
 const char* Executor::RunReducescatter(const Response& response, TensorEntry& entry) {
   const int n = comm_.size();
   const int me = comm_.rank();
-  double postscale = response.postscale;
-  if (response.op == ReduceOp::kAverage) postscale /= n;
+  Scale scale = response.scale;
+  if (response.op == ReduceOp::kAverage) scale.post /= n;
   const size_t tensors = response.dtypes.size();
   const char* algorithm = "RING_REDUCESCATTER";
   std::vector<bool> done(tensors, false);
@@ -240,14 +240,13 @@ const char* Executor::RunReducescatter(const Response& response, TensorEntry& en
     // Through shared memory each tensor is reduced straight from its input
     // into its output, one after another. (A prescale would have to write
     // the input.)
-    if (response.prescale == 1.0 && n > 1 &&
-        ShmMoves(CollectiveType::kReducescatter, starts_[n] * elem) &&
+    if (scale.pre == 1.0 && n > 1 && ShmMoves(CollectiveType::kReducescatter, starts_[n] * elem) &&
         shm_->allreduce().ReduceScatterFits(dtype)) {
       tensor_starts_.resize(n + 1);
       for (size_t t : members) {
         for (int r = 0; r <= n; ++r) tensor_starts_[r] = rows_begin(t, r);
         shm_->allreduce().ReduceScatter(entry.inputs[t], entry.outputs[t], tensor_starts_, dtype,
-                                        response.op, postscale);
+                                        response.op, scale.post);
       }
       algorithm = "SHM_REDUCESCATTER";
       continue;
@@ -298,17 +297,17 @@ const char* Executor::RunReducescatter(const Response& response, TensorEntry& en
         // float32 partials, rounded once (Note [Half precision summed in
         // float32] in reduce_kernels.cc).
         auto* wide = reinterpret_cast<float*>(wide_.Get(piece_starts_[n] * 4));
-        WidenScaled(wide, buffer, piece_starts_[n], dtype, response.prescale);
+        WidenScaled(wide, buffer, piece_starts_[n], dtype, scale.pre);
         mpi_pages_.Collapse(wide, piece_starts_[n] * 4);
         RingReduceScatter(comm_, wide, piece_starts_, DataType::kFloat32, response.op,
                           config_.ring_segment_bytes, &ring_scratch_);
-        NarrowScaled(mine, wide + piece_starts_[me], mine_count, dtype, postscale);
+        NarrowScaled(mine, wide + piece_starts_[me], mine_count, dtype, scale.post);
       } else {
-        ScaleBuffer(buffer, piece_starts_[n], dtype, response.prescale);
+        ScaleBuffer(buffer, piece_starts_[n], dtype, scale.pre);
         mpi_pages_.Collapse(buffer, piece_starts_[n] * elem);
         RingReduceScatter(comm_, buffer, piece_starts_, dtype, response.op,
                           config_.ring_segment_bytes, &ring_scratch_);
-        ScaleBuffer(mine, mine_count, dtype, postscale);
+        ScaleBuffer(mine, mine_count, dtype, scale.post);
       }
       for_range(me, part(me, p), part(me, p + 1),
                 [&](size_t t, int64_t first, int64_t at, int64_t count) {

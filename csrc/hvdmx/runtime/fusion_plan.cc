@@ -6,8 +6,7 @@ namespace {
 bool Fusable(const Response& r) { return r.type == CollectiveType::kAllreduce && r.error.empty(); }
 
 bool SameReduction(const Response& a, int ta, const Response& b, int tb) {
-  return a.dtypes[ta] == b.dtypes[tb] && a.op == b.op && a.prescale == b.prescale &&
-         a.postscale == b.postscale;
+  return a.dtypes[ta] == b.dtypes[tb] && a.op == b.op && a.scale == b.scale;
 }
 
 }  // namespace

@@ -21,8 +21,7 @@ struct ShmAllreduce::Call {
   int64_t count;
   DataType dtype;
   ReduceOp op;
-  double postscale;     // applied to each reduced block
-  double prescale;      // a half dtype's, applied to each operand
+  Scale scale;          // pre: a half dtype's, on each operand; post: on each reduced block
   int64_t elem;         // bytes per element
   int64_t chunk_elems;  // elements per chunk (the last may be shorter)
   int64_t unit;         // slice granularity, elements
@@ -49,16 +48,15 @@ ShmAllreduce::ShmAllreduce(ShmRegion* region, CrossAllreduce cross, StageStores 
       scratch_(kBlockBytes),
       wide_(std::max(kWideBlockElems, cross_ ? chunk_bytes_ / 2 : 0)) {}
 
-void ShmAllreduce::Allreduce(void* buf, int64_t count, DataType dtype, ReduceOp op,
-                             double postscale, double prescale) {
+void ShmAllreduce::Allreduce(void* buf, int64_t count, DataType dtype, ReduceOp op, Scale scale) {
   one_span_.assign(1, Span{buf, count});
-  Allreduce(one_span_, dtype, op, postscale, prescale);
+  Allreduce(one_span_, dtype, op, scale);
 }
 
 void ShmAllreduce::Allreduce(const std::vector<Span>& spans, DataType dtype, ReduceOp op,
-                             double postscale, double prescale) {
+                             Scale scale) {
   const bool wide = HalfReducesWide(dtype);
-  HVDMX_CHECK(wide || prescale == 1.0, "a shared-memory prescale for " + DataTypeName(dtype));
+  HVDMX_CHECK(wide || scale.pre == 1.0, "a shared-memory prescale for " + DataTypeName(dtype));
   ShmRegion::Count(region_->counters().calls);
   span_starts_.resize(spans.size() + 1);
   span_starts_[0] = 0;
@@ -69,20 +67,19 @@ void ShmAllreduce::Allreduce(const std::vector<Span>& spans, DataType dtype, Red
       for (int64_t b = 0; wide && b < span.count; b += kWideBlockElems) {
         const int64_t m = std::min(kWideBlockElems, span.count - b);
         const char* in = static_cast<const char*>(span.in != nullptr ? span.in : span.data);
-        WidenScaled(wide_.data(), in + 2 * b, m, dtype, prescale);
-        NarrowScaled(static_cast<char*>(span.data) + 2 * b, wide_.data(), m, dtype, postscale);
+        WidenScaled(wide_.data(), in + 2 * b, m, dtype, scale.pre);
+        NarrowScaled(static_cast<char*>(span.data) + 2 * b, wide_.data(), m, dtype, scale.post);
       }
       if (wide) continue;
       if (span.in != nullptr && span.count > 0) {
         std::memcpy(span.data, span.in, span.count * static_cast<int64_t>(DataTypeSize(dtype)));
       }
-      ScaleBuffer(span.data, span.count, dtype, postscale);
+      ScaleBuffer(span.data, span.count, dtype, scale.post);
     }
     return;
   }
   Call call;
-  call.postscale = postscale;
-  call.prescale = prescale;
+  call.scale = scale;
   call.spans = spans.data();
   call.nspans = spans.size();
   call.starts = span_starts_.data();
@@ -155,40 +152,41 @@ void ShmAllreduce::Reduce(const Call& call, int64_t k) {
   // Slice `rank_` of every rank's stage (this rank's: where the result goes).
   for (int j = 0; j < size_; ++j) slices_[j] = region_->Stage(j, seq) + lo * call.elem;
   char* out = slices_[rank_];
-  ForPieces(
-      call, begin + lo, begin + hi, [&](char* mine, const char* in, int64_t at0, int64_t bytes) {
-        for (int64_t b = 0; b < bytes; b += kBlockBytes) {
-          const int64_t block = std::min(kBlockBytes, bytes - b);  // a multiple of elem
-          const int64_t n = block / call.elem;
-          const int64_t at = at0 + b;
-          for (int j = 0; j < size_; ++j) operands_[j] = j == rank_ ? in + b : slices_[j] + at;
-          // Rank order, the same on every rank: out = ((x0 OP x1) OP x2) ...,
-          // scaled and copied while the block is in cache, unless other hosts
-          // come first (then the scale is applied after them). Streaming
-          // (never hierarchical): reduced into the scratch block, which is then
-          // read twice from the first-level cache.
-          // A half dtype's host sums stay float32 for the hosts' ring.
-          if (region_->streaming()) {
-            ReduceOperands(scratch_.data(), n, call.dtype, call.op, call.postscale, call.prescale);
-            std::memcpy(mine + b, scratch_.data(), block);
-            StreamingCopy(out + at, scratch_.data(), block);
-          } else if (cross_ && wide) {
-            ReduceOperandsWide(wide_.data() + at / call.elem, 0, n, call.dtype, call.op,
-                               call.prescale);
-          } else {
-            ReduceOperands(out + at, n, call.dtype, call.op, cross_ ? 1.0 : call.postscale,
-                           call.prescale);
-            if (!cross_) std::memcpy(mine + b, out + at, block);
-          }
-        }
-      });
+  ForPieces(call, begin + lo, begin + hi,
+            [&](char* mine, const char* in, int64_t at0, int64_t bytes) {
+              for (int64_t b = 0; b < bytes; b += kBlockBytes) {
+                const int64_t block = std::min(kBlockBytes, bytes - b);  // a multiple of elem
+                const int64_t n = block / call.elem;
+                const int64_t at = at0 + b;
+                for (int j = 0; j < size_; ++j)
+                  operands_[j] = j == rank_ ? in + b : slices_[j] + at;
+                // Rank order, the same on every rank: out = ((x0 OP x1) OP x2) ...,
+                // scaled and copied while the block is in cache, unless other hosts
+                // come first (then the scale is applied after them). Streaming
+                // (never hierarchical): reduced into the scratch block, which is then
+                // read twice from the first-level cache.
+                // A half dtype's host sums stay float32 for the hosts' ring.
+                if (region_->streaming()) {
+                  ReduceOperands(scratch_.data(), n, call.dtype, call.op, call.scale);
+                  std::memcpy(mine + b, scratch_.data(), block);
+                  StreamingCopy(out + at, scratch_.data(), block);
+                } else if (cross_ && wide) {
+                  ReduceOperandsWide(wide_.data() + at / call.elem, 0, n, call.dtype, call.op,
+                                     call.scale.pre);
+                } else {
+                  ReduceOperands(out + at, n, call.dtype, call.op,
+                                 cross_ ? Scale{call.scale.pre, 1.0} : call.scale);
+                  if (!cross_) std::memcpy(mine + b, out + at, block);
+                }
+              }
+            });
   if (cross_) {
     // Called for empty slices too: the same calls on every host.
     if (wide) {
-      cross_(out, wide_.data(), hi - lo, call.dtype, call.op, call.postscale);
+      cross_(out, wide_.data(), hi - lo, call.dtype, call.op, call.scale.post);
     } else {
       cross_(out, nullptr, hi - lo, call.dtype, call.op, 1.0);
-      ScaleBuffer(out, hi - lo, call.dtype, call.postscale);
+      ScaleBuffer(out, hi - lo, call.dtype, call.scale.post);
     }
     ForPieces(call, begin + lo, begin + hi,
               [&](char* mine, const char*, int64_t at, int64_t bytes) {
@@ -205,28 +203,27 @@ void ShmAllreduce::ReduceOperandsWide(float* acc, int64_t first, int64_t n, Data
   for (int j = 1; j < size_; ++j) ReduceWidenedInto(acc, operands_[j] + at, n, dtype, op, prescale);
 }
 
-void ShmAllreduce::ReduceOperands(char* out, int64_t n, DataType dtype, ReduceOp op, double scale,
-                                  double prescale) {
+void ShmAllreduce::ReduceOperands(char* out, int64_t n, DataType dtype, ReduceOp op, Scale scale) {
   if (HalfReducesWide(dtype)) {
     // Note [Half precision summed in float32]: a block of partials at a time.
     for (int64_t b = 0; b < n; b += kWideBlockElems) {
       const int64_t m = std::min(kWideBlockElems, n - b);
-      ReduceOperandsWide(wide_.data(), b, m, dtype, op, prescale);
+      ReduceOperandsWide(wide_.data(), b, m, dtype, op, scale.pre);
       NarrowScaled(out + b * static_cast<int64_t>(DataTypeSize(dtype)), wide_.data(), m, dtype,
-                   scale);
+                   scale.post);
     }
     return;
   }
-  HVDMX_CHECK(prescale == 1.0, "a prescale inside the reduction for " + DataTypeName(dtype));
+  HVDMX_CHECK(scale.pre == 1.0, "a prescale inside the reduction for " + DataTypeName(dtype));
   if (size_ == 1) {
     std::memcpy(out, operands_[0], n * static_cast<int64_t>(DataTypeSize(dtype)));
-    ScaleBuffer(out, n, dtype, scale);
+    ScaleBuffer(out, n, dtype, scale.post);
   } else if (size_ == 2) {
-    Reduce3Scaled(out, operands_[0], operands_[1], n, dtype, op, scale);
+    Reduce3Scaled(out, operands_[0], operands_[1], n, dtype, op, scale.post);
   } else {
     Reduce3(out, operands_[0], operands_[1], n, dtype, op);
     for (int j = 2; j < size_; ++j) ReduceInto(out, operands_[j], n, dtype, op);
-    ScaleBuffer(out, n, dtype, scale);
+    ScaleBuffer(out, n, dtype, scale.post);
   }
 }
 
@@ -303,14 +300,15 @@ void ShmAllreduce::ReduceScatter(const void* in, void* out, const std::vector<in
     const int64_t block = std::max<int64_t>(1, kBlockBytes / elem);
     for (int64_t b = 0; b < n; b += block) {
       for (int j = 0; j < size_; ++j) operands_[j] = (j == rank_ ? mine : slices_[j]) + b * elem;
-      ReduceOperands(dst + (lo + b) * elem, std::min(block, n - b), dtype, op, postscale);
+      ReduceOperands(dst + (lo + b) * elem, std::min(block, n - b), dtype, op,
+                     Scale{1.0, postscale});
     }
     region_->control(rank_).reduced.value.store(seq + 1, std::memory_order_release);
     region_->control(rank_).done.value.store(seq + 1, std::memory_order_release);
   };
   if (size_ == 1) {
     operands_[0] = src + starts[0] * elem;
-    ReduceOperands(dst, starts[1] - starts[0], dtype, op, postscale);
+    ReduceOperands(dst, starts[1] - starts[0], dtype, op, Scale{1.0, postscale});
     return;
   }
   const int64_t chunks = (longest + slot - 1) / slot;

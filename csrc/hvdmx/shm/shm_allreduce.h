@@ -94,14 +94,13 @@ class ShmAllreduce {
   StageStores stage_stores() const { return stores_.stores(); }
 
   // Allreduces `buf` (count elements of dtype) in place with `op` (kAverage
-  // reduces as kSum), then multiplies the result by `postscale`: each block
+  // reduces as kSum), then multiplies the result by `scale.post`: each block
   // as soon as it is reduced, while it is in cache, with the bits that
   // ScaleBuffer on the result would give. For a half dtype, the operands are
-  // multiplied by `prescale` in the dtype (WidenScaled), then summed and
-  // postscaled in float32 and rounded once; other dtypes take prescale 1
+  // multiplied by `scale.pre` in the dtype (WidenScaled), then summed and
+  // postscaled in float32 and rounded once; other dtypes take scale.pre 1
   // (the caller scales them).
-  void Allreduce(void* buf, int64_t count, DataType dtype, ReduceOp op, double postscale = 1.0,
-                 double prescale = 1.0);
+  void Allreduce(void* buf, int64_t count, DataType dtype, ReduceOp op, Scale scale = {});
   // `count` elements at `data`: one tensor of a fused allreduce. Out of
   // place, `in` is where its input is (read, never written) and the result
   // lands in `data`; nullptr: in place.
@@ -115,8 +114,7 @@ class ShmAllreduce {
   // are cut from the concatenation, so a chunk may take pieces of several
   // tensors, and the bits are those of one Allreduce on the concatenated
   // buffer. Every rank passes spans of the same counts.
-  void Allreduce(const std::vector<Span>& spans, DataType dtype, ReduceOp op,
-                 double postscale = 1.0, double prescale = 1.0);
+  void Allreduce(const std::vector<Span>& spans, DataType dtype, ReduceOp op, Scale scale = {});
 
   // Reduce-scatter: elements [starts[j], starts[j+1]) of every rank's `in`,
   // reduced with `op` in rank order (kAverage as kSum) and multiplied by
@@ -143,10 +141,9 @@ class ShmAllreduce {
   void Reduce(const Call& call, int64_t k);
   void CopyOut(const Call& call, int64_t k);
   // operands_[0..size) reduced in rank order into `out` (n elements),
-  // multiplied by `scale`; a half dtype's in float32, each operand times
-  // `prescale` in the dtype (WidenScaled), the result rounded once.
-  void ReduceOperands(char* out, int64_t n, DataType dtype, ReduceOp op, double scale,
-                      double prescale = 1.0);
+  // multiplied by `scale.post`; a half dtype's in float32, each operand
+  // times `scale.pre` in the dtype (WidenScaled), the result rounded once.
+  void ReduceOperands(char* out, int64_t n, DataType dtype, ReduceOp op, Scale scale);
   // A half dtype's operands_, from element `first`, each times `prescale`
   // in the dtype (WidenScaled), reduced in rank order in float32 into acc
   // (n elements).

@@ -122,7 +122,7 @@ void TestingWidenedKernel(int kernel, py::array out, py::array in, int dtype, in
 // Runs RingAllreduceWidened on LocalComm, one thread per array (= rank), in
 // place, the operands read from the half arrays.
 void TestingRingAllreduceWidened(std::vector<py::array> arrays, int dtype, int op,
-                                 int64_t segment_bytes, double prescale, double postscale) {
+                                 int64_t segment_bytes, Scale scale) {
   DataType t = CheckedType(dtype);
   if (!HalfReducesWide(t)) throw py::value_error("not a half dtype");
   const int n = static_cast<int>(arrays.size());
@@ -137,7 +137,7 @@ void TestingRingAllreduceWidened(std::vector<py::array> arrays, int dtype, int o
     RingScratch scratch;
     std::vector<float> wide(counts[r]);
     RingAllreduceWidened(comm, data[r], wide.data(), /*operands_in_wide=*/false, counts[r], t,
-                         static_cast<ReduceOp>(op), prescale, postscale, segment_bytes, &scratch);
+                         static_cast<ReduceOp>(op), scale, segment_bytes, &scratch);
   });
 }
 
@@ -304,20 +304,22 @@ class LocalJob {
 
   int64_t Submit(int rank, const std::string& kind, const std::string& name,
                  std::vector<py::array> inputs, std::vector<py::array> outputs, int dtype, int op,
-                 int root, double prescale, double postscale) {
+                 int root, Scale scale) {
     Runtime& rt = *runtimes_.at(rank);
     TensorEntry entry;
-    std::vector<int> dtypes;
-    std::vector<std::vector<int64_t>> shapes;
+    CollectiveArgs call;
+    call.type = kind == "broadcast" ? CollectiveType::kBroadcast : CollectiveType::kAllreduce;
+    call.name = name;
+    call.op = op;
+    call.root = root;
+    call.scale = scale;
     for (size_t i = 0; i < inputs.size(); ++i) {
-      dtypes.push_back(dtype);
-      shapes.emplace_back(inputs[i].shape(), inputs[i].shape() + inputs[i].ndim());
+      call.dtypes.push_back(dtype);
+      call.shapes.emplace_back(inputs[i].shape(), inputs[i].shape() + inputs[i].ndim());
       entry.inputs.push_back(inputs[i].data());
       entry.outputs.push_back(outputs[i].mutable_data());
     }
-    entry.request =
-        MakeRequest(kind == "broadcast" ? CollectiveType::kBroadcast : CollectiveType::kAllreduce,
-                    name, dtypes, shapes, op, root, prescale, postscale, 1, 0, rank);
+    entry.request = MakeRequest(call, rank);
     const int64_t ticket = next_ticket_++;
     entry.callback = [this, ticket](const Status& status) {
       std::lock_guard<std::mutex> lock(mu_);
@@ -362,17 +364,14 @@ class LocalJob {
   int64_t next_ticket_ = 0;
 };
 
-// Takes a block of `bytes` from hvdmx._core's output pool (`core_pool`,
-// the capsule _core._output_pool) and fills it, then forks;
+// Takes a block of `bytes` from the process's output pool (the one
+// hvdmx._core's arrays come from: one core library) and fills it, then forks;
 // the child gives the block back and trims the pool to nothing, as a
 // forked child that drops its copy of the parent's array may, and exits.
 // Returns whether the block lies in the shared output file, and whether it
 // still holds its bytes here once the child is gone.
-std::pair<bool, bool> TestingOutputPoolForkedChildDrops(py::capsule core_pool, int64_t bytes) {
-  if (std::string(core_pool.name()) != "hvdmx.OutputPool") {
-    throw py::value_error("pool must be hvdmx._core._output_pool");
-  }
-  OutputPool& pool = *core_pool.get_pointer<OutputPool>();
+std::pair<bool, bool> TestingOutputPoolForkedChildDrops(int64_t bytes) {
+  OutputPool& pool = OutputPool::Get();
   char* block = static_cast<char*>(pool.Take(bytes));
   if (block == nullptr) throw py::value_error("the output pool is off");
   std::memset(block, 0x5a, static_cast<size_t>(bytes));
@@ -397,13 +396,28 @@ std::pair<bool, bool> TestingOutputPoolForkedChildDrops(py::capsule core_pool, i
 
 void DefineTestingBindings(py::module_& m) {
   m.def("output_pool_class", &OutputPool::ClassBytes);
-  m.def("output_pool_forked_child_drops", &TestingOutputPoolForkedChildDrops);
+  m.def("output_pool_forked_child_drops", &TestingOutputPoolForkedChildDrops, py::arg("bytes"));
+  // A block of the process's output pool, taken and given back by address:
+  // what _core.stats() reports of it shows whose pool it is.
+  m.def("output_pool_take",
+        [](int64_t bytes) { return reinterpret_cast<uintptr_t>(OutputPool::Get().Take(bytes)); });
+  m.def("output_pool_give", [](uintptr_t block, int64_t bytes) {
+    OutputPool::Get().Give(reinterpret_cast<void*>(block), bytes);
+  });
   m.def("reduce_into", &TestingReduceInto);
   m.def("scale", &TestingScale);
   m.def("reduce3_scaled", &TestingReduce3Scaled);
   m.def("ring_allreduce", &TestingRingAllreduce);
   m.def("widened_kernel", &TestingWidenedKernel);
-  m.def("ring_allreduce_widened", &TestingRingAllreduceWidened);
+  m.def(
+      "ring_allreduce_widened",
+      [](std::vector<py::array> arrays, int dtype, int op, int64_t segment_bytes, double prescale,
+         double postscale) {
+        TestingRingAllreduceWidened(std::move(arrays), dtype, op, segment_bytes,
+                                    Scale{prescale, postscale});
+      },
+      py::arg("arrays"), py::arg("dtype"), py::arg("op"), py::arg("segment_bytes"), py::kw_only(),
+      py::arg("prescale") = 1.0, py::arg("postscale") = 1.0);
   m.def("load_config", &TestingLoadConfig);
   m.def("choose_cpu", [](const std::string& mode, const std::vector<int>& cpus, int local_rank,
                          int local_size, bool same_cpus_on_host) {
@@ -421,7 +435,17 @@ void DefineTestingBindings(py::module_& m) {
       .def(py::init<int, const std::map<std::string, std::string>&, bool>(), py::arg("size"),
            py::arg("env"), py::arg("shm") = false)
       .def("negotiation", &LocalJob::Negotiation)
-      .def("submit", &LocalJob::Submit)
+      .def(
+          "submit",
+          [](LocalJob& job, int rank, const std::string& kind, const std::string& name,
+             std::vector<py::array> inputs, std::vector<py::array> outputs, int dtype, int op,
+             int root, double prescale, double postscale) {
+            return job.Submit(rank, kind, name, std::move(inputs), std::move(outputs), dtype, op,
+                              root, Scale{prescale, postscale});
+          },
+          py::kw_only(), py::arg("rank"), py::arg("kind"), py::arg("name"), py::arg("inputs"),
+          py::arg("outputs"), py::arg("dtype"), py::arg("op"), py::arg("root") = 0,
+          py::arg("prescale") = 1.0, py::arg("postscale") = 1.0)
       .def("wait", &LocalJob::Wait)
       .def("shutdown", &LocalJob::Shutdown);
 }

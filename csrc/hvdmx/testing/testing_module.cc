@@ -1,10 +1,11 @@
 // The module _hvdmx_testing: the test suite's entry points into the core,
 // built by setup.py's build_ext beside hvdmx._core into tests/ (never
-// installed, never part of hvdmx). It holds its own copy of the core's code:
-// what it drives (kernels, rings and whole runtimes over in-process comms,
-// shared memory over plain memory) lives in this module. What a running
-// job holds is in hvdmx._core, read with _core.stats(); the one exception,
-// the output pool, is handed over as a capsule (_core._output_pool).
+// installed, never part of hvdmx). It holds no code of the core's: it links
+// the core library hvdmx/libhvdmx_core.so, as hvdmx._core does, so the
+// process has one core and one of each of its singletons (the job, the
+// output pool, the timeline), which both modules act on
+// (tests/test_core_ships_no_tests.py checks it). What a running job has
+// done is read from the product, with _core.stats().
 #include <pybind11/pybind11.h>
 
 #include "testing/testing_bindings.h"

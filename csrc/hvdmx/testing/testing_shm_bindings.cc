@@ -76,17 +76,17 @@ std::pair<int64_t, int64_t> TestingCollapseHugePages(const std::vector<py::array
 // Runs ShmAllreduce in one process, one thread per rank over plain memory:
 // calls[c][r] is rank r's list of arrays in call c, reduced in place as one
 // fused allreduce of their concatenation (ShmAllreduce::Span), calls in order,
-// each result multiplied by `postscale` inside the allreduce (a half dtype's
-// operands by `prescale` too).
+// each result multiplied by `scale.post` inside the allreduce (a half dtype's
+// operands by `scale.pre` too).
 // With hosts > 1, runs of size/hosts consecutive ranks are hosts, each with
 // its own memory, and the ring over LocalComm joins them (hierarchical).
 // `stores` (0 auto, 1 cached, 2 streaming) sets every rank's StageStores;
 // returns the calls each rank streamed.
 std::vector<int64_t> TestingShmAllreduce(std::vector<std::vector<std::vector<py::array>>> calls,
                                          int dtype, int op, int64_t chunk_bytes, int hosts,
-                                         double postscale,
+                                         Scale scale,
                                          std::vector<std::vector<std::vector<py::array>>> outputs,
-                                         int stores, double prescale) {
+                                         int stores) {
   DataType t = CheckedType(dtype);
   const StageStores stage_stores = CheckedStores(stores);
   if (calls.empty()) return {};
@@ -137,7 +137,7 @@ std::vector<int64_t> TestingShmAllreduce(std::vector<std::vector<std::vector<py:
       ShmHost shm(l, local, host_memory[h].regions, chunk_bytes, host_memory[h].memory, cross, -1,
                   stage_stores);
       for (size_t c = 0; c < calls.size(); ++c) {
-        shm.allreduce().Allreduce(spans[c][r], t, static_cast<ReduceOp>(op), postscale, prescale);
+        shm.allreduce().Allreduce(spans[c][r], t, static_cast<ReduceOp>(op), scale);
       }
       streamed[r] = shm.stats().streamed_calls;
     });
@@ -388,10 +388,18 @@ void DefineTestingShmBindings(py::module_& m) {
         py::arg("kind"));
   m.def("shm_control_comm", &TestingShmControlComm, py::arg("size"), py::arg("steps"));
   m.attr("SHM_MAX_PAYLOAD_BYTES") = ShmControl::kMaxPayloadBytes;
-  m.def("shm_allreduce", &TestingShmAllreduce, py::arg("calls"), py::arg("dtype"), py::arg("op"),
-        py::arg("chunk_bytes"), py::arg("hosts") = 1, py::arg("postscale") = 1.0,
-        py::arg("outputs") = std::vector<std::vector<std::vector<py::array>>>{},
-        py::arg("stores") = 0, py::arg("prescale") = 1.0);
+  m.def(
+      "shm_allreduce",
+      [](std::vector<std::vector<std::vector<py::array>>> calls, int dtype, int op,
+         int64_t chunk_bytes, int hosts, double prescale, double postscale,
+         std::vector<std::vector<std::vector<py::array>>> outputs, int stores) {
+        return TestingShmAllreduce(std::move(calls), dtype, op, chunk_bytes, hosts,
+                                   Scale{prescale, postscale}, std::move(outputs), stores);
+      },
+      py::arg("calls"), py::arg("dtype"), py::arg("op"), py::arg("chunk_bytes"), py::kw_only(),
+      py::arg("hosts") = 1, py::arg("prescale") = 1.0, py::arg("postscale") = 1.0,
+      py::arg("outputs") = std::vector<std::vector<std::vector<py::array>>>{},
+      py::arg("stores") = 0);
   m.def("shm_sequence", &TestingShmSequence, py::arg("calls"), py::arg("chunk_bytes"),
         py::arg("direct_min_bytes") = -1, py::arg("stores") = 0,
         py::arg("push") = std::vector<bool>{});
