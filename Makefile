@@ -1,5 +1,5 @@
 # hvdmx developer targets. `make demo` and `make test` work on a fresh clone with
-# only python3 and a C++17 compiler: they create (or reuse) .venv, install hvdmx
+# only python3, a C++17 compiler and OpenSSL's headers: they create (or reuse) .venv, install hvdmx
 # into it in editable mode, build the extension, then run.
 
 PYTHON ?= python3
