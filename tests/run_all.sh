@@ -58,11 +58,33 @@ finish_run() {
   fi
 }
 
-echo "== single process: pytest tests (without tests/parallel)"
+# The single-process tests run as two pytest processes at once, because
+# most of their time is spent starting processes (MPI jobs, MXNet imports,
+# test hosts) rather than computing, and one of them alone keeps about one of
+# the two cores busy. Shard "a" holds the files that make test hosts (which
+# must not overlap) or whose jobs are the longest, balanced by the times of a
+# whole run; "b" everything else, so a new file lands there. Shard b's output
+# is printed when it ends.
+shard_a=(tests/test_many_hosts.py tests/test_testhosts.py tests/test_tcp_transport.py
+  tests/test_process_exit.py tests/test_launcher_mismatch.py tests/test_timeline.py
+  tests/test_tcp_comm.py tests/test_shm_process_exit.py tests/test_one_mpi.py
+  tests/test_horovod_programs.py tests/test_as_horovod.py)
+ignore_a=()
+for file in "${shard_a[@]}"; do ignore_a+=(--ignore="$file"); done
+echo "== single process: pytest tests (without tests/parallel), two shards at once"
 started=$SECONDS
 timeout -k 10 "$run_timeout" "$PYTHON" -m pytest -q --timeout="$test_timeout" \
-  --ignore=tests/parallel --junitxml="$logs/serial.rank0.xml" tests
-finish_run serial 1 $?
+  -p no:cacheprovider --ignore=tests/parallel "${ignore_a[@]}" --junitxml="$logs/serial-b.rank0.xml" tests \
+  >"$logs/serial-b.log" 2>&1 &
+shard_b=$!
+timeout -k 10 "$run_timeout" "$PYTHON" -m pytest -q --timeout="$test_timeout" \
+  -p no:cacheprovider --junitxml="$logs/serial-a.rank0.xml" "${shard_a[@]}"
+finish_run serial-a 1 $?
+wait "$shard_b"
+rc=$?
+echo "== single process, shard b (the other files)"
+cat "$logs/serial-b.log"
+finish_run serial-b 1 "$rc"
 
 for n in "${rank_counts[@]}"; do
   echo "== mpiexec -n $n: pytest tests/parallel"

@@ -53,6 +53,9 @@ if [[ $runtime != /* || $libstdcxx != /* ]]; then
 fi
 
 work=$(mktemp -d "${TMPDIR:-/tmp}/hvdmx-$mode.XXXXXX")
+# mktemp makes it 0700; the scratch copy must be readable by the unprivileged
+# user that tests/test_testhosts.py runs the harness as.
+chmod 755 "$work"
 src=$work/src
 reports=$work/reports
 mkdir -p "$src" "$reports"

@@ -89,11 +89,15 @@ def test_run_all_counts_a_run_that_collects_nothing_as_failed(tmp_path):
     mpiexec.write_text('#!/bin/sh\nshift 2\nexec "$@"\n')  # drops "-n N"
     for program in (python, mpiexec):
         program.chmod(0o755)
+    # TMPDIR: the logs a failed run keeps stay in this test's directory.
     result = subprocess.run(["bash", os.path.join(ROOT, "tests", "run_all.sh")],
                             env=dict(ENV, PYTHON=str(python), MPIEXEC=str(mpiexec),
-                                     HVDMX_TEST_RANKS="2"),
+                                     HVDMX_TEST_RANKS="2", TMPDIR=str(tmp_path)),
                             capture_output=True, text=True, timeout=60)
     assert result.returncode == 1, (result.stdout, result.stderr)
-    assert "serial: 0 passed, 1 failed, 0 skipped; exit 5 (no tests collected)" in result.stdout
+    # The single-process tests run as two shards, each counted.
+    for shard in ("serial-a", "serial-b"):
+        assert f"{shard}: 0 passed, 1 failed, 0 skipped; exit 5 (no tests collected)" \
+            in result.stdout, result.stdout
     assert "n2: 0 passed, 1 failed, 0 skipped; exit 5 (no tests collected)" in result.stdout
-    assert result.stdout.splitlines()[-1] == "0 passed, 2 failed"
+    assert result.stdout.splitlines()[-1] == "0 passed, 3 failed"
