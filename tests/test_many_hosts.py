@@ -412,17 +412,20 @@ LINK_DELAY = {"HVDMX_TESTING_LINK_DELAY_SECONDS": "2"}
 
 
 @pytest.mark.parametrize("mode, count", [("silent", 100), ("garbage", 20), ("forged", 20)])
-def test_strangers_from_another_host_cannot_stall_or_join_a_job(th, mode, count):
+def test_strangers_from_another_host_cannot_stall_or_join_a_job(th, mode, count, tmp_path):
     """A job on hosts 1 and 2 while host 3 holds `count` connections to each of
     the ranks' listening ports (those of the negotiation's comm and then the
     collectives'), sending nothing, garbage, or a forged hello: every rank gets
     the right sum, and the job ends."""
-    proc = subprocess.Popen(th.mpiexec([1, 1], [PYTHON, "-c", FIRST_COLLECTIVE]), cwd=REPO,
-                            env=th.env(dict(ENV, **LINK_DELAY)), stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True, stdin=subprocess.DEVNULL)
+    # stderr apart: MXNet's and hvdmx's log lines would split the ranks' lines.
+    err = tmp_path / "stderr"
+    with open(err, "w") as err_file:
+        proc = subprocess.Popen(th.mpiexec([1, 1], [PYTHON, "-c", FIRST_COLLECTIVE]), cwd=REPO,
+                                env=th.env(dict(ENV, **LINK_DELAY)), stdout=subprocess.PIPE,
+                                stderr=err_file, text=True, stdin=subprocess.DEVNULL)
     attacks = strangers.attack_each_comm(th, proc, mode, count, hold=5)
     code, out = finish(th, proc)
-    assert code == 0, out[-3000:]
+    assert code == 0, out[-3000:] + err.read_text()[-3000:]
     lines = sorted(line for line in out.splitlines() if line.startswith("rank "))
     assert [line.split()[:4] for line in lines] == [["rank", "0", "ok", "True"],
                                                     ["rank", "1", "ok", "True"]], out[-3000:]
@@ -430,7 +433,7 @@ def test_strangers_from_another_host_cannot_stall_or_join_a_job(th, mode, count)
     assert len(attacks) == 2 and strangers.held(attacks) > 0
 
 
-def test_a_rank_of_another_job_is_refused_on_every_rank(th):
+def test_a_rank_of_another_job_is_refused_on_every_rank(th, tmp_path):
     """Two ranks on two hosts with different keys (one of them, say, started for
     another job): both fail in hvd.init() naming the other, and the job ends."""
     script = ("import sys, hvdmx\ntry:\n    hvdmx.init()\n    sys.stdout.write('joined\\n')\n"
@@ -439,11 +442,13 @@ def test_a_rank_of_another_job_is_refused_on_every_rank(th):
     argv = [mpiexec, *th.mpi_args(), "-hosts", th.host_list([1, 1]),
             "-n", "1", "-env", "HVDMX_SECRET_KEY", "a1" * 32, PYTHON, "-c", script, ":",
             "-n", "1", "-env", "HVDMX_SECRET_KEY", "b2" * 32, PYTHON, "-c", script]
-    proc = subprocess.Popen(th.command(th.hosts[0], argv), cwd=REPO, env=th.env(ENV),
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            stdin=subprocess.DEVNULL)
+    err = tmp_path / "stderr"  # apart, so that log lines cannot split the ranks' lines
+    with open(err, "w") as err_file:
+        proc = subprocess.Popen(th.command(th.hosts[0], argv), cwd=REPO, env=th.env(ENV),
+                                stdout=subprocess.PIPE, stderr=err_file, text=True,
+                                stdin=subprocess.DEVNULL)
     code, out = finish(th, proc)
     lines = [line for line in out.splitlines() if "secret key" in line]
-    assert len(lines) == 2 and "joined" not in out, out[-3000:]
+    assert len(lines) == 2 and "joined" not in out, out[-3000:] + err.read_text()[-3000:]
     assert any(f"(host {th.hosts[1]}" in line for line in lines), lines
     assert any(f"(host {th.hosts[0]}" in line for line in lines), lines
