@@ -118,8 +118,10 @@ x = mx.nd.array(np.arange(n, dtype=np.float32) % 1000 + hvd.rank())
 out = hvd.allreduce(x, op=hvd.Sum, name="big").asnumpy()
 want = (np.arange(n) % 1000) * hvd.size() + sum(range(hvd.size()))
 local = MPI.COMM_WORLD.Split_type(MPI.COMM_TYPE_SHARED)
+negotiation = hvd._core.stats()["negotiation"]
 row = ["rank", hvd.rank(), socket.gethostname(), hvd.local_rank(), hvd.local_size(),
-       hvd.cross_rank(), hvd.cross_size(), local.Get_size(), np.array_equal(out, want)]
+       hvd.cross_rank(), hvd.cross_size(), local.Get_size(), np.array_equal(out, want),
+       negotiation["scheme"].replace(" ", "-"), negotiation["network_messages"] > 0]
 rows = MPI.COMM_WORLD.gather(" ".join(map(str, row)))
 if hvd.rank() == 0:
     print("\\n".join(rows), flush=True)
@@ -131,6 +133,9 @@ def test_topology_and_bytes_on_the_wire(th, per_host):
     # hvdmx's local/cross ranks follow the hosts (MPI's shared-memory split
     # agrees), and a 16 MiB allreduce moves at least its size out of and into
     # every host over the host's link: nothing went through shared memory.
+    # Negotiation: through one leader a host (local rank 0, the only one whose
+    # negotiation sends messages) where hosts have several ranks, rank to rank
+    # where they have one.
     count = 4 << 20
     before = {h: th.counters(h) for h in th.hosts}
     code, out, err = run_job(th, [PYTHON, "-c", TOPOLOGY, str(count)], per_host)
@@ -139,8 +144,10 @@ def test_topology_and_bytes_on_the_wire(th, per_host):
     expected, rank = [], 0
     for h, n in enumerate(per_host):
         for local_rank in range(n):
+            scheme = "host-tree" if n > 1 else "direct"
             expected.append([str(rank), th.hosts[h], str(local_rank), str(n), str(h),
-                             str(len(per_host)), str(n), "True"])
+                             str(len(per_host)), str(n), "True", scheme,
+                             str(n == 1 or local_rank == 0)])
             rank += 1
     assert sorted(rows, key=lambda r: int(r[0])) == expected
     for h in th.hosts[:len(per_host)]:

@@ -1,8 +1,9 @@
 """TcpComm (csrc/hvdmx/comm/tcp_comm.h) in one process: threads as ranks over real
 sockets on this host, 1 to 7 ranks, every collective of the Comm interface from every
-root, the bit-and both ways (rank to rank, and through rank 0 beyond
+root, the bit-and both ways (rank to rank, and by recursive doubling beyond
 direct_bit_and_ranks), the exchange and ring allreduces over it (checked as
-tests/comm_checks.py says, as for LocalComm), and a peer that goes away."""
+tests/comm_checks.py says, as for LocalComm); a comm that only negotiates links only
+with its negotiation peers; and a peer that goes away."""
 import pytest
 
 import _hvdmx_testing
@@ -17,9 +18,20 @@ def test_every_collective_from_every_root(n, direct):
     count = 37
     results = _hvdmx_testing.tcp_collectives(n, direct_bit_and_ranks=direct, count=count,
                                              segment_bytes=12)
-    check_collectives(results, n, count)
+    check_collectives(results, n, count, direct)
     # Connections are made at init, one per pair.
     assert [got["connections"] for got in results] == [n - 1] * n
+
+
+@pytest.mark.parametrize("n", [6, 9])
+def test_a_negotiating_comm_links_only_with_its_peers(n):
+    results = _hvdmx_testing.tcp_negotiation(n, direct_bit_and_ranks=1)
+    assert [got["error"] for got in results] == [""] * n
+    for r, got in enumerate(results):
+        assert got["linked"] == _hvdmx_testing.negotiation_peers(r, n, 1), r
+        assert got["gathered"] == ([f"from {j}" for j in range(n)] if r == 0 else [])
+        assert got["string"] == "from rank 0"
+        assert got["and"] == ((1 << 64) - 1) & ~((1 << n) - 1)
 
 
 @pytest.mark.parametrize("n", [2, 3])

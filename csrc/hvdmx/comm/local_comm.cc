@@ -34,6 +34,7 @@ bool LocalWorld::TryTake(int src, int dst, std::string* out) {
 
 Comm::Request LocalComm::ISend(const void* buf, int64_t bytes, int peer) {
   world_->Post(rank_, peer, std::string(static_cast<const char*>(buf), bytes));
+  CountSent(bytes);
   return next_request_++;
 }
 
@@ -79,6 +80,7 @@ void LocalComm::Deliver(PendingRecv* recv, std::string message) {
     if (got > 0) std::memcpy(recv->buf, message.data(), message.size());
   }
   recv->done = true;
+  CountReceived(got);
 }
 
 bool LocalComm::Progress(Request request, bool block) {

@@ -42,7 +42,7 @@ class LocalWorld {
 class LocalComm : public P2PComm {
  public:
   // Bit-ands go from every rank to every other up to `direct_bit_and_ranks`
-  // ranks, through rank 0 beyond (as TcpOptions::direct_bit_and_ranks).
+  // ranks, by recursive doubling beyond (as TcpOptions::direct_bit_and_ranks).
   LocalComm(std::shared_ptr<LocalWorld> world, int rank,
             int direct_bit_and_ranks = kDirectBitAndRanks)
       : P2PComm(direct_bit_and_ranks), world_(std::move(world)), rank_(rank) {}

@@ -46,14 +46,19 @@ bool MpiOp(ReduceOp op, MPI_Op* out) {
 
 }  // namespace
 
-std::unique_ptr<Comm> CommOver(MPI_Comm comm, const Config& config, bool ranks_outnumber_cpus) {
+std::unique_ptr<Comm> CommOver(MPI_Comm comm, const Config& config, bool ranks_outnumber_cpus,
+                               bool for_negotiation) {
   if (config.transport != Transport::kTcp) return std::make_unique<MpiComm>(comm);
   int rank = 0, size = 1;
   MPI_Comm_rank(comm, &rank);
   MPI_Comm_size(comm, &size);
-  return std::make_unique<TcpComm>(
-      rank, size, TcpOptionsFor(config, ranks_outnumber_cpus),
-      [comm](const std::string& mine) { return MpiAllgatherStrings(comm, mine); });
+  TcpOptions options = TcpOptionsFor(config, ranks_outnumber_cpus);
+  if (for_negotiation) {
+    options.peers = P2PComm::NegotiationPeers(rank, size, options.direct_bit_and_ranks);
+  }
+  return std::make_unique<TcpComm>(rank, size, options, [comm](const std::string& mine) {
+    return MpiAllgatherStrings(comm, mine);
+  });
 }
 
 Status AgreeOnSecretKey(MPI_Comm comm, std::string* key) {

@@ -56,8 +56,11 @@ class MpiComm : public Comm {
 // A communicator over the ranks of `comm`: MPI's (a duplicate), or, when
 // config.transport is kTcp, a TcpComm whose addresses travel by one MPI
 // allgather over `comm`; `ranks_outnumber_cpus` sets its spin
-// (TcpOptionsFor). Collective over `comm`.
-std::unique_ptr<Comm> CommOver(MPI_Comm comm, const Config& config, bool ranks_outnumber_cpus);
+// (TcpOptionsFor). A comm that only negotiates (`for_negotiation`) links
+// only with the ranks P2PComm::NegotiationPeers names. Collective over
+// `comm`.
+std::unique_ptr<Comm> CommOver(MPI_Comm comm, const Config& config, bool ranks_outnumber_cpus,
+                               bool for_negotiation = false);
 
 // Makes sure every rank of `comm` holds a secret key for the job's TCP
 // connections (Config::secret_key): if no rank has one, rank 0 makes one

@@ -1,10 +1,14 @@
 // P2PComm's collectives (comm/p2p_comm.h), written once over any transport
 // that gives point-to-point messages: the binomial-tree broadcast (of
-// bytes, and of a string of any size), the gather to a root, and the
-// bit-and with its payload to rank 0. TcpComm runs them between hosts;
+// bytes, and of a string of any size), the tree gather to a root, and the
+// bit-and (rank to rank with its payload to rank 0, or by recursive
+// doubling). TcpComm runs them between hosts;
 // LocalComm runs them in the tests, one rank per thread.
+#include <algorithm>
 #include <cstring>
+#include <set>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "comm/p2p_comm.h"
@@ -67,112 +71,278 @@ void P2PComm::BcastString(std::string* data, int root) {
   WaitAll(sends, Waiting::kNegotiation);
 }
 
-std::vector<std::string> P2PComm::Gather(const std::string& mine, int root) {
-  // Every rank sends the root its string at once; the root takes them in
-  // whatever order they arrive.
-  std::vector<std::string> out;
-  if (rank() != root) {
-    WaitAll({ISend(mine.data(), static_cast<int64_t>(mine.size()), root)}, Waiting::kNegotiation);
-    return out;
+// Note [The tree gather]
+// ~~~~~~~~~~~~~~~~~~~~~~
+// A gather runs the broadcast's tree backwards: each rank receives the
+// records of its children's subtrees, appends them to its own and sends the
+// lot to its parent, so that the root receives ceil(log2 n) messages rather
+// than n - 1. A record is the rank (4 bytes), the length (8 bytes) and the
+// string. What a child sends is input: each record must lie within the
+// message and name a rank of that child's subtree, once; the child of
+// relative rank c, whose lowest set bit is m, holds the ranks c .. c+m-1.
+// Anything else fails the comm naming the child.
+namespace {
+constexpr size_t kRecordHeaderBytes = 12;
+}  // namespace
+
+void AppendGatherRecord(int rank, const std::string& s, std::string* out) {
+  const uint32_t r = static_cast<uint32_t>(rank);
+  const uint64_t len = s.size();
+  out->append(reinterpret_cast<const char*>(&r), 4);
+  out->append(reinterpret_cast<const char*>(&len), 8);
+  out->append(s);
+}
+
+std::string ParseGatherRecords(const std::string& message,
+                               std::vector<std::pair<uint32_t, std::string>>* out) {
+  out->clear();
+  for (size_t at = 0; at < message.size();) {
+    if (message.size() - at < kRecordHeaderBytes) {
+      return "a gather whose last record is cut short (" + std::to_string(message.size() - at) +
+             " bytes)";
+    }
+    uint32_t r = 0;
+    uint64_t len = 0;
+    std::memcpy(&r, message.data() + at, 4);
+    std::memcpy(&len, message.data() + at + 4, 8);
+    at += kRecordHeaderBytes;
+    if (len > message.size() - at) {
+      return "a gather record of " + std::to_string(len) + " bytes where " +
+             std::to_string(message.size() - at) + " remain in its message";
+    }
+    out->emplace_back(r, message.substr(at, len));
+    at += len;
   }
-  out.resize(size());
-  out[root] = mine;
+  return "";
+}
+
+std::vector<std::string> P2PComm::Gather(const std::string& mine, int root) {
+  // See Note [The tree gather].
+  const int n = size();
+  std::vector<int> children;
+  const int parent = TreeLinks(rank(), n, root, &children);
+  std::vector<std::string> in(children.size());
   std::vector<Request> recvs;
-  for (int j = 0; j < size(); ++j) {
-    if (j != root) recvs.push_back(IRecvAny(&out[j], j, kMaxMessageBytes));
+  for (size_t i = 0; i < children.size(); ++i) {
+    recvs.push_back(IRecvAny(&in[i], children[i], kMaxMessageBytes));
   }
   WaitAll(recvs, Waiting::kNegotiation);
+  std::vector<std::string> out(rank() == root ? n : 0);
+  std::vector<bool> seen(n, false);
+  std::string up;
+  if (rank() == root) {
+    out[root] = mine;
+  } else {
+    AppendGatherRecord(rank(), mine, &up);
+  }
+  for (size_t i = 0; i < children.size(); ++i) {
+    const int child = children[i];
+    const int c = (child - root + n) % n;
+    const int span = std::min(c & -c, n - c);  // the child's subtree: c .. c+span-1
+    std::vector<std::pair<uint32_t, std::string>> records;
+    const std::string why = ParseGatherRecords(in[i], &records);
+    if (!why.empty()) FailProtocol(child, why);
+    for (const auto& record : records) {
+      const uint32_t r = record.first;
+      const int v = r < static_cast<uint32_t>(n) ? (static_cast<int>(r) - root + n) % n : -1;
+      if (v < c || v >= c + span || seen[r]) {
+        FailProtocol(child, "a gather record for rank " + std::to_string(r) +
+                                ", which is not of its subtree or came twice");
+      }
+      seen[r] = true;
+      if (rank() == root) out[r] = record.second;
+    }
+    const int count = static_cast<int>(records.size());
+    if (count != span) {
+      FailProtocol(child, "a gather of " + std::to_string(count) +
+                              " records where its subtree has " + std::to_string(span) + " ranks");
+    }
+    if (rank() != root) up += in[i];
+  }
+  if (parent >= 0) {
+    WaitAll({ISend(up.data(), static_cast<int64_t>(up.size()), parent)}, Waiting::kNegotiation);
+  }
   return out;
 }
 
 // Note [The bit-and over point-to-point]
 // ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
-// Up to P2PComm::kDirectBitAndRanks ranks (16; TcpOptions::direct_bit_and_ranks and
+// Up to P2PComm::kDirectBitAndRanks ranks (4; TcpOptions::direct_bit_and_ranks and
 // LocalComm's constructor may set another number), every rank sends its
 // words to every other at once, rank 0's copy followed by its payload, and
 // each ANDs what it receives: a round costs one message's latency, and
 // rank 0 has every rank's requests with it (Note [Requests with the
-// bit-and] in negotiation/controller.h). Beyond, each rank sends rank 0 its
-// words and payload and rank 0 sends the AND back down (two latencies,
-// 2(n-1) messages in all rather than n(n-1)). AND does not depend on the
-// order, so every rank gets the same words. A send may still be on its way
-// when TestBitAnd returns true; the next bit-and waits for it before
-// reusing its buffer, and a pair's messages keep their order, so it arrives
-// before anything sent later.
+// bit-and] in negotiation/controller.h). That is 2(n-1) messages a rank,
+// which beyond a few ranks costs more than it saves; so beyond, the ranks
+// AND by recursive doubling and carry no payload. With p the largest power
+// of two <= n, rank v >= p first hands its words to v - p and later gets
+// the result from it; the ranks below p then exchange with v XOR 1, v XOR
+// 2, ..., v XOR p/2, ANDing each time, and those below n - p send the
+// result on to v + p. A round costs log2(p) latencies (2 more when n is not
+// a power of two) and no rank sends or receives more than log2(p) + 1
+// messages each way. Every message carries one word more, the hops: the
+// longest chain of messages behind it, so that each rank knows the
+// latencies on its critical path (last_bit_and_hops). AND does not depend
+// on the order, so every rank gets the same words. A send may still be on
+// its way when TestBitAnd returns true; the next bit-and waits for it
+// before reusing its buffer, and a pair's messages keep their order, so it
+// arrives before anything sent later.
 //
 // What a rank receives is checked before it is used: a message longer than
-// the words (and, at rank 0, the largest payload) fails in the transport's
-// IRecvAny, one shorter than the words here; either fails the comm with
-// PeerProtocolError naming the peer, never reading past what arrived.
-bool P2PComm::BitAndLinks(int peer) const {
-  const bool direct = size() <= direct_bit_and_ranks_;
-  return peer != rank() && (direct || rank() == 0 || peer == 0);
+// expected (the words and hops, and at rank 0 when direct the largest
+// payload) fails in the transport's IRecvAny, one shorter here; either
+// fails the comm with PeerProtocolError naming the peer, never reading
+// past what arrived.
+namespace {
+
+// The doubling schedule of rank v of n (Note [The bit-and over
+// point-to-point]), as (to, from) pairs; -1: none.
+std::vector<std::pair<int, int>> DoublingSchedule(int v, int n) {
+  int p = 1;
+  while (p * 2 <= n) p *= 2;
+  std::vector<std::pair<int, int>> steps;
+  if (v >= p) {
+    steps.push_back({v - p, -1});
+    steps.push_back({-1, v - p});
+    return steps;
+  }
+  if (v < n - p) steps.push_back({-1, v + p});
+  for (int mask = 1; mask < p; mask <<= 1) steps.push_back({v ^ mask, v ^ mask});
+  if (v < n - p) steps.push_back({v + p, -1});
+  return steps;
+}
+
+}  // namespace
+
+std::vector<int> P2PComm::NegotiationPeers(int rank, int size, int direct_bit_and_ranks) {
+  std::set<int> peers;
+  if (size <= direct_bit_and_ranks) {
+    for (int j = 0; j < size; ++j) peers.insert(j);
+  } else {
+    std::vector<int> children;
+    const int parent = TreeLinks(rank, size, 0, &children);
+    if (parent >= 0) peers.insert(parent);
+    peers.insert(children.begin(), children.end());
+    for (const auto& step : DoublingSchedule(rank, size)) {
+      peers.insert(step.first);
+      peers.insert(step.second);
+    }
+  }
+  peers.erase(-1);
+  peers.erase(rank);
+  return std::vector<int>(peers.begin(), peers.end());
 }
 
 void P2PComm::StartBitAndWithPayload(uint64_t* words, int n, const std::string& payload) {
   HVDMX_CHECK(!bit_and_active_, "a bit-and is already outstanding");
-  HVDMX_CHECK(static_cast<int64_t>(payload.size()) <= kMaxPayloadBytes, "bit-and payload too big");
+  HVDMX_CHECK(static_cast<int64_t>(payload.size()) <= BitAndPayloadCapacity(),
+              "bit-and payload too big");
   WaitAll(bit_sends_, Waiting::kTransfer);
   bit_sends_.clear();
   bit_and_active_ = true;
   bit_words_ = words;
   bit_n_ = n;
+  bit_direct_ = size() <= direct_bit_and_ranks_;
+  bit_requests_.clear();
+  bit_out_.clear();
+  bit_in_.clear();
+  bit_from_.clear();
   const size_t word_bytes = static_cast<size_t>(n) * 8;
-  const bool direct = size() <= direct_bit_and_ranks_;
-  bit_mine_.assign(reinterpret_cast<const char*>(words), word_bytes);
-  bit_up_ = bit_mine_ + payload;
+  if (!bit_direct_) {
+    bit_hops_ = 0;
+    bit_steps_.clear();
+    for (const auto& step : DoublingSchedule(rank(), size())) {
+      bit_steps_.push_back(BitAndStep{step.first, step.second});
+    }
+    bit_step_ = 0;
+    PostBitAndStep();
+    return;
+  }
+  bit_hops_ = size() > 1 ? 1 : 0;
+  const std::string mine(reinterpret_cast<const char*>(words), word_bytes);
   payloads_.assign(rank() == 0 ? size() : 0, std::string());
   if (rank() == 0) payloads_[0] = payload;
-  bit_in_.assign(size(), std::string());
-  bit_requests_.clear();
+  bit_out_.push_back(mine);
+  bit_out_.push_back(mine + payload);  // rank 0's copy
+  bit_in_.resize(size());
   for (int j = 0; j < size(); ++j) {
-    if (!BitAndLinks(j)) continue;
-    // Rank 0 sends first only when direct; beyond, it sends the AND later.
-    if (direct || rank() != 0) {
-      const std::string& out = j == 0 ? bit_up_ : bit_mine_;
-      bit_sends_.push_back(ISend(out.data(), static_cast<int64_t>(out.size()), j));
-    }
+    if (j == rank()) continue;
+    const std::string& out = bit_out_[j == 0 ? 1 : 0];
+    bit_sends_.push_back(ISend(out.data(), static_cast<int64_t>(out.size()), j));
     // Only rank 0 is sent payloads.
     const int64_t most = static_cast<int64_t>(word_bytes) + (rank() == 0 ? kMaxPayloadBytes : 0);
     bit_requests_.push_back(IRecvAny(&bit_in_[j], j, most));
+    bit_from_.push_back(j);
+  }
+}
+
+void P2PComm::PostBitAndStep() {
+  const BitAndStep& step = bit_steps_[bit_step_];
+  if (step.to >= 0) {
+    std::string out(reinterpret_cast<const char*>(bit_words_), static_cast<size_t>(bit_n_) * 8);
+    const uint64_t hops = static_cast<uint64_t>(bit_hops_);
+    out.append(reinterpret_cast<const char*>(&hops), 8);
+    bit_out_.push_back(std::move(out));
+    bit_sends_.push_back(
+        ISend(bit_out_.back().data(), static_cast<int64_t>(bit_out_.back().size()), step.to));
+  }
+  if (step.from >= 0) {
+    bit_in_.emplace_back();
+    bit_requests_.push_back(
+        IRecvAny(&bit_in_.back(), step.from, static_cast<int64_t>(bit_n_ + 1) * 8));
+    bit_from_.push_back(step.from);
+  }
+}
+
+void P2PComm::AndIn(int peer, const std::string& message) {
+  const size_t word_bytes = static_cast<size_t>(bit_n_) * 8 + (bit_direct_ ? 0 : 8);
+  if (message.size() < word_bytes) {
+    FailProtocol(peer, "a bit-and of " + std::to_string(message.size()) + " bytes where " +
+                           std::to_string(word_bytes) +
+                           " were expected (do the ranks' HVDMX_CACHE_CAPACITY differ?)");
+  }
+  for (int w = 0; w < bit_n_; ++w) {
+    uint64_t theirs;
+    std::memcpy(&theirs, message.data() + size_t{8} * w, 8);
+    bit_words_[w] &= theirs;
+  }
+  if (!bit_direct_) {
+    uint64_t hops = 0;
+    std::memcpy(&hops, message.data() + size_t{8} * bit_n_, 8);
+    if (hops >= static_cast<uint64_t>(size())) {
+      FailProtocol(peer, "a bit-and that says it took " + std::to_string(hops) + " hops among " +
+                             std::to_string(size()) + " ranks");
+    }
+    bit_hops_ = std::max(bit_hops_, static_cast<int>(hops) + 1);
+  } else if (rank() == 0) {
+    payloads_[peer] = message.substr(word_bytes);
   }
 }
 
 bool P2PComm::TestBitAnd() {
   HVDMX_CHECK(bit_and_active_, "no bit-and is outstanding");
-  for (Request r : bit_requests_) {
-    if (!Test(r)) return false;
+  for (;;) {
+    for (Request r : bit_requests_) {
+      if (!Test(r)) return false;
+    }
+    WaitAll(bit_requests_, Waiting::kTransfer);  // all done: releases them
+    bit_requests_.clear();
+    for (size_t i = 0; i < bit_from_.size(); ++i) {
+      const int from = bit_from_[i];
+      AndIn(from, bit_direct_ ? bit_in_[from] : bit_in_[i]);
+    }
+    bit_from_.clear();
+    bit_in_.clear();
+    if (bit_direct_ || ++bit_step_ == bit_steps_.size()) break;
+    PostBitAndStep();
   }
-  WaitAll(bit_requests_, Waiting::kTransfer);  // all done: releases them
-  bit_requests_.clear();
   bit_and_active_ = false;
-  const size_t word_bytes = static_cast<size_t>(bit_n_) * 8;
-  for (int j = 0; j < size(); ++j) {
-    if (!BitAndLinks(j)) continue;
-    if (bit_in_[j].size() < word_bytes) {
-      FailProtocol(j, "a bit-and of " + std::to_string(bit_in_[j].size()) + " bytes where " +
-                          std::to_string(word_bytes) +
-                          " were expected (do the ranks' HVDMX_CACHE_CAPACITY differ?)");
-    }
-    for (int w = 0; w < bit_n_; ++w) {
-      uint64_t theirs;
-      std::memcpy(&theirs, bit_in_[j].data() + size_t{8} * w, 8);
-      bit_words_[w] &= theirs;
-    }
-    if (rank() == 0) payloads_[j] = bit_in_[j].substr(word_bytes);
-  }
-  if (rank() == 0 && size() > direct_bit_and_ranks_) {
-    // The AND goes back down (rank 0 waited for every rank's words).
-    bit_mine_.assign(reinterpret_cast<const char*>(bit_words_), word_bytes);
-    for (int j = 1; j < size(); ++j) {
-      bit_sends_.push_back(ISend(bit_mine_.data(), static_cast<int64_t>(word_bytes), j));
-    }
-  }
   return true;
 }
 
 std::string P2PComm::BitAndPayload(int rank) const {
-  HVDMX_CHECK(this->rank() == 0 && rank >= 0 && rank < size(), "bit-and payloads are rank 0's");
+  HVDMX_CHECK(this->rank() == 0 && rank >= 0 && rank < size() && bit_direct_,
+              "bit-and payloads are rank 0's, and travel only while bit-ands are direct");
   return payloads_[rank];
 }
 

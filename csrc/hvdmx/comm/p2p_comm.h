@@ -10,8 +10,11 @@
 #ifndef HVDMX_P2P_COMM_H_
 #define HVDMX_P2P_COMM_H_
 
+#include <atomic>
 #include <cstdint>
+#include <deque>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "comm/comm.h"
@@ -27,12 +30,30 @@ class PeerProtocolError : public PeerGone {
   using PeerGone::PeerGone;
 };
 
+// What a comm has sent and received so far (messages and their bytes,
+// frames' headers not counted): the scale harness reads it before and
+// after a round.
+struct Traffic {
+  int64_t sent_messages = 0;
+  int64_t sent_bytes = 0;
+  int64_t received_messages = 0;
+  int64_t received_bytes = 0;
+};
+
+// A gather's messages are lists of records, a rank and its string (Note
+// [The tree gather] in comm/p2p_collectives.cc). ParseGatherRecords reads
+// one, which came from a peer: it returns "" with the records in *out, or
+// what is wrong with it (a record cut short, or longer than what remains).
+void AppendGatherRecord(int rank, const std::string& s, std::string* out);
+std::string ParseGatherRecords(const std::string& message,
+                               std::vector<std::pair<uint32_t, std::string>>* out);
+
 class P2PComm : public Comm {
  public:
   // Up to this many ranks a bit-and goes from every rank to every other;
-  // beyond, through rank 0 (Note [The bit-and over point-to-point] in
-  // comm/p2p_collectives.cc).
-  static constexpr int kDirectBitAndRanks = 16;
+  // beyond, by recursive doubling (Note [The bit-and over point-to-point]
+  // in comm/p2p_collectives.cc).
+  static constexpr int kDirectBitAndRanks = 4;
   // The most a bit-and's payload may hold.
   static constexpr int64_t kMaxPayloadBytes = int64_t{64} << 20;
 
@@ -55,30 +76,82 @@ class P2PComm : public Comm {
   [[noreturn]] virtual void FailProtocol(int peer, const std::string& what) = 0;
 
   // The collectives, written once over the above (comm/p2p_collectives.cc).
+  // Bcast, BcastString and Gather go along the binomial tree from or to
+  // their root (Note [The binomial tree]).
   void Bcast(void* buf, int64_t bytes, int root) final;
   std::vector<std::string> Gather(const std::string& mine, int root) final;
   void BcastString(std::string* data, int root) final;
   void StartBitAnd(uint64_t* words, int n) final { StartBitAndWithPayload(words, n, ""); }
   bool TestBitAnd() final;
-  int64_t BitAndPayloadCapacity() const final { return kMaxPayloadBytes; }
+  // Payloads travel only while bit-ands go from every rank to every other.
+  int64_t BitAndPayloadCapacity() const final {
+    return size() <= direct_bit_and_ranks_ ? kMaxPayloadBytes : 0;
+  }
   void StartBitAndWithPayload(uint64_t* words, int n, const std::string& payload) final;
   std::string BitAndPayload(int rank) const final;
 
+  // The network latencies on the critical path of the last bit-and: the
+  // longest chain of messages, each sent after the one before it arrived,
+  // that ends at this rank (1 when direct, about log2(n) by doubling).
+  int last_bit_and_hops() const { return bit_hops_; }
+  // Any thread may call it.
+  Traffic traffic() const {
+    Traffic t;
+    t.sent_messages = sent_messages_.load(std::memory_order_relaxed);
+    t.sent_bytes = sent_bytes_.load(std::memory_order_relaxed);
+    t.received_messages = received_messages_.load(std::memory_order_relaxed);
+    t.received_bytes = received_bytes_.load(std::memory_order_relaxed);
+    return t;
+  }
+
+  // The ranks that `rank` of `size` exchanges messages with in the
+  // negotiation's collectives (bit-ands, and gathers and string broadcasts
+  // rooted at rank 0), in ascending order: every other rank while bit-ands
+  // are direct; beyond, its tree and doubling partners, O(log n) of them.
+  // Symmetric: j is in rank's list if and only if rank is in j's.
+  static std::vector<int> NegotiationPeers(int rank, int size, int direct_bit_and_ranks);
+
+ protected:
+  // What the transport counts as it moves messages.
+  void CountSent(int64_t bytes) {
+    sent_messages_.fetch_add(1, std::memory_order_relaxed);
+    sent_bytes_.fetch_add(bytes, std::memory_order_relaxed);
+  }
+  void CountReceived(int64_t bytes) {
+    received_messages_.fetch_add(1, std::memory_order_relaxed);
+    received_bytes_.fetch_add(bytes, std::memory_order_relaxed);
+  }
+
  private:
-  // Whether a bit-and exchanges words with `peer` (Note [The bit-and over
-  // point-to-point]).
-  bool BitAndLinks(int peer) const;
+  // One step of a bit-and: send this rank's words so far to `to`, and AND
+  // in what `from` sends (-1: none).
+  struct BitAndStep {
+    int to = -1;
+    int from = -1;
+  };
+  // Posts step bit_step_'s messages.
+  void PostBitAndStep();
+  // ANDs a received bit-and message from `peer` into the words.
+  void AndIn(int peer, const std::string& message);
 
   int direct_bit_and_ranks_;
+  std::atomic<int64_t> sent_messages_{0};
+  std::atomic<int64_t> sent_bytes_{0};
+  std::atomic<int64_t> received_messages_{0};
+  std::atomic<int64_t> received_bytes_{0};
   // The bit-and in flight.
   bool bit_and_active_ = false;
+  bool bit_direct_ = true;
   uint64_t* bit_words_ = nullptr;
   int bit_n_ = 0;
-  std::string bit_mine_;               // this rank's words (rank 0 beyond the direct size: the AND)
-  std::string bit_up_;                 // the words and payload, for rank 0
-  std::vector<std::string> bit_in_;    // what each rank sent
+  int bit_hops_ = 0;
+  std::vector<BitAndStep> bit_steps_;  // doubling: the schedule
+  size_t bit_step_ = 0;                // doubling: the step in flight
+  std::deque<std::string> bit_out_;    // what each send carries, kept until sent
+  std::vector<std::string> bit_in_;    // what each peer (direct) or step (doubling) sent
+  std::vector<int> bit_from_;          // whose message each bit_in_ is
   std::vector<std::string> payloads_;  // rank 0: each rank's payload
-  std::vector<Request> bit_requests_;  // the receives
+  std::vector<Request> bit_requests_;  // the receives in flight
   std::vector<Request> bit_sends_;     // the sends, waited at the next start
 };
 

@@ -82,6 +82,7 @@ TcpComm::Request TcpComm::ISend(const void* buf, int64_t bytes, int peer) {
   op.bytes = bytes;
   op.header = static_cast<uint64_t>(bytes);
   Request r = Post(op, peer);
+  CountSent(bytes);
   // Most messages fit the socket's buffer: send at once, sparing a poll.
   ProgressSends(peer);
   return r;
@@ -180,6 +181,7 @@ bool TcpComm::ProgressRecvs(int peer) {
       continue;
     }
     op.done = true;
+    CountReceived(op.bytes);
     p.recvs.pop_front();
   }
   return moved;

@@ -27,8 +27,9 @@
 // waits for: no spinning, no timer, and no CPU taken from the ranks that
 // are working.
 //
-// Links: one stream connection per pair of ranks, all made while the comm
-// is built, concurrently (tcp_links.cc): the lower rank connects, the
+// Links: one stream connection per pair of ranks that talk (every pair, or
+// those TcpOptions::peers names), all made while the comm is built,
+// concurrently (tcp_links.cc): the lower rank connects, the
 // higher accepts, and each proves to the other that it holds the job's key
 // before anything else is read (Note [Authenticating a connection] in
 // comm/tcp_handshake.h). A connection to the listening port that does not
@@ -86,9 +87,13 @@ struct TcpOptions {
   // tens of microseconds, sooner than a blocked thread is woken.
   int64_t spin_micros = 0;
   // Up to this many ranks, a bit-and goes from every rank to every other;
-  // beyond, through rank 0 (Note [The bit-and over point-to-point] in
-  // comm/p2p_collectives.cc).
+  // beyond, by recursive doubling (Note [The bit-and over point-to-point]
+  // in comm/p2p_collectives.cc).
   int direct_bit_and_ranks = P2PComm::kDirectBitAndRanks;
+  // The ranks to link with (the relation must be symmetric: every rank's
+  // list names the ranks whose lists name it); empty: every other rank. A
+  // comm that only negotiates links with P2PComm::NegotiationPeers.
+  std::vector<int> peers;
   // The job's secret key (kSecretKeyBytes), which every connection proves.
   std::string key;
   // Which build of the job's comms this is (Note [Authenticating a connection]).
@@ -122,9 +127,9 @@ class TcpComm : public P2PComm {
   using Exchange = std::function<std::vector<std::string>(const std::string&)>;
 
   // Collective: listens, exchanges addresses through `exchange`, and links
-  // to every other rank. Throws std::runtime_error saying why when it
-  // cannot listen, PeerGone naming the peer when a link cannot be made
-  // (gone, unreachable, or holding another key).
+  // to every other rank (or those options.peers names). Throws std::runtime_error saying why when
+  // it cannot listen, PeerGone naming the peer when a link cannot be made (gone, unreachable, or
+  // holding another key).
   TcpComm(int rank, int size, const TcpOptions& options, const Exchange& exchange);
   ~TcpComm() override;
   TcpComm(const TcpComm&) = delete;
@@ -150,6 +155,8 @@ class TcpComm : public P2PComm {
   // Connections made (for tests), and connections to the listening port
   // that were dropped because they did not prove the job's key.
   int connections() const;
+  // The ranks this rank is linked with, ascending.
+  std::vector<int> linked() const;
   int dropped_connections() const { return dropped_; }
 
  private:

@@ -106,6 +106,14 @@ int TcpComm::connections() const {
   return n;
 }
 
+std::vector<int> TcpComm::linked() const {
+  std::vector<int> out;
+  for (int peer = 0; peer < size_; ++peer) {
+    if (peers_[peer].socket.valid()) out.push_back(peer);
+  }
+  return out;
+}
+
 void TcpComm::Link() {
   const Clock::time_point start = Clock::now();
   const double limit = options_.give_up_seconds > 0 ? options_.give_up_seconds : kLinkSeconds;
@@ -114,7 +122,14 @@ void TcpComm::Link() {
   std::vector<Attempt> attempts;
   std::vector<Clock::time_point> retry_at(size_, Clock::time_point::max());
   std::set<std::string> dropped_from;
-  int missing = size_ - 1;
+  std::vector<bool> wanted(size_, options_.peers.empty());
+  for (int peer : options_.peers) {
+    HVDMX_CHECK(peer >= 0 && peer < size_ && peer != rank_,
+                "a TCP link to rank " + std::to_string(peer) + " of " + std::to_string(size_));
+    wanted[peer] = true;
+  }
+  wanted[rank_] = false;
+  int missing = static_cast<int>(std::count(wanted.begin(), wanted.end(), true));
 
   // Two ranks that hold different keys are not of one job.
   auto fail_key = [&](int peer, const std::string& what) {
@@ -151,7 +166,9 @@ void TcpComm::Link() {
     a.connecting = err != 0;
     attempts.push_back(std::move(a));
   };
-  for (int peer = rank_ + 1; peer < size_; ++peer) connect(peer);
+  for (int peer = rank_ + 1; peer < size_; ++peer) {
+    if (wanted[peer]) connect(peer);
+  }
 
   // Moves one attempt on; true when it is over (linked or dropped).
   auto advance = [&](Attempt& a) -> bool {
@@ -188,6 +205,11 @@ void TcpComm::Link() {
       h.Feed(buf, static_cast<size_t>(n));
       if (!a.outgoing && h.peer() >= 0 && peers_[h.peer()].socket.valid()) {
         drop(a, "it claims rank " + std::to_string(h.peer()) + ", which is linked already");
+        return true;
+      }
+      if (!a.outgoing && h.peer() >= 0 && !wanted[h.peer()]) {
+        drop(a,
+             "it claims rank " + std::to_string(h.peer()) + ", which this rank does not link with");
         return true;
       }
     }
@@ -249,7 +271,7 @@ void TcpComm::Link() {
       int first = 0;
       std::string who;
       for (int peer = 0; peer < size_; ++peer) {
-        if (peer == rank_ || peers_[peer].socket.valid()) continue;
+        if (!wanted[peer] || peers_[peer].socket.valid()) continue;
         if (who.empty()) first = peer;
         who += (who.empty() ? "" : ", ") + Describe(peer);
       }

@@ -26,6 +26,8 @@
 #include "python/bindings_support.h"
 #include "python/job.h"
 #include "runtime/runtime.h"
+#include "shm/host_tree_comm.h"
+#include "shm/shm_control_comm.h"
 #include "shm/shm_host.h"
 
 #ifndef HVDMX_MPI_VENDOR
@@ -280,6 +282,28 @@ void AddRuntimeStats(const Runtime& runtime, py::dict& d) {
   negotiation["gathered"] = runtime.controller().gathered();
   negotiation["strings_broadcast"] =
       runtime.shm() == nullptr ? -1 : runtime.shm()->stats().strings_broadcast;
+  // How rounds reach the other ranks, and the messages this rank has sent
+  // and received for them over the network (-1 where MPI carries them).
+  const Comm& control = runtime.control();
+  const P2PComm* network = nullptr;
+  std::string scheme = "mpi";
+  int64_t messages = -1;
+  if (const auto* tree = dynamic_cast<const HostTreeComm*>(&control)) {
+    scheme = "host tree";
+    network = tree->leaders();
+    messages = 0;
+  } else if (dynamic_cast<const ShmControlComm*>(&control) != nullptr) {
+    scheme = "shared memory";
+  } else if (const auto* p2p = dynamic_cast<const P2PComm*>(&control)) {
+    scheme = p2p->BitAndPayloadCapacity() > 0 ? "direct" : "doubling";
+    network = p2p;
+  }
+  if (network != nullptr) {
+    const Traffic traffic = network->traffic();
+    messages = traffic.sent_messages + traffic.received_messages;
+  }
+  negotiation["scheme"] = scheme;
+  negotiation["network_messages"] = messages;
   d["negotiation"] = negotiation;
   d["fusion_buffer_bytes"] = runtime.fusion_buffer_bytes();
   const HugePageCollapser& pages = runtime.mpi_pages();

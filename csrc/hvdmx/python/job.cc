@@ -9,6 +9,7 @@
 #include "comm/mpi_comm.h"
 #include "platform/cpu_binding.h"
 #include "platform/output_pool.h"
+#include "shm/host_tree_comm.h"
 #include "shm/shm_segment.h"
 
 namespace hvdmx {
@@ -110,13 +111,49 @@ bool UseTcp(MPI_Comm comm, Transport transport) {
   return HostRankCount(comm) < size;
 }
 
+// The negotiation's comm over `comm` (Note [Negotiation across hosts] in
+// shm/host_tree_comm.h): through shared memory and the hosts' leaders
+// where the hosts have the same number of ranks (`shm` is hierarchical),
+// else over every rank of `comm` alike. Collective over `comm`.
+std::unique_ptr<Comm> NegotiationComm(MPI_Comm comm, const Config& config, bool busy,
+                                      ShmHost* shm) {
+  int rank = 0, size = 1;
+  MPI_Comm_rank(comm, &rank);
+  MPI_Comm_size(comm, &size);
+  const bool across_hosts = config.transport == Transport::kTcp && HostRankCount(comm) < size;
+  const bool tree = across_hosts && shm != nullptr && shm->hierarchical() &&
+                    Controller::BitWords(config.cache_capacity) <= ShmControl::kMaxBitAndWords;
+  if (!tree) {
+    if (across_hosts && rank == 0) {
+      HVDMX_LOG(kInfo) << "negotiation: over all " << size
+                       << " ranks alike (by recursive doubling beyond "
+                       << P2PComm::kDirectBitAndRanks
+                       << "), not through one leader a host: that needs the same number of "
+                          "ranks, more than one, on every host, shared memory and "
+                          "HVDMX_HIERARCHICAL_ALLREDUCE not 0";
+    }
+    return CommOver(comm, config, busy, /*for_negotiation=*/true);
+  }
+  MPI_Comm leaders_mpi;
+  MPI_Comm_split(comm, shm->rank() == 0 ? 0 : MPI_UNDEFINED, rank, &leaders_mpi);
+  std::unique_ptr<P2PComm> leaders;
+  if (leaders_mpi != MPI_COMM_NULL) {
+    std::unique_ptr<Comm> made = CommOver(leaders_mpi, config, busy, /*for_negotiation=*/true);
+    MPI_Comm_free(&leaders_mpi);
+    leaders.reset(dynamic_cast<P2PComm*>(made.release()));
+    HVDMX_CHECK(leaders != nullptr, "the leaders' comm is a TCP comm");
+  }
+  return std::make_unique<HostTreeComm>(&shm->control(), shm->rank(), shm->size(),
+                                        std::move(leaders), rank, size);
+}
+
 // Collective over `comm`.
 std::shared_ptr<Runtime> StartRuntime(MPI_Comm comm) {
   Config config = G().config;
   config.transport = UseTcp(comm, config.transport) ? Transport::kTcp : Transport::kMpi;
   std::unique_ptr<ShmHost> shm = CreateNodeShm(comm, config);
   const bool busy = config.transport == Transport::kTcp && HostRanksOutnumberCpus(comm);
-  std::unique_ptr<Comm> control = CommOver(comm, config, busy);
+  std::unique_ptr<Comm> control = NegotiationComm(comm, config, busy, shm.get());
   std::unique_ptr<Comm> data = CommOver(comm, config, busy);
   auto runtime = std::make_shared<Runtime>(std::move(control), std::move(data), config,
                                            std::move(shm), PeersOnThisHost(comm));

@@ -80,6 +80,8 @@ class Runtime {
   int64_t fusion_buffer_bytes() const { return executor_.fusion_buffer_bytes(); }
   const HugePageCollapser& mpi_pages() const { return executor_.mpi_pages(); }
   const Controller& controller() const { return controller_; }
+  // The negotiation's comm (for stats).
+  const Comm& control() const { return *control_; }
 
   // Any thread (MXNet engine threads). Refuses, returning the error and
   // leaving the callback unfired, an entry without a turn whose name is

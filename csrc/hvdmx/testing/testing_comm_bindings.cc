@@ -17,6 +17,8 @@
 #include "algorithms/exchange_allreduce.h"
 #include "algorithms/ring.h"
 #include "comm/local_comm.h"
+#include "shm/host_tree_comm.h"
+#include "shm/shm_host.h"
 #include "testing/testing_bindings.h"
 
 namespace py = pybind11;
@@ -53,12 +55,18 @@ void RecordCollectives(Comm& comm, int64_t count, int64_t segment_bytes, py::dic
   // a payload that says whose it is (none from rank 1 in round 1).
   std::vector<std::vector<uint64_t>> ands;
   std::vector<std::vector<std::string>> payloads;
+  std::vector<int> hops;
+  auto* p2p = dynamic_cast<P2PComm*>(&comm);
+  const Traffic before = p2p != nullptr ? p2p->traffic() : Traffic();
   for (int round = 0; round < 3; ++round) {
     std::vector<uint64_t> words(3, ~uint64_t{0});
     for (uint64_t& w : words) w &= ~(uint64_t{1} << ((r + round) % 64));
-    const std::string payload = r == 1 && round == 1 ? ""
-                                                     : "payload of rank " + std::to_string(r) +
-                                                           " round " + std::to_string(round);
+    // Payloads travel only where the comm carries them (direct bit-ands).
+    const bool carries = comm.BitAndPayloadCapacity() > 0;
+    const std::string payload =
+        !carries || (r == 1 && round == 1)
+            ? ""
+            : "payload of rank " + std::to_string(r) + " round " + std::to_string(round);
     comm.StartBitAndWithPayload(words.data(), 3, payload);
     while (!comm.TestBitAnd()) {
       if (comm.WakesOnArrival()) {
@@ -68,12 +76,15 @@ void RecordCollectives(Comm& comm, int64_t count, int64_t segment_bytes, py::dic
       }
     }
     ands.push_back(words);
+    if (p2p != nullptr) hops.push_back(p2p->last_bit_and_hops());
     std::vector<std::string> got;
-    if (r == 0) {
+    if (r == 0 && carries) {
       for (int j = 0; j < n; ++j) got.push_back(comm.BitAndPayload(j));
     }
     payloads.push_back(got);
   }
+  // What this rank sent and received in the three bit-ands.
+  const Traffic after = p2p != nullptr ? p2p->traffic() : Traffic();
   std::vector<std::vector<std::string>> gathers;
   std::vector<std::string> strings;
   std::vector<std::vector<int>> bcasts;
@@ -96,6 +107,9 @@ void RecordCollectives(Comm& comm, int64_t count, int64_t segment_bytes, py::dic
   py::gil_scoped_acquire gil;
   (*result)["ands"] = ands;
   (*result)["payloads"] = payloads;
+  (*result)["hops"] = hops;
+  (*result)["bit_and_sent"] = after.sent_messages - before.sent_messages;
+  (*result)["bit_and_received"] = after.received_messages - before.received_messages;
   (*result)["gathers"] = gathers;
   std::vector<py::bytes> as_bytes;
   for (const std::string& s : strings) as_bytes.emplace_back(s);
@@ -144,9 +158,83 @@ std::string TestingLocalLyingPeer(const std::string& what, int victim, int64_t b
   return "";
 }
 
+// What rank r gathers to rank 0 in round `round` of TestingHostTree:
+// lengths from 0 to past two shared-memory mailboxes.
+std::string GatherString(int r, int round, int64_t big) {
+  const int64_t len = (r * 7 + round * 3) % 5 == 0 ? big + r : r * 11 + round;
+  return std::string(static_cast<size_t>(len), static_cast<char>('a' + (r + round) % 26));
+}
+
+// The negotiation's collectives over HostTreeComm (shm/host_tree_comm.h):
+// hosts[h] lists the global ranks of host h (the same number on each, the
+// lowest first; rank 0 on host 0), one thread each, a host's ranks sharing
+// plain memory, the leaders a LocalComm. Three rounds of a bit-and (rank r
+// clears bit r + round of each of 3 words), a gather to rank 0 of
+// GatherString(r, round, big) and a broadcast from it of `big` + round
+// bytes. Per rank: the ANDs, the hops, the gathers (rank 0), the strings,
+// and the messages its leaders' comm sent and received in the bit-ands.
+std::vector<py::dict> TestingHostTree(const std::vector<std::vector<int>>& hosts,
+                                      int direct_bit_and_ranks, int64_t big) {
+  const int n_hosts = static_cast<int>(hosts.size());
+  const int per_host = static_cast<int>(hosts.at(0).size());
+  const int size = n_hosts * per_host;
+  std::vector<std::unique_ptr<PlainShmRegions>> memory;
+  std::vector<std::pair<int, int>> where(size, {-1, -1});  // rank -> (host, local rank)
+  for (int h = 0; h < n_hosts; ++h) {
+    if (static_cast<int>(hosts[h].size()) != per_host) throw py::value_error("unequal hosts");
+    memory.push_back(std::make_unique<PlainShmRegions>(per_host, 4096));
+    for (int l = 0; l < per_host; ++l) where.at(hosts[h][l]) = {h, l};
+  }
+  auto world = std::make_shared<LocalWorld>(n_hosts);
+  py::gil_scoped_release release;
+  return OnThreads(size, [&](int r, py::dict* result) {
+    const int h = where[r].first, l = where[r].second;
+    ShmHost shm(l, per_host, memory[h]->regions, 4096, memory[h]->memory, nullptr);
+    std::unique_ptr<P2PComm> leaders;
+    if (l == 0) leaders = std::make_unique<LocalComm>(world, h, direct_bit_and_ranks);
+    HostTreeComm comm(&shm.control(), l, per_host, std::move(leaders), r, size);
+    std::vector<std::vector<uint64_t>> ands;
+    std::vector<int> hops;
+    std::vector<std::vector<std::string>> gathers;
+    std::vector<std::string> strings;
+    Traffic before, after;
+    for (int round = 0; round < 3; ++round) {
+      std::vector<uint64_t> words(3, ~uint64_t{0});
+      for (uint64_t& w : words) w &= ~(uint64_t{1} << ((r + round) % 64));
+      if (comm.leaders()) before = comm.leaders()->traffic();
+      comm.StartBitAnd(words.data(), 3);
+      while (!comm.TestBitAnd()) {
+        if (comm.WakesOnArrival()) comm.AwaitArrival(1000);
+        std::this_thread::yield();
+      }
+      if (comm.leaders()) after = comm.leaders()->traffic();
+      ands.push_back(words);
+      hops.push_back(comm.last_bit_and_hops());
+      gathers.push_back(comm.Gather(GatherString(r, round, big), 0));
+      std::string s = r == 0 ? std::string(static_cast<size_t>(big + round), 'A' + round) : "x";
+      comm.BcastString(&s, 0);
+      strings.push_back(s);
+    }
+    py::gil_scoped_acquire gil;
+    (*result)["ands"] = ands;
+    (*result)["hops"] = hops;
+    (*result)["gathers"] = gathers;
+    std::vector<py::bytes> as_bytes;
+    for (const std::string& s : strings) as_bytes.emplace_back(s);
+    (*result)["strings"] = as_bytes;
+    (*result)["bit_and_sent"] = after.sent_messages - before.sent_messages;
+    (*result)["bit_and_received"] = after.received_messages - before.received_messages;
+  });
+}
+
 }  // namespace
 
 void DefineTestingCommBindings(py::module_& m) {
+  m.def("host_tree", &TestingHostTree, py::arg("hosts"), py::arg("direct_bit_and_ranks"),
+        py::arg("big"));
+  m.def("gather_string", &GatherString, py::arg("rank"), py::arg("round"), py::arg("big"));
+  m.def("negotiation_peers", &P2PComm::NegotiationPeers, py::arg("rank"), py::arg("size"),
+        py::arg("direct_bit_and_ranks"));
   m.def("local_collectives", &TestingLocalCollectives, py::arg("n"),
         py::arg("direct_bit_and_ranks") = P2PComm::kDirectBitAndRanks, py::arg("count") = 100,
         py::arg("segment_bytes") = 64);

@@ -86,6 +86,35 @@ std::vector<py::dict> TestingTcpCollectives(int n, int direct_bit_and_ranks, int
   });
 }
 
+// n thread ranks whose comms link only with their negotiation peers
+// (P2PComm::NegotiationPeers) run what a negotiation round runs: a gather
+// of "from r" to rank 0, a string broadcast from it, and a bit-and in which
+// rank r clears bit r. Per rank: the ranks it linked with, what it got.
+std::vector<py::dict> TestingTcpNegotiation(int n, int direct_bit_and_ranks) {
+  ThreadExchange exchange(n);
+  TcpOptions options;
+  options.direct_bit_and_ranks = direct_bit_and_ranks;
+  options.give_up_seconds = 60;
+  py::gil_scoped_release release;
+  return OnThreads(n, [&](int r, py::dict* result) {
+    TcpOptions mine = options;
+    mine.peers = P2PComm::NegotiationPeers(r, n, direct_bit_and_ranks);
+    std::unique_ptr<TcpComm> comm = MakeComm(r, n, &exchange, mine);
+    const std::vector<std::string> gathered = comm->Gather("from " + std::to_string(r), 0);
+    std::string s = r == 0 ? "from rank 0" : "";
+    comm->BcastString(&s, 0);
+    uint64_t word = ~(uint64_t{1} << r);
+    comm->StartBitAnd(&word, 1);
+    while (!comm->TestBitAnd()) comm->AwaitArrival(1000000);
+    const std::vector<int> linked = comm->linked();
+    py::gil_scoped_acquire gil;
+    (*result)["linked"] = linked;
+    (*result)["gathered"] = gathered;
+    (*result)["string"] = s;
+    (*result)["and"] = word;
+  });
+}
+
 // A peer that goes away: with `how` = "close", rank n-1 destroys its comm
 // (as its process's end would) while the others wait for its part of a
 // bit-and; with "silent", it stays but sends nothing for 3 s while the
@@ -261,6 +290,7 @@ void DefineTestingTcpBindings(py::module_& m) {
         py::arg("direct_bit_and_ranks") = 16, py::arg("count") = 100,
         py::arg("segment_bytes") = 64);
   m.def("tcp_peer_gone", &TestingTcpPeerGone, py::arg("n"), py::arg("how"));
+  m.def("tcp_negotiation", &TestingTcpNegotiation, py::arg("n"), py::arg("direct_bit_and_ranks"));
   m.def("tcp_connect_to", &TestingTcpConnectTo, py::arg("address"));
 }
 
