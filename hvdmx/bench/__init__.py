@@ -7,6 +7,7 @@ Run under MPI, e.g.::
     mpiexec -n 2 python -m hvdmx.bench allgather --min-bytes 1M --max-bytes 64M --plot ag.png
     mpiexec -n 2 python -m hvdmx.bench model --model resnet50_v1
     mpiexec -n 2 python -m hvdmx.bench idle --seconds 10
+    python -m hvdmx.bench scale --ranks 16,256 --per-host 16
 
 ``allreduce``, ``allgather``, ``broadcast``, ``alltoall`` and ``reducescatter``
 time hvdmx through the whole stack (Python call, MXNet engine, negotiation,
@@ -35,6 +36,13 @@ against size. ``--mpi-memory mxnet`` gives MPI buffers that MXNet allocated,
 the kind of memory hvdmx's inputs have, instead of numpy arrays: numpy asks
 for huge pages for arrays of 4 MiB and up and MXNet does not, which changes
 how fast large messages move between processes.
+``scale`` needs no mpiexec: it runs N ranks of the core (no MXNet) as threads of
+one process, hosts made of groups of ranks sharing memory and real TCP on the
+loopback between them, and prints per cached negotiation round the messages
+and bytes of the busiest rank, the network latencies on the critical path
+and the time, beside the CPU all ranks used over the cores (on a small
+machine, the round's floor), and a step of a model's gradient set
+(docs/scaling.md).
 ``--rounds R`` times every column R times, one after another in turn (hvdmx
 out of place, in place, MPI, then again), and prints each column's median:
 a slow phase of a shared machine then falls on hvdmx and MPI alike.

@@ -10,6 +10,7 @@ import time
 from hvdmx import bench
 from hvdmx.bench.collectives import BUS_FACTOR, DTYPES, MPI_CALL, run_collective
 from hvdmx.bench.model import run_model
+from hvdmx.bench.scale import run_scale
 from hvdmx.bench.tables import plot_rows, print_collective, print_idle, print_model
 from hvdmx.bench.timing import load_mpi, parse_size
 from hvdmx.run_flags import _number
@@ -29,6 +30,17 @@ def run_idle(args) -> list:
                                      "core_percent": 100 * cpu / wall}, root=0)
     hvd.shutdown()
     return rows or []
+
+
+def _rank_list(text: str) -> list:
+    try:
+        ranks = [int(v) for v in text.split(",")]
+    except ValueError:
+        ranks = []
+    if not ranks or min(ranks) < 1:
+        raise argparse.ArgumentTypeError(
+            f"expected rank counts like 2,16,256 (each at least 1), got {text!r}")
+    return ranks
 
 
 def main(argv=None) -> int:
@@ -81,10 +93,40 @@ def main(argv=None) -> int:
                        help="also time MPI_Allreduce per tensor and fused, with and without "
                             "the copies into the fused buffer (default: on)")
     model.add_argument("--json", action="store_true")
+    scale = sub.add_parser("scale", help="N ranks of the core as threads of this process "
+                           "(no mpiexec): the negotiation's messages, latencies and time at "
+                           "scale, and a gradient set's step")
+    scale.add_argument("--ranks", type=_rank_list, default=[2, 4, 8, 16, 32, 64, 128, 256],
+                       help="rank counts, comma-separated (default: 2,4,...,256)")
+    scale.add_argument("--per-host", type=_number("per-host", integer=True, minimum=1),
+                       default=16, help="ranks a simulated host (default: 16, or all ranks "
+                                        "when fewer); must divide every rank count")
+    scale.add_argument("--scheme", choices=["tree", "flat", "both"], default="both",
+                       help="negotiate through one leader a host (tree, what hvdmx does when "
+                            "hosts have equal rank counts), over every rank alike (flat), or "
+                            "both side by side (default)")
+    scale.add_argument("--rounds", type=_number("rounds", integer=True, minimum=1), default=20,
+                       help="cached rounds timed (default: 20)")
+    scale.add_argument("--requests", type=_number("requests", integer=True, minimum=1),
+                       default=None, help="tensors a round (default: the model's "
+                                          "gradients, 161 without one)")
+    scale.add_argument("--model", default="resnet50_v1",
+                       help="model-zoo network whose gradient set a step allreduces, or "
+                            "'none' (default: resnet50_v1; skipped where the ranks' copies "
+                            "would not fit in memory)")
+    scale.add_argument("--steps", type=_number("steps", integer=True, minimum=1), default=2,
+                       help="steps timed (default: 2)")
+    scale.add_argument("--json", action="store_true", help="also print the rows as JSON")
     idle = sub.add_parser("idle", help="CPU used by an initialized, idle process")
     idle.add_argument("--seconds", type=float, default=5.0)
     idle.add_argument("--json", action="store_true")
     args = parser.parse_args(argv)
+    if args.command == "scale":
+        args.schemes = ["tree", "flat"] if args.scheme == "both" else [args.scheme]
+        rows = run_scale(args)
+        if args.json:
+            print(json.dumps(rows, indent=1))
+        return 1 if any(r["step_ms"] is not None and not r["step_correct"] for r in rows) else 0
 
     MPI = load_mpi()
     rank, n = MPI.COMM_WORLD.Get_rank(), MPI.COMM_WORLD.Get_size()

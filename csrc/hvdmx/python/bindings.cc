@@ -19,6 +19,7 @@
 #include "algorithms/onebit.h"
 #include "algorithms/twobit.h"
 #include "base/timeline.h"
+#include "bench/scale_harness.h"
 #include "mxnet/mxnet_engine.h"
 #include "platform/cpu_binding.h"
 #include "platform/output_pool.h"
@@ -571,4 +572,47 @@ PYBIND11_MODULE(_core, m) {
     }).detach();
   });
   m.def("stats", &Stats);
+  // The scale harness (bench/scale_harness.h), for hvdmx/bench/scale.py.
+  m.def(
+      "scale",
+      [](int ranks, int per_host, bool host_tree, int rounds, int requests,
+         std::vector<int64_t> step_counts, int steps) {
+        ScaleOptions o;
+        o.ranks = ranks;
+        o.per_host = per_host;
+        o.host_tree = host_tree;
+        o.rounds = rounds;
+        o.requests = requests;
+        o.step_counts = std::move(step_counts);
+        o.steps = steps;
+        ScaleResult got;
+        try {
+          py::gil_scoped_release release;
+          got = RunScale(o);
+        } catch (const std::invalid_argument& e) {
+          throw py::value_error(e.what());
+        }
+        py::list ranks_out;
+        for (const ScaleRank& r : got.ranks) {
+          py::dict d;
+          d["error"] = r.error;
+          d["sent_messages"] = r.sent_messages;
+          d["received_messages"] = r.received_messages;
+          d["sent_bytes"] = r.sent_bytes;
+          d["received_bytes"] = r.received_bytes;
+          d["cpu_seconds"] = r.cpu_seconds;
+          d["hops"] = r.hops;
+          d["links"] = r.links;
+          ranks_out.append(d);
+        }
+        py::dict out;
+        out["ranks"] = ranks_out;
+        out["round_seconds"] = got.round_seconds;
+        out["uncached_seconds"] = got.uncached_seconds;
+        out["step_seconds"] = got.step_seconds;
+        out["step_correct"] = got.step_correct;
+        return out;
+      },
+      py::kw_only(), py::arg("ranks"), py::arg("per_host"), py::arg("host_tree"), py::arg("rounds"),
+      py::arg("requests"), py::arg("step_counts"), py::arg("steps"));
 }

@@ -75,6 +75,11 @@ bool HostTreeComm::TestBitAnd() {
   HVDMX_CHECK(phase_ != Phase::kIdle, "no bit-and is outstanding");
   if (phase_ == Phase::kHost) {
     if (!shm_->TestBitAnd()) return false;
+    if (size_ == local_size_) {  // one host: part 1 was the whole AND
+      hops_ = 0;
+      phase_ = Phase::kIdle;
+      return true;
+    }
     if (leader() && leaders_->size() > 1) {
       leaders_->StartBitAnd(words_, n_);  // part 2
       phase_ = Phase::kLeaders;

@@ -14,21 +14,12 @@
 #include "base/common.h"
 #include "comm/comm.h"
 #include "python/bindings_support.h"
+#include "shm/plain_regions.h"
 
 namespace hvdmx {
 
 // A dtype code from a test as a DataType; ValueError if unsupported.
 DataType CheckedType(int code);
-
-// Plain memory laid out as one host's shared-memory segment, for ranks
-// that are threads of this process: `ranks` zeroed regions of
-// ShmRegion::RegionBytes(chunk_bytes), the first on a page as a real
-// mapping's is (testing_shm_bindings.cc).
-struct PlainShmRegions {
-  PlainShmRegions(int ranks, int64_t chunk_bytes);
-  std::shared_ptr<std::vector<char>> memory;  // owns the regions
-  std::vector<char*> regions;
-};
 
 // Adds the kernels', ring's, configuration's, autotuner's and output
 // pool's functions and LocalJob to the module (testing_bindings.cc).

@@ -19,6 +19,7 @@
 
 #include "algorithms/exchange_allreduce.h"
 #include "base/crypto.h"
+#include "bench/threads.h"
 #include "comm/tcp_comm.h"
 #include "comm/tcp_handshake.h"
 #include "testing/testing_bindings.h"
@@ -27,34 +28,6 @@ namespace py = pybind11;
 
 namespace hvdmx {
 namespace {
-
-// The address exchange of n threads: each puts its string and waits for
-// every other's. The last to arrive first calls `on_all` with every string,
-// before any rank goes on to make its links.
-class ThreadExchange {
- public:
-  explicit ThreadExchange(int n, std::function<void(const std::vector<std::string>&)> on_all = {})
-      : slots_(n), on_all_(std::move(on_all)) {}
-  std::vector<std::string> operator()(int rank, const std::string& mine) {
-    std::unique_lock<std::mutex> lock(mu_);
-    slots_[rank] = mine;
-    if (++arrived_ == static_cast<int>(slots_.size())) {
-      if (on_all_) on_all_(slots_);
-      done_ = true;
-      cv_.notify_all();
-    }
-    cv_.wait(lock, [&] { return done_; });
-    return slots_;
-  }
-
- private:
-  std::mutex mu_;
-  std::condition_variable cv_;
-  std::vector<std::string> slots_;
-  std::function<void(const std::vector<std::string>&)> on_all_;
-  int arrived_ = 0;
-  bool done_ = false;
-};
 
 // The key every test comm holds unless a test gives another.
 std::string TestKey() { return std::string(kSecretKeyBytes, 'k'); }
