@@ -19,6 +19,7 @@ programs below it use hvdmx through it, as a user's script does.
     timeline        reads and plots the timeline's Chrome trace
     _mpi            which MPI is which; loads the extension into mpi4py's MPI
     _core           the C++ extension (csrc/hvdmx), loaded by _mpi
+    run_launcher    hvdmxrun's MPI launcher: which, its command and environment
     _job            whether hvdmx runs, its topology and communicator
     process_sets    ProcessSet, add/remove, names of unnamed calls
     basics          init, shutdown, rank, size, ... and the *_built calls
