@@ -233,8 +233,8 @@ class RemoteTraceback(Exception):
 
 def _number_of_processes(num_proc: Optional[int], np: Optional[int]) -> Optional[int]:
     if np is not None:
-        warnings.warn("np is deprecated, use num_proc instead", DeprecationWarning,
-                      stacklevel=3)
+        # As Horovod warns: from its own module, so hidden by Python's default filters.
+        warnings.warn("np is deprecated, use num_proc instead", DeprecationWarning, stacklevel=1)
         if num_proc is not None and num_proc != np:
             raise ValueError(f"hvdmx.run_function: num_proc={num_proc} and np={np} disagree; "
                              "give num_proc only (np is its deprecated name)")
@@ -324,15 +324,21 @@ def _rank_command(executable: Optional[str]) -> List[str]:
 
 
 def _stop(process: subprocess.Popen) -> None:
-    """Ends the launcher (which passes SIGTERM on to the ranks) and waits for it."""
-    if process.poll() is not None:
-        return
-    process.send_signal(signal.SIGTERM)
+    """Ends the launcher, which passes SIGTERM on to the ranks, and waits for
+    it; then kills what is left of its process group (the launcher started
+    in a group of its own, which holds its local proxies and ranks), so that
+    no rank of this host outlives the call."""
+    if process.poll() is None:
+        process.send_signal(signal.SIGTERM)
+        try:
+            process.wait(_STOP_SECONDS)
+        except subprocess.TimeoutExpired:
+            pass
     try:
-        process.wait(_STOP_SECONDS)
-    except subprocess.TimeoutExpired:
-        process.kill()
-        process.wait()
+        os.killpg(process.pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+    process.wait()
 
 
 def _raise_for(rank: int, outcome: tuple, others: str) -> None:
@@ -530,7 +536,10 @@ def run_function(fn: Callable[..., Any], args: Sequence[Any] = (),
             raise ValueError(f"hvdmx.run_function: {error}") from None
         if verbose:
             print(f"{PROG}: {shlex.join(cmd)}", file=sys.stderr, flush=True)
-        process = subprocess.Popen(cmd, env=launcher_environ(launcher, environ))
+        # A session of its own: _stop can end all of it (Ctrl-C here raises
+        # KeyboardInterrupt, and _stop ends the job).
+        process = subprocess.Popen(cmd, env=launcher_environ(launcher, environ),
+                                   start_new_session=True)
         try:
             return _collect(server, process, num_proc, pickled, timeout)
         finally:

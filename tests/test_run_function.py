@@ -20,6 +20,8 @@ import hvdmx
 from hvdmx import function_job
 
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), ".."))
+# Above Horovod's 30 s: the suite runs two shards of tests at once on 2 cores.
+START_TIMEOUT = 90
 ENV = dict(os.environ, OMP_NUM_THREADS="1", MXNET_CPU_WORKER_NTHREADS="1",
            PYTHONPATH=os.pathsep.join([ROOT] + os.environ.get("PYTHONPATH", "").split(os.pathsep)))
 
@@ -44,7 +46,8 @@ def rank_and_sum(offset):
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize("num_proc", [1, 2])
 def test_values_in_rank_order(num_proc):
-    values = hvdmx.run_function(rank_and_sum, args=(10,), num_proc=num_proc)
+    values = hvdmx.run_function(rank_and_sum, args=(10,), num_proc=num_proc,
+                                start_timeout=START_TIMEOUT)
     total = sum(r + 10 for r in range(num_proc))
     assert values == [(r, num_proc, total) for r in range(num_proc)]
 
@@ -58,7 +61,8 @@ def arguments(a, b=2, *, c, d=4):
 def test_args_kwargs_and_env():
     with pytest.warns(DeprecationWarning, match="np is deprecated"):
         values = hvdmx.run_function(arguments, args=[1], kwargs={"c": 3, "b": "two"}, np=2,
-                                    env={"RUN_FUNCTION_TEST": "set"})
+                                    env={"RUN_FUNCTION_TEST": "set"},
+                                    start_timeout=START_TIMEOUT)
     assert values == [(r, 1, "two", 3, 4, "set") for r in range(2)]
 
 
@@ -79,7 +83,7 @@ def raises_on_last_rank():
 def test_a_ranks_exception_is_raised_here(num_proc):
     started = time.monotonic()
     with pytest.raises(ValueError, match=f"^rank {num_proc - 1} says no$") as caught:
-        hvdmx.run_function(raises_on_last_rank, num_proc=num_proc)
+        hvdmx.run_function(raises_on_last_rank, num_proc=num_proc, start_timeout=START_TIMEOUT)
     cause = caught.value.__cause__
     assert isinstance(cause, function_job.RemoteTraceback)
     assert str(cause).startswith(f"rank {num_proc - 1} raised this")
@@ -116,7 +120,8 @@ def exits_or_raises_oddly(how):
 ])
 def test_a_rank_that_ends_oddly(how, error, message):
     with pytest.raises(error, match=message):
-        hvdmx.run_function(exits_or_raises_oddly, args=(how,), num_proc=2)
+        hvdmx.run_function(exits_or_raises_oddly, args=(how,), num_proc=2,
+                           start_timeout=START_TIMEOUT)
 
 
 @pytest.mark.timeout(60)
@@ -260,10 +265,11 @@ def test_horovod_script_under_as_horovod(tmp_path):
     script = tmp_path / "train.py"
     script.write_text(textwrap.dedent(HOROVOD_SCRIPT))
     run = [sys.executable, "-m", "hvdmx.as_horovod", str(script), "--num-proc", "2"]
-    result = subprocess.run(run, env=ENV, capture_output=True, text=True, timeout=100)
+    env = dict(ENV, HVDMX_START_TIMEOUT=str(START_TIMEOUT))
+    result = subprocess.run(run, env=env, capture_output=True, text=True, timeout=100)
     assert result.returncode == 0, result.stderr
     assert "values [(0, 2, 3.0, 2), (1, 2, 3.0, 2)]" in result.stdout
-    refused = subprocess.run(run + ["--communication", "gloo"], env=ENV, capture_output=True,
+    refused = subprocess.run(run + ["--communication", "gloo"], env=env, capture_output=True,
                              text=True, timeout=100)
     assert refused.returncode == 1
     assert "NotImplementedError: hvdmx.run_function: use_gloo=True asks for a job started " \
