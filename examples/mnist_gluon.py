@@ -56,9 +56,9 @@ def parse_args(argv=None):
                              "scikit-learn's 8x8 digits")
     parser.add_argument("--epochs", type=int, default=8, help="passes over the training set")
     parser.add_argument("--batch-size", type=int, default=None,
-                        help="samples per rank and step (default: 32, or less where the "
-                             "job's batch of 32 x ranks would leave each epoch fewer than "
-                             f"{MIN_STEPS} steps: the largest that leaves {MIN_STEPS})")
+                        help="samples per rank and step; if not given, 32, or fewer where "
+                             f"32 x ranks would leave each epoch fewer than {MIN_STEPS} "
+                             f"steps: the largest batch that leaves {MIN_STEPS}")
     parser.add_argument("--lr", type=float, default=0.02,
                         help="learning rate of a batch of 32; the job's batch of B samples "
                              "uses lr x B / 32, lr x ranks at 32 per rank (linear scaling), "
