@@ -17,7 +17,7 @@ import time
 import pytest
 
 import hvdmx
-from hvdmx import function_job
+from hvdmx import function_job, run_hosts
 
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), ".."))
 # Above Horovod's 30 s: the suite runs two shards of tests at once on 2 cores.
@@ -174,6 +174,16 @@ def test_ranks_that_never_start_time_out(tmp_path):
 def test_bad_arguments_are_refused_before_anything_starts(kwargs, error, message):
     with pytest.raises(error, match=message):
         hvdmx.run_function(arguments, **kwargs)
+
+
+def test_where_the_ranks_reach_the_caller():
+    # All ranks on this host: the loopback only. Hosts elsewhere, or a batch
+    # scheduler's allocation: every interface, the route's address first.
+    assert function_job._addresses(None, {}) == ("127.0.0.1", ["127.0.0.1"])
+    local = [run_hosts.Host("localhost", 2), run_hosts.Host(socket.gethostname(), 1)]
+    assert function_job._addresses(local, {}) == ("127.0.0.1", ["127.0.0.1"])
+    listen, addresses = function_job._addresses(None, {"SLURM_JOB_ID": "7"})
+    assert listen == "0.0.0.0" and addresses[-1] == "127.0.0.1"
 
 
 def test_fn_must_be_callable():
