@@ -8,7 +8,11 @@ averages the gradients over all ranks at every step, so the job trains one
 model on a batch of batch-size x ranks samples (with --local-sgd-steps H,
 each rank updates on its own and the parameters are averaged every H
 steps instead; add --hierarchical-local-sgd to average the gradients inside
-each host every step). Rank 0 logs MXNet
+each host every step). The learning rate follows the job's batch linearly,
+after a linear warm-up from one rank's (Goyal et al.), and the default batch
+per rank shrinks where the data set would leave too few steps an epoch: at
+1 to 8 ranks the digits reach a test accuracy >= 0.95 (docs/training.md,
+"The digits example at 1 to 8 ranks"). Rank 0 logs MXNet
 Speedometer lines (speed in samples/sec of the whole job). At the end, the
 test accuracy over the whole test set, and a check that every rank holds
 bitwise-identical parameters (the exit status is 1 when they differ).
@@ -33,6 +37,14 @@ from mxnet.gluon import nn
 
 import hvdmx as hvd
 
+# Goyal et al.'s linear scaling of the learning rate (lr x ranks for a batch
+# of 32 x ranks) holds while the job still makes enough steps. On the 1,437
+# training digits, 32 per rank at 8 ranks leaves 5 steps an epoch, 40 in 8
+# epochs: too few at any learning rate, warm-up or not (0.09 to 0.90 in
+# docs/training.md's sweep). The default batch therefore keeps at least this
+# many steps an epoch, shrinking the batch per rank where needed.
+MIN_STEPS = 20
+
 
 def parse_args(argv=None):
     parser = argparse.ArgumentParser(
@@ -43,9 +55,18 @@ def parse_args(argv=None):
                         help="directory with the MNIST idx files (optionally .gz); default: "
                              "scikit-learn's 8x8 digits")
     parser.add_argument("--epochs", type=int, default=8, help="passes over the training set")
-    parser.add_argument("--batch-size", type=int, default=32, help="samples per rank and step")
+    parser.add_argument("--batch-size", type=int, default=None,
+                        help="samples per rank and step; if not given, 32, or fewer where "
+                             f"32 x ranks would leave each epoch fewer than {MIN_STEPS} "
+                             f"steps: the largest batch that leaves {MIN_STEPS}")
     parser.add_argument("--lr", type=float, default=0.02,
-                        help="learning rate per rank; the job uses lr x ranks")
+                        help="learning rate of a batch of 32; the job's batch of B samples "
+                             "uses lr x B / 32, lr x ranks at 32 per rank (linear scaling), "
+                             "reached after the warm-up")
+    parser.add_argument("--warmup-epochs", type=float, default=2,
+                        help="epochs over which the learning rate grows linearly from one "
+                             "rank's to the job's (Goyal et al.'s gradual warm-up; 0: the "
+                             "job's from the first step)")
     parser.add_argument("--momentum", type=float, default=0.9, help="SGD momentum")
     parser.add_argument("--log-interval", type=int, default=10,
                         help="batches between Speedometer lines")
@@ -66,8 +87,11 @@ def parse_args(argv=None):
                              "toward the ranks' mean; the center is evaluated")
     parser.add_argument("--seed", type=int, default=42, help="data split and shuffling seed")
     args = parser.parse_args(argv)
-    if args.epochs < 1 or args.batch_size < 1 or args.log_interval < 1:
+    if args.epochs < 1 or (args.batch_size is not None and args.batch_size < 1) \
+            or args.log_interval < 1:
         parser.error("--epochs, --batch-size and --log-interval must be >= 1")
+    if not args.warmup_epochs >= 0:
+        parser.error(f"--warmup-epochs must be >= 0 (got {args.warmup_epochs})")
     return args
 
 
@@ -111,6 +135,13 @@ def load_digits(seed):
     return (x[n_test:], y[n_test:]), (x[:n_test], y[:n_test])
 
 
+def default_batch_size(samples_per_rank):
+    """32, or less where a rank's share of the training set would make fewer
+    than MIN_STEPS steps an epoch of 32: the largest batch that makes
+    MIN_STEPS (at least 1)."""
+    return max(1, min(32, samples_per_rank // MIN_STEPS))
+
+
 def rank_shard(x, y, rank, size):
     """This rank's training samples: the same count on every rank (the last
     len(x) % size samples are left out), so all ranks make the same number of
@@ -146,6 +177,16 @@ def evaluate(net, x, y, batch_size, ctx):
     return correct, len(x)
 
 
+def warmup_lr(step, warmup_steps, lr, size):
+    """The learning rate of step `step` (0, 1, ...) under Goyal et al.'s
+    gradual warm-up ("Accurate, Large Minibatch SGD", 2017): from `lr`, one
+    rank's, linearly to `lr` x `size`, the rate of the job's `size` times
+    larger batch, reached at step `warmup_steps` and kept from there."""
+    if step >= warmup_steps:
+        return lr * size
+    return lr + (lr * size - lr) * step / warmup_steps
+
+
 def parameter_digest(net):
     """A 48-bit digest of all parameter bytes, in a fixed order."""
     h = hashlib.blake2b(digest_size=6)
@@ -173,13 +214,14 @@ def main(argv=None):
     (x_train, y_train), (x_test, y_test) = (load_mnist(args.data_dir) if args.data_dir
                                             else load_digits(args.seed))
     x_local, y_local = rank_shard(x_train, y_train, rank, size)
-    steps = len(x_local) // args.batch_size
+    batch_size = args.batch_size or default_batch_size(len(x_local))
+    steps = len(x_local) // batch_size
     if steps == 0:
         raise ValueError(f"{len(x_local)} training samples per rank is less than one batch "
-                         f"of {args.batch_size}; use a smaller --batch-size")
+                         f"of {batch_size}; use a smaller --batch-size")
     log.info("%s: %d training samples (%d per rank, %d steps of %d x %d per epoch), %d test "
              "samples, %d ranks", args.data_dir or "scikit-learn digits", len(x_train),
-             len(x_local), steps, args.batch_size, size, len(x_test), size)
+             len(x_local), steps, batch_size, size, len(x_test), size)
 
     # Each rank initializes differently (its own seed); broadcast_parameters
     # then gives every rank rank 0's values, as soon as the shapes are known
@@ -190,9 +232,11 @@ def main(argv=None):
     net.hybridize()
     hvd.broadcast_parameters(net.collect_params(), root_rank=0)
 
+    # One rank's learning rate for its batch; the job's is size times that.
+    rank_lr = args.lr * batch_size / 32
     compression = getattr(hvd.Compression, "fp16" if args.fp16_allreduce else args.compression)
     trainer = hvd.DistributedTrainer(net.collect_params(), "sgd",
-                                     {"learning_rate": args.lr * size,
+                                     {"learning_rate": rank_lr * size,
                                       "momentum": args.momentum},
                                      compression=compression,
                                      local_sgd_steps=args.local_sgd_steps,
@@ -200,8 +244,9 @@ def main(argv=None):
                                      easgd_beta=args.easgd_beta)
     loss_fn = gluon.loss.SoftmaxCrossEntropyLoss()
     metric = mx.metric.Accuracy()
-    speedometer = mx.callback.Speedometer(args.batch_size * size, args.log_interval)
+    speedometer = mx.callback.Speedometer(batch_size * size, args.log_interval)
 
+    warmup_steps = round(args.warmup_epochs * steps)
     start = time.time()
     for epoch in range(args.epochs):
         tic = time.time()
@@ -209,14 +254,16 @@ def main(argv=None):
         order = np.random.RandomState(args.seed * 1000 + epoch * size + rank) \
             .permutation(len(x_local))
         for nbatch in range(steps):
-            idx = order[nbatch * args.batch_size:(nbatch + 1) * args.batch_size]
+            trainer.set_learning_rate(warmup_lr(epoch * steps + nbatch, warmup_steps, rank_lr,
+                                                size))
+            idx = order[nbatch * batch_size:(nbatch + 1) * batch_size]
             data = mx.nd.array(x_local[idx], ctx=ctx)
             label = mx.nd.array(y_local[idx], ctx=ctx)
             with autograd.record():
                 out = net(data)
                 loss = loss_fn(out, label)
             loss.backward()
-            trainer.step(args.batch_size)
+            trainer.step(batch_size)
             metric.update([label], [out])
             speedometer(mx.model.BatchEndParam(epoch=epoch, nbatch=nbatch + 1,
                                                eval_metric=metric, locals=None))

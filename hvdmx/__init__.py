@@ -19,6 +19,7 @@ programs below it use hvdmx through it, as a user's script does.
     timeline        reads and plots the timeline's Chrome trace
     _mpi            which MPI is which; loads the extension into mpi4py's MPI
     _core           the C++ extension (csrc/hvdmx), loaded by _mpi
+    run_launcher    hvdmxrun's MPI launcher: which, its command and environment
     _job            whether hvdmx runs, its topology and communicator
     process_sets    ProcessSet, add/remove, names of unnamed calls
     basics          init, shutdown, rank, size, ... and the *_built calls
@@ -32,6 +33,7 @@ programs below it use hvdmx through it, as a user's script does.
     kvstore         KVStore, registered with MXNet as 'dist_sync_hvdmx' at import
     checkpoint_residuals  each rank's compression residuals in a checkpoint
     checkpoint      save_checkpoint, load_checkpoint
+    function_job    run_function (Horovod's horovod.run): a function on every rank
     hvdmx           this facade
     build_report    hvdmxrun --check-build's checklist
     run             hvdmxrun, the launcher
@@ -98,6 +100,7 @@ _EXPORTS = {
     'add_process_set': 'process_sets',
     'global_process_set': 'process_sets',
     'remove_process_set': 'process_sets',
+    'run_function': 'function_job',
 }
 __all__ = sorted(_EXPORTS)
 
@@ -133,6 +136,7 @@ if TYPE_CHECKING:
         broadcast_parameters as broadcast_parameters)
     from hvdmx.process_sets import (ProcessSet as ProcessSet, add_process_set as add_process_set,
         global_process_set as global_process_set, remove_process_set as remove_process_set)
+    from hvdmx.function_job import run_function as run_function
     from hvdmx.trainer import DistributedTrainer as DistributedTrainer
 
 
@@ -147,8 +151,11 @@ def __getattr__(name):
     value = getattr(importlib.import_module(f"hvdmx.{module}"), name)
     # The kvstore module registers the plugin with MXNet when imported
     # (mx.kv.create("dist_sync_hvdmx"), kvstore="dist_sync_hvdmx"): imported
-    # here as soon as any of hvdmx is used.
-    importlib.import_module("hvdmx.kvstore")
+    # here as soon as any of hvdmx is used, except run_function, which runs in
+    # the process that starts a job and is no rank of it: it loads neither
+    # MXNet nor MPI (hvdmx/function_job.py).
+    if module != "function_job":
+        importlib.import_module("hvdmx.kvstore")
     globals()[name] = value
     return value
 

@@ -14,7 +14,9 @@ In code you can edit, ``import hvdmx as hvd`` does the same.
 ``compression`` become modules of those names whose attributes are hvdmx's
 (``horovod.mxnet.allreduce is hvdmx.allreduce``; ``mpi_ops`` forwards to
 hvdmx, which exports everything Horovod's does), so every form of import
-works. ``horovod`` itself is an empty package holding ``mxnet``. Nothing of
+works. ``horovod`` itself is a package holding ``mxnet`` and Horovod's
+launcher function ``horovod.run`` (also ``horovod.runner.run``), which is
+``hvdmx.run_function``: its ranks run under this alias as well. Nothing of
 hvdmx is imported until the program uses a name, so, as with Horovod,
 importing ``horovod.mxnet`` does not start MPI: ``hvd.init()`` does.
 """
@@ -53,6 +55,13 @@ def _forwarder(name: str, target: str) -> types.ModuleType:
     return module
 
 
+def run(*args, **kwargs):
+    """horovod.run: hvdmx.run_function (hvdmx/function_job.py), with
+    Horovod's arguments."""
+    from hvdmx.function_job import run_function
+    return run_function(*args, **kwargs)
+
+
 def install() -> None:
     """Makes ``import horovod.mxnet`` (and the submodules above) give hvdmx
     in this process. Fails if the real Horovod is already imported: the
@@ -76,9 +85,12 @@ def install() -> None:
         setattr(package, sub, module)
         sys.modules[module.__name__] = module
     sys.modules["horovod.mxnet"] = package
+    runner = types.ModuleType("horovod.runner", "hvdmx standing in for horovod.runner")
+    vars(runner).update(run=run)
+    sys.modules["horovod.runner"] = runner
     horovod = types.ModuleType("horovod", "hvdmx standing in for Horovod")
     horovod.__path__ = []
-    vars(horovod).update(_hvdmx_alias=True, mxnet=package)
+    vars(horovod).update(_hvdmx_alias=True, mxnet=package, runner=runner, run=run)
     sys.modules["horovod"] = horovod
 
 

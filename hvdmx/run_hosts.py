@@ -46,17 +46,18 @@ def _no_duplicates(hosts: List[Host], where: str) -> List[Host]:
     return hosts
 
 
-def parse_hosts(spec: str) -> List[Host]:
-    """Parses -H's 'a:2,b:2' (a host without ':N' has one slot)."""
-    where = f"-H/--hosts {spec!r}"
+def parse_hosts(spec: str, flag: str = "-H/--hosts") -> List[Host]:
+    """Parses -H's 'a:2,b:2' (a host without ':N' has one slot); errors name
+    `flag` (run_function's argument is ``hosts=``)."""
+    where = f"{flag} {spec!r}"
     items = spec.split(",")
     if not spec.strip() or any(not item.strip() for item in items):
         raise UsageError(f"{where} has an empty entry; write host:slots pairs separated by "
-                         "commas, e.g. -H node1:4,node2:4")
+                         "commas, e.g. node1:4,node2:4")
     return _no_duplicates([_host_from(item.strip(), where) for item in items], where)
 
 
-def parse_hostfile(text: str, path: str) -> List[Host]:
+def parse_hostfile(text: str, path: str, flag: str = "--hostfile") -> List[Host]:
     """Parses a hostfile: one host a line, as 'host slots=N', 'host:N' or 'host'
     (one slot); '#' starts a comment; blank lines are skipped."""
     hosts = []
@@ -64,7 +65,7 @@ def parse_hostfile(text: str, path: str) -> List[Host]:
         words = line.split("#", 1)[0].split()
         if not words:
             continue
-        where = f"--hostfile {path!r}, line {number}"
+        where = f"{flag} {path!r}, line {number}"
         host = _host_from(words[0], where)
         for word in words[1:]:
             key, _, value = word.partition("=")
@@ -76,20 +77,20 @@ def parse_hostfile(text: str, path: str) -> List[Host]:
             host = Host(host.name, int(value))
         hosts.append(host)
     if not hosts:
-        raise UsageError(f"--hostfile {path!r} lists no hosts; add lines such as "
+        raise UsageError(f"{flag} {path!r} lists no hosts; add lines such as "
                          "'node1 slots=4'")
-    return _no_duplicates(hosts, f"--hostfile {path!r}")
+    return _no_duplicates(hosts, f"{flag} {path!r}")
 
 
-def read_hostfile(path: str) -> List[Host]:
+def read_hostfile(path: str, flag: str = "--hostfile") -> List[Host]:
     try:
         with open(path, encoding="utf-8") as f:
             text = f.read()
     except (OSError, UnicodeDecodeError) as e:
         reason = e.strerror if isinstance(e, OSError) and e.strerror else str(e)
-        raise UsageError(f"--hostfile {path!r} cannot be read ({reason}); pass a readable "
+        raise UsageError(f"{flag} {path!r} cannot be read ({reason}); pass a readable "
                          "text file with one 'host slots=N' line per host") from None
-    return parse_hostfile(text, path)
+    return parse_hostfile(text, path, flag)
 
 
 def format_hosts(hosts: Sequence[Host]) -> str:
@@ -97,7 +98,7 @@ def format_hosts(hosts: Sequence[Host]) -> str:
 
 
 def resolve_num_proc(num_proc: Optional[int], hosts: Optional[List[Host]],
-                     host_flag: str) -> int:
+                     host_flag: str, np_flag: str = "-np") -> int:
     """-np, or the hosts' total slots when -np is not given. Asking for more
     processes than slots is refused for every MPI (Open MPI refuses it too, MPICH
     would stack the extra ranks on the listed hosts): list more slots instead."""
@@ -111,8 +112,8 @@ def resolve_num_proc(num_proc: Optional[int], hosts: Optional[List[Host]],
     if num_proc is None:
         return slots
     if num_proc > slots:
-        raise UsageError(f"-np {num_proc} is more than the {slots} slot(s) of {host_flag} "
-                         f"({format_hosts(hosts)}); lower -np to {slots} or give the hosts "
+        raise UsageError(f"{np_flag} {num_proc} is more than the {slots} slot(s) of {host_flag} "
+                         f"({format_hosts(hosts)}); lower {np_flag} to {slots} or give the hosts "
                          "more slots (host:slots)")
     return num_proc
 
@@ -142,7 +143,9 @@ def unresolved_hosts(hosts: Sequence[Host], host_flag: str,
                              "resolve (DNS, /etc/hosts)") from None
 
 
-def _is_this_host(name: str) -> bool:
+def is_this_host(name: str) -> bool:
+    """Whether `name` is this machine (its name, localhost, or one of its
+    addresses): no remote shell is needed to start a process there."""
     here = socket.gethostname()
     if name in ("localhost", here, here.split(".")[0]):
         return True
@@ -155,7 +158,7 @@ def _is_this_host(name: str) -> bool:
 
 
 def check_remote_starts(hosts: Sequence[Host], shell: Sequence[str], timeout: float = 60,
-                        is_this_host=_is_this_host) -> None:
+                        is_this_host=is_this_host) -> None:
     """Starts `true` on every host that is not this one through `shell`, all
     at once; refuses the first that fails or takes over `timeout` seconds,
     naming it and the fix, before the launcher would fail or wait on it."""

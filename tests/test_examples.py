@@ -20,6 +20,37 @@ def run_example(name, *args, timeout=120):
                           capture_output=True, text=True, timeout=timeout)
 
 
+def load_mnist_gluon():
+    import importlib.util
+    spec = importlib.util.spec_from_file_location(
+        "mnist_gluon_example", os.path.join(ROOT, "examples", "mnist_gluon.py"))
+    example = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(example)
+    return example
+
+
+def test_mnist_gluon_warmup_schedule():
+    # Goyal et al.'s gradual warm-up: one rank's rate at step 0, the job's
+    # (size times it) from warmup_steps on, linear in between.
+    warmup_lr = load_mnist_gluon().warmup_lr
+    assert [warmup_lr(step, 4, 0.5, 8) for step in range(6)] == [0.5, 1.375, 2.25, 3.125, 4, 4]
+    assert warmup_lr(0, 0, 0.5, 8) == 4  # no warm-up: the job's rate at once
+    assert [warmup_lr(step, 3, 0.5, 1) for step in range(4)] == [0.5] * 4  # one rank
+
+
+def test_mnist_gluon_default_batch_keeps_the_steps():
+    example = load_mnist_gluon()
+    assert example.MIN_STEPS == 20
+    # The digits' 1,437 training samples, shared by 1 to 8 ranks: 32 while
+    # that makes 20 steps an epoch, then the largest batch that does.
+    shares = [1437 // size for size in range(1, 9)]
+    batches = [example.default_batch_size(share) for share in shares]
+    assert batches == [32, 32, 23, 17, 14, 11, 10, 8]
+    assert all(share // batch >= 20 for share, batch in zip(shares, batches))
+    assert example.default_batch_size(60000 // 8) == 32  # MNIST: 32 at 8 ranks
+    assert example.default_batch_size(5) == 1
+
+
 def test_module_mnist():
     result = run_example("module_mnist.py", "--epochs", "3")
     assert result.returncode == 0, result.stderr
