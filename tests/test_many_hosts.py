@@ -1,11 +1,11 @@
 """hvdmx across hosts: jobs on test hosts (tools/testhosts.py, network and UTS
 namespaces on this machine, MPI over TCP between them) at 2 and 3 hosts with 1
-and 2 ranks each. Mostly the multi-rank tests of tests/parallel, run across
+and 2 ranks each, and 5 hosts of 2. Mostly the multi-rank tests of tests/parallel, run across
 the hosts; here only what needs the hosts themselves: the topology, the bytes
 on the wire, the digits example and hvdmxrun -H.
 
 Needs root (network namespaces); without it every test is skipped with the
-reason. One set of three hosts serves the whole module, and is removed at the
+reason. One set of five hosts serves the whole module, and is removed at the
 end, also when a test fails (and by the harness's reaper if pytest dies)."""
 import glob
 import os
@@ -37,7 +37,7 @@ def th():
     reason = testhosts.unavailable()
     if reason:
         pytest.skip(reason)
-    with testhosts.hosts(3) as instance:
+    with testhosts.hosts(5) as instance:
         yield instance
 
 
@@ -187,6 +187,10 @@ LAYOUTS = {
                                 "or (alltoall_with_splits and float32) or (ragged_rows and "
                                 "float32) or join_with_uneven or broadcast_object"),
     "3x2": ([2, 2, 2], COMMON + " or repeated_names"),
+    # Five leaders negotiate by recursive doubling (one folded in), the rest through
+    # shared memory: sets across and inside hosts, join, mismatches at rank 0.
+    "5x2": ([2] * 5, "topology or hierarchical_on_the_hosts or barrier or join_with_uneven "
+                     "or join_repeatedly or even_and_odd or a_set_per_host or mismatch"),
 }
 
 

@@ -70,6 +70,21 @@ def test_parallel_tests_over_tcp(nranks, tmp_path):
     assert " passed" in out and " failed" not in out, out[-2000:]
 
 
+def test_six_ranks_negotiate_by_recursive_doubling(tmp_path):
+    # Beyond 4 ranks the bit-and is recursive doubling (6: two ranks folded in), new
+    # names are gathered up the tree, and each rank links only with its partners:
+    # the files that use the slow path most (mismatches, join, process sets).
+    files = ["test_basics.py", "test_join_barrier_objects.py", "test_errors.py",
+             "test_process_sets.py"]
+    argv = [MPIEXEC, "-n", "6", PYTHON, "-m", "pytest", "-q", "-x", "-p",
+            "no:cacheprovider", "--timeout=120", "--timeout-method=thread",
+            "--hypothesis-seed=0", *[f"tests/parallel/{f}" for f in files]]
+    code, out, err = run(argv, {"HVDMX_TRANSPORT": "tcp", "HVDMX_ALLREDUCE_ALGO": "mpi"},
+                         timeout=380)
+    assert code == 0, f"{out[-5000:]}\n{err[-3000:]}"
+    assert out.count(" passed") == 6 and " failed" not in out, out[-2000:]
+
+
 def test_an_interface_without_an_address_fails_init_naming_it():
     code, out, err = run([MPIEXEC, "-n", "2", PYTHON, "-c", "import hvdmx; hvdmx.init()"],
                          {"HVDMX_TRANSPORT": "tcp", "HVDMX_TCP_IFACE": "nosuch0"}, timeout=120)
