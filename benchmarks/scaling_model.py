@@ -3,7 +3,7 @@ the scale harness's cached rounds (python -m hvdmx.bench scale --json), then tak
 1,024, 6,000 and 27,600 ranks.
 
     python -m hvdmx.bench scale --model none --json > scale.json
-    python benchmarks/scaling_model.py --harness scale.json --alpha-us 11 \\
+    python benchmarks/scaling_model.py --harness scale.json --alpha-us 13 \\
         --c0-us 12 --c-req-us 0.62 --overlap 0.5
 
 The constants (docs/scaling.md says where each was measured):
