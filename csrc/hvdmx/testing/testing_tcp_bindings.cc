@@ -41,7 +41,7 @@ std::unique_ptr<TcpComm> MakeComm(int rank, int n, ThreadExchange* exchange, Tcp
 
 // Every collective of the Comm interface, from every root, on n ranks
 // (RecordCollectives); bit-ands go rank to rank up to
-// `direct_bit_and_ranks` ranks, through rank 0 beyond. Per rank: what it
+// `direct_bit_and_ranks` ranks, by recursive doubling beyond. Per rank: what it
 // got, and the connections it made.
 std::vector<py::dict> TestingTcpCollectives(int n, int direct_bit_and_ranks, int64_t count,
                                             int64_t segment_bytes) {
