@@ -157,6 +157,15 @@ def test_topology_and_bytes_on_the_wire(th, per_host):
             assert moved >= count * 4, f"{h} {key}: {moved} bytes for a {count * 4}-byte allreduce"
 
 
+def test_hosts_with_unequal_rank_counts_negotiate_alike_and_say_so_once(th):
+    # 2 ranks on one host, 1 on the other: no leader scheme, said once by rank 0.
+    code, out, err = run_job(th, [PYTHON, "-c", TOPOLOGY, "1024"], [2, 1])
+    assert code == 0, err
+    rows = [line.split() for line in out.splitlines() if line.startswith("rank")]
+    assert sorted(r[9] for r in rows) == ["direct"] * 3, rows
+    assert err.count("negotiation runs over all 3 ranks alike") == 1, err[-3000:]
+
+
 # ---- the multi-rank tests across hosts -----------------------------------------
 
 # Per layout, one job that runs a representative share of tests/parallel

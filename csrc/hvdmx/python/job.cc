@@ -124,13 +124,16 @@ std::unique_ptr<Comm> NegotiationComm(MPI_Comm comm, const Config& config, bool 
   const bool tree = across_hosts && shm != nullptr && shm->hierarchical() &&
                     Controller::BitWords(config.cache_capacity) <= ShmControl::kMaxBitAndWords;
   if (!tree) {
-    if (across_hosts && rank == 0) {
-      HVDMX_LOG(kInfo) << "negotiation: over all " << size
-                       << " ranks alike (by recursive doubling beyond "
-                       << P2PComm::kDirectBitAndRanks
-                       << "), not through one leader a host: that needs the same number of "
-                          "ranks, more than one, on every host, shared memory and "
-                          "HVDMX_HIERARCHICAL_ALLREDUCE not 0";
+    // With one rank on every host the leaders are all the ranks: nothing to say.
+    int most_on_a_host = HostRankCount(comm);
+    MPI_Allreduce(MPI_IN_PLACE, &most_on_a_host, 1, MPI_INT, MPI_MAX, comm);
+    if (across_hosts && most_on_a_host > 1 && rank == 0) {
+      HVDMX_LOG(kWarning) << "hvdmx: negotiation runs over all " << size
+                          << " ranks alike (recursive doubling beyond "
+                          << P2PComm::kDirectBitAndRanks
+                          << "), not through one leader a host, which needs the same number "
+                             "of ranks on every host, shared memory between them and "
+                             "HVDMX_HIERARCHICAL_ALLREDUCE not 0 (docs/scaling.md)";
     }
     return CommOver(comm, config, busy, /*for_negotiation=*/true);
   }
