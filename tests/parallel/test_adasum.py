@@ -163,6 +163,21 @@ def test_every_rank_count_with_a_tiny_fusion_threshold(world):
             check_close(x.asnumpy(), want, "float32")
 
 
+@pytest.mark.parametrize("dtype", FLOATS)
+def test_hierarchical_averages_in_each_host_then_adasum_between_hosts(world, dtype):
+    """HVDMX_ADASUM_HIERARCHICAL=1 on pretend hosts of two ranks."""
+    rank, size = world
+    with restarted({"HVDMX_ADASUM_HIERARCHICAL": "1", "HVDMX_TESTING_RANKS_PER_HOST": "2"}):
+        counts = [size + 1, 1, 300]
+        got = hvd.grouped_allreduce([mx.nd.array(gradient(rank, c, dtype, salt=t), dtype=dtype)
+                                     for t, c in enumerate(counts)], op=hvd.Adasum)
+        for t, (g, c) in enumerate(zip(got, counts)):
+            vectors = [gradient(r, c, dtype, salt=t).astype(np.float64) for r in range(size)]
+            hosts = [vectors[h:h + 2] for h in range(0, size, 2)]
+            want = reference([np.mean(host, axis=0) for host in hosts])
+            check_close(g.asnumpy(), want, dtype)
+
+
 @pytest.mark.parametrize("dtype", ["int32", "uint8", "int64", "int8"])
 def test_integer_tensors_are_refused_at_the_call(dtype):
     x = mx.nd.ones((3,), dtype=dtype)

@@ -1,7 +1,9 @@
 #include "algorithms/adasum.h"
 
 #include <algorithm>
+#include <cstring>
 
+#include "algorithms/reduce_kernels.h"
 #include "base/float_formats.h"
 
 namespace hvdmx {
@@ -200,8 +202,8 @@ class Run {
 };
 
 template <typename F>
-void RunOn(Comm& comm, const std::vector<int>& group, void* buf,
-           const std::vector<int64_t>& counts, AdasumScratch* scratch) {
+void RunOn(Comm& comm, const std::vector<int>& group, void* buf, const std::vector<int64_t>& counts,
+           AdasumScratch* scratch) {
   Run<F>(comm, group, static_cast<typename F::Storage*>(buf), counts, scratch).Execute();
 }
 
@@ -227,6 +229,56 @@ void AdasumAllreduce(Comm& comm, const std::vector<int>& group, void* buf,
     default: break;
   }
   HVDMX_CHECK(false, "Adasum of " + DataTypeName(dtype) + " (the Python layer refuses it)");
+}
+
+AdasumHosts FindAdasumHosts(Comm& comm, const std::string& host_key) {
+  const int n = comm.size();
+  std::vector<char> keys(static_cast<size_t>(n) * kMaxHostKeyBytes, 0);
+  char* mine = keys.data() + static_cast<size_t>(comm.rank()) * kMaxHostKeyBytes;
+  std::memcpy(mine, host_key.data(), std::min<size_t>(host_key.size(), kMaxHostKeyBytes));
+  std::vector<Comm::Request> requests;
+  for (int r = 0; r < n; ++r) {
+    if (r == comm.rank()) continue;
+    requests.push_back(
+        comm.IRecv(keys.data() + static_cast<size_t>(r) * kMaxHostKeyBytes, kMaxHostKeyBytes, r));
+    requests.push_back(comm.ISend(mine, kMaxHostKeyBytes, r));
+  }
+  for (Comm::Request request : requests) comm.Wait(request);
+  auto key = [&](int r) {
+    return std::string(keys.data() + static_cast<size_t>(r) * kMaxHostKeyBytes, kMaxHostKeyBytes);
+  };
+  AdasumHosts hosts;
+  for (int r = 0; r < n; ++r) {
+    if (key(r) == key(comm.rank())) hosts.mine.push_back(r);
+    bool first = true;  // the lowest rank with its key
+    for (int q = 0; q < r && first; ++q) first = key(q) != key(r);
+    if (first) hosts.leaders.push_back(r);
+  }
+  return hosts;
+}
+
+void HierarchicalAdasumAllreduce(Comm& comm, const AdasumHosts& hosts, void* buf,
+                                 const std::vector<int64_t>& counts, DataType dtype,
+                                 AdasumScratch* scratch) {
+  int64_t total = 0;
+  for (int64_t count : counts) total += count;
+  const int64_t bytes = total * static_cast<int64_t>(DataTypeSize(dtype));
+  const int leader = hosts.mine.front();
+  if (comm.rank() != leader) {
+    Exchange(comm, leader, buf, bytes, nullptr, 0);
+    Exchange(comm, leader, nullptr, 0, buf, bytes);
+    return;
+  }
+  scratch->received.resize(std::max<size_t>(scratch->received.size(), bytes));
+  for (size_t i = 1; i < hosts.mine.size(); ++i) {
+    Exchange(comm, hosts.mine[i], nullptr, 0, scratch->received.data(), bytes);
+    ReduceInto(buf, scratch->received.data(), total, dtype, ReduceOp::kSum);
+  }
+  ScaleBuffer(buf, total, dtype, 1.0 / static_cast<double>(hosts.mine.size()));
+  AdasumAllreduce(comm, hosts.leaders, buf, counts, dtype, scratch);
+  for (size_t i = 1; i < hosts.mine.size(); ++i) {
+    Exchange(comm, hosts.mine[i], buf, bytes, nullptr, 0);
+  }
 }
 
 }  // namespace hvdmx

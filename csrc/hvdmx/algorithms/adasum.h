@@ -43,6 +43,7 @@
 #define HVDMX_ADASUM_H_
 
 #include <cstdint>
+#include <string>
 #include <vector>
 
 #include "base/common.h"
@@ -69,6 +70,28 @@ bool AdasumSupports(DataType dtype);
 // rank of the group calls it with the same counts and dtype.
 void AdasumAllreduce(Comm& comm, const std::vector<int>& group, void* buf,
                      const std::vector<int64_t>& counts, DataType dtype, AdasumScratch* scratch);
+
+// Which ranks of a comm share this rank's host, for the hierarchical
+// variant.
+struct AdasumHosts {
+  std::vector<int> mine;     // the ranks of this rank's host, ascending
+  std::vector<int> leaders;  // the lowest rank of each host, ascending
+};
+
+// Every rank's `host_key` (at most kMaxHostKeyBytes bytes; equal keys: one
+// host), exchanged with every other rank of `comm` once; all ranks call it.
+constexpr int64_t kMaxHostKeyBytes = 256;
+AdasumHosts FindAdasumHosts(Comm& comm, const std::string& host_key);
+
+// The hierarchical variant (HVDMX_ADASUM_HIERARCHICAL=1), as Horovod's GPU
+// Adasum: each host's ranks send their buffers to its leader, which sums
+// them in rank order and divides by the host's rank count (the host's
+// average); the leaders combine their averages by AdasumAllreduce; each
+// leader sends the result back to its host's ranks. Bitwise identical on
+// every rank as above; with one host it is the average.
+void HierarchicalAdasumAllreduce(Comm& comm, const AdasumHosts& hosts, void* buf,
+                                 const std::vector<int64_t>& counts, DataType dtype,
+                                 AdasumScratch* scratch);
 
 }  // namespace hvdmx
 

@@ -1,7 +1,10 @@
 #include "runtime/executor.h"
 
+#include <unistd.h>
+
 #include <algorithm>
 #include <cstring>
+#include <string>
 
 #include "algorithms/exchange_allreduce.h"
 #include "algorithms/reduce_kernels.h"
@@ -22,6 +25,18 @@ AllreduceAlgo ChooseAllreduce(const Config& config, int64_t bytes, bool shm_on) 
     case AllreduceAlgo::kShm: return shm_on ? AllreduceAlgo::kShm : AllreduceAlgo::kRing;
     default: return config.allreduce_algo;
   }
+}
+
+// What tells hosts apart for the hierarchical Adasum: the host's name, or
+// under HVDMX_TESTING_RANKS_PER_HOST the pretend host's number (as
+// shm_segment.cc splits the ranks).
+std::string AdasumHostKey(const Config& config, int rank) {
+  if (config.testing_ranks_per_host > 0) {
+    return "testing host " + std::to_string(rank / config.testing_ranks_per_host);
+  }
+  char name[kMaxHostKeyBytes + 1] = {};
+  if (gethostname(name, kMaxHostKeyBytes) != 0) return "unnamed host";
+  return name;
 }
 
 }  // namespace
@@ -471,7 +486,18 @@ const char* Executor::RunAdasumGroup(const FusionGroup& group,
   }
   const int64_t count = group.bytes / elem;
   ScaleBuffer(buffer, count, dtype, head.scale.pre);
-  AdasumAllreduce(comm_, {}, buffer, adasum_counts_, dtype, &adasum_scratch_);
+  const char* algorithm = "ADASUM_ALLREDUCE";
+  if (config_.adasum_hierarchical && comm_.size() > 1) {
+    if (!adasum_hosts_found_) {
+      adasum_hosts_ = FindAdasumHosts(comm_, AdasumHostKey(config_, comm_.rank()));
+      adasum_hosts_found_ = true;
+    }
+    HierarchicalAdasumAllreduce(comm_, adasum_hosts_, buffer, adasum_counts_, dtype,
+                                &adasum_scratch_);
+    algorithm = "HIERARCHICAL_ADASUM";
+  } else {
+    AdasumAllreduce(comm_, {}, buffer, adasum_counts_, dtype, &adasum_scratch_);
+  }
   ScaleBuffer(buffer, count, dtype, head.scale.post);
   if (!alone) {
     int64_t at = 0;
@@ -481,7 +507,7 @@ const char* Executor::RunAdasumGroup(const FusionGroup& group,
       at += bytes;
     }
   }
-  return comm_.size() == 1 ? "LOCAL_ALLREDUCE" : "ADASUM_ALLREDUCE";
+  return comm_.size() == 1 ? "LOCAL_ALLREDUCE" : algorithm;
 }
 
 }  // namespace hvdmx

@@ -126,7 +126,11 @@ class Executor {
   std::vector<char> exchange_scratch_;  // ExchangeAllreduce
   RingScratch ring_scratch_;
   AdasumScratch adasum_scratch_;
-  std::vector<int64_t> adasum_counts_;  // an Adasum group's tensors, reused
+  // HVDMX_ADASUM_HIERARCHICAL's hosts, found at the first Adasum that needs
+  // them (every rank runs it in the same round).
+  AdasumHosts adasum_hosts_;
+  bool adasum_hosts_found_ = false;
+  std::vector<int64_t> adasum_counts_;     // an Adasum group's tensors, reused
   std::vector<int64_t> starts_;            // chunk boundaries, reused
   std::vector<int64_t> tensor_starts_;     // one tensor's blocks (allgather unpacking:
                                            // bytes each packed tensor has), reused
