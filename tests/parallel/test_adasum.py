@@ -2,6 +2,8 @@
 same recursion (csrc/hvdmx/algorithms/adasum.h), the hand-made cases that
 are exact (orthogonal gradients add, identical ones average), tensor
 boundaries inside a fused group, and what the call refuses."""
+import socket
+
 import mxnet as mx
 import numpy as np
 import pytest
@@ -176,6 +178,22 @@ def test_hierarchical_averages_in_each_host_then_adasum_between_hosts(world, dty
             hosts = [vectors[h:h + 2] for h in range(0, size, 2)]
             want = reference([np.mean(host, axis=0) for host in hosts])
             check_close(g.asnumpy(), want, dtype)
+
+
+def test_hierarchical_on_the_real_hosts(world):
+    """HVDMX_ADASUM_HIERARCHICAL=1 with the hosts the job runs on (one here;
+    tests/test_many_hosts.py runs it across test hosts): each host's
+    average, combined by Adasum in the order of the hosts' lowest ranks."""
+    rank, size = world
+    names = hvd.allgather_object(socket.gethostname(), name="adasum.hostnames")
+    with restarted({"HVDMX_ADASUM_HIERARCHICAL": "1"}):
+        count = 2 * size + 3
+        got = hvd.allreduce(mx.nd.array(gradient(rank, count, "float32")), op=hvd.Adasum)
+        hosts = {}
+        for r, host in enumerate(names):  # in rank order: hosts by their lowest rank
+            hosts.setdefault(host, []).append(gradient(r, count, "float32").astype(np.float64))
+        want = reference([np.mean(vectors, axis=0) for vectors in hosts.values()])
+        check_close(got.asnumpy(), want, "float32")
 
 
 @pytest.mark.parametrize("dtype", ["int32", "uint8", "int64", "int8"])
