@@ -231,12 +231,14 @@ def everyones(array):
 everyones.calls = 0
 
 
-def test_trainer_applies_the_adasum_of_the_gradients_at_one_rank_scale(world):
+@pytest.mark.parametrize("num_groups", [0, 2])
+def test_trainer_applies_the_adasum_of_the_gradients_at_one_rank_scale(world, num_groups):
     rank, size = world
     net = mx.gluon.nn.Dense(3, in_units=5)
     net.initialize(mx.init.Constant(0.5))
     trainer = hvd.DistributedTrainer(net.collect_params(), "sgd", {"learning_rate": 0.5},
-                                     op=hvd.Adasum, prefix="adasum.trainer.")
+                                     op=hvd.Adasum, prefix=f"adasum.trainer{num_groups}.",
+                                     num_groups=num_groups)
     params = sorted(net.collect_params().items())
     x = mx.nd.array(gradient(rank, 10, "float32").reshape(2, 5))
     with mx.autograd.record():
