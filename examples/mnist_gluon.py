@@ -12,7 +12,9 @@ each host every step). The learning rate follows the job's batch linearly,
 after a linear warm-up from one rank's (Goyal et al.), and the default batch
 per rank shrinks where the data set would leave too few steps an epoch: at
 1 to 8 ranks the digits reach a test accuracy >= 0.95 (docs/training.md,
-"The digits example at 1 to 8 ranks"). Rank 0 logs MXNet
+"The digits example at 1 to 8 ranks"). With --op adasum the gradients are
+combined by Adasum instead of averaged, at one rank's learning rate at any
+number of ranks, without warm-up (docs/training.md#adasum). Rank 0 logs MXNet
 Speedometer lines (speed in samples/sec of the whole job). At the end, the
 test accuracy over the whole test set, and a check that every rank holds
 bitwise-identical parameters (the exit status is 1 when they differ).
@@ -62,11 +64,16 @@ def parse_args(argv=None):
     parser.add_argument("--lr", type=float, default=0.02,
                         help="learning rate of a batch of 32; the job's batch of B samples "
                              "uses lr x B / 32, lr x ranks at 32 per rank (linear scaling), "
-                             "reached after the warm-up")
+                             "reached after the warm-up (with --op adasum: lr x B / 32 for "
+                             "a rank's batch of B, at any number of ranks)")
     parser.add_argument("--warmup-epochs", type=float, default=2,
                         help="epochs over which the learning rate grows linearly from one "
                              "rank's to the job's (Goyal et al.'s gradual warm-up; 0: the "
                              "job's from the first step)")
+    parser.add_argument("--op", choices=["average", "adasum"], default="average",
+                        help="how the gradients are combined: average (learning rate scaled "
+                             "with the ranks, after the warm-up) or adasum (Adasum, one "
+                             "rank's learning rate, no warm-up)")
     parser.add_argument("--momentum", type=float, default=0.9, help="SGD momentum")
     parser.add_argument("--log-interval", type=int, default=10,
                         help="batches between Speedometer lines")
@@ -235,13 +242,17 @@ def main(argv=None):
     # One rank's learning rate for its batch; the job's is size times that.
     rank_lr = args.lr * batch_size / 32
     compression = getattr(hvd.Compression, "fp16" if args.fp16_allreduce else args.compression)
+    adasum = args.op == "adasum"
+    # Adasum's step has one rank's size: one rank's rate, nothing to warm up to.
+    lr_ranks = 1 if adasum else size
     trainer = hvd.DistributedTrainer(net.collect_params(), "sgd",
-                                     {"learning_rate": rank_lr * size,
+                                     {"learning_rate": rank_lr * lr_ranks,
                                       "momentum": args.momentum},
                                      compression=compression,
                                      local_sgd_steps=args.local_sgd_steps,
                                      hierarchical_local_sgd=args.hierarchical_local_sgd,
-                                     easgd_beta=args.easgd_beta)
+                                     easgd_beta=args.easgd_beta,
+                                     op=hvd.Adasum if adasum else hvd.Average)
     loss_fn = gluon.loss.SoftmaxCrossEntropyLoss()
     metric = mx.metric.Accuracy()
     speedometer = mx.callback.Speedometer(batch_size * size, args.log_interval)
@@ -255,7 +266,7 @@ def main(argv=None):
             .permutation(len(x_local))
         for nbatch in range(steps):
             trainer.set_learning_rate(warmup_lr(epoch * steps + nbatch, warmup_steps, rank_lr,
-                                                size))
+                                                lr_ranks))
             idx = order[nbatch * batch_size:(nbatch + 1) * batch_size]
             data = mx.nd.array(x_local[idx], ctx=ctx)
             label = mx.nd.array(y_local[idx], ctx=ctx)

@@ -66,6 +66,9 @@ def parse_args(argv=None):
     parser.add_argument("--easgd-beta", type=float, default=None, metavar="BETA",
                         help="with --local-sgd-steps H: elastic averaging (EASGD) every H "
                              "steps instead of the average (hvdmx only)")
+    parser.add_argument("--op", choices=["average", "adasum"], default="average",
+                        help="how the gradients are combined: average (learning rate 0.01 x "
+                             "ranks) or adasum (Adasum, learning rate 0.01; hvdmx only)")
     parser.add_argument("--no-overlap", action="store_true",
                         help="wait for the whole backward pass before the first allreduce "
                              "starts (no overlap of communication with backward), and "
@@ -94,6 +97,11 @@ def parse_args(argv=None):
         parser.error("--local-sgd-steps, --hierarchical-local-sgd and --easgd-beta are "
                      "hvdmx's local SGD, which sends no gradients: give them without "
                      "--horovod, --sync-only and compression")
+    if args.op == "adasum" and (args.horovod or args.sync_only or args.local_sgd_steps != 1
+                                or args.compression == "onebit"):
+        parser.error("--op adasum combines the gradients with hvdmx's Adasum (Horovod's MXNet "
+                     "binding has none): give it without --horovod, --sync-only, "
+                     "--local-sgd-steps and --compression onebit")
     for flag in ("fp16_allreduce", "no_overlap"):
         if args.sync_only and getattr(args, flag):
             parser.error(f"--{flag.replace('_', '-')} is about the gradients' allreduce, "
@@ -126,7 +134,8 @@ def main(argv=None):
     if args.fp16_allreduce:
         args.compression = "fp16"
     compression = getattr(hvd.Compression, args.compression)
-    optimizer_params = {"learning_rate": 0.01 * size, "momentum": 0.9}
+    adasum = args.op == "adasum"
+    optimizer_params = {"learning_rate": 0.01 * (1 if adasum else size), "momentum": 0.9}
     if args.sync_only:
         trainer = gluon.Trainer(net.collect_params(), "sgd", optimizer_params, kvstore=None)
     else:
@@ -134,7 +143,8 @@ def main(argv=None):
                                          compression=compression,
                                          local_sgd_steps=args.local_sgd_steps,
                                          hierarchical_local_sgd=args.hierarchical_local_sgd,
-                                         easgd_beta=args.easgd_beta)
+                                         easgd_beta=args.easgd_beta,
+                                         **({"op": hvd.Adasum} if adasum else {}))
     loss_fn = gluon.loss.SoftmaxCrossEntropyLoss()
     data = mx.nd.random.uniform(-1, 1, shape=(args.batch_size, 3, args.image_size,
                                               args.image_size), ctx=ctx)

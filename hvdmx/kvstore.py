@@ -44,8 +44,8 @@ from hvdmx.basics import rank, size
 from hvdmx.compression import Compression, Compressor, _check_quantizable, _exchange_with_residual
 from hvdmx.errors import InvalidArgumentError
 from hvdmx.process_sets import global_process_set
-from hvdmx.ops import Sum, allreduce, allreduce_, broadcast_
-from hvdmx.optimizer import _plain_layout
+from hvdmx.ops import Adasum, Average, Sum, allreduce, allreduce_, broadcast_
+from hvdmx.optimizer import _check_training_op, _plain_layout
 
 __all__ = ["KVStore"]
 
@@ -129,10 +129,18 @@ class KVStore(KVStoreBase):
     set_gradient_compression. ``prefix`` starts every tensor name, so that stores
     used at the same time do not mix up their keys. Needs ``hvd.init()``
     first. ``mx.kv.create('dist_sync_hvdmx')`` makes one with the defaults.
+
+    ``op=hvd.Adasum`` combines the ranks' values by Adasum
+    (docs/collectives.md) instead of summing them, multiplied by
+    ``hvd.size()`` so that the Trainer's and Module's division by the whole
+    job's batch (see above) leaves the Adasum of the ranks' mean gradients:
+    the learning rate is then the one of a single rank (docs/training.md).
+    It takes Compression.none or Compression.fp16, and no
+    set_gradient_compression.
     """
 
     def __init__(self, compression: Type[Compressor] = Compression.none,
-                 prefix: Optional[str] = None) -> None:
+                 prefix: Optional[str] = None, op: int = Average) -> None:
         if not (callable(getattr(compression, "compress", None))
                 and callable(getattr(compression, "decompress", None))):
             raise TypeError("hvdmx.KVStore: argument 'compression' must be "
@@ -142,6 +150,7 @@ class KVStore(KVStoreBase):
             raise TypeError("hvdmx.KVStore: argument 'prefix' must be a str or None, got "
                             f"{type(prefix).__name__}")
         size()  # raises a clear error before init()
+        self._op = _check_training_op("KVStore", op, 1.0, global_process_set, compression)
         self._compression = compression
         self._prefix = prefix if prefix else ""
         # set_gradient_compression's (type, threshold), and its residuals by
@@ -151,7 +160,8 @@ class KVStore(KVStoreBase):
 
     def __repr__(self) -> str:
         compression = getattr(self._compression, "__name__", repr(self._compression))
-        return f"hvdmx.KVStore(compression={compression}, prefix={self._prefix!r})"
+        op = ", op=hvd.Adasum" if self._op == Adasum else ""
+        return f"hvdmx.KVStore(compression={compression}, prefix={self._prefix!r}{op})"
 
     # --- what the job looks like ----------------------------------------
 
@@ -230,15 +240,18 @@ class KVStore(KVStoreBase):
         for other in values[1:]:
             total += other.as_in_context(total.context)
         sent, ctx = self._compression.compress(total)
+        # Adasum's result is one gradient's size: times size() for the
+        # division by the whole job's batch (see the class doc).
+        op, post = (Adasum, float(size())) if self._op == Adasum else (Sum, 1.0)
         if outs is None:  # in place
-            allreduce_(sent, op=Sum, name=name, priority=priority)
+            allreduce_(sent, op=op, name=name, priority=priority, postscale_factor=post)
             if sent is not total:
                 self._compression.decompress(sent, ctx).copyto(total)
             targets = values[1:]
         else:
             # 'value' is only read: the sum goes to a new array, then to 'out'.
             total = self._compression.decompress(
-                allreduce(sent, op=Sum, name=name, priority=priority), ctx)
+                allreduce(sent, op=op, name=name, priority=priority, postscale_factor=post), ctx)
             targets = outs
         for t in targets:
             if t.handle.value != total.handle.value:
@@ -312,6 +325,11 @@ class KVStore(KVStoreBase):
             raise ValueError(f"{fn}: compression_params['type']={kind!r} is not supported; use "
                              "'2bit' (MXNet's, with a 'threshold') or '1bit' (hvdmx's "
                              "Compression.onebit)")
+        if self._op == Adasum:
+            raise ValueError(f"{fn}: compression_params['type']={kind!r} sums quantized "
+                             "values and cannot take this store's op=hvd.Adasum; use "
+                             "hvd.KVStore(op=hvd.Adasum, compression=hvd.Compression.fp16) "
+                             "without compression_params, or op=hvd.Average")
         if self._compression is not Compression.none:
             raise ValueError(f"{fn}: this store was created with compression="
                              f"{getattr(self._compression, '__name__', self._compression)}; use "

@@ -112,11 +112,33 @@ def _resolve_op(fn: str, average, op) -> int:
         return Average
     if isinstance(op, bool) or op not in _OP_NAMES:
         raise InvalidArgumentError(f"hvdmx.{fn}: argument 'op'={op!r} is not a reduction op; use "
-                                   "hvd.Sum, hvd.Average, hvd.Min, hvd.Max or hvd.Product")
-    if op == Adasum:
-        raise InvalidArgumentError(f"hvdmx.{fn}: op=hvd.Adasum is not implemented yet; use hvd.Sum "
-                                   "or hvd.Average")
+                                   "hvd.Sum, hvd.Average, hvd.Min, hvd.Max, hvd.Product or "
+                                   "hvd.Adasum")
     return op
+
+
+# Adasum combines floating gradients (csrc/hvdmx/algorithms/adasum.h).
+_ADASUM_CODES = frozenset(_core.DTYPE_CODES[name] for name in
+                          ("float16", "bfloat16", "float32", "float64")
+                          if name in _core.ARRAY_DTYPES)
+_CODE_NAMES = {code: name for name, code in _core.DTYPE_CODES.items()}
+
+
+def _check_adasum(fn: str, codes: Sequence[int], set_id: int, labels: Sequence[str]) -> None:
+    """What op=hvd.Adasum refuses at the call (the same on every rank, since
+    every rank makes the same call): a process set other than the global one,
+    and tensors that are not floating point."""
+    if set_id != 0:
+        raise InvalidArgumentError(f"hvdmx.{fn}: op=hvd.Adasum combines over all ranks, and "
+                                   f"process_set={set_id} is not the global set (as in "
+                                   "Horovod); use process_set=hvd.global_process_set, or "
+                                   "op=hvd.Average on the set")
+    for code, label in zip(codes, labels):
+        if code not in _ADASUM_CODES:
+            raise InvalidTypeError(f"hvdmx.{fn}: op=hvd.Adasum needs floating tensors, and "
+                                   f"argument '{label}' has dtype {_CODE_NAMES[code]}; use "
+                                   "float16, float32 or float64 (e.g. "
+                                   f"{label}.astype('float32')), or op=hvd.Sum")
 
 
 def _check_scale(fn: str, arg: str, value) -> float:
@@ -187,6 +209,10 @@ def _allreduce(fn, tensors, outputs, average, name, priority, prescale_factor,
     checked = [_check_tensor(fn, "tensor" if len(tensors) == 1 else f"tensors[{i}]", t)
                for i, t in enumerate(tensors)]
     op = _resolve_op(fn, average, op)
+    if op == Adasum:
+        _check_adasum(fn, [c[0] for c in checked], set_id,
+                      ["tensor"] if len(tensors) == 1 else [f"tensors[{i}]"
+                                                            for i in range(len(tensors))])
     prescale = _check_scale(fn, "prescale_factor", prescale_factor)
     postscale = _check_scale(fn, "postscale_factor", postscale_factor)
     device = _one_device(fn, checked)
@@ -207,8 +233,9 @@ def allreduce(tensor: mx.nd.NDArray, average: Optional[bool] = None, name: Optio
               op: Optional[int] = None) -> mx.nd.NDArray:
     """Reduces ``tensor`` over all ranks and returns the result as a new NDArray.
 
-    ``op`` is hvd.Average (the default), hvd.Sum, hvd.Min, hvd.Max or
-    hvd.Product; ``average`` is the deprecated boolean form. The input is
+    ``op`` is hvd.Average (the default), hvd.Sum, hvd.Min, hvd.Max,
+    hvd.Product or hvd.Adasum (floating tensors, the global process set;
+    docs/collectives.md); ``average`` is the deprecated boolean form. The input is
     multiplied by ``prescale_factor`` before and the result by
     ``postscale_factor`` after the reduction. ``name`` must match across
     ranks (one is generated from a per-op counter when omitted).
@@ -238,6 +265,8 @@ def allreduce_(tensor: mx.nd.NDArray, average: Optional[bool] = None, name: Opti
     _check_common(fn, name, priority)
     set_id, _, _ = _set_for_call(fn, process_set)
     op = _resolve_op(fn, average, op)
+    if op == Adasum:
+        _check_adasum(fn, [_check_tensor(fn, "tensor", tensor)[0]], set_id, ["tensor"])
     prescale = _check_scale(fn, "prescale_factor", prescale_factor)
     postscale = _check_scale(fn, "postscale_factor", postscale_factor)
     _push_each_in_place(fn, set_id, [tensor], [name], [int(priority)], op, prescale, postscale,
@@ -274,6 +303,10 @@ def _allreduce_each_(tensors, names, priorities, op, prescale_factor, postscale_
     for i, t in enumerate(tensors):
         if not isinstance(t, mx.nd.NDArray):
             _check_tensor(fn, f"tensors[{i}]", t)
+    if op == Adasum:
+        _check_adasum(fn, [_check_tensor(fn, f"tensors[{i}]", t)[0]
+                           for i, t in enumerate(tensors)],
+                      set_id, [f"tensors[{i}]" for i in range(len(tensors))])
     _push_each_in_place(fn, set_id, tensors, names, priorities, op, prescale, postscale,
                         "tensors[{}]")
     return tensors

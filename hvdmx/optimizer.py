@@ -28,7 +28,9 @@ from mxnet.gluon.parameter import DeferredInitializationError, Parameter, Parame
 from hvdmx import _core
 from hvdmx.compression import Compression, Compressor, _check_quantizable, _exchange_with_residual
 from hvdmx.process_sets import ProcessSet, _check_registered, _set_for_call, global_process_set
-from hvdmx.ops import Sum, _allreduce_each_, _check_root, broadcast_, grouped_allreduce_
+from hvdmx.errors import InvalidArgumentError
+from hvdmx.ops import Adasum, Average, Sum, _allreduce_each_, _check_root, broadcast_, \
+    grouped_allreduce_
 
 __all__ = ["DistributedOptimizer", "broadcast_parameters"]
 
@@ -55,20 +57,45 @@ def _check_num_groups(fn: str, value) -> int:
     return int(value)
 
 
+def _check_training_op(fn: str, op, predivide: float, process_set, compression) -> int:
+    """``op`` of a trainer, optimizer or store: hvd.Average (gradients
+    averaged) or hvd.Adasum (combined by Adasum, applied at the one-rank
+    learning rate), with what Adasum refuses named at the call."""
+    if isinstance(op, bool) or op not in (Average, Adasum):
+        raise InvalidArgumentError(f"hvdmx.{fn}: argument 'op'={op!r} is not supported; use "
+                                   "hvd.Average (the default) or hvd.Adasum")
+    if op != Adasum:
+        return op
+    if predivide != 1.0:
+        raise InvalidArgumentError(f"hvdmx.{fn}: argument 'gradient_predivide_factor'="
+                                   f"{predivide!r} does not apply to op=hvd.Adasum (as in "
+                                   "Horovod); leave it at 1.0")
+    if process_set is not global_process_set:
+        raise InvalidArgumentError(f"hvdmx.{fn}: op=hvd.Adasum combines over all ranks, and "
+                                   f"process_set={process_set.process_set_id} is not the global "
+                                   "set; leave 'process_set' at hvd.global_process_set, or use "
+                                   "op=hvd.Average")
+    if compression is Compression.onebit:
+        raise InvalidArgumentError(f"hvdmx.{fn}: compression=hvd.Compression.onebit sums "
+                                   "quantized gradients and cannot take op=hvd.Adasum; use "
+                                   "hvd.Compression.none or hvd.Compression.fp16")
+    return op
+
+
 def _outside(process_set) -> bool:
     """True on a rank that is not in ``process_set`` (never for the global set)."""
     return process_set is not global_process_set and not process_set.included()
 
 
 def _reduce_by_dtype(tensors: List[mx.nd.NDArray], names: List[str], priority: int,
-                     prescale: float, postscale: float, process_set) -> None:
-    """One grouped in-place Sum per dtype present in ``tensors`` (a group is
-    one unit for the core, which wants a single dtype)."""
+                     prescale: float, postscale: float, process_set, op: int = Sum) -> None:
+    """One grouped in-place ``op`` per dtype present in ``tensors`` (a group
+    is one unit for the core, which wants a single dtype)."""
     by_dtype: Dict[np.dtype, List[int]] = {}
     for k, t in enumerate(tensors):
         by_dtype.setdefault(np.dtype(t.dtype), []).append(k)
     for ks in by_dtype.values():
-        grouped_allreduce_([tensors[k] for k in ks], op=Sum,
+        grouped_allreduce_([tensors[k] for k in ks], op=op,
                            name=f"{names[ks[0]]}:{names[ks[-1]]}", priority=priority,
                            prescale_factor=prescale, postscale_factor=postscale,
                            process_set=process_set)
@@ -110,6 +137,11 @@ class DistributedOptimizer(mx.optimizer.Optimizer):
     process_set.size()`` as Horovod's ``rescale_grad`` scales it there.
     ``compression`` (hvdmx's own argument) is Compression.none or
     Compression.onebit, whose residuals this object keeps by parameter index.
+    ``op=hvd.Adasum`` (hvdmx's own argument too; Horovod's MXNet binding has
+    no Adasum) combines the gradients by Adasum instead of averaging them:
+    each holds the Adasum of the ranks' gradients, to be applied at the
+    learning rate of one rank (docs/training.md); it takes the global
+    process set and Compression.none only, and gradient_predivide_factor 1.
 
     Attributes and the Optimizer methods (``rescale_grad``, ``idx2name``,
     ``aggregate_num``, ``lr``, ``set_learning_rate``, ``set_lr_mult``,
@@ -118,12 +150,13 @@ class DistributedOptimizer(mx.optimizer.Optimizer):
     """
 
     _OWN = frozenset({"_optimizer", "_gradient_predivide_factor", "_num_groups", "_process_set",
-                      "_compression", "_residuals"})
+                      "_compression", "_residuals", "_op"})
     _NAME_PREFIX = "DistributedOptimizer."
 
     def __init__(self, optimizer: mx.optimizer.Optimizer, gradient_predivide_factor: float = 1.0,
                  num_groups: int = 0, process_set: ProcessSet = global_process_set,
-                 compression: Type[Compressor] = Compression.none) -> None:
+                 compression: Type[Compressor] = Compression.none,
+                 op: int = Average) -> None:
         # Optimizer.__init__ is not called on purpose: this object keeps no
         # optimizer state of its own, everything lives in the wrapped one.
         if isinstance(optimizer, DistributedOptimizer):
@@ -151,6 +184,9 @@ class DistributedOptimizer(mx.optimizer.Optimizer):
                              "exchanges each gradient on its own; leave 'num_groups' at 0")
         object.__setattr__(self, "_compression", compression)
         object.__setattr__(self, "_residuals", {})
+        object.__setattr__(self, "_op", _check_training_op(
+            "DistributedOptimizer", op, self._gradient_predivide_factor, process_set,
+            compression))
 
     # Attribute forwarding. Reads of anything not defined here, and every
     # write except to the fields above, go to the wrapped optimizer, so
@@ -181,8 +217,9 @@ class DistributedOptimizer(mx.optimizer.Optimizer):
             object.__setattr__(self, k, v)
 
     def __repr__(self):
+        op = ", op=hvd.Adasum" if getattr(self, "_op", Average) == Adasum else ""
         return (f"hvdmx.DistributedOptimizer({self._optimizer!r}, gradient_predivide_factor="
-                f"{self._gradient_predivide_factor}, num_groups={self._num_groups})")
+                f"{self._gradient_predivide_factor}, num_groups={self._num_groups}{op})")
 
     def _allreduce_grads(self, index, grad) -> None:
         n = self._process_set.size()
@@ -191,6 +228,9 @@ class DistributedOptimizer(mx.optimizer.Optimizer):
             return
         f = self._gradient_predivide_factor
         pre, post = 1.0 / f, f / n
+        op = getattr(self, "_op", Average)  # a pickle from before op existed has none
+        if op == Adasum:
+            pre, post = 1.0, 1.0
         if isinstance(index, (list, tuple)):
             indices, grads = list(index), list(grad)
         else:
@@ -212,11 +252,13 @@ class DistributedOptimizer(mx.optimizer.Optimizer):
             for g, group in enumerate(positions):
                 if group:
                     _reduce_by_dtype([grads[k] for k in group], [names[k] for k in group],
-                                     -g, pre, post, self._process_set)
+                                     -g, pre, post, self._process_set,
+                                     Adasum if op == Adasum else Sum)
             return
         priorities = [int(-i if isinstance(i, numbers.Integral) else -k)
                       for k, i in enumerate(indices)]
-        _allreduce_each_(grads, names, priorities, Sum, pre, post, self._process_set)
+        _allreduce_each_(grads, names, priorities, Adasum if op == Adasum else Sum, pre, post,
+                         self._process_set)
 
     def update(self, index: Any, weight: mx.nd.NDArray, grad: mx.nd.NDArray,
                state: Any) -> None:

@@ -19,9 +19,9 @@ from mxnet.gluon.parameter import Parameter, ParameterDict
 from hvdmx.basics import size
 from hvdmx.compression import Compression, Compressor
 from hvdmx.errors import MismatchError
-from hvdmx.ops import Average, Max, Sum, _allreduce_each_, allreduce, broadcast_
+from hvdmx.ops import Adasum, Average, Max, Sum, _allreduce_each_, allreduce, broadcast_
 from hvdmx.optimizer import DistributedOptimizer, _check_num_groups, _check_predivide, \
-    _onebit_exchange, _outside, _reduce_by_dtype, _split_list
+    _check_training_op, _onebit_exchange, _outside, _reduce_by_dtype, _split_list
 from hvdmx.process_sets import ProcessSet, _check_registered, _host_process_set, \
     global_process_set
 
@@ -187,6 +187,14 @@ class DistributedTrainer(mx.gluon.Trainer):
     Average allreduce of each rank's distance to the center, named ``prefix
     + "easgd." + str(i)``). The ranks' parameters never become equal;
     ``average_parameters()`` sets every rank's to the center.
+
+    ``op=hvd.Adasum`` (hvdmx's own argument; Horovod's MXNet binding has no
+    Adasum) combines the gradients by Adasum (docs/collectives.md) instead
+    of averaging them, and ``_scale`` is not divided by the number of ranks:
+    train at the learning rate of one rank, with ``step`` given the local
+    batch size (docs/training.md). It takes the global process set,
+    Compression.none or Compression.fp16, ``gradient_predivide_factor`` 1
+    and ``local_sgd_steps`` 1.
     """
 
     # Its own state (set in __init__), declared for type checkers: its base,
@@ -201,6 +209,7 @@ class DistributedTrainer(mx.gluon.Trainer):
     _compression: Type[Compressor]
     _process_set: ProcessSet
     _hvdmx_checked: bool
+    _op: int
 
     def __init__(self, params: Union[ParameterDict, Dict[str, Parameter], List[Parameter]],
                  optimizer: Union[str, mx.optimizer.Optimizer],
@@ -210,7 +219,7 @@ class DistributedTrainer(mx.gluon.Trainer):
                  prefix: Optional[str] = None, num_groups: int = 0,
                  process_set: ProcessSet = global_process_set, local_sgd_steps: int = 1,
                  hierarchical_local_sgd: bool = False, easgd_beta: Optional[float] = None,
-                 **kwargs: Any) -> None:
+                 op: int = Average, **kwargs: Any) -> None:
         _reject_kvstore_arguments(kwargs)
         if isinstance(local_sgd_steps, bool) or not isinstance(local_sgd_steps, numbers.Integral) \
                 or local_sgd_steps < 1:
@@ -236,7 +245,12 @@ class DistributedTrainer(mx.gluon.Trainer):
                             f"with compress() and decompress(), got {compression!r}")
         size()  # raises a clear error before init()
         _check_registered("DistributedTrainer", process_set)  # this rank may be outside it
-        n = process_set.size()
+        op = _check_training_op("DistributedTrainer", op, predivide, process_set, compression)
+        if op == Adasum and local_sgd_steps != 1:
+            raise ValueError(f"hvdmx.DistributedTrainer: local_sgd_steps={local_sgd_steps} sends "
+                             "no gradients, so op=hvd.Adasum does not apply; leave 'op' at "
+                             "hvd.Average or local_sgd_steps at 1")
+        n = process_set.size() if op != Adasum else 1
         if isinstance(params, (list, tuple)):
             # Sorted like the dict case (which gluon.Trainer sorts by key), so
             # that position i is the same parameter on every rank.
@@ -262,6 +276,7 @@ class DistributedTrainer(mx.gluon.Trainer):
         self._residuals: Dict[int, mx.nd.NDArray] = {}  # Compression.onebit's, by index
         self._process_set = process_set
         self._hvdmx_checked = False
+        self._op = op
 
     def step(self, batch_size: int, ignore_stale_grad: bool = False) -> None:
         super().step(batch_size, ignore_stale_grad)
@@ -394,14 +409,15 @@ class DistributedTrainer(mx.gluon.Trainer):
             return
         compressed = [self._compression.compress(g) for g in grads]
         tensors = [t for t, _ in compressed]
+        op = Adasum if self._op == Adasum else Sum
         names = [self._prefix + str(i) for i, _ in entries]
         if self._num_groups > 0:
             for g, group in enumerate(_split_list(range(len(entries)), self._num_groups)):
                 if group:
                     _reduce_by_dtype([tensors[k] for k in group], [names[k] for k in group],
-                                     -g, prescale, 1.0, self._process_set)
+                                     -g, prescale, 1.0, self._process_set, op)
         else:
-            _allreduce_each_(tensors, names, [-i for i, _ in entries], Sum, prescale, 1.0,
+            _allreduce_each_(tensors, names, [-i for i, _ in entries], op, prescale, 1.0,
                              self._process_set)
         for g, (t, ctx) in zip(grads, compressed):
             if t is not g:

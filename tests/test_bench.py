@@ -94,6 +94,15 @@ def test_model_table():
     assert per_tensor == fused == copies == "nan"
 
 
+def test_model_table_with_adasum():
+    out = bench("model", "--model", "resnet18_v1", "--iters", "1", "--warmup", "0",
+                "--no-vs-mpi", "--adasum")
+    lines = out.splitlines()
+    assert lines[1].split()[:5] == ["hvdmx", "hvdmx", "Adasum", "Adasum/hvdmx", "memory"]
+    average, adasum, ratio = (float(x) for x in lines[2].split()[:3])
+    assert average > 0 and adasum > 0 and abs(ratio - adasum / average) < 0.01
+
+
 def test_rounds_give_each_column_its_median():
     rows = json.loads(bench("allreduce", "--min-bytes", "1K", "--max-bytes", "1K", "--iters", "2",
                             "--rounds", "3", "--json"))

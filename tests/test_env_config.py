@@ -55,6 +55,7 @@ def test_hvdmx_names_and_horovod_twins():
     ("HOROVOD_STALL_SHUTDOWN_TIME_SECONDS", "-2", "seconds >= 0"),
     ("HVDMX_HUGE_PAGES", "yes", "1 or 0"),
     ("HVDMX_SHM_PUSH", "on", "1 or 0"),
+    ("HVDMX_ADASUM_HIERARCHICAL", "yes", "1 or 0"),
     ("HVDMX_HALF_PARTIALS", "float16", "float32 (exact: partial sums in float32, rounded once) "
      "or half"),
     ("HVDMX_CPU_BIND", "socket", "one of auto, core, none"),
@@ -96,6 +97,14 @@ def test_direct_reads_between_ranks():
     for value, want in [("0", 0), ("-1", -1), ("1048576", 1 << 20), ("auto", "auto")]:
         c = _hvdmx_testing.load_config({"HOROVOD_SHM_DIRECT_MIN_BYTES": value})
         assert c["shm_direct_min_bytes"] == want
+
+
+def test_hierarchical_adasum_is_off_unless_asked_for():
+    assert _hvdmx_testing.load_config({})["adasum_hierarchical"] is False
+    assert _hvdmx_testing.load_config({"HVDMX_ADASUM_HIERARCHICAL": "1"})["adasum_hierarchical"] \
+        is True
+    assert _hvdmx_testing.load_config({"HOROVOD_ADASUM_HIERARCHICAL": "1"})[
+        "adasum_hierarchical"] is True
 
 
 def test_writing_into_peers_outputs():

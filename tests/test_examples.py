@@ -61,6 +61,27 @@ def test_module_mnist():
     assert "parameters bitwise identical on all 2 ranks" in result.stderr
 
 
+def test_mnist_gluon_with_adasum():
+    result = run_example("mnist_gluon.py", "--epochs", "3", "--op", "adasum")
+    assert result.returncode == 0, result.stderr
+    accuracy = re.search(r"test accuracy ([\d.]+) \(\d+/359\) after 3 epochs", result.stderr)
+    assert accuracy, result.stderr
+    assert float(accuracy.group(1)) > 0.5  # chance is 0.1; 8 epochs reach 0.98
+    assert "parameters bitwise identical on all 2 ranks" in result.stderr
+
+
+def test_synthetic_benchmark_with_adasum():
+    result = run_example("synthetic_benchmark.py", "--model", "resnet18_v1", "--image-size",
+                         "16", "--batch-size", "2", "--num-classes", "10",
+                         "--num-warmup-batches", "1", "--num-batches-per-iter", "1",
+                         "--num-iters", "2", "--op", "adasum")
+    assert result.returncode == 0, result.stderr
+    assert re.search(r"Total img/sec on 2 rank\(s\): [\d.]+ \+-[\d.]+", result.stdout)
+    refused = run_example("synthetic_benchmark.py", "--op", "adasum", "--horovod")
+    assert refused.returncode != 0
+    assert "--op adasum combines the gradients with hvdmx's Adasum" in refused.stderr
+
+
 def test_synthetic_benchmark():
     result = run_example("synthetic_benchmark.py", "--model", "resnet18_v1", "--image-size",
                          "32", "--batch-size", "2", "--num-classes", "10",

@@ -209,6 +209,14 @@ def test_parallel_tests_across_hosts(th, layout, tmp_path):
     run_parallel_tests(th, per_host, PARALLEL_FILES, tmp_path, select)
 
 
+def test_adasum_across_hosts(th, tmp_path):
+    """op=hvd.Adasum at 2 hosts x 2 ranks over hvdmx's TCP: the float64
+    reference, the exact cases, the trainers, and HVDMX_ADASUM_HIERARCHICAL on
+    the real hosts."""
+    passed = run_parallel_tests(th, [2, 2], ["test_adasum.py"], tmp_path)
+    assert any("hierarchical_on_the_real_hosts" in t for t in passed), passed
+
+
 # ---- the digits example and hvdmxrun -H ------------------------------------------
 
 def test_hvdmxrun_starts_the_digits_example_across_hosts(th):

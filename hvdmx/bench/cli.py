@@ -92,6 +92,10 @@ def main(argv=None) -> int:
     model.add_argument("--vs-mpi", action=argparse.BooleanOptionalAction, default=True,
                        help="also time MPI_Allreduce per tensor and fused, with and without "
                             "the copies into the fused buffer (default: on)")
+    model.add_argument("--adasum", action="store_true",
+                       help="also time the gradient set with op=hvd.Adasum, as "
+                            "DistributedTrainer(..., op=hvd.Adasum) reduces it, beside "
+                            "Average (default: off)")
     model.add_argument("--json", action="store_true")
     scale = sub.add_parser("scale", help="N ranks of the core as threads of this process "
                            "(no mpiexec): the negotiation's messages, latencies and time at "

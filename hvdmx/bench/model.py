@@ -51,6 +51,14 @@ def run_model(args) -> dict:
     mpi_bufs = [np.ones(s, dtype=d) for s, d in shapes]
     fused = np.ones(sum(int(np.prod(s)) for s, _ in shapes), dtype=np.float32)
 
+    adasum_names = [f"model.adasum.{i}" for i in range(len(grads))]
+
+    def adasum_step():
+        # The same with op=hvd.Adasum (DistributedTrainer(..., op=hvd.Adasum)).
+        _allreduce_each_(grads, adasum_names, priorities, hvd.Adasum, 1.0, 1.0,
+                         hvd.global_process_set)
+        mx.nd.waitall()
+
     def mpi_per_tensor():
         for b in mpi_bufs:
             comm.Allreduce(MPI.IN_PLACE, b, op=MPI.SUM)
@@ -74,6 +82,8 @@ def run_model(args) -> dict:
 
     warmup = args.warmup if args.warmup is not None else max(2, args.iters // 10)
     steps = {"hvdmx": hvdmx_step, "floor": memory_floor}
+    if args.adasum:
+        steps["adasum"] = adasum_step
     if args.vs_mpi:
         steps.update({"mpi_per_tensor": mpi_per_tensor, "mpi_fused": mpi_fused,
                       "mpi_fused_copies": mpi_fused_copies})

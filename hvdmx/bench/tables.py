@@ -68,10 +68,15 @@ def print_model(row: dict, n: int) -> None:
           f"{row['bytes'] / 1e6:.1f} MB, {n} ranks; ms per iteration "
           f"(mean of {row['iters']}{_of_rounds(row['rounds'])}); memory floor: "
           "every rank reads and writes its gradients once, all at once")
-    print(f"{'hvdmx':>10} {'memory floor':>13} {'MPI per tensor':>15} "
+    adasum = "adasum_ms" in row
+    print(f"{'hvdmx':>10} " + (f"{'hvdmx Adasum':>13} {'Adasum/hvdmx':>13} " if adasum else "")
+          + f"{'memory floor':>13} {'MPI per tensor':>15} "
           f"{'MPI fused':>10} {'MPI fused + copies':>19}")
     nan = float("nan")
-    print(f"{row['hvdmx_ms']:>10.1f} {row['floor_ms']:>13.1f} "
+    print(f"{row['hvdmx_ms']:>10.1f} "
+          + (f"{row['adasum_ms']:>13.1f} {row['adasum_ms'] / row['hvdmx_ms']:>13.2f} "
+             if adasum else "")
+          + f"{row['floor_ms']:>13.1f} "
           f"{row.get('mpi_per_tensor_ms', nan):>15.1f}"
           f" {row.get('mpi_fused_ms', nan):>10.1f}"
           f" {row.get('mpi_fused_copies_ms', nan):>19.1f}")

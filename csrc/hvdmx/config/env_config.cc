@@ -200,6 +200,9 @@ Status LoadConfig(const EnvLookup& lookup, Config* out) {
   if (!s.ok()) return s;
   s = ReadWord(lookup, "SHM_PUSH", {{"1", true}, {"0", false}}, "1 or 0", &config.shm_push);
   if (!s.ok()) return s;
+  s = ReadWord(lookup, "ADASUM_HIERARCHICAL", {{"1", true}, {"0", false}}, "1 or 0",
+               &config.adasum_hierarchical);
+  if (!s.ok()) return s;
   s = ReadWord(lookup, "HALF_PARTIALS", {{"float32", true}, {"half", false}},
                "float32 (exact: partial sums in float32, rounded once) or half (partial sums "
                "rounded at every step, half the ring's reduce-scatter bytes)",
@@ -264,7 +267,8 @@ std::string Config::ToString() const {
       << " half_partials=" << (half_partials_wide ? "float32" : "half")
       << " cpu_bind=" << CpuBindName(cpu_bind) << " hierarchical_allreduce="
       << (hierarchical_allreduce_set ? std::to_string(hierarchical_allreduce) : "auto")
-      << " transport=" << TransportName(transport) << " tcp_iface='" << tcp_iface << "'"
+      << " adasum_hierarchical=" << adasum_hierarchical << " transport=" << TransportName(transport)
+      << " tcp_iface='" << tcp_iface << "'"
       << " testing_ranks_per_host=" << testing_ranks_per_host
       << " stall_check_seconds=" << stall_check_seconds
       << " stall_shutdown_seconds=" << stall_shutdown_seconds << " timeline='" << timeline_path

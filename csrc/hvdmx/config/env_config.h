@@ -109,6 +109,11 @@ struct Config {
   // not (hierarchical_allreduce_set is false).
   bool hierarchical_allreduce = false;
   bool hierarchical_allreduce_set = false;
+  // HVDMX_ADASUM_HIERARCHICAL: 0 or 1 (default 0). 1: op=Adasum averages
+  // inside each host and runs Adasum between hosts only
+  // (HierarchicalAdasumAllreduce in algorithms/adasum.h); 0: Adasum over
+  // every rank.
+  bool adasum_hierarchical = false;
   // HVDMX_TRANSPORT: auto, tcp or mpi. How ranks on different hosts talk
   // (the negotiation, and the collectives' bytes that do not go through
   // shared memory): tcp through hvdmx's own sockets (comm/tcp_comm.h), mpi

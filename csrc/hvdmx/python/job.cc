@@ -203,6 +203,7 @@ Status CheckSettingsAgree(MPI_Comm comm, const Config& c, int size) {
       {"HIERARCHICAL_ALLREDUCE",
        c.hierarchical_allreduce_set ? (c.hierarchical_allreduce ? 1 : 0) : 2},
       {"TRANSPORT", static_cast<int64_t>(c.transport)},
+      {"ADASUM_HIERARCHICAL", c.adasum_hierarchical ? 1 : 0},
       {"TESTING_RANKS_PER_HOST", c.testing_ranks_per_host},
   };
   constexpr int n = static_cast<int>(sizeof(mine) / sizeof(mine[0]));

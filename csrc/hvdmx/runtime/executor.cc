@@ -1,7 +1,10 @@
 #include "runtime/executor.h"
 
+#include <unistd.h>
+
 #include <algorithm>
 #include <cstring>
+#include <string>
 
 #include "algorithms/exchange_allreduce.h"
 #include "algorithms/reduce_kernels.h"
@@ -22,6 +25,18 @@ AllreduceAlgo ChooseAllreduce(const Config& config, int64_t bytes, bool shm_on) 
     case AllreduceAlgo::kShm: return shm_on ? AllreduceAlgo::kShm : AllreduceAlgo::kRing;
     default: return config.allreduce_algo;
   }
+}
+
+// What tells hosts apart for the hierarchical Adasum: the host's name, or
+// under HVDMX_TESTING_RANKS_PER_HOST the pretend host's number (as
+// shm_segment.cc splits the ranks).
+std::string AdasumHostKey(const Config& config, int rank) {
+  if (config.testing_ranks_per_host > 0) {
+    return "testing host " + std::to_string(rank / config.testing_ranks_per_host);
+  }
+  char name[kMaxHostKeyBytes + 1] = {};
+  if (gethostname(name, kMaxHostKeyBytes) != 0) return "unnamed host";
+  return name;
 }
 
 }  // namespace
@@ -331,6 +346,11 @@ void Executor::RunAllreduceGroup(const FusionGroup& group, const std::vector<Res
     }
   };
   auto t0 = Clock::now();
+  if (head.op == ReduceOp::kAdasum) {
+    const char* algorithm = RunAdasumGroup(group, responses, entries);
+    record(algorithm, t0, Clock::now());
+    return;
+  }
 
   const bool shm = ShmReduces(group.bytes);
   const bool half = HalfReducesWide(dtype);  // scaled inside the reduction
@@ -433,6 +453,61 @@ void Executor::RunAllreduceGroup(const FusionGroup& group, const std::vector<Res
   record("MEMCPY_IN_FUSION_BUFFER", t0, reduce_start);
   record(algorithm, reduce_start, out_start);
   record("MEMCPY_OUT_FUSION_BUFFER", out_start, out_start + copy_out);
+}
+
+const char* Executor::RunAdasumGroup(const FusionGroup& group,
+                                     const std::vector<Response>& responses,
+                                     std::vector<TensorEntry>& entries) {
+  const Response& head = responses[group.items[0].response];
+  const DataType dtype = head.dtypes[group.items[0].tensor];
+  const int64_t elem = static_cast<int64_t>(DataTypeSize(dtype));
+  adasum_counts_.clear();
+  for (const FusionGroup::Item& item : group.items) {
+    adasum_counts_.push_back(responses[item.response].counts[item.tensor]);
+  }
+  // A fused group fits the fusion buffer whole (its bytes are at most the
+  // fusion threshold): Adasum halves the whole group, so it cannot go in
+  // pieces as the other ops do.
+  const bool alone = group.items.size() == 1;
+  char* buffer = nullptr;
+  if (alone) {
+    TensorEntry& entry = entries[group.items[0].response];
+    buffer = static_cast<char*>(entry.outputs[group.items[0].tensor]);
+    const void* in = entry.inputs[group.items[0].tensor];
+    if (buffer != in && group.bytes > 0) std::memcpy(buffer, in, group.bytes);
+  } else {
+    buffer = fusion_.Get(group.bytes);
+    int64_t at = 0;
+    for (const FusionGroup::Item& item : group.items) {
+      const int64_t bytes = responses[item.response].counts[item.tensor] * elem;
+      if (bytes > 0) std::memcpy(buffer + at, entries[item.response].inputs[item.tensor], bytes);
+      at += bytes;
+    }
+  }
+  const int64_t count = group.bytes / elem;
+  ScaleBuffer(buffer, count, dtype, head.scale.pre);
+  const char* algorithm = "ADASUM_ALLREDUCE";
+  if (config_.adasum_hierarchical && comm_.size() > 1) {
+    if (!adasum_hosts_found_) {
+      adasum_hosts_ = FindAdasumHosts(comm_, AdasumHostKey(config_, comm_.rank()));
+      adasum_hosts_found_ = true;
+    }
+    HierarchicalAdasumAllreduce(comm_, adasum_hosts_, buffer, adasum_counts_, dtype,
+                                &adasum_scratch_);
+    algorithm = "HIERARCHICAL_ADASUM";
+  } else {
+    AdasumAllreduce(comm_, {}, buffer, adasum_counts_, dtype, &adasum_scratch_);
+  }
+  ScaleBuffer(buffer, count, dtype, head.scale.post);
+  if (!alone) {
+    int64_t at = 0;
+    for (const FusionGroup::Item& item : group.items) {
+      const int64_t bytes = responses[item.response].counts[item.tensor] * elem;
+      if (bytes > 0) std::memcpy(entries[item.response].outputs[item.tensor], buffer + at, bytes);
+      at += bytes;
+    }
+  }
+  return comm_.size() == 1 ? "LOCAL_ALLREDUCE" : algorithm;
 }
 
 }  // namespace hvdmx

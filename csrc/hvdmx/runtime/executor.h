@@ -12,6 +12,7 @@
 
 #include <vector>
 
+#include "algorithms/adasum.h"
 #include "algorithms/ring.h"
 #include "base/timeline.h"
 #include "comm/comm.h"
@@ -64,6 +65,12 @@ class Executor {
                   std::vector<TensorEntry>& entries);
   void RunAllreduceGroup(const FusionGroup& group, const std::vector<Response>& responses,
                          std::vector<TensorEntry>& entries);
+  // An Adasum group (algorithms/adasum.h): the tensors side by side in the
+  // fusion buffer (a lone one in its output), each rank's scaled by the
+  // prescale, combined tensor by tensor, then postscaled. Returns the
+  // algorithm's name for the timeline.
+  const char* RunAdasumGroup(const FusionGroup& group, const std::vector<Response>& responses,
+                             std::vector<TensorEntry>& entries);
   // Writes each response's operation to the timeline (Note [Timeline
   // names] in executor.cc), from `ready` to the end of its last step.
   void RecordOperations(const std::vector<Response>& responses,
@@ -118,6 +125,12 @@ class Executor {
   FusionBuffer wide_;                   // a half dtype's float32 operands on the ring and MPI
   std::vector<char> exchange_scratch_;  // ExchangeAllreduce
   RingScratch ring_scratch_;
+  AdasumScratch adasum_scratch_;
+  // HVDMX_ADASUM_HIERARCHICAL's hosts, found at the first Adasum that needs
+  // them (every rank runs it in the same round).
+  AdasumHosts adasum_hosts_;
+  bool adasum_hosts_found_ = false;
+  std::vector<int64_t> adasum_counts_;     // an Adasum group's tensors, reused
   std::vector<int64_t> starts_;            // chunk boundaries, reused
   std::vector<int64_t> tensor_starts_;     // one tensor's blocks (allgather unpacking:
                                            // bytes each packed tensor has), reused

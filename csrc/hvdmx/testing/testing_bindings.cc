@@ -187,6 +187,7 @@ py::dict TestingLoadConfig(const std::map<std::string, std::string>& env) {
   d["hierarchical_allreduce"] = c.hierarchical_allreduce;
   d["huge_pages"] = c.huge_pages;
   d["shm_push"] = c.shm_push;
+  d["adasum_hierarchical"] = c.adasum_hierarchical;
   d["half_partials"] = c.half_partials_wide ? "float32" : "half";
   d["cpu_bind"] = CpuBindName(c.cpu_bind);
   d["testing_ranks_per_host"] = c.testing_ranks_per_host;
