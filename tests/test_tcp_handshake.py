@@ -268,13 +268,17 @@ def test_strangers_at_the_ports_are_dropped_and_the_job_runs(how, count):
 def test_a_rank_with_another_key_is_refused_on_every_rank():
     results = t.tcp_strangers(3, [KEY, KEY, OTHER_KEY], lambda entries: None,
                               give_up_seconds=5)
-    # Ranks 1 and 2 each meet the other's key; each names the rank it could
-    # not trust.
-    for r, other in ((1, 2), (2, 0), (2, 1)):
-        error = results[r]["error"]
+    # Rank 2 meets another key in whichever of ranks 0 and 1 reaches it first and
+    # names it. Rank 1 names rank 2: as holding another key, or, when rank 2 had
+    # already ended for that reason before rank 1's connect arrived, as gone.
+    for other in (0, 1):
+        error = results[2]["error"]
         if f"rank {other} (host" in error:
-            assert "do not hold the same secret key" in error, (r, error)
-    assert "rank 2 (host" in results[1]["error"], results[1]["error"]
+            assert "do not hold the same secret key" in error, error
+    error = results[1]["error"]
+    assert "rank 2 (host" in error, error
+    assert "do not hold the same secret key" in error or "Connection refused" in error or \
+        "closed" in error, error
     assert "do not hold the same secret key" in results[2]["error"], results[2]["error"]
     # Rank 0 meets rank 2's key too, unless rank 1, gone for that reason
     # already, refuses its connection first: then it names rank 1 as gone.
