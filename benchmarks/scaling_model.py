@@ -4,7 +4,7 @@ the scale harness's cached rounds (python -m hvdmx.bench scale --json), then tak
 
     python -m hvdmx.bench scale --model none --json > scale.json
     python benchmarks/scaling_model.py --harness scale.json --alpha-us 13 \\
-        --c0-us 12 --c-req-us 0.62 --overlap 0.5
+        --c0-us 10 --c-req-us 0.55 --overlap 0.5
 
 The constants (docs/scaling.md says where each was measured):
   alpha   one network latency of a small message between hosts;
