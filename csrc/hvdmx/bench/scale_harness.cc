@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <chrono>
 #include <memory>
+#include <set>
 #include <stdexcept>
 #include <thread>
 #include <utility>
@@ -97,12 +98,9 @@ ScaleResult RunScale(const ScaleOptions& o) {
     ShmAllreduce::CrossAllreduce cross;
     if (!ring_exchanges.empty()) {
       TcpOptions ring_options = tcp;
-      ring_options.peers = {(h + hosts - 1) % hosts, (h + 1) % hosts};
-      ring_options.peers.erase(std::remove(ring_options.peers.begin(), ring_options.peers.end(), h),
-                               ring_options.peers.end());
-      std::sort(ring_options.peers.begin(), ring_options.peers.end());
-      ring_options.peers.erase(std::unique(ring_options.peers.begin(), ring_options.peers.end()),
-                               ring_options.peers.end());
+      std::set<int> neighbours = {(h + hosts - 1) % hosts, (h + 1) % hosts};
+      neighbours.erase(h);
+      ring_options.peers.assign(neighbours.begin(), neighbours.end());
       ThreadExchange* exchange = ring_exchanges[l].get();
       std::shared_ptr<TcpComm> ring = std::make_shared<TcpComm>(
           h, hosts, ring_options, [=](const std::string& mine) { return (*exchange)(h, mine); });

@@ -126,9 +126,15 @@ std::vector<std::string> HostTreeComm::Gather(const std::string& mine, int root)
   }
   if (!leader()) return {};
   std::string bundle;
-  for (const std::string& s : host) {
+  for (int j = 0; j < local_size_; ++j) {
+    const std::string& s = host[j];
+    if (s.size() < 4) {
+      throw PeerProtocolError(j, "hvdmx: local rank " + std::to_string(j) + " sent a gather of " +
+                                     std::to_string(s.size()) +
+                                     " bytes, without its rank, which the protocol does not allow");
+    }
     int32_t r = 0;
-    std::memcpy(&r, s.data(), 4);  // a peer of this host: it wrote at least 4 bytes
+    std::memcpy(&r, s.data(), 4);
     AppendGatherRecord(r, s.substr(4), &bundle);
   }
   in_network_ = true;
