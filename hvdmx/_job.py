@@ -9,15 +9,21 @@ from typing import Optional
 
 # _core before mpi4py.MPI: see basics.py.
 from hvdmx import _core
+from hvdmx._mpi import started_without_mpi as _started_without_mpi
 from hvdmx.errors import InvalidArgumentError, MismatchError, NotRunningError
 from mpi4py import MPI
 from mxnet.base import MXNetError
 
-comm: Optional[MPI.Comm] = None  # the mpi4py communicator hvdmx runs on; None before the first init
+# The mpi4py communicator hvdmx runs on; None before the first init, and in
+# a job started without MPI.
+comm: Optional[MPI.Comm] = None
 
 
 def job_comm():
-    """The mpi4py communicator of the whole job (what init ran on)."""
+    """The mpi4py communicator of the whole job (what init ran on); None in
+    a job started without MPI (hvdmxrun --no-mpi)."""
+    if comm is None and _started_without_mpi():
+        return None
     return comm if comm is not None else MPI.COMM_WORLD
 
 

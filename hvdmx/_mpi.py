@@ -98,6 +98,16 @@ def settle_pmix(environ, libmpi):
             "MPI' in README.md).")
 
 
+# Set by hvdmxrun --no-mpi in every rank's environment: where the launcher's
+# rendezvous listens (hvdmx/rendezvous.py). A job started so never starts MPI.
+RENDEZVOUS_VARIABLE = "HVDMX_RENDEZVOUS"
+
+
+def started_without_mpi(environ=os.environ) -> bool:
+    """Whether hvdmxrun started this process without MPI (--no-mpi)."""
+    return RENDEZVOUS_VARIABLE in environ
+
+
 def load_core():
     """Imports the extension, after mpi4py, and checks that both use one MPI.
 
@@ -109,10 +119,18 @@ def load_core():
     Only that: this module is the bottom layer (hvdmx/__init__.py), below
     every module that imports _core.
 
+    In a job that hvdmxrun started without MPI (started_without_mpi),
+    mpi4py is told not to start MPI at its import, and nothing starts it.
+
     Before MPI starts, a PMIx launcher with the mpich wheel is refused, and
     PMIx variables inherited under MPICH's launcher are dropped (see
     settle_pmix): every module that imports mpi4py.MPI loads _core first.
     """
+    if started_without_mpi() and "mpi4py.MPI" not in sys.modules:
+        # The library is loaded (the extension links it) but never started.
+        import mpi4py
+        mpi4py.rc.initialize = False
+        mpi4py.rc.finalize = False
     if "PMIX_NAMESPACE" in os.environ and "mpi4py.MPI" not in sys.modules:
         message = settle_pmix(os.environ, wheel_libmpi())
         if message is not None:

@@ -121,6 +121,10 @@ def _resolve(process_set: ProcessSet, comm) -> List[int]:
     own set, so each rank gets its own group's ranks."""
     if process_set._comm is None:
         return process_set.ranks
+    if comm is None:
+        raise ValueError("hvdmx.add_process_set: a process set made from an mpi4py "
+                         "communicator needs MPI, but hvdmxrun started this job without MPI "
+                         "(--no-mpi); give the set as a list of ranks")
     mine = None
     if process_set._comm != MPI.COMM_NULL:
         mine = sorted(MPI.Group.Translate_ranks(process_set._comm.Get_group(),
@@ -204,18 +208,13 @@ def _host_process_set() -> Optional[ProcessSet]:
     this one, as local_rank counts them), or None when this rank is alone on
     its host. The global set when one host holds every rank. The first call
     after init is collective over the whole job: every rank registers one set
-    per host of two or more ranks (the ranks of every host are learned from
-    MPI); later calls return the same set."""
+    per host of two or more ranks (the core learned every host's ranks at
+    init); later calls return the same set."""
     global _host
     if _host is None:
         check_running()
-        comm = job_comm()
-        local = comm.Split_type(MPI.COMM_TYPE_SHARED, key=comm.Get_rank())
-        try:
-            mine = tuple(local.allgather(_core.topology()[0]))
-        finally:
-            local.Free()
-        hosts = sorted(set(comm.allgather(mine)))
+        hosts = sorted(tuple(ranks) for ranks in _core.hosts())
+        mine = next(ranks for ranks in hosts if topology()[0] in ranks)
         found: Optional[ProcessSet] = global_process_set if len(hosts) == 1 else None
         for ranks in hosts:
             if len(hosts) > 1 and len(ranks) > 1:  # every rank adds every host's set

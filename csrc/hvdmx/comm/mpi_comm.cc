@@ -46,31 +46,65 @@ bool MpiOp(ReduceOp op, MPI_Op* out) {
 
 }  // namespace
 
-std::unique_ptr<Comm> CommOver(MPI_Comm comm, const Config& config, bool ranks_outnumber_cpus,
+MpiGroup::MpiGroup(MPI_Comm comm) {
+  CheckMpi(MPI_Comm_dup(comm, &comm_), "MPI_Comm_dup");
+  MPI_Comm_rank(comm_, &rank_);
+  MPI_Comm_size(comm_, &size_);
+}
+
+MpiGroup::MpiGroup(MPI_Comm comm, Adopt) : comm_(comm) {
+  MPI_Comm_rank(comm_, &rank_);
+  MPI_Comm_size(comm_, &size_);
+}
+
+MpiGroup::~MpiGroup() {
+  int finalized = 0;
+  MPI_Finalized(&finalized);
+  if (!finalized && comm_ != MPI_COMM_NULL) MPI_Comm_free(&comm_);
+}
+
+std::vector<std::string> MpiGroup::Allgather(const std::string& mine) {
+  return MpiAllgatherStrings(comm_, mine);
+}
+
+std::unique_ptr<Group> MpiGroup::Split(int color, int key) {
+  MPI_Comm sub = MPI_COMM_NULL;
+  CheckMpi(MPI_Comm_split(comm_, color < 0 ? MPI_UNDEFINED : color, key, &sub), "MPI_Comm_split");
+  if (sub == MPI_COMM_NULL) return nullptr;
+  return std::unique_ptr<Group>(new MpiGroup(sub, Adopt{}));
+}
+
+std::unique_ptr<Group> MpiGroup::SplitByHost() {
+  MPI_Comm local = MPI_COMM_NULL;
+  CheckMpi(MPI_Comm_split_type(comm_, MPI_COMM_TYPE_SHARED, rank_, MPI_INFO_NULL, &local),
+           "MPI_Comm_split_type");
+  return std::unique_ptr<Group>(new MpiGroup(local, Adopt{}));
+}
+
+std::unique_ptr<Comm> CommOver(Group& group, const Config& config, bool ranks_outnumber_cpus,
                                bool for_negotiation) {
-  if (config.transport != Transport::kTcp) return std::make_unique<MpiComm>(comm);
-  int rank = 0, size = 1;
-  MPI_Comm_rank(comm, &rank);
-  MPI_Comm_size(comm, &size);
+  if (config.transport != Transport::kTcp) {
+    auto* mpi = dynamic_cast<MpiGroup*>(&group);
+    HVDMX_CHECK(mpi != nullptr, "the MPI transport runs over an MPI communicator");
+    return std::make_unique<MpiComm>(mpi->handle());
+  }
+  const int rank = group.rank(), size = group.size();
   TcpOptions options = TcpOptionsFor(config, ranks_outnumber_cpus);
   if (for_negotiation) {
     options.peers = P2PComm::NegotiationPeers(rank, size, options.direct_bit_and_ranks);
   }
-  return std::make_unique<TcpComm>(rank, size, options, [comm](const std::string& mine) {
-    return MpiAllgatherStrings(comm, mine);
-  });
+  // TcpComm calls the exchange in its constructor only.
+  Group* over = &group;
+  return std::make_unique<TcpComm>(
+      rank, size, options, [over](const std::string& mine) { return over->Allgather(mine); });
 }
 
-Status AgreeOnSecretKey(MPI_Comm comm, std::string* key) {
-  int rank = 0;
-  MPI_Comm_rank(comm, &rank);
+Status AgreeOnSecretKey(Group& group, std::string* key) {
+  const int rank = group.rank(), size = group.size();
   // The lowest rank with a key and the lowest without one (size if none).
-  int size = 1;
-  MPI_Comm_size(comm, &size);
-  const int mine[2] = {key->empty() ? size : rank, key->empty() ? rank : size};
-  int lowest[2] = {size, size};
-  CheckMpi(MPI_Allreduce(mine, lowest, 2, MPI_INT, MPI_MIN, comm), "MPI_Allreduce");
-  const int with = lowest[0], without = lowest[1];
+  const std::vector<int64_t> all = AllgatherInts(group, {key->empty() ? 0 : 1});
+  int with = size, without = size;
+  for (int r = size - 1; r >= 0; --r) (all[static_cast<size_t>(r)] ? with : without) = r;
   if (with < size && without < size) {
     return Status::InvalidArgument(
         "hvdmx.init: HVDMX_SECRET_KEY is set for rank " + std::to_string(with) +
@@ -79,9 +113,15 @@ Status AgreeOnSecretKey(MPI_Comm comm, std::string* key) {
         "makes one for the job");
   }
   if (with < size) return Status::Ok();
-  std::string made = rank == 0 ? RandomBytes(kSecretKeyBytes) : std::string(kSecretKeyBytes, '\0');
-  CheckMpi(MPI_Bcast(&made[0], static_cast<int>(made.size()), MPI_BYTE, 0, comm), "MPI_Bcast");
-  *key = made;
+  if (!group.private_channel()) {
+    return Status::InvalidArgument(
+        "hvdmx.init: HVDMX_SECRET_KEY is not set, and this job's ranks meet through a "
+        "rendezvous on the network, which must not carry a key; start the job with hvdmxrun "
+        "(it gives every rank one), or set HVDMX_SECRET_KEY to the same 64 hex digits for "
+        "every rank");
+  }
+  std::string made = rank == 0 ? RandomBytes(kSecretKeyBytes) : std::string();
+  *key = GroupBcast(group, made, 0);
   return Status::Ok();
 }
 
@@ -105,17 +145,7 @@ std::vector<std::string> MpiAllgatherStrings(MPI_Comm comm, const std::string& m
   return out;
 }
 
-int HostRankCount(MPI_Comm comm) {
-  int rank = 0, local_size = 1;
-  MPI_Comm_rank(comm, &rank);
-  MPI_Comm local;
-  MPI_Comm_split_type(comm, MPI_COMM_TYPE_SHARED, rank, MPI_INFO_NULL, &local);
-  MPI_Comm_size(local, &local_size);
-  MPI_Comm_free(&local);
-  return local_size;
-}
-
-bool HostRanksOutnumberCpus(MPI_Comm comm) { return HostRankCount(comm) > UsableCpuCount(); }
+bool HostRanksOutnumberCpus(Group& group) { return HostRankCount(group) > UsableCpuCount(); }
 
 int EnsureMpiInitialized() {
   int initialized = 0;

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "comm/comm.h"
+#include "comm/group.h"
 #include "config/env_config.h"
 
 namespace hvdmx {
@@ -53,35 +54,60 @@ class MpiComm : public Comm {
   MPI_Request bit_and_request_ = MPI_REQUEST_NULL;
 };
 
-// A communicator over the ranks of `comm`: MPI's (a duplicate), or, when
-// config.transport is kTcp, a TcpComm whose addresses travel by one MPI
-// allgather over `comm`; `ranks_outnumber_cpus` sets its spin
-// (TcpOptionsFor). A comm that only negotiates (`for_negotiation`) links
-// only with the ranks P2PComm::NegotiationPeers names. Collective over
-// `comm`.
-std::unique_ptr<Comm> CommOver(MPI_Comm comm, const Config& config, bool ranks_outnumber_cpus,
+// A Group over an MPI communicator that it duplicates and owns (or over
+// one Split made, which it owns too). Host: MPI's idea of one
+// (MPI_COMM_TYPE_SHARED).
+class MpiGroup : public Group {
+ public:
+  // Duplicates `comm` (collective over it).
+  explicit MpiGroup(MPI_Comm comm);
+  ~MpiGroup() override;  // frees the communicator, unless MPI is finalized
+  MpiGroup(const MpiGroup&) = delete;
+  MpiGroup& operator=(const MpiGroup&) = delete;
+
+  int rank() const override { return rank_; }
+  int size() const override { return size_; }
+  MPI_Comm handle() const { return comm_; }
+  std::vector<std::string> Allgather(const std::string& mine) override;
+  std::unique_ptr<Group> Split(int color, int key) override;
+  std::unique_ptr<Group> SplitByHost() override;
+  bool private_channel() const override { return true; }
+
+ private:
+  struct Adopt {};
+  MpiGroup(MPI_Comm comm, Adopt);  // takes `comm` as it is
+  MPI_Comm comm_ = MPI_COMM_NULL;
+  int rank_ = 0;
+  int size_ = 1;
+};
+
+// A communicator over the ranks of `group`: MPI's (a duplicate of an
+// MpiGroup's communicator), or, when config.transport is kTcp, a TcpComm
+// whose addresses travel by one allgather over `group`;
+// `ranks_outnumber_cpus` sets its spin (TcpOptionsFor). A comm that only
+// negotiates (`for_negotiation`) links only with the ranks
+// P2PComm::NegotiationPeers names. Collective over `group`; the transport
+// is MPI only over an MpiGroup (Init sees to it).
+std::unique_ptr<Comm> CommOver(Group& group, const Config& config, bool ranks_outnumber_cpus,
                                bool for_negotiation = false);
 
-// Makes sure every rank of `comm` holds a secret key for the job's TCP
+// Makes sure every rank of `group` holds a secret key for the job's TCP
 // connections (Config::secret_key): if no rank has one, rank 0 makes one
-// from the operating system's random source and sends it over `comm`, whose
-// channel the launcher already trusts. If every rank has one, each keeps
-// its own (ranks with different keys then refuse each other's
-// connections); if only some do, an error on every rank says so.
-// Collective over `comm`.
-Status AgreeOnSecretKey(MPI_Comm comm, std::string* key);
+// from the operating system's random source and sends it over `group`,
+// when its channel is private (an MPI communicator: the launcher's, which
+// it already trusts); a group that is not (a rendezvous over the network)
+// never carries one, and a job on it without a key is an error. If every
+// rank has one, each keeps its own (ranks with different keys then refuse
+// each other's connections); if only some do, an error on every rank says
+// so. Collective over `group`.
+Status AgreeOnSecretKey(Group& group, std::string* key);
 
 // Every rank's string (index = rank): an allgather over `comm`, collective.
-// How a TcpComm's ranks learn each other's addresses.
 std::vector<std::string> MpiAllgatherStrings(MPI_Comm comm, const std::string& mine);
 
-// How many ranks of `comm` share this host (MPI's idea of a host).
-// Collective over `comm`.
-int HostRankCount(MPI_Comm comm);
-
-// Whether this host's ranks of `comm` outnumber the CPUs this process may
-// run on (MPI's idea of a host). Collective over `comm`.
-bool HostRanksOutnumberCpus(MPI_Comm comm);
+// Whether this host's ranks of `group` outnumber the CPUs this process may
+// run on. Collective over `group`.
+bool HostRanksOutnumberCpus(Group& group);
 
 // Initializes MPI with MPI_THREAD_MULTIPLE unless it already is (mpi4py
 // normally does it first). Returns the thread level provided.

@@ -20,6 +20,7 @@
 #include "algorithms/twobit.h"
 #include "base/timeline.h"
 #include "bench/scale_harness.h"
+#include "comm/group.h"
 #include "mxnet/mxnet_engine.h"
 #include "platform/cpu_binding.h"
 #include "platform/output_pool.h"
@@ -54,6 +55,61 @@ std::shared_ptr<Runtime> RuntimeOrRaise(int set_id = 0) {
   ThrowIfError(RunningRuntime(set_id, &runtime));
   return runtime;
 }
+
+// A Group whose calls go to a Python object, the launcher's rendezvous in a
+// job started without MPI (hvdmx.rendezvous.StoreGroup): attributes `rank`
+// and `size`, `allgather(bytes) -> list of bytes` and `split(color, key) ->
+// group or None`. Init runs without the GIL, so every call takes it; an
+// error the object raises (the rendezvous timed out, naming the ranks
+// missing) reaches init's caller as it is.
+class PyGroup : public Group {
+ public:
+  // With the GIL held.
+  explicit PyGroup(py::object group) : group_(std::move(group)) {
+    rank_ = group_.attr("rank").cast<int>();
+    size_ = group_.attr("size").cast<int>();
+    if (size_ < 1 || rank_ < 0 || rank_ >= size_) {
+      throw py::value_error("hvdmx.init: the job's group says rank " + std::to_string(rank_) +
+                            " of " + std::to_string(size_) + "; a rank is in [0, size)");
+    }
+  }
+  ~PyGroup() override {
+    if (!Py_IsInitialized()) {
+      group_.release();  // the interpreter is gone: nothing to hand back
+      return;
+    }
+    py::gil_scoped_acquire gil;
+    group_ = py::object();
+  }
+  int rank() const override { return rank_; }
+  int size() const override { return size_; }
+
+  std::vector<std::string> Allgather(const std::string& mine) override {
+    py::gil_scoped_acquire gil;
+    py::list all = group_.attr("allgather")(py::bytes(mine));
+    if (static_cast<int>(all.size()) != size_) {
+      throw std::runtime_error("hvdmx.init: the rendezvous answered an allgather with " +
+                               std::to_string(all.size()) + " entries for a group of " +
+                               std::to_string(size_));
+    }
+    std::vector<std::string> out;
+    out.reserve(all.size());
+    for (const py::handle& item : all) out.push_back(item.cast<std::string>());
+    return out;
+  }
+
+  std::unique_ptr<Group> Split(int color, int key) override {
+    py::gil_scoped_acquire gil;
+    py::object sub = group_.attr("split")(color, key);
+    if (sub.is_none()) return nullptr;
+    return std::make_unique<PyGroup>(std::move(sub));
+  }
+
+ private:
+  py::object group_;
+  int rank_ = 0;
+  int size_ = 1;
+};
 
 // The arguments every collective's binding takes by keyword (CollectiveArgs
 // but for the set and the arrays), in the order of the binding's signature.
@@ -372,7 +428,22 @@ PYBIND11_MODULE(_core, m) {
         ThrowIfError(status);
       },
       py::arg("comm_address") = 0);
+  m.def("init_group", [](py::object group) {
+    auto world = std::make_unique<PyGroup>(std::move(group));
+    Status status;
+    {
+      py::gil_scoped_release release;
+      status = InitOver(std::move(world));
+    }
+    ThrowIfError(status);
+  });
   m.def("shutdown", &Shutdown, py::call_guard<py::gil_scoped_release>());
+  // Every host's ranks, hosts in the order of their lowest rank.
+  m.def("hosts", [] {
+    std::vector<std::vector<int>> hosts;
+    ThrowIfError(JobHosts(&hosts));
+    return hosts;
+  });
   // False again once any rank has shut the job down (see Note [Shutdown]).
   m.def("is_initialized", [] {
     std::lock_guard<std::mutex> lock(G().mu);

@@ -2,6 +2,7 @@
 #include "python/job.h"
 
 #include <algorithm>
+#include <map>
 #include <string>
 
 #include "base/logging.h"
@@ -48,24 +49,35 @@ Status SetRuntimeLocked(int set_id, std::shared_ptr<Runtime>* runtime) {
                                  "with hvd.add_process_set on every rank first");
 }
 
-Topology ComputeTopology(MPI_Comm comm) {
+// The job's shape, and in *hosts every host's ranks (hosts in the order of
+// their lowest rank).
+Topology ComputeTopology(Group& group, std::vector<std::vector<int>>* hosts) {
   Topology t;
-  MPI_Comm_rank(comm, &t.rank);
-  MPI_Comm_size(comm, &t.size);
-  MPI_Comm local, cross;
-  MPI_Comm_split_type(comm, MPI_COMM_TYPE_SHARED, t.rank, MPI_INFO_NULL, &local);
-  MPI_Comm_rank(local, &t.local_rank);
-  MPI_Comm_size(local, &t.local_size);
-  MPI_Comm_split(comm, t.local_rank, t.rank, &cross);
-  MPI_Comm_rank(cross, &t.cross_rank);
-  MPI_Comm_size(cross, &t.cross_size);
-  MPI_Comm_free(&local);
-  MPI_Comm_free(&cross);
+  t.rank = group.rank();
+  t.size = group.size();
+  std::unique_ptr<Group> local = group.SplitByHost();
+  t.local_rank = local->rank();
+  t.local_size = local->size();
+  // A host is named by its lowest rank.
+  const std::vector<int64_t> host_of = AllgatherInts(group, {GroupMin(*local, t.rank)});
+  hosts->clear();
+  std::map<int64_t, size_t> index;
+  for (int r = 0; r < t.size; ++r) {
+    const int64_t h = host_of[static_cast<size_t>(r)];
+    if (!index.count(h)) {
+      index[h] = hosts->size();
+      hosts->emplace_back();
+    }
+    (*hosts)[index[h]].push_back(r);
+  }
+  std::unique_ptr<Group> cross = group.Split(t.local_rank, t.rank);
+  t.cross_rank = cross->rank();
+  t.cross_size = cross->size();
   return t;
 }
 
-// Whether another rank of `comm` runs on this host. Collective over `comm`.
-bool PeersOnThisHost(MPI_Comm comm) { return HostRankCount(comm) > 1; }
+// Whether another rank of `group` runs on this host. Collective over `group`.
+bool PeersOnThisHost(Group& group) { return HostRankCount(group) > 1; }
 
 // A fingerprint of a list of ints (FNV-1a over them, plus their count), for
 // ranks to check cheaply that they hold the same list.
@@ -76,24 +88,17 @@ uint64_t Fingerprint(const std::vector<int>& values) {
 }
 
 // Binds this process's threads to one CPU where HVDMX_CPU_BIND says so (see
-// Note [Binding a rank's threads to one CPU]). Collective over `comm`: the
+// Note [Binding a rank's threads to one CPU]). Collective over `group`: the
 // ranks of this host compare their CPUs.
-void MaybeBindToCpu(MPI_Comm comm, CpuBind mode) {
-  int rank = 0, local_rank = 0, local_size = 1;
-  MPI_Comm_rank(comm, &rank);
-  MPI_Comm local;
-  MPI_Comm_split_type(comm, MPI_COMM_TYPE_SHARED, rank, MPI_INFO_NULL, &local);
-  MPI_Comm_rank(local, &local_rank);
-  MPI_Comm_size(local, &local_size);
+void MaybeBindToCpu(Group& group, CpuBind mode) {
+  std::unique_ptr<Group> local = group.SplitByHost();
+  const int local_rank = local->rank(), local_size = local->size();
   const std::vector<int> cpus = CurrentCpus();
-  const uint64_t print = Fingerprint(cpus);
-  // The least of every rank's fingerprint and of its complement: both are
-  // this rank's own only if every rank of the host has the same.
-  uint64_t mine[2] = {print, ~print};
-  uint64_t least[2] = {0, 0};
-  MPI_Allreduce(mine, least, 2, MPI_UINT64_T, MPI_MIN, local);
-  MPI_Comm_free(&local);
-  const bool same = least[0] == mine[0] && least[1] == mine[1];
+  const int64_t print = static_cast<int64_t>(Fingerprint(cpus));
+  // Every rank of the host has the same CPUs when every fingerprint is this one's.
+  bool same = true;
+  for (int64_t theirs : AllgatherInts(*local, {print})) same &= theirs == print;
+  local.reset();
   const int cpu = ChooseCpu(mode, cpus, local_rank, local_size, same);
   if (cpu < 0) return;
   const int threads = BindAllThreads(cpu);
@@ -102,31 +107,27 @@ void MaybeBindToCpu(MPI_Comm comm, CpuBind mode) {
                     << " CPUs; HVDMX_CPU_BIND=" << CpuBindName(mode) << ")";
 }
 
-// Whether the ranks of `comm` talk over hvdmx's own TCP sockets (see
-// Config::transport). Collective over `comm`.
-bool UseTcp(MPI_Comm comm, Transport transport) {
+// Whether the ranks of `group` talk over hvdmx's own TCP sockets (see
+// Config::transport): always without MPI. Collective over `group`.
+bool UseTcp(Group& group, Transport transport) {
+  if (dynamic_cast<MpiGroup*>(&group) == nullptr) return true;
   if (transport != Transport::kAuto) return transport == Transport::kTcp;
-  int size = 1;
-  MPI_Comm_size(comm, &size);
-  return HostRankCount(comm) < size;
+  return HostRankCount(group) < group.size();
 }
 
 // The negotiation's comm over `comm` (Note [Negotiation across hosts] in
 // shm/host_tree_comm.h): through shared memory and the hosts' leaders
 // where the hosts have the same number of ranks (`shm` is hierarchical),
-// else over every rank of `comm` alike. Collective over `comm`.
-std::unique_ptr<Comm> NegotiationComm(MPI_Comm comm, const Config& config, bool busy,
-                                      ShmHost* shm) {
-  int rank = 0, size = 1;
-  MPI_Comm_rank(comm, &rank);
-  MPI_Comm_size(comm, &size);
-  const bool across_hosts = config.transport == Transport::kTcp && HostRankCount(comm) < size;
+// else over every rank of `group` alike. Collective over `group`.
+std::unique_ptr<Comm> NegotiationComm(Group& group, const Config& config, bool busy, ShmHost* shm) {
+  const int rank = group.rank(), size = group.size();
+  const int on_this_host = HostRankCount(group);
+  const bool across_hosts = config.transport == Transport::kTcp && on_this_host < size;
   const bool tree = across_hosts && shm != nullptr && shm->hierarchical() &&
                     Controller::BitWords(config.cache_capacity) <= ShmControl::kMaxBitAndWords;
   if (!tree) {
     // With one rank on every host the leaders are all the ranks: nothing to say.
-    int most_on_a_host = HostRankCount(comm);
-    MPI_Allreduce(MPI_IN_PLACE, &most_on_a_host, 1, MPI_INT, MPI_MAX, comm);
+    const int64_t most_on_a_host = GroupMax(group, on_this_host);
     if (across_hosts && most_on_a_host > 1 && rank == 0) {
       HVDMX_LOG(kWarning) << "hvdmx: negotiation runs over all " << size
                           << " ranks alike (recursive doubling beyond "
@@ -135,14 +136,12 @@ std::unique_ptr<Comm> NegotiationComm(MPI_Comm comm, const Config& config, bool 
                              "of ranks on every host, shared memory between them and "
                              "HVDMX_HIERARCHICAL_ALLREDUCE not 0 (docs/scaling.md)";
     }
-    return CommOver(comm, config, busy, /*for_negotiation=*/true);
+    return CommOver(group, config, busy, /*for_negotiation=*/true);
   }
-  MPI_Comm leaders_mpi;
-  MPI_Comm_split(comm, shm->rank() == 0 ? 0 : MPI_UNDEFINED, rank, &leaders_mpi);
+  std::unique_ptr<Group> leaders_group = group.Split(shm->rank() == 0 ? 0 : -1, rank);
   std::unique_ptr<P2PComm> leaders;
-  if (leaders_mpi != MPI_COMM_NULL) {
-    std::unique_ptr<Comm> made = CommOver(leaders_mpi, config, busy, /*for_negotiation=*/true);
-    MPI_Comm_free(&leaders_mpi);
+  if (leaders_group != nullptr) {
+    std::unique_ptr<Comm> made = CommOver(*leaders_group, config, busy, /*for_negotiation=*/true);
     leaders.reset(dynamic_cast<P2PComm*>(made.release()));
     HVDMX_CHECK(leaders != nullptr, "the leaders' comm is a TCP comm");
   }
@@ -150,16 +149,16 @@ std::unique_ptr<Comm> NegotiationComm(MPI_Comm comm, const Config& config, bool 
                                         std::move(leaders), rank, size);
 }
 
-// Collective over `comm`.
-std::shared_ptr<Runtime> StartRuntime(MPI_Comm comm) {
+// Collective over `group`.
+std::shared_ptr<Runtime> StartRuntime(Group& group) {
   Config config = G().config;
-  config.transport = UseTcp(comm, config.transport) ? Transport::kTcp : Transport::kMpi;
-  std::unique_ptr<ShmHost> shm = CreateNodeShm(comm, config);
-  const bool busy = config.transport == Transport::kTcp && HostRanksOutnumberCpus(comm);
-  std::unique_ptr<Comm> control = NegotiationComm(comm, config, busy, shm.get());
-  std::unique_ptr<Comm> data = CommOver(comm, config, busy);
+  config.transport = UseTcp(group, config.transport) ? Transport::kTcp : Transport::kMpi;
+  std::unique_ptr<ShmHost> shm = CreateNodeShm(group, config);
+  const bool busy = config.transport == Transport::kTcp && HostRanksOutnumberCpus(group);
+  std::unique_ptr<Comm> control = NegotiationComm(group, config, busy, shm.get());
+  std::unique_ptr<Comm> data = CommOver(group, config, busy);
   auto runtime = std::make_shared<Runtime>(std::move(control), std::move(data), config,
-                                           std::move(shm), PeersOnThisHost(comm));
+                                           std::move(shm), PeersOnThisHost(group));
   runtime->Start();
   return runtime;
 }
@@ -172,7 +171,7 @@ void StopAllLocked() {
   G().set_ranks.clear();
   if (G().runtime) G().runtime->Shutdown();
   G().runtime.reset();
-  if (G().world != MPI_COMM_NULL) MPI_Comm_free(&G().world);
+  G().world.reset();
   ProcessTimeline().Stop();
   UnbindAllThreads();
 }
@@ -182,7 +181,8 @@ void StopAllLocked() {
 // agree: compared at init (one allgather) and refused on every rank alike,
 // instead of a hang or wrong sums later. Cycle time, timeline, logging and
 // stall times may differ; autotune is rank 0's alone.
-Status CheckSettingsAgree(MPI_Comm comm, const Config& c, int size) {
+Status CheckSettingsAgree(Group& group, const Config& c) {
+  const int size = group.size();
   struct Setting {
     const char* var;
     int64_t value;
@@ -207,10 +207,9 @@ Status CheckSettingsAgree(MPI_Comm comm, const Config& c, int size) {
       {"TESTING_RANKS_PER_HOST", c.testing_ranks_per_host},
   };
   constexpr int n = static_cast<int>(sizeof(mine) / sizeof(mine[0]));
-  int64_t values[n];
+  std::vector<int64_t> values(n);
   for (int i = 0; i < n; ++i) values[i] = mine[i].value;
-  std::vector<int64_t> all(static_cast<size_t>(size) * n);
-  MPI_Allgather(values, n, MPI_INT64_T, all.data(), n, MPI_INT64_T, comm);
+  const std::vector<int64_t> all = AllgatherInts(group, values);
   auto show = [&](int i, int64_t v) {
     if (std::string(mine[i].var) == "HALF_PARTIALS") return std::string(v ? "float32" : "half");
     if (std::string(mine[i].var) == "TRANSPORT")
@@ -244,6 +243,13 @@ Status JobTopology(Topology* topology, int* thread_level) {
   return Status::Ok();
 }
 
+Status JobHosts(std::vector<std::vector<int>>* hosts) {
+  std::lock_guard<std::mutex> lock(G().mu);
+  if (!G().runtime) return Status::InvalidArgument(kNotInitialized);
+  *hosts = G().hosts;
+  return Status::Ok();
+}
+
 Status RunningRuntime(int set_id, std::shared_ptr<Runtime>* runtime) {
   std::lock_guard<std::mutex> lock(G().mu);
   return SetRuntimeLocked(set_id, runtime);
@@ -258,9 +264,11 @@ bool AllIdle() {
   return true;
 }
 
-Status Init(uintptr_t comm_address) {
-  std::lock_guard<std::mutex> lock(G().mu);
-  if (Running()) return Status::Ok();  // a second init is a no-op
+namespace {
+
+// Starts hvdmx over `world`, the job's group; MPI's thread level, or -1
+// when the job runs without MPI. Callers hold mu.
+Status StartLocked(std::unique_ptr<Group> world, int thread_level) {
   StopAllLocked();
   Config config;
   Status status = LoadConfig(ProcessEnvironment(), &config);
@@ -268,31 +276,52 @@ Status Init(uintptr_t comm_address) {
   SetLogLevel(config.log_level);
   OutputPool::Get().SetLimit(config.output_pool_bytes);
   G().config = config;
-  G().thread_level = EnsureMpiInitialized();
-  if (G().thread_level < MPI_THREAD_MULTIPLE) {
-    HVDMX_LOG(kWarning) << "MPI provides thread level " << G().thread_level
+  G().thread_level = thread_level;
+  if (thread_level >= 0 && thread_level < MPI_THREAD_MULTIPLE) {
+    HVDMX_LOG(kWarning) << "MPI provides thread level " << thread_level
                         << ", not MPI_THREAD_MULTIPLE; do not call MPI from Python while "
                            "hvdmx collectives are running";
   }
-  MPI_Comm comm = comm_address ? *reinterpret_cast<MPI_Comm*>(comm_address) : MPI_COMM_WORLD;
-  G().topo = ComputeTopology(comm);
+  if (thread_level < 0 && config.transport == Transport::kMpi) {
+    return Status::InvalidArgument(
+        "hvdmx.init: HVDMX_TRANSPORT=mpi, but this job was started without MPI (hvdmxrun "
+        "--no-mpi); unset it, or start the job with MPI");
+  }
+  Group& group = *world;
+  G().topo = ComputeTopology(group, &G().hosts);
   SetLogRank(G().topo.rank);
-  status = CheckSettingsAgree(comm, config, G().topo.size);
+  status = CheckSettingsAgree(group, config);
   if (!status.ok()) return status;
-  status = AgreeOnSecretKey(comm, &G().config.secret_key);
+  status = AgreeOnSecretKey(group, &G().config.secret_key);
   if (!status.ok()) return status;
   HVDMX_LOG(kDebug) << "init: size " << G().topo.size << ", local_size " << G().topo.local_size
-                    << ", " << config.ToString();
-  MPI_Comm_dup(comm, &G().world);
+                    << (thread_level < 0 ? ", without MPI, " : ", ") << config.ToString();
   G().next_set_id = 1;
   if (!config.timeline_path.empty() && G().topo.rank == 0) {
     status = ProcessTimeline().Start(config.timeline_path, config.timeline_mark_cycles);
     if (!status.ok()) return status;
   }
   // Before the runtime starts, so that its thread starts bound.
-  MaybeBindToCpu(comm, config.cpu_bind);
-  G().runtime = StartRuntime(comm);
+  MaybeBindToCpu(group, config.cpu_bind);
+  G().runtime = StartRuntime(group);
+  G().world = std::move(world);
   return Status::Ok();
+}
+
+}  // namespace
+
+Status Init(uintptr_t comm_address) {
+  std::lock_guard<std::mutex> lock(G().mu);
+  if (Running()) return Status::Ok();  // a second init is a no-op
+  const int thread_level = EnsureMpiInitialized();
+  MPI_Comm comm = comm_address ? *reinterpret_cast<MPI_Comm*>(comm_address) : MPI_COMM_WORLD;
+  return StartLocked(std::make_unique<MpiGroup>(comm), thread_level);
+}
+
+Status InitOver(std::unique_ptr<Group> world) {
+  std::lock_guard<std::mutex> lock(G().mu);
+  if (Running()) return Status::Ok();
+  return StartLocked(std::move(world), -1);
 }
 
 void Shutdown() {
@@ -315,24 +344,19 @@ Status AddProcessSet(const std::vector<int>& ranks, bool same_everywhere, int* i
   }
   // Every rank's list must be the same: compare a fingerprint of it.
   const uint64_t mine = same_everywhere ? Fingerprint(ranks) : Fingerprint({});
-  std::vector<uint64_t> all(G().topo.size);
-  MPI_Comm sub = MPI_COMM_NULL;
   const bool member = std::find(ranks.begin(), ranks.end(), G().topo.rank) != ranks.end();
   bool agree = true;
-  MPI_Allgather(&mine, 1, MPI_UINT64_T, all.data(), 1, MPI_UINT64_T, G().world);
-  for (uint64_t h : all) agree &= h == all[0];
+  const std::vector<int64_t> all = AllgatherInts(*G().world, {static_cast<int64_t>(mine)});
+  for (int64_t h : all) agree &= h == all[0];
   if (!agree) {
     return Status::InvalidArgument(
         "hvdmx.add_process_set: ranks differ between processes; every rank must call "
         "add_process_set with the same ranks, in the same order of calls");
   }
-  MPI_Comm_split(G().world, member ? ranks[0] : MPI_UNDEFINED, G().topo.rank, &sub);
+  std::unique_ptr<Group> sub = G().world->Split(member ? ranks[0] : -1, G().topo.rank);
   *id = G().next_set_id++;
   G().set_ranks[*id] = ranks;
-  if (member) {
-    G().sets[*id] = StartRuntime(sub);
-    MPI_Comm_free(&sub);
-  }
+  if (member) G().sets[*id] = StartRuntime(*sub);
   return Status::Ok();
 }
 

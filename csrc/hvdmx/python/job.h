@@ -16,6 +16,7 @@
 #include <mutex>
 #include <vector>
 
+#include "comm/group.h"
 #include "config/env_config.h"
 #include "runtime/runtime.h"
 
@@ -31,9 +32,10 @@ struct Global {
   std::mutex mu;
   std::shared_ptr<Runtime> runtime;  // the global set's
   Topology topo;
-  int thread_level = 0;
+  std::vector<std::vector<int>> hosts;  // every host's ranks, by their lowest rank
+  int thread_level = 0;                 // MPI's; -1 in a job without MPI
   Config config;
-  MPI_Comm world = MPI_COMM_NULL;                // our duplicate of the job's communicator
+  std::unique_ptr<Group> world;  // the job's ranks (an MPI duplicate, or a rendezvous)
   std::map<int, std::shared_ptr<Runtime>> sets;  // ids >= 1 this rank belongs to
   std::map<int, std::vector<int>> set_ranks;     // ids >= 1, every rank
   int next_set_id = 1;
@@ -49,6 +51,9 @@ bool Running();
 // handling that error can still say which rank it is. InvalidArgument
 // otherwise.
 Status JobTopology(Topology* topology, int* thread_level);
+// Every host's ranks (hosts in the order of their lowest rank), known from
+// init as JobTopology's answer is.
+Status JobHosts(std::vector<std::vector<int>>* hosts);
 
 // The runtime of process set `set_id` (0: the global set); Shutdown before
 // init (and after shutdown), InvalidArgument for a set this rank is not in.
@@ -63,6 +68,9 @@ bool AllIdle();
 // which the caller keeps alive; a second call while running does nothing.
 // InvalidArgument for a bad setting or settings that differ between ranks.
 Status Init(uintptr_t comm_address);
+// The same over `world`, in a job started without MPI (hvdmxrun --no-mpi:
+// the launcher's rendezvous), which never calls MPI. Collective over `world`.
+Status InitOver(std::unique_ptr<Group> world);
 void Shutdown();
 
 // Collective over the whole job; sets *id to the new set's id. With

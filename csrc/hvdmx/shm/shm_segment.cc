@@ -5,6 +5,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cerrno>
 #include <cstring>
@@ -50,11 +51,9 @@ int CreateObject(int64_t bytes, std::string* name, std::string* why) {
 
 }  // namespace
 
-std::shared_ptr<ShmSegment> ShmSegment::Create(MPI_Comm comm, int64_t region_bytes,
+std::shared_ptr<ShmSegment> ShmSegment::Create(Group& group, int64_t region_bytes,
                                                std::string* why) {
-  int rank = 0, size = 1;
-  MPI_Comm_rank(comm, &rank);
-  MPI_Comm_size(comm, &size);
+  const int rank = group.rank(), size = group.size();
   const int64_t total = region_bytes * size;
 
   // Rank 0 creates the object and sends its name ("" when it failed).
@@ -64,10 +63,7 @@ std::shared_ptr<ShmSegment> ShmSegment::Create(MPI_Comm comm, int64_t region_byt
     fd = CreateObject(total, &name, why);
     if (fd < 0) name.clear();
   }
-  char name_buf[64] = {};
-  std::strncpy(name_buf, name.c_str(), sizeof(name_buf) - 1);
-  MPI_Bcast(name_buf, sizeof(name_buf), MPI_CHAR, 0, comm);
-  name = name_buf;
+  name = GroupBcast(group, name, 0);
 
   void* base = MAP_FAILED;
   if (!name.empty()) {
@@ -83,9 +79,8 @@ std::shared_ptr<ShmSegment> ShmSegment::Create(MPI_Comm comm, int64_t region_byt
   } else if (rank != 0) {
     *why = "rank 0 could not create the shared memory";
   }
-  int mapped = base != MAP_FAILED ? 1 : 0;
-  int all_mapped = 0;
-  MPI_Allreduce(&mapped, &all_mapped, 1, MPI_INT, MPI_MIN, comm);
+  const int mapped = base != MAP_FAILED ? 1 : 0;
+  const int64_t all_mapped = GroupMin(group, mapped);
   if (rank == 0 && !name.empty()) shm_unlink(name.c_str());  // every rank has opened it
   if (!all_mapped) {
     if (mapped) munmap(base, total);
@@ -99,30 +94,22 @@ ShmSegment::~ShmSegment() { munmap(base_, total_); }
 
 namespace {
 
-// The ranks of `comm` on this rank's host (or pretend host, see
-// Config::testing_ranks_per_host), in comm's order.
-MPI_Comm SplitByHost(MPI_Comm comm, const Config& config) {
-  int rank = 0;
-  MPI_Comm_rank(comm, &rank);
-  MPI_Comm local;
+// The ranks of `group` on this rank's host (or pretend host, see
+// Config::testing_ranks_per_host), in the group's order.
+std::unique_ptr<Group> SplitByHost(Group& group, const Config& config) {
   if (config.testing_ranks_per_host > 0) {
-    MPI_Comm_split(comm, static_cast<int>(rank / config.testing_ranks_per_host), rank, &local);
-  } else {
-    MPI_Comm_split_type(comm, MPI_COMM_TYPE_SHARED, rank, MPI_INFO_NULL, &local);
+    return group.Split(static_cast<int>(group.rank() / config.testing_ranks_per_host),
+                       group.rank());
   }
-  return local;
+  return group.SplitByHost();
 }
 
 // The ring between hosts for a hierarchical allreduce: over the ranks of
-// `comm` with this rank's local rank.
-ShmAllreduce::CrossAllreduce RingAcrossHosts(MPI_Comm comm, int local_rank, const Config& config) {
-  int rank = 0;
-  MPI_Comm_rank(comm, &rank);
-  MPI_Comm cross;
-  MPI_Comm_split(comm, local_rank, rank, &cross);
-  const bool busy = config.transport == Transport::kTcp && HostRanksOutnumberCpus(comm);
-  std::shared_ptr<Comm> ring = CommOver(cross, config, busy);
-  MPI_Comm_free(&cross);
+// `group` with this rank's local rank.
+ShmAllreduce::CrossAllreduce RingAcrossHosts(Group& group, int local_rank, const Config& config) {
+  std::unique_ptr<Group> cross = group.Split(local_rank, group.rank());
+  const bool busy = config.transport == Transport::kTcp && HostRanksOutnumberCpus(group);
+  std::shared_ptr<Comm> ring = CommOver(*cross, config, busy);
   auto scratch = std::make_shared<RingScratch>();
   const int64_t segment_bytes = config.ring_segment_bytes;
   const bool wide_partials = config.half_partials_wide;
@@ -135,20 +122,17 @@ ShmAllreduce::CrossAllreduce RingAcrossHosts(MPI_Comm comm, int local_rank, cons
 
 // Whether every rank of `local` can read every other's memory with
 // cross-memory attach (Note [Reading peers' buffers directly] in
-// shm_exchange_direct.cc): each tries a word of each peer. Collective over `comm`
+// shm_exchange_direct.cc): each tries a word of each peer. Collective over `group`
 // (every rank of the job agrees). On failure *why says why, on the rank
 // that failed.
-bool CrossMemoryAttachWorksOnHost(MPI_Comm comm, MPI_Comm local, std::string* why) {
+bool CrossMemoryAttachWorksOnHost(Group& group, Group& local, std::string* why) {
   static const uint64_t kProbe = 0x6876646d782d636dULL;
   // Peers write kProbe here, all the same bytes; nothing reads it.
   static uint64_t written_by_peers = 0;
-  int rank = 0, size = 1;
-  MPI_Comm_rank(local, &rank);
-  MPI_Comm_size(local, &size);
-  const int64_t mine[3] = {getpid(), static_cast<int64_t>(reinterpret_cast<uintptr_t>(&kProbe)),
-                           static_cast<int64_t>(reinterpret_cast<uintptr_t>(&written_by_peers))};
-  std::vector<int64_t> all(3 * static_cast<size_t>(size));
-  MPI_Allgather(mine, 3, MPI_INT64_T, all.data(), 3, MPI_INT64_T, local);
+  const int rank = local.rank(), size = local.size();
+  const std::vector<int64_t> all =
+      AllgatherInts(local, {getpid(), static_cast<int64_t>(reinterpret_cast<uintptr_t>(&kProbe)),
+                            static_cast<int64_t>(reinterpret_cast<uintptr_t>(&written_by_peers))});
   int ok = 1;
   for (int j = 0; j < size && ok; ++j) {
     const void* address = reinterpret_cast<const void*>(static_cast<uintptr_t>(all[3 * j + 1]));
@@ -160,19 +144,19 @@ bool CrossMemoryAttachWorksOnHost(MPI_Comm comm, MPI_Comm local, std::string* wh
       ok = 0;
     }
   }
-  MPI_Allreduce(MPI_IN_PLACE, &ok, 1, MPI_INT, MPI_MIN, comm);
+  ok = static_cast<int>(GroupMin(group, ok));
   if (!ok && why->empty()) *why = "a rank on another host or of this one cannot";
   return ok != 0;
 }
 
 // Where direct exchanges start: config.shm_direct_min_bytes (kShmDirectAuto
 // included), or -1 (never) on every rank when some rank cannot read its
-// peers' memory. Collective over `comm` unless it is -1.
-int64_t DirectMinBytes(MPI_Comm comm, MPI_Comm local, const Config& config) {
+// peers' memory. Collective over `group` unless it is -1.
+int64_t DirectMinBytes(Group& group, Group& local, const Config& config) {
   static_assert(kShmDirectAuto == ShmExchange::kDirectAuto, "one value for auto");
   if (config.shm_direct_min_bytes == -1) return -1;
   std::string why;
-  if (!CrossMemoryAttachWorksOnHost(comm, local, &why)) {
+  if (!CrossMemoryAttachWorksOnHost(group, local, &why)) {
     if (config.shm_direct_min_bytes == kShmDirectAuto) {
       HVDMX_LOG(kDebug) << "shared memory moves bytes through its stages only: " << why;
     } else {
@@ -196,22 +180,19 @@ struct OutputFiles {
 
 // Makes this rank's output pool cut new blocks from its shared file and
 // maps every peer's, opened through /proc/<pid>/fd (which needs the same
-// user). Collective over `comm`: every rank of the job gets the files, or
+// user). Collective over `group`: every rank of the job gets the files, or
 // none does (nullptr, with *why on the rank that failed).
-std::shared_ptr<OutputFiles> MapOutputFiles(MPI_Comm comm, MPI_Comm local, const Config& config,
+std::shared_ptr<OutputFiles> MapOutputFiles(Group& group, Group& local, const Config& config,
                                             std::string* why) {
-  int rank = 0, size = 1;
-  MPI_Comm_rank(local, &rank);
-  MPI_Comm_size(local, &size);
+  const int rank = local.rank(), size = local.size();
   int fd = -1;
   if (config.output_pool_bytes == 0) {
     *why = "HVDMX_OUTPUT_POOL_BYTES=0 keeps outputs out of the shared file";
   } else {
     fd = OutputPool::Get().ShareFromNow(why);
   }
-  const int64_t mine[2] = {fd >= 0 ? static_cast<int64_t>(getpid()) : -1, fd};
-  std::vector<int64_t> all(2 * static_cast<size_t>(size));
-  MPI_Allgather(mine, 2, MPI_INT64_T, all.data(), 2, MPI_INT64_T, local);
+  const std::vector<int64_t> all =
+      AllgatherInts(local, {fd >= 0 ? static_cast<int64_t>(getpid()) : -1, fd});
   auto files = std::make_shared<OutputFiles>();
   int ok = fd >= 0 ? 1 : 0;
   for (int j = 0; j < size && ok; ++j) {
@@ -248,7 +229,7 @@ std::shared_ptr<OutputFiles> MapOutputFiles(MPI_Comm comm, MPI_Comm local, const
       ok = 0;
     }
   }
-  MPI_Allreduce(MPI_IN_PLACE, &ok, 1, MPI_INT, MPI_MIN, comm);
+  ok = static_cast<int>(GroupMin(group, ok));
   if (!ok) {
     if (why->empty()) *why = "another rank could not map its peers' output files";
     return nullptr;
@@ -258,20 +239,18 @@ std::shared_ptr<OutputFiles> MapOutputFiles(MPI_Comm comm, MPI_Comm local, const
 
 }  // namespace
 
-std::unique_ptr<ShmHost> CreateNodeShm(MPI_Comm comm, const Config& config) {
+std::unique_ptr<ShmHost> CreateNodeShm(Group& group, const Config& config) {
   if (config.allreduce_algo != AllreduceAlgo::kAuto &&
       config.allreduce_algo != AllreduceAlgo::kShm) {
     return nullptr;
   }
-  int size = 1;
-  MPI_Comm_size(comm, &size);
-  MPI_Comm local = SplitByHost(comm, config);
-  int local_rank = 0, local_size = 1;
-  MPI_Comm_rank(local, &local_rank);
-  MPI_Comm_size(local, &local_size);
+  const int size = group.size();
+  std::unique_ptr<Group> local = SplitByHost(group, config);
+  const int local_rank = local->rank(), local_size = local->size();
   // Hierarchical needs every host to have the same number of ranks.
-  int sizes[2] = {-local_size, local_size};  // -min, max
-  MPI_Allreduce(MPI_IN_PLACE, sizes, 2, MPI_INT, MPI_MAX, comm);
+  const std::vector<int64_t> all_sizes = AllgatherInts(group, {local_size});
+  const int sizes[2] = {-static_cast<int>(*std::min_element(all_sizes.begin(), all_sizes.end())),
+                        static_cast<int>(*std::max_element(all_sizes.begin(), all_sizes.end()))};
   const bool one_host = local_size == size;
   // Unset, it is hierarchical wherever the hosts allow: measured across test
   // hosts at 2 x 2 ranks, the ResNet-50 gradient set took 152 ms against the
@@ -286,28 +265,26 @@ std::unique_ptr<ShmHost> CreateNodeShm(MPI_Comm comm, const Config& config) {
     }
     HVDMX_LOG(kDebug) << "shared-memory allreduce off: " << size << " rank(s), " << local_size
                       << " on this host";
-    MPI_Comm_free(&local);
     return nullptr;
   }
   const int64_t region_bytes = ShmRegion::RegionBytes(config.shm_chunk_bytes);
   std::string why;
   // Direct reads are for one host's byte moves: no probe when hierarchical.
-  const int64_t direct_min_bytes = hierarchical ? -1 : DirectMinBytes(comm, local, config);
-  std::shared_ptr<ShmSegment> segment = ShmSegment::Create(local, region_bytes, &why);
+  const int64_t direct_min_bytes = hierarchical ? -1 : DirectMinBytes(group, *local, config);
+  std::shared_ptr<ShmSegment> segment = ShmSegment::Create(*local, region_bytes, &why);
   std::shared_ptr<OutputFiles> files;
   // Writing into peers' outputs is for one host's byte moves too.
   if (config.shm_push && !hierarchical) {
     std::string push_why;
-    files = MapOutputFiles(comm, local, config, &push_why);
+    files = MapOutputFiles(group, *local, config, &push_why);
     if (files == nullptr) {
       HVDMX_LOG(kDebug) << "allgathers and alltoalls do not write into peers' outputs: "
                         << push_why;
     }
   }
-  MPI_Comm_free(&local);
+  local.reset();
   // Every rank must agree, across hosts too.
-  int ok = segment != nullptr ? 1 : 0;
-  MPI_Allreduce(MPI_IN_PLACE, &ok, 1, MPI_INT, MPI_MIN, comm);
+  const int64_t ok = GroupMin(group, segment != nullptr ? 1 : 0);
   if (!ok) {
     HVDMX_LOG(kWarning) << "shared-memory allreduce off, the ring is used instead: "
                         << (why.empty() ? "another host could not map its memory" : why);
@@ -316,7 +293,7 @@ std::unique_ptr<ShmHost> CreateNodeShm(MPI_Comm comm, const Config& config) {
   std::vector<char*> regions;
   for (int j = 0; j < local_size; ++j) regions.push_back(segment->region(j));
   ShmAllreduce::CrossAllreduce cross;
-  if (hierarchical) cross = RingAcrossHosts(comm, local_rank, config);
+  if (hierarchical) cross = RingAcrossHosts(group, local_rank, config);
   HVDMX_LOG(kDebug) << "shared-memory allreduce on: " << local_size << " ranks on this host"
                     << (hierarchical ? ", the ring between hosts" : "") << ", " << region_bytes
                     << " bytes per rank, direct reads "

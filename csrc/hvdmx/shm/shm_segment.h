@@ -4,9 +4,10 @@
 //
 // Note [Shared memory without MPI windows]
 // ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
-// MPI_Comm_split_type(MPI_COMM_TYPE_SHARED) decides which ranks share a
-// host. The memory itself is one POSIX shared-memory object (shm_open), not
-// an MPI-3 window (MPI_Win_allocate_shared): MPI_Win_free is collective and,
+// The job's Group (comm/group.h) decides which ranks share a host: MPI's
+// MPI_COMM_TYPE_SHARED, or the host name in a job started without MPI. The
+// memory itself is one POSIX shared-memory object (shm_open), not an MPI-3
+// window (MPI_Win_allocate_shared): MPI_Win_free is collective and,
 // in MPICH, waits for every rank (a rank freeing a window waited until its
 // peer freed its own: docs/benchmark-notes.md, "Figures the code cites").
 // A Runtime is destroyed when its last reference goes, which can be on
@@ -22,12 +23,11 @@
 #ifndef HVDMX_SHM_SEGMENT_H_
 #define HVDMX_SHM_SEGMENT_H_
 
-#include <mpi.h>
-
 #include <cstdint>
 #include <memory>
 #include <string>
 
+#include "comm/group.h"
 #include "config/env_config.h"
 #include "shm/shm_host.h"
 
@@ -36,10 +36,10 @@ namespace hvdmx {
 class ShmSegment {
  public:
   // Maps one region of `region_bytes` (a multiple of 4096) per rank of
-  // `comm`, zeroed and faulted in. Collective over `comm`, whose ranks must
+  // `group`, zeroed and faulted in. Collective over `group`, whose ranks must
   // share a host. Returns null on every rank if any rank failed, with the
   // reason in *why.
-  static std::shared_ptr<ShmSegment> Create(MPI_Comm comm, int64_t region_bytes, std::string* why);
+  static std::shared_ptr<ShmSegment> Create(Group& group, int64_t region_bytes, std::string* why);
   ~ShmSegment();  // unmaps; local, not collective
   ShmSegment(const ShmSegment&) = delete;
   ShmSegment& operator=(const ShmSegment&) = delete;
@@ -54,12 +54,12 @@ class ShmSegment {
   int64_t total_;
 };
 
-// Shared memory among the ranks of `comm` (shm_host.h), for the allreduce: over all its ranks when
+// Shared memory among the ranks of `group` (shm_host.h), for the allreduce: over all its ranks when
 // they share this host (and there are several); hierarchical (shared memory inside each host, the
 // ring between hosts) when config.hierarchical_allreduce is set and every host has the same number
 // of ranks, more than one. Null otherwise, when config.allreduce_algo is ring or mpi, or when the
-// memory cannot be had (logged). Collective over `comm`.
-std::unique_ptr<ShmHost> CreateNodeShm(MPI_Comm comm, const Config& config);
+// memory cannot be had (logged). Collective over `group`.
+std::unique_ptr<ShmHost> CreateNodeShm(Group& group, const Config& config);
 
 }  // namespace hvdmx
 
