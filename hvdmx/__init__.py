@@ -16,6 +16,7 @@ programs below it use hvdmx through it, as a user's script does.
     errors          exception classes (MXNetError and ValueError/TypeError)
     run_flags       hvdmxrun's tuning flags and the variables they set
     run_hosts       hvdmxrun's hosts: -H, the hostfile, the checks of each host
+    elastic_hosts   an elastic job's hosts: discovery, blacklist, numbering of ranks
     timeline        reads and plots the timeline's Chrome trace
     _mpi            which MPI is which; loads the extension into mpi4py's MPI
     _core           the C++ extension (csrc/hvdmx), loaded by _mpi
