@@ -18,6 +18,7 @@ programs below it use hvdmx through it, as a user's script does.
     run_hosts       hvdmxrun's hosts: -H, the hostfile, the checks of each host
     elastic_hosts   an elastic job's hosts: discovery, blacklist, numbering of ranks
     elastic_membership  who is in an elastic job, generation by generation
+    elastic_launch  hvdmxrun's elastic loop: workers started, watched, hosts failed
     timeline        reads and plots the timeline's Chrome trace
     _mpi            which MPI is which; loads the extension into mpi4py's MPI
     _core           the C++ extension (csrc/hvdmx), loaded by _mpi
