@@ -17,6 +17,9 @@ from mxnet.base import MXNetError
 # The mpi4py communicator hvdmx runs on; None before the first init, and in
 # a job started without MPI.
 comm: Optional[MPI.Comm] = None
+# In a job started without MPI: the job's group at the launcher's rendezvous
+# (hvdmx.rendezvous.StoreGroup), from the first init on.
+group = None
 
 
 def job_comm():

@@ -1,18 +1,26 @@
-"""Multi-rank tests: every rank runs this pytest session under mpiexec.
+"""Multi-rank tests: every rank runs this pytest session under mpiexec, or
+under hvdmxrun --no-mpi (tests/test_run_nompi.py runs the suite so).
 
-A test that fails on one rank aborts the whole job at once (MPI_Abort), so
-the other ranks never wait for a collective that will not come.
+A test that fails on one rank aborts the whole job at once (MPI_Abort; in a
+job without MPI the rank exits and hvdmxrun stops the others), so the other
+ranks never wait for a collective that will not come.
+
+The tests' own exchanges between ranks outside hvdmx (barriers, comparing
+results) go through ``world_allgather`` and the helpers below: MPI, or in a
+job without MPI a group of the launcher's rendezvous.
 """
 import os
+import pickle
+import socket
 import sys
 import time
 import traceback
 
 import pytest
-from mpi4py import MPI
 
 import hvdmx as hvd
-from hvdmx import _core
+from hvdmx import _core, _job  # before mpi4py.MPI: see hvdmx/basics.py
+from mpi4py import MPI
 
 # The tests' module, _hvdmx_testing (setup.py build_ext builds it), is in tests/.
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -23,10 +31,52 @@ _config = None
 launch_cpus = sorted(os.sched_getaffinity(0))
 
 
+# Whether this job runs on MPI (mpiexec) or without (hvdmxrun --no-mpi).
+MPI_JOB = hvd.mpi_enabled()
+needs_mpi = pytest.mark.skipif(not MPI_JOB, reason="tests what hvdmx does with MPI "
+                               "communicators; this job was started without MPI")
+_oob = None  # without MPI: the tests' own group at the rendezvous
+
+
 def pytest_configure(config):
-    global _config
+    global _config, _oob
     _config = config
     hvd.init()
+    if not MPI_JOB:
+        _oob = _job.group.split(0, hvd.rank())
+
+
+def world_rank() -> int:
+    """This process's rank in the job, also while hvdmx is shut down."""
+    return MPI.COMM_WORLD.Get_rank() if MPI_JOB else _oob.rank
+
+
+def world_allgather(obj) -> list:
+    """Every rank's ``obj``, in rank order, outside hvdmx."""
+    if MPI_JOB:
+        return MPI.COMM_WORLD.allgather(obj)
+    return [pickle.loads(b) for b in _oob.allgather(pickle.dumps(obj))]
+
+
+def world_barrier() -> None:
+    world_allgather(None)
+
+
+def world_bcast(obj, root=0):
+    return world_allgather(obj if world_rank() == root else None)[root]
+
+
+def host_names() -> list:
+    """Every rank's host name, in rank order (MPI's processor name is the same)."""
+    return world_allgather(socket.gethostname())
+
+
+def host_allgather(obj) -> list:
+    """The ``obj`` of every rank of this host, in rank order (the host as
+    hvdmx sees it: MPI_COMM_TYPE_SHARED, or the host name without MPI)."""
+    everyone = world_allgather(obj)
+    mine = next(ranks for ranks in _core.hosts() if hvd.rank() in ranks)
+    return [everyone[r] for r in mine]
 
 
 @pytest.hookimpl(hookwrapper=True)
@@ -38,7 +88,7 @@ def pytest_runtest_makereport(item, call):
 
 
 def _abort(why):
-    rank = MPI.COMM_WORLD.Get_rank()
+    rank = world_rank()
     # Inside a test pytest captures stderr, and MPI_Abort would lose it.
     capture = _config.pluginmanager.getplugin("capturemanager")
     if capture is not None:
@@ -47,7 +97,9 @@ def _abort(why):
     sys.stderr.flush()
     # mpiexec stops forwarding a rank's output once the abort kills it.
     time.sleep(0.5)
-    MPI.COMM_WORLD.Abort(1)
+    if MPI_JOB:
+        MPI.COMM_WORLD.Abort(1)
+    os._exit(1)  # hvdmxrun --no-mpi stops the other ranks
 
 
 @pytest.fixture
@@ -69,7 +121,7 @@ def restart(env):
     failure = sys.exc_info()[1]
     if failure is not None and not isinstance(failure, pytest.skip.Exception):
         _abort("failed before restart():\n" + "".join(traceback.format_exception(failure)))
-    MPI.COMM_WORLD.Barrier()
+    world_barrier()
     _retired["exchanges"] += shm_exchanges()
     hvd.shutdown()
     saved = {k: os.environ.get(k) for k in env}
@@ -89,14 +141,14 @@ def shutdown_together():
     every rank's runtime at its next negotiation round, so without the
     barrier a slower rank still in the previous test (an hvd.rank(), a call
     not yet submitted) would find hvdmx stopped under it."""
-    MPI.COMM_WORLD.Barrier()
+    world_barrier()
     hvd.shutdown()
 
 
 def all_equal_across_ranks(array) -> bool:
     """True when every rank holds the same bytes."""
     data = array.tobytes()
-    return all(d == data for d in MPI.COMM_WORLD.allgather(data))
+    return all(d == data for d in world_allgather(data))
 
 
 def shm_exchanges() -> int:

@@ -5,9 +5,10 @@ import pytest
 from mpi4py import MPI
 
 import hvdmx as hvd
-from conftest import shutdown_together
+from conftest import host_names, needs_mpi, shutdown_together, world_barrier, world_rank
 
 
+@needs_mpi
 def test_rank_and_size_match_mpi():
     assert hvd.is_initialized()
     assert hvd.size() == MPI.COMM_WORLD.Get_size()
@@ -20,8 +21,8 @@ def expected_topology():
     is one "cross" group; across hosts (tests/test_many_hosts.py runs this
     file on test hosts) the local ranks count within each host and the cross
     ranks among the ranks of the same local rank."""
-    hosts = MPI.COMM_WORLD.allgather(MPI.Get_processor_name())
-    rank = MPI.COMM_WORLD.Get_rank()
+    hosts = host_names()
+    rank = world_rank()
     local = [r for r, host in enumerate(hosts) if host == hosts[rank]]
     local_rank = local.index(rank)
     local_ranks = [[r for r, host in enumerate(hosts) if host == h].index(r)
@@ -64,6 +65,7 @@ def test_init_after_shutdown_works():
     assert out.asnumpy().tolist() == [n * (n + 1) / 2] * 3
 
 
+@needs_mpi
 def test_init_with_mpi4py_communicator():
     shutdown_together()
     hvd.init(comm=MPI.COMM_WORLD)
@@ -72,6 +74,7 @@ def test_init_with_mpi4py_communicator():
     assert out.asnumpy().tolist() == [hvd.size()] * 2
 
 
+@needs_mpi
 def test_init_with_split_communicator():
     # Even and odd world ranks each form a job of their own.
     world = MPI.COMM_WORLD
@@ -90,6 +93,7 @@ def test_init_with_split_communicator():
         hvd.init()
 
 
+@needs_mpi
 def test_init_rejects_bad_comm():
     shutdown_together()
     try:
@@ -141,7 +145,7 @@ def test_shutdown_on_one_rank_stops_every_rank(world):
             hvd.rank()
     else:
         out = hvd.allreduce(mx.nd.ones((1,)), name="after-peer-shutdown")
-        MPI.COMM_WORLD.Barrier()
+        world_barrier()
         with pytest.raises(mx.base.MXNetError, match="has been shut down by another rank"):
             out.wait_to_read()
         assert not hvd.is_initialized()

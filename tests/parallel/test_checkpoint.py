@@ -8,11 +8,11 @@ import pickle
 import mxnet as mx
 import numpy as np
 import pytest
-from mpi4py import MPI
 from mxnet import gluon
 from mxnet.gluon import nn
 
 import hvdmx as hvd
+from conftest import world_allgather, world_bcast
 from test_training import (B, HIDDEN, IN, MOMENTUM, OUT, assert_identical_across_ranks, batches,
                            local, make_net, params_numpy, train_step)
 
@@ -38,7 +38,7 @@ def make_trainer(net, how, kind, prefix):
 
 def shared_path(tmp_path, name):
     """A path in rank 0's temporary directory, the same string on every rank."""
-    return MPI.COMM_WORLD.bcast(str(tmp_path / name) if hvd.rank() == 0 else None, root=0)
+    return world_bcast(str(tmp_path / name) if hvd.rank() == 0 else None)
 
 
 @pytest.mark.parametrize("kind", ["sgd", "adam"])
@@ -136,7 +136,7 @@ def test_resume_with_compression_residuals(tmp_path, holder):
     if hvd.size() > 1:  # the residuals differ by rank, so each must get its own
         assert len(saved) == 4
         mine = np.concatenate([saved[i].ravel() for i in sorted(saved)])
-        everyone = MPI.COMM_WORLD.allgather(mine)
+        everyone = world_allgather(mine)
         assert not all(np.array_equal(everyone[0], other) for other in everyone[1:])
 
     def resume(label, lose_residuals=False):

@@ -9,13 +9,12 @@ import threading
 
 import numpy as np
 import pytest
-from mpi4py import MPI
 
 import mxnet as mx
 import hvdmx as hvd
 from hvdmx import _core
 import conftest
-from conftest import restart
+from conftest import host_allgather, restart
 
 
 def thread_cpus() -> dict:
@@ -36,12 +35,8 @@ def launch_cpus():
     mine = conftest.launch_cpus
     # Whatever the runs before bound, shutdown gave back.
     assert set(thread_cpus().values()) == {frozenset(mine)}
-    local = MPI.COMM_WORLD.Split_type(MPI.COMM_TYPE_SHARED)
-    try:
-        every = local.allgather(mine)
-        return mine, local.Get_rank(), local.Get_size(), all(c == mine for c in every)
-    finally:
-        local.Free()
+    every = host_allgather(mine)
+    return mine, hvd.local_rank(), len(every), all(c == mine for c in every)
 
 
 def expected_cpu(mode, cpus, local_rank, local_size, same):

@@ -6,7 +6,7 @@ import pytest
 from mpi4py import MPI
 
 import hvdmx as hvd
-from conftest import shutdown_together
+from conftest import host_names, needs_mpi, shutdown_together
 
 
 @pytest.fixture
@@ -60,6 +60,7 @@ def test_every_collective_on_a_set(world, even_odd):
     assert hvd.allgather_object(rank, process_set=mine) == members
 
 
+@needs_mpi
 def test_set_from_a_communicator(world):
     rank, size = world
     comm = MPI.COMM_WORLD.Split(color=rank % 2, key=rank)
@@ -140,7 +141,7 @@ def test_a_set_per_host(world):
     # one host); across test hosts (tests/test_many_hosts.py) these sets stay
     # inside a host while the even and odd sets above span hosts.
     rank, size = world
-    hosts = MPI.COMM_WORLD.allgather(MPI.Get_processor_name())
+    hosts = host_names()
     names = sorted(set(hosts), key=hosts.index)
     sets = [hvd.add_process_set([r for r in range(size) if hosts[r] == h]) for h in names]
     try:

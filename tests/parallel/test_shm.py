@@ -4,11 +4,11 @@ runs share one host)."""
 import mxnet as mx
 import numpy as np
 import pytest
-from mpi4py import MPI
 
 import hvdmx as hvd
 from hvdmx import _core
-from conftest import all_equal_across_ranks, restart, shm_exchanges
+from conftest import all_equal_across_ranks, host_names, restart, shm_exchanges, \
+    world_allgather
 from helpers import DTYPES, OPS, counts_for, expected, rank_input, restarted
 
 
@@ -132,7 +132,7 @@ def test_float_sums_are_bitwise_identical_across_ranks(world, shm):
         out = hvd.allreduce(mx.nd.array(data), op=hvd.Sum).asnumpy()
         assert all_equal_across_ranks(out)
         # every rank's result is ((x0 + x1) + x2) + ... in float32
-        inputs = MPI.COMM_WORLD.allgather(data)
+        inputs = world_allgather(data)
         want = inputs[0].copy()
         for x in inputs[1:]:
             want = want + x
@@ -513,7 +513,7 @@ def test_hierarchical_on_the_hosts(world):
     # allreduce is hierarchical, and otherwise the ring runs.
     # tests/test_many_hosts.py runs this across test hosts.
     rank, size = world
-    hosts = MPI.COMM_WORLD.allgather(MPI.Get_processor_name())
+    hosts = host_names()
     per_host = [hosts.count(h) for h in sorted(set(hosts))]
     restart({"HVDMX_ALLREDUCE_ALGO": "shm", "HVDMX_HIERARCHICAL_ALLREDUCE": "1",
              "HVDMX_SHM_CHUNK_BYTES": "4160"})

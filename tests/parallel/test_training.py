@@ -13,12 +13,11 @@ import warnings
 import mxnet as mx
 import numpy as np
 import pytest
-from mpi4py import MPI
 from mxnet import autograd, gluon
 from mxnet.gluon import nn
 
 import hvdmx as hvd
-from conftest import all_equal_across_ranks
+from conftest import all_equal_across_ranks, host_allgather
 from helpers import mnist_example_accuracy
 
 IN, HIDDEN, OUT = 6, 8, 3
@@ -652,30 +651,26 @@ def test_hierarchical_local_sgd(h):
     same values (moved by their host's mean gradient), and hosts differ.
     tests/test_many_hosts.py runs this across test hosts."""
     size = hvd.size()
-    local = MPI.COMM_WORLD.Split_type(MPI.COMM_TYPE_SHARED)
-    try:
-        host = local.allgather(hvd.rank())
-        prefix = f"hlsgd{h}."
-        w = gluon.Parameter(f"{prefix}w", shape=(4,), init=mx.init.Constant(10.0))
-        w.initialize()
-        trainer = hvd.DistributedTrainer([w], "sgd", {"learning_rate": 1.0}, local_sgd_steps=h,
-                                         hierarchical_local_sgd=True, prefix=prefix)
-        host_mean = sum(2 * r for r in host) / len(host)  # of the ranks' gradients / (k+1)
-        for k in range(2 * h):
-            _local_sgd_step(w, trainer, k)
-            value = w.data().asnumpy()
-            last = (k + 1) // h * h  # steps done at the last average over all ranks
-            synced = 10.0 - (size - 1) * last * (last + 1) / 2
-            if (k + 1) % h == 0:
-                assert value.tolist() == [synced] * 4
-                assert all_equal_across_ranks(value)
-            else:
-                moved = host_mean * sum(j + 1 for j in range(last, k + 1))
-                assert value.tolist() == [synced - moved] * 4
-                same = local.allgather(value)
-                assert all(np.array_equal(same[0], v) for v in same)
-    finally:
-        local.Free()
+    host = host_allgather(hvd.rank())
+    prefix = f"hlsgd{h}."
+    w = gluon.Parameter(f"{prefix}w", shape=(4,), init=mx.init.Constant(10.0))
+    w.initialize()
+    trainer = hvd.DistributedTrainer([w], "sgd", {"learning_rate": 1.0}, local_sgd_steps=h,
+                                     hierarchical_local_sgd=True, prefix=prefix)
+    host_mean = sum(2 * r for r in host) / len(host)  # of the ranks' gradients / (k+1)
+    for k in range(2 * h):
+        _local_sgd_step(w, trainer, k)
+        value = w.data().asnumpy()
+        last = (k + 1) // h * h  # steps done at the last average over all ranks
+        synced = 10.0 - (size - 1) * last * (last + 1) / 2
+        if (k + 1) % h == 0:
+            assert value.tolist() == [synced] * 4
+            assert all_equal_across_ranks(value)
+        else:
+            moved = host_mean * sum(j + 1 for j in range(last, k + 1))
+            assert value.tolist() == [synced - moved] * 4
+            same = host_allgather(value)
+            assert all(np.array_equal(same[0], v) for v in same)
 
 
 @pytest.mark.parametrize("h", [2, 3])

@@ -4,9 +4,9 @@ to one process training on its set's whole batch."""
 import mxnet as mx
 import numpy as np
 import pytest
-from mpi4py import MPI
 
 import hvdmx as hvd
+from conftest import world_allgather, world_barrier
 from test_training import (B, LR, MOMENTUM, assert_close, batches, copy_params, make_net,
                            params_numpy, train_step)
 from mxnet import gluon
@@ -32,7 +32,6 @@ def rows(a, members):
 def test_trainer_on_a_process_set(world, my_half, split):
     rank, size = world
     members = my_half.ranks
-    half = MPI.COMM_WORLD.Split(rank % 2, rank)
     net = make_net(f"psnet{int(split)}_")  # rank-dependent: the broadcast must fix it
     hvd.broadcast_parameters(net.collect_params(), root_rank=members[-1],
                              process_set=my_half)
@@ -51,9 +50,9 @@ def test_trainer_on_a_process_set(world, my_half, split):
         train_step(ref, ref_trainer, rows(x, members), rows(y, members), len(members) * B)
         for key, value in params_numpy(net).items():
             data = value.tobytes()
-            assert all(d == data for d in half.allgather(data)), key
+            everyone = world_allgather(data)
+            assert all(everyone[r] == data for r in members), key
     assert_close(params_numpy(net), params_numpy(ref), rtol=1e-5)
-    half.Free()
 
 
 def test_distributed_optimizer_on_a_process_set(world, my_half):
@@ -122,13 +121,12 @@ def test_a_rank_outside_the_set_sends_nothing_and_steps_alone(world, monkeypatch
         # Nothing waits for a rank outside a set of one: the other ranks
         # start their step only after rank 0 has finished its own.
         if members == [0] and rank > 0:
-            assert MPI.COMM_WORLD.recv(source=0, tag=40) == "done"
+            world_barrier()  # rank 0 meets it once done
         pushed = count_pushes(monkeypatch)
         got = one_step(kind, ps, rank, 2.0)
         monkeypatch.undo()
         if members == [0] and rank == 0:
-            for r in range(1, size):
-                MPI.COMM_WORLD.send("done", dest=r, tag=40)
+            world_barrier()
         if rank not in members:
             want, sent = -(rank + 1.0) * 2.0 / len(members), False
         elif len(members) == 1:
