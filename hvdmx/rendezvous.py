@@ -479,9 +479,9 @@ class RendezvousServer:
                 if not proven:
                     self._strangers -= 1
                 self._sockets.discard(sock)
-            _drop(sock)
-            if member is not None:
+            if member is not None:  # first, so that the peer sees the close after it
                 self._leave(member, clean)
+            _drop(sock)
 
     def _refuse(self, member: Optional[_Member], peer: str, why: str) -> None:
         who = member.describe() if member is not None else peer
