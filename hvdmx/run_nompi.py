@@ -40,8 +40,9 @@ import time
 from dataclasses import dataclass
 from typing import IO, Dict, List, Mapping, Optional, Sequence, Tuple
 
-from .rendezvous import ADDRESS_VARIABLE, KEY_VARIABLES, RendezvousServer, parse_key, \
-    parse_timeout, TIMEOUT_VARIABLE
+from .rendezvous_server import RendezvousServer
+from .rendezvous_wire import ADDRESS_VARIABLE, KEY_VARIABLES, TIMEOUT_VARIABLE, parse_key, \
+    parse_timeout
 from .run_hosts import Host, UsageError, check_remote_starts, is_this_host
 from .run_launcher import FORWARDED_NAMES, FORWARDED_PREFIXES, PROG
 

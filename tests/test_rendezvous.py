@@ -16,6 +16,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 
 from hvdmx import rendezvous as rdv
+from hvdmx import rendezvous_wire as wire
 
 pytestmark = pytest.mark.timeout(120)
 KEY = bytes(range(32))
@@ -25,9 +26,10 @@ KEY = bytes(range(32))
 def server():
     made = []
 
-    def make(size, timeout=30.0, key=KEY):
+    def make(size, timeout=30.0, key=KEY, handshake_seconds=10.0):
         s = rdv.RendezvousServer(size, key, host="127.0.0.1", timeout=timeout,
-                                 on_problem=lambda text: None)
+                                 on_problem=lambda text: None,
+                                 handshake_seconds=handshake_seconds)
         made.append(s)
         return s
     yield make
@@ -350,26 +352,26 @@ class Raw:
     def __init__(self, srv, key=KEY):
         self.sock = socket.create_connection(("127.0.0.1", srv.port), timeout=10)
         self.name = "127.0.0.1:%d" % self.sock.getsockname()[1]
-        hello = self.recv(len(rdv.MAGIC) + 32)
-        theirs, mine = hello[len(rdv.MAGIC):], secrets.token_bytes(32)
-        self.sock.sendall(mine + rdv._mac(key, b"hvdmx-rdv client", theirs, mine))
+        hello = self.recv(len(wire.MAGIC) + 32)
+        theirs, mine = hello[len(wire.MAGIC):], secrets.token_bytes(32)
+        self.sock.sendall(mine + wire.mac(key, b"hvdmx-rdv client", theirs, mine))
         assert self.recv(1) == b"\1"
         self.recv(32)
-        self.session = rdv._mac(key, b"hvdmx-rdv session", theirs, mine)
+        self.session = wire.mac(key, b"hvdmx-rdv session", theirs, mine)
         self.sent = 0
 
     def recv(self, n):
-        return rdv._receive_exactly(self.sock, n)
+        return wire.receive_exactly(self.sock, n)
 
     def frame(self, body, length=None, mac=None):
         header = struct.pack("!I", len(body) if length is None else length)
-        tag = rdv._mac(self.session, b"C", struct.pack("!Q", self.sent), header, body)
+        tag = wire.mac(self.session, b"C", struct.pack("!Q", self.sent), header, body)
         self.sent += 1
         return header + body + (tag if mac is None else mac)
 
     def hello(self, rank, size):
         self.sock.sendall(self.frame(b"H" + struct.pack("!IIII", rank, size, 0, 1) +
-                                     rdv._pack_str("raw")))
+                                     wire.pack_str("raw")))
 
     def close(self):
         self.sock.close()
@@ -431,7 +433,7 @@ def test_garbage_frames_after_the_handshake_are_refused_naming_the_peer(server, 
 def test_bad_frames_are_refused_naming_the_peer_and_the_others_go_on(server, how):
     srv = server(2, timeout=30)
     raw = Raw(srv)
-    hello = b"H" + struct.pack("!IIII", 1, 2, 0, 1) + rdv._pack_str("raw")
+    hello = b"H" + struct.pack("!IIII", 1, 2, 0, 1) + wire.pack_str("raw")
     if how == "oversized":
         raw.sock.sendall(struct.pack("!I", 0xFFFFFFF0) + b"x" * 100)
         words = ["a frame of 4294967280 bytes announced, over the limit"]
@@ -466,8 +468,8 @@ def test_bad_frames_are_refused_naming_the_peer_and_the_others_go_on(server, how
         words = ["a group scope of 1073741824 bytes, over the limit of 512"]
     else:
         raw.hello(1, 2)
-        raw.sock.sendall(raw.frame(b"A" + rdv._pack_str("g0") + struct.pack("!Q", 0) +
-                                   rdv._pack_bytes(b"x") + b"junk"))
+        raw.sock.sendall(raw.frame(b"A" + wire.pack_str("g0") + struct.pack("!Q", 0) +
+                                   wire.pack_bytes(b"x") + b"junk"))
         words = ["4 bytes after the end of a message"]
     line = wait_for_problem(srv, *words)
     assert raw.name in line, line
@@ -480,9 +482,8 @@ def test_bad_frames_are_refused_naming_the_peer_and_the_others_go_on(server, how
         assert_still_serves(srv, 2)
 
 
-def test_silent_strangers_do_not_delay_the_ranks(server, monkeypatch):
-    monkeypatch.setattr(rdv, "HANDSHAKE_SECONDS", 1.0)
-    srv = server(2)
+def test_silent_strangers_do_not_delay_the_ranks(server):
+    srv = server(2, handshake_seconds=1.0)
     strangers = [socket.create_connection(("127.0.0.1", srv.port)) for _ in range(20)]
     try:
         start = time.monotonic()
@@ -505,6 +506,8 @@ def test_the_key_never_appears_in_messages(server):
 
 def test_pid_and_host_of_members_are_known_for_elastic_renumbering(server):
     srv = server(2)
-    seen = run_ranks(2, lambda g: (g.allgather(b""), srv.connected())[1], srv)
+    # Read between two collectives: nobody has closed yet.
+    seen = run_ranks(2, lambda g: (g.allgather(b""), srv.connected(), g.allgather(b""))[1],
+                     srv)
     assert seen[0] == {0: ("h0", 0, os.getpid()), 1: ("h0", 1, os.getpid())}
     assert srv.world == "g0" and srv.generation == 0
