@@ -34,9 +34,9 @@ import time
 from typing import Callable, Dict, List, Optional, Tuple
 
 from .rendezvous_wire import FRAME_OVERHEAD, HANDSHAKE_SECONDS, KEY_BYTES, MAC_BYTES, MAGIC, \
-    MAX_HOST_BYTES, MAX_POST_BYTES, MAX_SCOPE_BYTES, MAX_STRANGERS, NONCE, SEND_SECONDS, \
-    TIMEOUT_VARIABLE, Channel, ProtocolError, Reader, drop, mac, pack_bytes, pack_str, \
-    parse_timeout, peer_name, receive_exactly
+    MAX_HOST_BYTES, MAX_POST_BYTES, MAX_RESULT_BYTES, MAX_SCOPE_BYTES, MAX_STRANGERS, NONCE, \
+    SEND_SECONDS, TIMEOUT_VARIABLE, Channel, ProtocolError, Reader, drop, mac, pack_bytes, \
+    pack_str, parse_timeout, peer_name, receive_exactly
 
 # ---- the server ----------------------------------------------------------------
 
@@ -63,8 +63,10 @@ class RendezvousServer:
 
     Listens on (`host`, `port`) (default: every interface, a free port) from
     construction; serves on daemon threads until close(). `timeout` bounds
-    every collective (default $HVDMX_RENDEZVOUS_TIMEOUT, else 300 s), and
-    `handshake_seconds` how long a new connection has to prove itself. What it
+    every collective (default $HVDMX_RENDEZVOUS_TIMEOUT, else 300 s),
+    `handshake_seconds` how long a new connection has to prove itself;
+    `max_post_bytes` bounds a member's bytes in one allgather and
+    `max_result_bytes` all of them together. What it
     refuses (strangers, garbage, a rank twice) it reports once through
     `on_problem` (default: a line on stderr) and in `problems`, naming the
     peer's address; it never ends or stops serving the others because of it.
@@ -78,6 +80,7 @@ class RendezvousServer:
                  timeout: Optional[float] = None,
                  on_problem: Optional[Callable[[str], None]] = None,
                  max_post_bytes: int = MAX_POST_BYTES,
+                 max_result_bytes: int = MAX_RESULT_BYTES,
                  handshake_seconds: float = HANDSHAKE_SECONDS):
         if not isinstance(size, int) or size < 1:
             raise ValueError(f"RendezvousServer: size={size!r} must be an int >= 1")
@@ -88,7 +91,7 @@ class RendezvousServer:
             else float(timeout)
         if not 0 < self.timeout < math.inf:
             raise ValueError(f"RendezvousServer: timeout={timeout!r} must be seconds > 0")
-        self.max_post_bytes = max_post_bytes
+        self.max_post_bytes, self.max_result_bytes = max_post_bytes, max_result_bytes
         self.handshake_seconds = handshake_seconds
         self.generation = 0
         self.world = f"g{self.generation}"
@@ -244,6 +247,9 @@ class RendezvousServer:
         except (ConnectionError, OSError) as error:
             if not proven and not self._closed.is_set():
                 self._problem(f"refused {peer}: {error} before it proved itself")
+        except Exception as error:  # our bug: this connection ends, the server goes on
+            self._problem(f"dropped {member.describe() if member else peer} after an internal "
+                          f"error: {type(error).__name__}: {error}")
         finally:
             with self._lock:
                 if not proven:
@@ -387,12 +393,17 @@ class RendezvousServer:
             return self._fail(scope, seq, "; ".join(self._lost[rank] for rank in lost))
         if len(op.posts) < len(group):
             return []
+        total = sum(len(p) for p in op.posts.values()) if kind == b"A" else 0  # type: ignore
+        if total + 4 * len(group) > self.max_result_bytes:
+            return self._fail(scope, seq, f"its result would be {total} bytes, over the limit "
+                              f"of {self.max_result_bytes}; gather less at a time")
         del self._pending[(scope, seq)]
         self._next[scope] = seq + 1
         members = [self._members.get(rank) for rank in group]
         if kind == b"A":
             head = b"R" + pack_str(scope) + struct.pack("!QI", seq, len(group))
-            body = head + b"".join(pack_bytes(op.posts[i]) for i in range(len(group)))  # type: ignore[arg-type]
+            body = head + b"".join(pack_bytes(op.posts[i])  # type: ignore[arg-type]
+                                   for i in range(len(group)))
             return [(m, body) for m in members if m is not None]
         return self._split(scope, seq, group, op, members)
 

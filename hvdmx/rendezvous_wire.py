@@ -52,6 +52,7 @@ DEFAULT_TIMEOUT = 300.0  # seconds; the TCP transport gives up after as long
 HANDSHAKE_SECONDS = 10.0
 SEND_SECONDS = 60.0  # a member that does not read its answers for this long is dropped
 MAX_POST_BYTES = 16 << 20  # one member's bytes in one allgather
+MAX_RESULT_BYTES = 1 << 30  # all members' bytes in one allgather (a frame's length is a u32)
 MAX_SCOPE_BYTES = 512
 MAX_HOST_BYTES = 255
 MAX_STRANGERS = 256  # connections at once that have not proved themselves yet

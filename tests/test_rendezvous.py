@@ -26,10 +26,9 @@ KEY = bytes(range(32))
 def server():
     made = []
 
-    def make(size, timeout=30.0, key=KEY, handshake_seconds=10.0):
+    def make(size, timeout=30.0, key=KEY, **limits):
         s = rdv.RendezvousServer(size, key, host="127.0.0.1", timeout=timeout,
-                                 on_problem=lambda text: None,
-                                 handshake_seconds=handshake_seconds)
+                                 on_problem=lambda text: None, **limits)
         made.append(s)
         return s
     yield make
@@ -482,13 +481,32 @@ def test_bad_frames_are_refused_naming_the_peer_and_the_others_go_on(server, how
         assert_still_serves(srv, 2)
 
 
+def test_posts_and_results_over_the_limits_are_refused(server):
+    srv = server(2, max_post_bytes=100, max_result_bytes=150)
+    # Within both limits: fine. Over the result's: everyone fails, naming it.
+    assert run_ranks(2, lambda g: g.allgather(b"x" * 60), srv) == {0: [b"x" * 60] * 2,
+                                                                   1: [b"x" * 60] * 2}
+    srv = server(2, max_post_bytes=100, max_result_bytes=150)
+    results = run_ranks(2, lambda g: g.allgather(b"x" * 100), srv)
+    for r in (0, 1):
+        assert isinstance(results[r], rdv.RendezvousError)
+        assert "its result would be 200 bytes, over the limit of 150" in str(results[r])
+    # Over a post's: that member is dropped (naming it) and the others fail at once.
+    srv = server(2, max_post_bytes=100)
+    results = run_ranks(2, lambda g: g.allgather(b"x" * (101 if g.rank else 1)), srv)
+    wait_for_problem(srv, "dropped rank 1 (host h0", "an allgather's data of 101 bytes, over "
+                     "the limit of 100")
+    assert "rank 1 (host h0" in str(results[0]) and "disconnected" in str(results[0])
+    assert isinstance(results[1], ConnectionError)
+
+
 def test_silent_strangers_do_not_delay_the_ranks(server):
     srv = server(2, handshake_seconds=1.0)
     strangers = [socket.create_connection(("127.0.0.1", srv.port)) for _ in range(20)]
     try:
         start = time.monotonic()
         assert_still_serves(srv, 2)
-        assert time.monotonic() - start < 5
+        assert time.monotonic() - start < 10
         wait_for_problem(srv, "did not prove itself within 1 s")
     finally:
         for s in strangers:
