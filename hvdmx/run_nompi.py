@@ -43,7 +43,8 @@ from typing import IO, Dict, List, Mapping, Optional, Sequence, Tuple
 from .rendezvous_server import RendezvousServer
 from .rendezvous_wire import ADDRESS_VARIABLE, KEY_VARIABLES, TIMEOUT_VARIABLE, parse_key, \
     parse_timeout
-from .run_hosts import Host, UsageError, check_remote_starts, is_this_host
+from .run_hosts import Host, UsageError, check_remote_starts, format_hosts, is_this_host, \
+    unused_hosts
 from .run_launcher import FORWARDED_NAMES, FORWARDED_PREFIXES, PROG
 
 STOP_GRACE_SECONDS = 10.0  # after SIGTERM to the ranks, before SIGKILL
@@ -319,8 +320,11 @@ class NoMpiJob:
         prefix = f"[{rank}]<{name}>:".encode()
         for line in iter(stream.readline, b""):
             with self.output_lock:
-                out.write(prefix + line + (b"" if line.endswith(b"\n") else b"\n"))
-                out.flush()
+                try:
+                    out.write(prefix + line + (b"" if line.endswith(b"\n") else b"\n"))
+                    out.flush()
+                except (OSError, ValueError):
+                    pass  # our output is closed: keep reading, so the rank never blocks
         stream.close()
 
     def _wait(self, index: int, process: subprocess.Popen) -> None:
@@ -405,6 +409,10 @@ def launch(num_proc: int, hosts: Optional[List[Host]], host_flag: str,
     status. UsageError for what is wrong before anything starts."""
     shell = remote_shell(ssh_exec, environ)
     places = place_ranks(num_proc, hosts)
+    if hosts and unused_hosts(num_proc, hosts):
+        print(f"{PROG}: warning: -np {num_proc} fills the slots of {host_flag} "
+              f"({format_hosts(hosts)}) in order, so {', '.join(unused_hosts(num_proc, hosts))} "
+              "get(s) no process; raise -np or list fewer hosts", file=sys.stderr)
     if hosts and check_hosts:
         check_remote_starts(hosts[:len({p.host for p in places})], shell,
                             timeout=host_timeout, shell_flag=SHELL_FLAG)

@@ -103,13 +103,19 @@ WAITER = r"""
 import os, signal, sys, time
 rank = int(os.environ["HVDMX_RANK"])
 how, fail, stubborn, folder = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
-with open(os.path.join(folder, f"{rank}.pid"), "w") as f:
+with open(os.path.join(folder, f"{rank}.tmp"), "w") as f:
     f.write(str(os.getpid()))
+os.rename(os.path.join(folder, f"{rank}.tmp"), os.path.join(folder, f"{rank}.pid"))
 print("ready", flush=True)
 if rank == stubborn:
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
 if rank == fail:
-    time.sleep(0.5)
+    # Once every rank has written its pid, so that the test can look for them.
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and len(
+            [n for n in os.listdir(folder) if n.endswith(".pid")]) < int(os.environ["HVDMX_SIZE"]):
+        time.sleep(0.05)
+    time.sleep(0.2)
     if how == "exit":
         sys.exit(3)
     os.kill(os.getpid(), signal.SIGKILL)
@@ -331,6 +337,23 @@ def test_usage_errors_name_the_flag_and_the_fix(argv, env, message):
     assert code == 2, err
     assert message in err.splitlines()[-1], err
     assert "12345" not in err or "HVDMX_SECRET_KEY" not in env
+
+
+def test_a_command_that_cannot_start_is_named():
+    code, out, err = run(["--no-mpi", "-np", "2", "/no/such/program", "x"])
+    assert code == 127, err
+    assert re.search(r"^\[[01]\]<stderr>:hvdmxrun: cannot start '/no/such/program' on "
+                     rf"{re.escape(os.uname().nodename)}: \[Errno 2\] No such file", err, re.M), err
+    assert re.search(r"^hvdmxrun: rank [01] \(host .*\) exited with status 127", err, re.M), err
+
+
+def test_unused_hosts_are_warned_about(tmp_path):
+    code, out, err = run(["--no-mpi", "-np", "1", "-H", "localhost:1,127.0.0.1:1", PYTHON,
+                          "-c", "print('one')"])
+    assert code == 0, err
+    assert out == "[0]<stdout>:one\n"
+    assert "hvdmxrun: warning: -np 1 fills the slots of -H (localhost:1,127.0.0.1:1) in " \
+           "order, so 127.0.0.1 get(s) no process" in err
 
 
 def test_help_describes_no_mpi():
