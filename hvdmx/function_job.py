@@ -483,9 +483,10 @@ def run_function(fn: Callable[..., Any], args: Sequence[Any] = (),
     here with the rank's traceback as its ``__cause__`` (a RemoteTraceback),
     once the job has ended; a job that ends otherwise without every value,
     or whose ranks do not all start within ``start_timeout``, raises
-    RuntimeError or TimeoutError. ``use_gloo=True`` (or ``use_mpi=False``)
-    starts the ranks without MPI, as ``hvdmxrun --no-mpi`` does (then
-    ``mpi_args`` is refused). Not supported yet, each with a
+    RuntimeError or TimeoutError. ``use_gloo=True`` starts the ranks without
+    MPI, as ``hvdmxrun --no-mpi`` does (then ``mpi_args`` is refused);
+    otherwise MPI's launcher starts them (Horovod's automatic choice when
+    neither is asked for, where MPI is built). Not supported yet, each with a
     NotImplementedError that says so: the elastic arguments (issue 49), and
     ``ssh_port``, ``ssh_identity_file`` and ``output_filename``.
     """
@@ -536,13 +537,13 @@ def run_function(fn: Callable[..., Any], args: Sequence[Any] = (),
     except UsageError as error:
         raise ValueError(f"hvdmx.run_function: {error}") from None
     tuning = {"HVDMX_TCP_IFACE": network_interface} if network_interface else {}
-    # Horovod's choice: Gloo (here: hvdmxrun --no-mpi) when asked for, or when
-    # MPI is refused.
-    no_mpi = bool(use_gloo) or use_mpi is False
+    # As Horovod chooses: Gloo (here: hvdmxrun --no-mpi) when asked for; with
+    # neither asked for (use_mpi=False and use_gloo=False included, as
+    # Horovod's own examples pass them), MPI, which hvdmx always has.
+    no_mpi = bool(use_gloo)
     if no_mpi and launcher_args:
         raise ValueError(f"hvdmx.run_function: mpi_args={mpi_args!r} is for MPI's launcher, "
-                         "but use_gloo=True (or use_mpi=False) starts the ranks without it; "
-                         "drop one of them")
+                         "but use_gloo=True starts the ranks without it; drop one of them")
 
     if not no_mpi:
         mpi_without_init()  # this process is no rank (see hvdmx/run_launcher.py)
