@@ -357,7 +357,7 @@ class Raw:
         assert self.recv(1) == b"\1"
         self.recv(32)
         self.session = wire.mac(key, b"hvdmx-rdv session", theirs, mine)
-        self.sent = 0
+        self.sent = self.received = 0
 
     def recv(self, n):
         return wire.receive_exactly(self.sock, n)
@@ -367,6 +367,16 @@ class Raw:
         tag = wire.mac(self.session, b"C", struct.pack("!Q", self.sent), header, body)
         self.sent += 1
         return header + body + (tag if mac is None else mac)
+
+    def receive(self):
+        """The server's next frame's body, its MAC checked."""
+        header = self.recv(4)
+        body = self.recv(struct.unpack("!I", header)[0])
+        tag = self.recv(32)
+        assert tag == wire.mac(self.session, b"S", struct.pack("!Q", self.received), header,
+                               body)
+        self.received += 1
+        return body
 
     def hello(self, rank, size):
         self.sock.sendall(self.frame(b"H" + struct.pack("!IIII", rank, size, 0, 1) +
@@ -424,6 +434,42 @@ def test_garbage_frames_after_the_handshake_are_refused_naming_the_peer(server, 
         # says so to rank 0 at once.
         results = run_ranks(2, lambda g: g.allgather(b"x"), srv, ranks=[0])
         assert "rank 1 (host raw, pid 1," in str(results[0]), results
+
+
+@settings(max_examples=40, deadline=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(kind=st.sampled_from([b"A", b"P"]),
+       scope=st.one_of(st.just("g0"), st.text(max_size=20)),
+       seq=st.integers(0, 2**64 - 1), color=st.integers(-2**31, 2**31 - 1),
+       key=st.integers(-2**63, 2**63 - 1), data=st.binary(max_size=50))
+def test_well_formed_posts_of_no_such_collective_get_an_error(server, kind, scope, seq,
+                                                              color, key, data):
+    # Rank 2 of 3 posts to a group or a collective that does not exist (any
+    # scope, any number): it gets an error naming it, nothing crashes, and
+    # (unless it made the job's group fail) the job's collectives go on.
+    if scope == "g0" and seq == 0:
+        seq = 1
+    srv = server(3)
+    raw = Raw(srv)
+    raw.hello(2, 3)
+    assert raw.receive()[:1] == b"W"
+    fields = struct.pack("!Q", seq) + (wire.pack_bytes(data) if kind == b"A"
+                                       else struct.pack("!iq", color, key))
+    raw.sock.sendall(raw.frame(kind + wire.pack_str(scope) + fields))
+    answer = raw.receive()
+    assert answer[:1] == b"E"
+    text = answer.decode(errors="replace")
+    if scope == "g0":
+        assert f"rank 2 posted collective #{seq} while the group is at #0" in text
+    else:
+        assert "no such group" in text
+        # The job goes on: rank 2 (by hand) and ranks 0 and 1 gather.
+        raw.sock.sendall(raw.frame(b"A" + wire.pack_str("g0") + struct.pack("!Q", 0) +
+                                   wire.pack_bytes(b"2")))
+        results = run_ranks(3, lambda g: g.allgather(bytes([48 + g.rank])), srv, ranks=[0, 1])
+        assert results == {0: [b"0", b"1", b"2"], 1: [b"0", b"1", b"2"]}
+        assert raw.receive()[:1] == b"R"
+    raw.close()
 
 
 @pytest.mark.parametrize("how", ["oversized", "truncated body", "truncated header",
