@@ -29,10 +29,10 @@ from .build_report import build_report
 from .run_flags import add_tuning_flags, tuning_env
 from .run_hosts import Host, UsageError, check_remote_starts, format_hosts, parse_hosts, \
     read_hostfile, resolve_num_proc, unresolved_hosts, unused_hosts
-from .run_nompi import launch as launch_without_mpi
 from .run_launcher import INTEL, MPICH, OPENMPI, PROG, Launcher, build_command, \
     detect_launcher, find_mpiexec, identify_launcher, job_environ, launcher_environ, \
     launcher_mismatch, mpi_without_init, plan_launch, remote_shell, split_mpi_args
+from .run_nompi import launch as launch_without_mpi
 
 # Also hvdmxrun's, for the tests and for scripts that use them from here.
 __all__ = ["INTEL", "MPICH", "OPENMPI", "Host", "Launcher", "UsageError", "build_command",
@@ -134,7 +134,6 @@ def check_no_mpi_flags(args: argparse.Namespace) -> None:
         raise UsageError(f"--ssh-exec {args.ssh_exec!r} applies with --no-mpi only; add "
                          "--no-mpi, or name MPI's remote shell with --mpi-args "
                          "\"-launcher-exec PATH\" (Open MPI: \"--mca plm_rsh_agent PATH\")")
-
 
 
 def make_parser() -> argparse.ArgumentParser:
