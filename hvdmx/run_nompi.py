@@ -99,7 +99,7 @@ def watch():
 try:
     rank = subprocess.Popen(sys.argv[1:], stdin=subprocess.DEVNULL)
 except OSError as error:
-    print(f"hvdmxrun: cannot start {sys.argv[1]!r} on {os.uname().nodename}: {error}",
+    print(f"hvdmxrun: cannot start {repr(sys.argv[1])} on {os.uname().nodename}: {error}",
           file=sys.stderr, flush=True)
     os._exit(127)
 threading.Thread(target=watch, daemon=True).start()
@@ -113,6 +113,11 @@ sys.stdout.flush()
 sys.stderr.flush()
 os._exit(128 - code if code < 0 else code)
 """
+
+# One line without '!': the remote shell may be csh, which ends a quoted
+# string at a newline and expands '!' even inside single quotes.
+_BOOTSTRAP_LINE = f"exec({_BOOTSTRAP!r})"
+assert "\n" not in _BOOTSTRAP_LINE and "!" not in _BOOTSTRAP_LINE
 
 
 @dataclass(frozen=True)
@@ -190,7 +195,7 @@ def rank_command(place: Placement, env: Mapping[str, str], command: Sequence[str
                  shell: Sequence[str], python: str, cwd: str) -> List[str]:
     """The argument list that starts one rank: the bootstrap (See Note [The
     rank's bootstrap]) here, or through `shell` on another host."""
-    argv = [python, "-c", _BOOTSTRAP, *command]
+    argv = [python, "-c", _BOOTSTRAP_LINE, *command]
     if place.local:
         return argv
     words = ["exec", "env", *(f"{name}={value}" for name, value in env.items()), *argv]
@@ -200,7 +205,7 @@ def rank_command(place: Placement, env: Mapping[str, str], command: Sequence[str
 def describe_command(place: Placement, cmd: Sequence[str]) -> str:
     """A command as --verbose and --dry-run print it: the bootstrap's source
     shortened."""
-    return shlex.join(cmd).replace(shlex.quote(_BOOTSTRAP), "BOOTSTRAP")
+    return shlex.join(cmd).replace(shlex.quote(_BOOTSTRAP_LINE), "BOOTSTRAP")
 
 
 def rendezvous_addresses(places: Sequence[Placement]) -> Tuple[str, Dict[str, str]]:

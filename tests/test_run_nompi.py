@@ -9,6 +9,7 @@ is the core's part."""
 import json
 import os
 import re
+import shlex
 import signal
 import socket
 import subprocess
@@ -354,6 +355,25 @@ def test_unused_hosts_are_warned_about(tmp_path):
     assert out == "[0]<stdout>:one\n"
     assert "hvdmxrun: warning: -np 1 fills the slots of -H (localhost:1,127.0.0.1:1) in " \
            "order, so 127.0.0.1 get(s) no process" in err
+
+
+def test_the_remote_command_is_one_line_any_shell_can_take():
+    from hvdmx import run_nompi
+    place = run_nompi.Placement(1, "far", False, 0, 1, 1, 2)
+    cmd = run_nompi.rank_command(place, {"A": "x y", "B": "it's"}, ["python", "train.py"],
+                                 ["ssh", "-x"], "/usr/bin/python3", "/home/u/my job")
+    assert cmd[:3] == ["ssh", "-x", "far"] and len(cmd) == 4
+    remote = cmd[3]
+    # csh ends a quoted string at a newline and expands '!' inside quotes.
+    assert "\n" not in remote and "!" not in remote
+    assert remote.startswith("cd '/home/u/my job' && exec env 'A=x y' 'B=it'\"'\"'s' "
+                             "/usr/bin/python3 -c ")
+    assert remote.endswith(" python train.py")
+    # What sh runs there is the bootstrap and the command, as given.
+    words = subprocess.run(["sh", "-c", 'printf "%s\\n" "$@"', "sh",
+                            *shlex.split(remote.split(" && ", 1)[1])],
+                           capture_output=True, text=True, timeout=30).stdout.splitlines()
+    assert words[:3] == ["exec", "env", "A=x y"]
 
 
 def test_help_describes_no_mpi():
