@@ -309,6 +309,32 @@ def test_hvdmxrun_without_mpi_stops_every_host_when_one_rank_fails(th):
     assert left.stdout == "", f"processes left behind: {left.stdout}"
 
 
+def test_hvdmxrun_without_mpi_stops_every_host_on_sigterm(th):
+    h1, h2 = th.hosts[:2]
+    marker = f"hvdmx-no-mpi-term-{os.getpid()}"
+    program = "import time; print('up', flush=True); time.sleep(100)"
+    launcher = subprocess.Popen(th.command(h1, [
+        PYTHON, "-m", "hvdmx.run", "--no-mpi", "-H", f"{h1}:1,{h2}:2", "--ssh-exec",
+        th.launcher, PYTHON, "-c", program, marker]), cwd=REPO, env=th.env(ENV),
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        up = [launcher.stdout.readline() for _ in range(3)]
+        assert sorted(up) == ["[0]<stdout>:up\n", "[1]<stdout>:up\n", "[2]<stdout>:up\n"], up
+        running = subprocess.run(["pgrep", "-f", marker], capture_output=True, text=True,
+                                 timeout=30).stdout.split()
+        assert len(running) >= 3, running  # what the check below must not find any more
+        launcher.terminate()
+        out, err = launcher.communicate(timeout=60)
+    finally:
+        if launcher.poll() is None:
+            th.kill_all()
+            launcher.kill()
+    assert launcher.returncode == 128 + 15, err
+    assert "hvdmxrun: got SIGTERM; stopping the ranks" in err
+    left = subprocess.run(["pgrep", "-f", marker], capture_output=True, text=True, timeout=30)
+    assert left.stdout == "", f"processes left behind: {left.stdout}"
+
+
 # ---- faults across hosts -------------------------------------------------------
 
 # Every rank runs allreduces of `count` floats; at step `at` the last rank
