@@ -19,10 +19,14 @@ programs below it use hvdmx through it, as a user's script does.
     elastic_hosts   an elastic job's hosts: discovery, blacklist, numbering of ranks
     elastic_membership  who is in an elastic job, generation by generation
     elastic_launch  hvdmxrun's elastic loop: workers started, watched, hosts failed
+    rendezvous_wire  the rendezvous's variables, handshake and frames
+    rendezvous_server  the rendezvous server of hvdmxrun --no-mpi
+    rendezvous      the rendezvous's client group (StoreGroup), and its server
     timeline        reads and plots the timeline's Chrome trace
     _mpi            which MPI is which; loads the extension into mpi4py's MPI
     _core           the C++ extension (csrc/hvdmx), loaded by _mpi
     run_launcher    hvdmxrun's MPI launcher: which, its command and environment
+    run_nompi       hvdmxrun --no-mpi: starts the ranks itself, serves the rendezvous
     _job            whether hvdmx runs, its topology and communicator
     process_sets    ProcessSet, add/remove, names of unnamed calls
     basics          init, shutdown, rank, size, ... and the *_built calls

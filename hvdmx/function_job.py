@@ -55,8 +55,8 @@ from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from hvdmx.run_launcher import PROG, job_environ, launcher_environ, mpi_without_init, \
     plan_launch, split_mpi_args
-from hvdmx.run_hosts import Host, UsageError, is_this_host, parse_hosts, read_hostfile, \
-    resolve_num_proc
+from hvdmx.run_hosts import Host, UsageError, format_hosts, is_this_host, parse_hosts, \
+    read_hostfile, resolve_num_proc
 
 ADDRESSES_VARIABLE = "HVDMX_FUNCTION_JOB_ADDRESSES"
 _START_TIMEOUT_VARIABLES = ("HVDMX_START_TIMEOUT", "HOROVOD_START_TIMEOUT")
@@ -136,15 +136,16 @@ def _secret_key(environ: Mapping[str, str]) -> Optional[bytes]:
 # ---- the rank's side ------------------------------------------------------
 
 def _world_rank(environ: Mapping[str, str]) -> int:
-    """This process's rank in the launcher's job, from the variables MPI's
-    launchers set (Hydra: PMI_RANK; Open MPI: OMPI_COMM_WORLD_RANK; PMIx)."""
-    for name in ("PMI_RANK", "OMPI_COMM_WORLD_RANK", "PMIX_RANK"):
+    """This process's rank in the launcher's job, from the variables the
+    launchers set (hvdmxrun --no-mpi: HVDMX_RANK; Hydra: PMI_RANK; Open MPI:
+    OMPI_COMM_WORLD_RANK; PMIx)."""
+    for name in ("HVDMX_RANK", "PMI_RANK", "OMPI_COMM_WORLD_RANK", "PMIX_RANK"):
         value = environ.get(name, "")
         if value.isdigit():
             return int(value)
-    raise RuntimeError("no rank in the environment (PMI_RANK, OMPI_COMM_WORLD_RANK or "
-                       "PMIX_RANK): this program is started by hvdmx.run_function through an "
-                       "MPI launcher, not by hand")
+    raise RuntimeError("no rank in the environment (HVDMX_RANK, PMI_RANK, "
+                       "OMPI_COMM_WORLD_RANK or PMIX_RANK): this program is started by "
+                       "hvdmx.run_function through a launcher, not by hand")
 
 
 def _connect(addresses: str, key: bytes) -> socket.socket:
@@ -271,12 +272,6 @@ def _refuse_unsupported(**given: Any) -> None:
         raise NotImplementedError(
             f"hvdmx.run_function: {', '.join(elastic)} ask for elastic training, which hvdmx "
             "does not have yet (issue 49): leave them unset to run a fixed number of ranks")
-    if given["use_gloo"]:
-        raise NotImplementedError(
-            "hvdmx.run_function: use_gloo=True asks for a job started without MPI, which hvdmx "
-            "cannot start yet (issue 49); leave use_gloo unset (or pass use_mpi=True): hvdmx "
-            "starts the ranks through MPI's launcher, and its own TCP and shared-memory "
-            "transports carry the collectives either way")
     for name, fix in (("ssh_port", "set Port for those hosts in ~/.ssh/config"),
                       ("ssh_identity_file", "set IdentityFile for those hosts in ~/.ssh/config"),
                       ("output_filename", "pass the launcher's own flag in mpi_args (MPICH: "
@@ -321,6 +316,28 @@ def _rank_command(executable: Optional[str]) -> List[str]:
     # may use horovod.mxnet, which only the alias makes hvdmx.
     return [python, "-m", "hvdmx.as_horovod", "-m", "hvdmx.function_job"] if alias \
         else [python, "-m", "hvdmx.function_job"]
+
+
+def _no_mpi_command(num_proc: int, hosts: Optional[List[Host]],
+                    network_interface: Optional[str], verbose: Optional[bool],
+                    executable: Optional[str], environ: Mapping[str, str]
+                    ) -> Tuple[List[str], Dict[str, str]]:
+    """(hvdmxrun --no-mpi's command, its environment) for a job without MPI
+    (use_gloo=True): hvdmxrun runs in a process of its own, so that the job
+    is ended as the MPI launcher's is (_stop). It finds hvdmx where this
+    process found it."""
+    cmd = [sys.executable, "-m", "hvdmx.run", "--no-mpi", "-np", str(num_proc)]
+    if hosts:
+        cmd += ["-H", format_hosts(hosts)]
+    if network_interface:
+        cmd += ["--network-interface", network_interface]
+    if verbose:
+        cmd.append("--verbose")
+    env = dict(environ)
+    here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env["PYTHONPATH"] = os.pathsep.join([here] + ([env["PYTHONPATH"]]
+                                                  if env.get("PYTHONPATH") else []))
+    return cmd + ["--", *_rank_command(executable)], env
 
 
 def _stop(process: subprocess.Popen) -> None:
@@ -466,10 +483,12 @@ def run_function(fn: Callable[..., Any], args: Sequence[Any] = (),
     here with the rank's traceback as its ``__cause__`` (a RemoteTraceback),
     once the job has ended; a job that ends otherwise without every value,
     or whose ranks do not all start within ``start_timeout``, raises
-    RuntimeError or TimeoutError. Not supported yet, each with a
-    NotImplementedError that says so: ``use_gloo=True`` (a job without MPI)
-    and the elastic arguments (issue 49), and ``ssh_port``,
-    ``ssh_identity_file`` and ``output_filename``.
+    RuntimeError or TimeoutError. ``use_gloo=True`` starts the ranks without
+    MPI, as ``hvdmxrun --no-mpi`` does (then ``mpi_args`` is refused);
+    otherwise MPI's launcher starts them (Horovod's automatic choice when
+    neither is asked for, where MPI is built). Not supported yet, each with a
+    NotImplementedError that says so: the elastic arguments (issue 49), and
+    ``ssh_port``, ``ssh_identity_file`` and ``output_filename``.
     """
     if use_gloo and use_mpi:
         raise ValueError("hvdmx.run_function: use_gloo and use_mpi are both True; set one")
@@ -518,8 +537,16 @@ def run_function(fn: Callable[..., Any], args: Sequence[Any] = (),
     except UsageError as error:
         raise ValueError(f"hvdmx.run_function: {error}") from None
     tuning = {"HVDMX_TCP_IFACE": network_interface} if network_interface else {}
+    # As Horovod chooses: Gloo (here: hvdmxrun --no-mpi) when asked for; with
+    # neither asked for (use_mpi=False and use_gloo=False included, as
+    # Horovod's own examples pass them), MPI, which hvdmx always has.
+    no_mpi = bool(use_gloo)
+    if no_mpi and launcher_args:
+        raise ValueError(f"hvdmx.run_function: mpi_args={mpi_args!r} is for MPI's launcher, "
+                         "but use_gloo=True starts the ranks without it; drop one of them")
 
-    mpi_without_init()  # this process is no rank (see hvdmx/run_launcher.py)
+    if not no_mpi:
+        mpi_without_init()  # this process is no rank (see hvdmx/run_launcher.py)
     environ = job_environ(environ)
     key = _secret_key(environ)
     assert key is not None  # job_environ made one if there was none
@@ -527,19 +554,23 @@ def run_function(fn: Callable[..., Any], args: Sequence[Any] = (),
     server = _Server(listen, key)
     environ[ADDRESSES_VARIABLE] = ",".join(f"{a}:{server.port}" for a in addresses)
     try:
-        try:
-            launcher, cmd = plan_launch(None, num_proc, host_list, host_flag, launcher_args,
-                                        tuning, _rank_command(executable), environ,
-                                        host_timeout=timeout, forward_names=list(env or {}),
-                                        np_flag="num_proc=")
-        except UsageError as error:
-            raise ValueError(f"hvdmx.run_function: {error}") from None
+        if no_mpi:
+            cmd, launcher_env = _no_mpi_command(num_proc, host_list, network_interface,
+                                                verbose, executable, environ)
+        else:
+            try:
+                launcher, cmd = plan_launch(None, num_proc, host_list, host_flag,
+                                            launcher_args, tuning, _rank_command(executable),
+                                            environ, host_timeout=timeout,
+                                            forward_names=list(env or {}), np_flag="num_proc=")
+            except UsageError as error:
+                raise ValueError(f"hvdmx.run_function: {error}") from None
+            launcher_env = launcher_environ(launcher, environ)
         if verbose:
             print(f"{PROG}: {shlex.join(cmd)}", file=sys.stderr, flush=True)
         # A session of its own: _stop can end all of it (Ctrl-C here raises
         # KeyboardInterrupt, and _stop ends the job).
-        process = subprocess.Popen(cmd, env=launcher_environ(launcher, environ),
-                                   start_new_session=True)
+        process = subprocess.Popen(cmd, env=launcher_env, start_new_session=True)
         try:
             return _collect(server, process, num_proc, pickled, timeout)
         finally:

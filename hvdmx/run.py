@@ -1,4 +1,5 @@
-"""hvdmxrun: starts a training script on N processes through the MPI launcher.
+"""hvdmxrun: starts a training script on N processes through the MPI launcher,
+or, with --no-mpi, by itself (hvdmx/run_nompi.py).
 
     hvdmxrun -np 4 -H a:2,b:2 --fusion-threshold-mb 32 python train.py --epochs 3
     python -m hvdmx.run -np 4 python train.py        # the same, as a module
@@ -31,6 +32,7 @@ from .run_hosts import Host, UsageError, check_remote_starts, format_hosts, pars
 from .run_launcher import INTEL, MPICH, OPENMPI, PROG, Launcher, build_command, \
     detect_launcher, find_mpiexec, identify_launcher, job_environ, launcher_environ, \
     launcher_mismatch, mpi_without_init, plan_launch, remote_shell, split_mpi_args
+from .run_nompi import launch as launch_without_mpi
 
 # Also hvdmxrun's, for the tests and for scripts that use them from here.
 __all__ = ["INTEL", "MPICH", "OPENMPI", "Host", "Launcher", "UsageError", "build_command",
@@ -120,6 +122,20 @@ def check_build(args: argparse.Namespace, out: TextIO) -> int:
 
 # ---- command line ---------------------------------------------------------
 
+def check_no_mpi_flags(args: argparse.Namespace) -> None:
+    """--no-mpi and the MPI launcher's own flags exclude each other."""
+    if args.no_mpi:
+        for flag, value in (("--mpi-args", args.mpi_args), ("--mpiexec", args.mpiexec)):
+            if value:
+                raise UsageError(f"--no-mpi and {flag} {value!r} contradict each other: "
+                                 f"--no-mpi starts the ranks without MPI's launcher, which "
+                                 f"{flag} is for; drop one of them")
+    elif args.ssh_exec is not None:
+        raise UsageError(f"--ssh-exec {args.ssh_exec!r} applies with --no-mpi only; add "
+                         "--no-mpi, or name MPI's remote shell with --mpi-args "
+                         "\"-launcher-exec PATH\" (Open MPI: \"--mca plm_rsh_agent PATH\")")
+
+
 def make_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog=PROG, allow_abbrev=False,
@@ -129,11 +145,13 @@ def make_parser() -> argparse.ArgumentParser:
                     "mpirun of MPICH, Intel MPI or Open MPI), with hvdmx's tuning flags\n"
                     "passed to every rank as HVDMX_* environment variables. Options go\n"
                     "before the command; from the command on, every argument is passed\n"
-                    "to it unchanged.",
+                    "to it unchanged. With --no-mpi, hvdmxrun starts the processes itself\n"
+                    "(ssh to other hosts) and serves their rendezvous: no MPI needed.",
         epilog="examples:\n"
                f"  {PROG} -np 4 python train.py --epochs 3\n"
                f"  {PROG} -np 8 -H node1:4,node2:4 --fusion-threshold-mb 32 python train.py\n"
                f"  {PROG} --hostfile hosts.txt --verbose python train.py\n"
+               f"  {PROG} --no-mpi -np 4 -H node1:2,node2:2 python train.py\n"
                f"  {PROG} --check-build\n"
                "see docs/running.md for the commands built for each MPI")
     parser.add_argument("command", nargs=argparse.REMAINDER,
@@ -169,6 +187,17 @@ def make_parser() -> argparse.ArgumentParser:
     launch.add_argument("--check-build", action="store_true",
                         help="print what this hvdmx was built with and supports, and exit")
 
+    nompi = parser.add_argument_group("without MPI (see docs/running.md, \"Without MPI\")")
+    nompi.add_argument("--no-mpi", action="store_true",
+                       help="start the ranks without MPI's launcher: here as child processes, "
+                            "on other hosts through ssh; they meet at a rendezvous this "
+                            "process serves (HVDMX_RENDEZVOUS), authenticated with the job's "
+                            "secret key; each output line is tagged [rank]<stdout>:")
+    nompi.add_argument("--ssh-exec", metavar="PATH",
+                       help="with --no-mpi, the program that starts ranks on other hosts, "
+                            "called as ssh is: PATH -x HOST 'COMMAND' (default: ssh -x -o "
+                            "BatchMode=yes -o ConnectTimeout=20)")
+
     add_tuning_flags(parser)
     return parser
 
@@ -193,7 +222,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     parser = make_parser()
     args = parser.parse_args(_attach_mpi_args(
         parser, sys.argv[1:] if argv is None else list(argv)))
-    mpi_without_init()
+    if not args.no_mpi:
+        mpi_without_init()
     if args.check_build:
         return check_build(args, sys.stdout)
 
@@ -206,6 +236,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             raise UsageError("--no-stall-check and --stall-check-shutdown-time-seconds "
                              f"{args.stall_check_shutdown_time_seconds:g} contradict each "
                              "other; give one of them")
+        check_no_mpi_flags(args)
         mpi_args = split_mpi_args(args.mpi_args)
         if args.hosts is not None:
             hosts, host_flag = parse_hosts(args.hosts), "-H"
@@ -214,6 +245,11 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         else:
             hosts, host_flag = None, ""
         num_proc = resolve_num_proc(args.num_proc, hosts, host_flag)
+        if args.no_mpi:
+            return launch_without_mpi(num_proc, hosts, host_flag, command, os.environ,
+                                      tuning_env(args), ssh_exec=args.ssh_exec,
+                                      check_hosts=not (args.no_host_check or args.dry_run),
+                                      verbose=args.verbose, dry_run=args.dry_run)
         environ = job_environ(os.environ)
         launcher, cmd = plan_launch(args.mpiexec, num_proc, hosts, host_flag, mpi_args,
                                     tuning_env(args), command, environ,

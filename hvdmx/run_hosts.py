@@ -157,19 +157,23 @@ def is_this_host(name: str) -> bool:
     return any(a.startswith("127.") or a == "::1" or a in mine for a in addresses)
 
 
+_MPI_SHELL_FLAG = ("--mpi-args \"-launcher-exec PATH\" (Open MPI: \"--mca plm_rsh_agent "
+                   "PATH\")")
+
+
 def check_remote_starts(hosts: Sequence[Host], shell: Sequence[str], timeout: float = 60,
-                        is_this_host=is_this_host) -> None:
+                        is_this_host=is_this_host, shell_flag: str = _MPI_SHELL_FLAG) -> None:
     """Starts `true` on every host that is not this one through `shell`, all
     at once; refuses the first that fails or takes over `timeout` seconds,
-    naming it and the fix, before the launcher would fail or wait on it."""
+    naming it and the fix, before the launcher would fail or wait on it.
+    `shell_flag` is how the user names another remote shell (the fix)."""
     remote = [h.name for h in hosts if not is_this_host(h.name)]
     if not remote:
         return
     if shutil.which(shell[0]) is None:
         raise UsageError(f"hosts {', '.join(remote)} would be reached with {shell[0]!r}, which "
-                         "is not found; install it, or name the remote shell with "
-                         "--mpi-args \"-launcher-exec PATH\" (Open MPI: \"--mca "
-                         "plm_rsh_agent PATH\"), or pass --no-host-check")
+                         f"is not found; install it, or name the remote shell with {shell_flag}, "
+                         "or pass --no-host-check")
 
     def attempt(name):
         cmd = [*shell, name, "true"]
@@ -192,5 +196,5 @@ def check_remote_starts(hosts: Sequence[Host], shell: Sequence[str], timeout: fl
                 raise UsageError(f"cannot start a process on host {name!r}: '{shlex.join(cmd)}' "
                                  f"failed ({why}); make '{shlex.join([*shell, name])}' work "
                                  "without a password prompt (ssh keys, known hosts), or name "
-                                 "another remote shell with --mpi-args \"-launcher-exec "
-                                 "PATH\", or pass --no-host-check to skip this check")
+                                 f"another remote shell with {shell_flag}, or pass "
+                                 "--no-host-check to skip this check")

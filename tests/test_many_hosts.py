@@ -254,6 +254,87 @@ def test_hvdmxrun_names_a_host_it_cannot_use(th):
         assert message in err.splitlines()[-1], err
 
 
+# ---- hvdmxrun --no-mpi across hosts ------------------------------------------------
+
+# Each rank: the rendezvous group's allgather of ranks and host names (no MPI
+# anywhere: hvd.init() over the group is the core's part).
+NO_MPI = """
+import json, os, socket
+from hvdmx.rendezvous import group_from_environment
+group = group_from_environment()
+seen = group.allgather(json.dumps([group.rank, socket.gethostname()]).encode())
+print("SEEN", group.rank, os.environ["HVDMX_RENDEZVOUS"], os.environ["HVDMX_LOCAL_RANK"],
+      os.environ["HVDMX_CROSS_RANK"], [json.loads(x) for x in seen], flush=True)
+group.close()
+"""
+
+
+def test_hvdmxrun_without_mpi_across_hosts(th, tmp_path):
+    h1, h2, h3 = th.hosts[:3]
+    code, out, err = run_job(th, [
+        PYTHON, "-m", "hvdmx.run", "--no-mpi", "-H", f"{h1}:2,{h2}:1,{h3}:1", "--ssh-exec",
+        th.launcher, PYTHON, "-c", NO_MPI], in_host=h1, timeout=120)
+    assert code == 0, f"{out[-3000:]}\n{err[-3000:]}"
+    lines = sorted(line for line in out.splitlines() if "<stdout>:SEEN" in line)
+    assert len(lines) == 4, out + err
+    want = str([[0, h1], [1, h1], [2, h2], [3, h3]])
+    port = None
+    for rank, line in enumerate(lines):
+        prefix, _, rest = line.partition(":SEEN ")
+        assert prefix == f"[{rank}]<stdout>"
+        got_rank, address, local_rank, cross_rank, seen = rest.split(" ", 4)
+        assert got_rank == str(rank) and seen == want, line
+        host, port_here = address.split(":")
+        assert host == ("127.0.0.1" if rank < 2 else "10.213.0.1")  # h1's address
+        assert port in (None, port_here)
+        port = port_here
+        assert (local_rank, cross_rank) == [("0", "0"), ("1", "0"), ("0", "1"), ("0", "2")][rank]
+
+
+def test_hvdmxrun_without_mpi_stops_every_host_when_one_rank_fails(th):
+    # Rank 2 (on h2) fails; the others, on h1 and h3, are stopped; nothing is
+    # left in any host.
+    h1, h2, h3 = th.hosts[:3]
+    program = ("import os, sys, time\n"
+               "sys.exit(5) if os.environ['HVDMX_RANK'] == '2' else time.sleep(100)")
+    marker = f"hvdmx-no-mpi-test-{os.getpid()}"  # on every rank's command line
+    started = time.monotonic()
+    code, out, err = run_job(th, [
+        PYTHON, "-m", "hvdmx.run", "--no-mpi", "-H", f"{h1}:2,{h2}:1,{h3}:1", "--ssh-exec",
+        th.launcher, PYTHON, "-c", program, marker], in_host=h1, timeout=120)
+    assert code == 5, err
+    assert f"hvdmxrun: rank 2 (host {h2}) exited with status 5; stopping the other ranks" in err
+    assert time.monotonic() - started < 60
+    left = subprocess.run(["pgrep", "-f", marker], capture_output=True, text=True, timeout=30)
+    assert left.stdout == "", f"processes left behind: {left.stdout}"
+
+
+def test_hvdmxrun_without_mpi_stops_every_host_on_sigterm(th):
+    h1, h2 = th.hosts[:2]
+    marker = f"hvdmx-no-mpi-term-{os.getpid()}"
+    program = "import time; print('up', flush=True); time.sleep(100)"
+    launcher = subprocess.Popen(th.command(h1, [
+        PYTHON, "-m", "hvdmx.run", "--no-mpi", "-H", f"{h1}:1,{h2}:2", "--ssh-exec",
+        th.launcher, PYTHON, "-c", program, marker]), cwd=REPO, env=th.env(ENV),
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        up = [launcher.stdout.readline() for _ in range(3)]
+        assert sorted(up) == ["[0]<stdout>:up\n", "[1]<stdout>:up\n", "[2]<stdout>:up\n"], up
+        running = subprocess.run(["pgrep", "-f", marker], capture_output=True, text=True,
+                                 timeout=30).stdout.split()
+        assert len(running) >= 3, running  # what the check below must not find any more
+        launcher.terminate()
+        out, err = launcher.communicate(timeout=60)
+    finally:
+        if launcher.poll() is None:
+            th.kill_all()
+            launcher.kill()
+    assert launcher.returncode == 128 + 15, err
+    assert "hvdmxrun: got SIGTERM; stopping the ranks" in err
+    left = subprocess.run(["pgrep", "-f", marker], capture_output=True, text=True, timeout=30)
+    assert left.stdout == "", f"processes left behind: {left.stdout}"
+
+
 # ---- faults across hosts -------------------------------------------------------
 
 # Every rank runs allreduces of `count` floats; at step `at` the last rank

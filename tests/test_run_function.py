@@ -92,6 +92,42 @@ def test_a_ranks_exception_is_raised_here(num_proc):
     assert time.monotonic() - started < 60
 
 
+def rendezvous_sum(offset):
+    """No MPI: the rendezvous group of hvdmxrun --no-mpi, used directly
+    (hvd.init() bootstraps over it once the core can)."""
+    from hvdmx.rendezvous import group_from_environment
+    group = group_from_environment()
+    try:
+        got = group.allgather(str(group.rank + offset).encode())
+        return (group.rank, group.size, sum(int(x) for x in got),
+                int(os.environ["HVDMX_LOCAL_RANK"]), "PMI_RANK" in os.environ)
+    finally:
+        group.close()
+
+
+def raises_on_rank_1_without_mpi():
+    if os.environ["HVDMX_RANK"] == "1":
+        raise KeyError("rank 1 without MPI")
+    time.sleep(60)  # the job is ended before this returns
+    return "unreachable"
+
+
+@pytest.mark.timeout(120)
+def test_use_gloo_starts_the_ranks_without_mpi():
+    values = hvdmx.run_function(rendezvous_sum, args=(10,), num_proc=3, use_gloo=True,
+                                use_mpi=False, start_timeout=START_TIMEOUT)
+    assert values == [(r, 3, 33, r, False) for r in range(3)]
+
+
+@pytest.mark.timeout(120)
+def test_use_gloo_raises_a_ranks_exception():
+    started = time.monotonic()
+    with pytest.raises(KeyError, match="rank 1 without MPI"):
+        hvdmx.run_function(raises_on_rank_1_without_mpi, num_proc=2, use_gloo=True,
+                           start_timeout=START_TIMEOUT)
+    assert time.monotonic() - started < 50
+
+
 class Unpicklable(Exception):
     def __reduce__(self):
         raise TypeError("not this one")
@@ -141,9 +177,9 @@ def test_ranks_that_never_start_time_out(tmp_path):
 @pytest.mark.timeout(30)
 @pytest.mark.filterwarnings("ignore:np is deprecated")
 @pytest.mark.parametrize("kwargs,error,message", [
-    ({"use_gloo": True}, NotImplementedError,
-     r"use_gloo=True asks for a job started without MPI, which hvdmx cannot start yet "
-     r"\(issue 49\); leave use_gloo unset \(or pass use_mpi=True\)"),
+    ({"use_gloo": True, "mpi_args": "-ppn 2"}, ValueError,
+     r"mpi_args='-ppn 2' is for MPI's launcher, but use_gloo=True starts the ranks without "
+     r"it"),
     ({"use_gloo": True, "use_mpi": True}, ValueError, "use_gloo and use_mpi"),
     ({"min_np": 2}, NotImplementedError, r"min_np ask for elastic training"),
     ({"max_num_proc": 4, "reset_limit": 1}, NotImplementedError,
@@ -279,8 +315,3 @@ def test_horovod_script_under_as_horovod(tmp_path):
     result = subprocess.run(run, env=env, capture_output=True, text=True, timeout=100)
     assert result.returncode == 0, result.stderr
     assert "values [(0, 2, 3.0, 2), (1, 2, 3.0, 2)]" in result.stdout
-    refused = subprocess.run(run + ["--communication", "gloo"], env=env, capture_output=True,
-                             text=True, timeout=100)
-    assert refused.returncode == 1
-    assert "NotImplementedError: hvdmx.run_function: use_gloo=True asks for a job started " \
-           "without MPI" in refused.stderr
