@@ -27,6 +27,9 @@ programs below it use hvdmx through it, as a user's script does.
     _core           the C++ extension (csrc/hvdmx), loaded by _mpi
     run_launcher    hvdmxrun's MPI launcher: which, its command and environment
     run_nompi       hvdmxrun --no-mpi: starts the ranks itself, serves the rendezvous
+    elastic_service  the elastic rendezvous: a worker's place in each generation
+    elastic_worker  an elastic worker's side of it: join, newcomers, resumed
+    run_elastic     hvdmxrun's elastic job: the service, the workers, the loop
     _job            whether hvdmx runs, its topology and communicator
     process_sets    ProcessSet, add/remove, names of unnamed calls
     basics          init, shutdown, rank, size, ... and the *_built calls

@@ -12,7 +12,8 @@ from typing import Any, List, Optional, Sequence, Union
 # can use mpi4py and hvdmx side by side. See hvdmx/_mpi.py, load_core.
 from hvdmx import _core, _job, process_sets as _process_sets
 from hvdmx._job import check_running as _check_running, topology as _topology
-from hvdmx._mpi import mpi_library as _mpi_library, venv_mpiexec as _venv_mpiexec
+from hvdmx._mpi import mpi_library as _mpi_library, started_without_mpi as _without_mpi, \
+    venv_mpiexec as _venv_mpiexec
 from mpi4py import MPI
 import mxnet as mx
 
@@ -34,9 +35,16 @@ def init(comm: Optional[Union[Any, Sequence[int]]] = None,
     ``mpi4py.rc.initialize = False``), init starts it, and MPI is finalized
     when the process exits, after hvdmx has shut down: as Horovod does, and as
     Open MPI's launcher requires of a process that started MPI.
+
+    In a job started by ``hvdmxrun --no-mpi`` the ranks meet through the
+    launcher's rendezvous instead, MPI never starts, and ``comm`` must be
+    None (``process_sets`` as lists of ranks work as ever).
     """
     global _atexit_registered, _owned_comm
     if _core.is_initialized():
+        return
+    if _without_mpi():
+        _init_without_mpi(comm, process_sets)
         return
     if not MPI.Is_initialized():
         MPI.Init_thread(MPI.THREAD_MULTIPLE)
@@ -44,9 +52,7 @@ def init(comm: Optional[Union[Any, Sequence[int]]] = None,
         # runs after it.
         atexit.register(_finalize_mpi)
     _check_launcher(os.environ)
-    if process_sets is not None and not isinstance(process_sets, (list, tuple)):
-        raise TypeError("hvdmx.init: argument 'process_sets' must be a list of ProcessSets "
-                        f"or None, got {type(process_sets).__name__}")
+    _check_process_sets_argument(process_sets)
     if comm is None:
         _job.comm = MPI.COMM_WORLD
         address = 0
@@ -74,6 +80,13 @@ def init(comm: Optional[Union[Any, Sequence[int]]] = None,
                         f"or a list of ranks, got {type(comm).__name__}")
     _process_sets._forget_all()
     _core.init(address)
+    _started(process_sets)
+
+
+def _started(process_sets) -> None:
+    """What every init does once the core runs: the exit hooks, and the
+    process sets asked for."""
+    global _atexit_registered
     if not _atexit_registered:
         atexit.register(_shutdown_at_exit)
         # Registered after it, so it runs before it (and before MPI is
@@ -82,6 +95,41 @@ def init(comm: Optional[Union[Any, Sequence[int]]] = None,
         _atexit_registered = True
     for process_set in process_sets or ():
         _process_sets.add_process_set(process_set)
+
+
+def _leave_group() -> None:
+    """After shutdown, in an elastic job: the next init joins the job's next
+    generation instead of running on this one's group again."""
+    if _job.group is not None:
+        group, _job.group = _job.group, None
+        group.close()
+
+
+def _check_process_sets_argument(process_sets) -> None:
+    if process_sets is not None and not isinstance(process_sets, (list, tuple)):
+        raise TypeError("hvdmx.init: argument 'process_sets' must be a list of ProcessSets "
+                        f"or None, got {type(process_sets).__name__}")
+
+
+def _init_without_mpi(comm, process_sets) -> None:
+    """init in a job that hvdmxrun started without MPI: over the group the
+    launcher's rendezvous gives (hvdmx/rendezvous.py)."""
+    from hvdmx import elastic_worker, rendezvous
+    if comm is not None:
+        raise ValueError("hvdmx.init: argument 'comm' needs MPI, but hvdmxrun started this "
+                         "job without MPI (--no-mpi); call hvd.init() without it (process "
+                         "sets as lists of ranks work), or start the job with MPI")
+    _check_process_sets_argument(process_sets)
+    # One connection a process: a later init (after hvd.shutdown()) runs on
+    # the same group, whose collectives every rank numbers alike.
+    if _job.group is None:
+        # An elastic worker learns its place at each reset (hvd.elastic).
+        _job.group = elastic_worker.join() if elastic_worker.elastic() else \
+            rendezvous.group_from_environment()
+    _job.comm = None
+    _process_sets._forget_all()
+    _core.init_group(_job.group)
+    _started(process_sets)
 
 
 # What launchers tell each process about the job: (variable, who sets it).
@@ -164,7 +212,8 @@ def _exit_if_peers_are_gone() -> None:
     would make the launcher kill them). Not MPI_Abort: that would kill the
     other survivors, and with a host's link down it did not return either
     (tried)."""
-    if not (_peers_gone or _job.peers_gone(_job.stop_status()[0])) or MPI.Is_finalized():
+    if not (_peers_gone or _job.peers_gone(_job.stop_status()[0])) or \
+            not MPI.Is_initialized() or MPI.Is_finalized():
         return
     grace = _finalize_grace()
     # A thread of the core's, not a Python timer: when mpi4py finalizes MPI,
@@ -278,7 +327,13 @@ def cross_size() -> int:
 
 
 def mpi_threads_supported() -> bool:
-    """True when MPI runs with MPI_THREAD_MULTIPLE."""
+    """True when MPI runs with MPI_THREAD_MULTIPLE. In a job without MPI
+    (hvdmxrun --no-mpi) a ValueError, as Horovod's answer when MPI is not
+    enabled."""
+    if _without_mpi():
+        raise ValueError("hvdmx.mpi_threads_supported: this job was started without MPI "
+                         "(hvdmxrun --no-mpi), so MPI has no thread level; hvd.mpi_enabled() "
+                         "is False")
     return _topology()[6]
 
 
@@ -287,7 +342,8 @@ def mpi_built() -> bool:
 
 
 def mpi_enabled() -> bool:
-    return _core.mpi_built()
+    """False in a job hvdmxrun started without MPI (--no-mpi)."""
+    return _core.mpi_built() and not _without_mpi()
 
 
 def nccl_built() -> int:

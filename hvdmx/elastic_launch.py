@@ -19,6 +19,7 @@ hosts, watches them, and keeps the job going while hosts fail and come
 """
 from __future__ import annotations
 
+import os
 import signal
 import subprocess
 import sys
@@ -71,6 +72,7 @@ class ElasticLauncher:
         self._finished = False
         self._change_at: Optional[float] = None  # a failure or a new worker, not yet resumed
         self._resumed_seen = 0
+        self.signalled: Optional[int] = None  # set by a signal handler: stop the job
 
     def log(self, line: str) -> None:
         self.err.write(f"hvdmxrun: {line}\n")
@@ -96,6 +98,11 @@ class ElasticLauncher:
         for slot in slots:
             self.membership.remove(slot)
         for proc in procs:
+            if proc.stdin is not None:  # hvdmxrun's bootstrap stops its rank when it ends
+                try:
+                    proc.stdin.close()
+                except OSError:
+                    pass
             if proc.poll() is None:
                 proc.terminate()
         deadline = time.monotonic() + self.stop_grace
@@ -103,7 +110,10 @@ class ElasticLauncher:
             try:
                 proc.wait(max(0.0, deadline - time.monotonic()))
             except subprocess.TimeoutExpired:
-                proc.kill()
+                try:
+                    os.killpg(proc.pid, signal.SIGKILL)  # its session (start_new_session)
+                except (ProcessLookupError, PermissionError):
+                    proc.kill()
                 proc.wait()
 
     def stop_all(self) -> None:
@@ -123,6 +133,11 @@ class ElasticLauncher:
 
     def step(self) -> Optional[int]:
         """One pass of the loop; the job's exit status once it is over."""
+        if self.signalled is not None:
+            self.log(f"got {signal.Signals(self.signalled).name}; stopping the workers")
+            self.membership.end("hvdmxrun was stopped by a signal")
+            self.stop_all()
+            return 128 + self.signalled
         for slot, proc in list(self.workers.items()):
             code = proc.poll()
             if code is None:

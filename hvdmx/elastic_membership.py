@@ -61,6 +61,11 @@ class Membership:
             self._ended = why
             self._cv.notify_all()
 
+    def started(self, slot: Slot) -> bool:
+        """Whether a worker runs for ``slot`` (started, not exited)."""
+        with self._cv:
+            return slot in self._alive
+
     def members(self) -> List[Slot]:
         """The current generation's workers, in rank order."""
         with self._cv:

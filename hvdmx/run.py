@@ -32,6 +32,7 @@ from .run_hosts import Host, UsageError, check_remote_starts, format_hosts, pars
 from .run_launcher import INTEL, MPICH, OPENMPI, PROG, Launcher, build_command, \
     detect_launcher, find_mpiexec, identify_launcher, job_environ, launcher_environ, \
     launcher_mismatch, mpi_without_init, plan_launch, remote_shell, split_mpi_args
+from .run_elastic import check_options as check_elastic_options, launch_elastic
 from .run_nompi import launch as launch_without_mpi
 
 # Also hvdmxrun's, for the tests and for scripts that use them from here.
@@ -130,7 +131,7 @@ def check_no_mpi_flags(args: argparse.Namespace) -> None:
                 raise UsageError(f"--no-mpi and {flag} {value!r} contradict each other: "
                                  f"--no-mpi starts the ranks without MPI's launcher, which "
                                  f"{flag} is for; drop one of them")
-    elif args.ssh_exec is not None:
+    elif args.ssh_exec is not None and not is_elastic(args):
         raise UsageError(f"--ssh-exec {args.ssh_exec!r} applies with --no-mpi only; add "
                          "--no-mpi, or name MPI's remote shell with --mpi-args "
                          "\"-launcher-exec PATH\" (Open MPI: \"--mca plm_rsh_agent PATH\")")
@@ -198,8 +199,38 @@ def make_parser() -> argparse.ArgumentParser:
                             "called as ssh is: PATH -x HOST 'COMMAND' (default: ssh -x -o "
                             "BatchMode=yes -o ConnectTimeout=20)")
 
+    elastic = parser.add_argument_group(
+        "elastic training (see docs/elastic.md; starts the job without MPI)")
+    elastic.add_argument("--min-np", type=_positive_int, metavar="N",
+                         help="the fewest processes the job goes on with after hosts fail "
+                              "(default: -np)")
+    elastic.add_argument("--max-np", type=_positive_int, metavar="N",
+                         help="the most processes the job grows to as hosts come (default: -np)")
+    elastic.add_argument("--host-discovery-script", metavar="PATH",
+                         help="an executable that prints the usable hosts, one 'host' or "
+                              "'host:slots' a line; run every second, new hosts join at the "
+                              "next commit()")
+    elastic.add_argument("--slots-per-host", type=_positive_int, metavar="N",
+                         help="slots of a host the discovery script prints without ':slots'")
+    elastic.add_argument("--elastic-timeout", type=float, default=600.0, metavar="SECONDS",
+                         help="how long the job waits for --min-np processes before it ends "
+                              "with an error (default: 600)")
+    elastic.add_argument("--reset-limit", type=int, metavar="N",
+                         help="the most resets a worker's hvd.elastic.run makes before it "
+                              "gives up (default: no limit)")
+    elastic.add_argument("--blacklist-cooldown-range", type=float, nargs=2,
+                         metavar=("MIN", "MAX"),
+                         help="seconds a failed host is left out: MIN after its first failure, "
+                              "doubling with each, at most MAX (default: for good)")
+
     add_tuning_flags(parser)
     return parser
+
+
+def is_elastic(args: argparse.Namespace) -> bool:
+    """Whether the flags ask for an elastic job (as horovodrun decides)."""
+    return any(value is not None for value in (args.min_np, args.max_np,
+                                                args.host_discovery_script))
 
 
 def _attach_mpi_args(parser: argparse.ArgumentParser, argv: List[str]) -> List[str]:
@@ -244,6 +275,17 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             hosts, host_flag = read_hostfile(args.hostfile), "--hostfile"
         else:
             hosts, host_flag = None, ""
+        if is_elastic(args):
+            if args.mpi_args or args.mpiexec:
+                raise UsageError("an elastic job (--min-np, --max-np or "
+                                 "--host-discovery-script) starts without MPI; drop "
+                                 "--mpi-args/--mpiexec")
+            options = check_elastic_options(
+                args.num_proc, args.min_np, args.max_np, hosts, args.host_discovery_script,
+                args.slots_per_host, args.elastic_timeout, args.reset_limit,
+                args.blacklist_cooldown_range)
+            return launch_elastic(options, command, os.environ, tuning_env(args),
+                                  ssh_exec=args.ssh_exec, verbose=args.verbose)
         num_proc = resolve_num_proc(args.num_proc, hosts, host_flag)
         if args.no_mpi:
             return launch_without_mpi(num_proc, hosts, host_flag, command, os.environ,

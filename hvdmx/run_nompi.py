@@ -296,6 +296,11 @@ class NoMpiJob:
 
     def _start(self, place: Placement, address: str) -> subprocess.Popen:
         env = rank_env(place, len(self.places), address, self.tuning)
+        return self._spawn(place, env, f"rank {place.rank}")
+
+    def _spawn(self, place: Placement, env: Mapping[str, str], label: str) -> subprocess.Popen:
+        """Starts one process with `env` (this job's variables) where `place`
+        says; `label` names it in --verbose's line."""
         if place.local:
             cmd = rank_command(place, env, self.command, self.shell, sys.executable,
                                os.getcwd())
@@ -307,7 +312,7 @@ class NoMpiJob:
                                os.getcwd())
             full = {n: v for n, v in self.environ.items() if n not in KEY_VARIABLES}
         if self.verbose:
-            self.say(f"rank {place.rank} on {place.host}: {describe_command(place, cmd)}")
+            self.say(f"{label} on {place.host}: {describe_command(place, cmd)}")
         # A session of its own: a Ctrl-C at the terminal reaches this process
         # only, which stops the ranks in order; and _stop can kill the group.
         process = subprocess.Popen(cmd, env=full, stdin=subprocess.PIPE,
@@ -321,7 +326,7 @@ class NoMpiJob:
             pass  # it died at once: its exit status says why
         return process
 
-    def _pump(self, rank: int, stream: IO[bytes], out: IO[bytes], name: str) -> None:
+    def _pump(self, rank: object, stream: IO[bytes], out: IO[bytes], name: str) -> None:
         prefix = f"[{rank}]<{name}>:".encode()
         for line in iter(stream.readline, b""):
             with self.output_lock:
@@ -331,6 +336,14 @@ class NoMpiJob:
                 except (OSError, ValueError):
                     pass  # our output is closed: keep reading, so the rank never blocks
         stream.close()
+
+    def _pump_output(self, tag: object, process: subprocess.Popen) -> None:
+        """Forwards the process's lines, tagged [tag], on threads."""
+        for stream, out, name in ((process.stdout, self.stdout, "stdout"),
+                                  (process.stderr, self.stderr, "stderr")):
+            pump = threading.Thread(target=self._pump, args=(tag, stream, out, name), daemon=True)
+            pump.start()
+            self.pumps.append(pump)
 
     def _wait(self, index: int, process: subprocess.Popen) -> None:
         process.wait()
@@ -346,12 +359,7 @@ class NoMpiJob:
                 return 127
             rank = _Rank(place, process)
             self.ranks.append(rank)
-            for stream, out, name in ((process.stdout, self.stdout, "stdout"),
-                                      (process.stderr, self.stderr, "stderr")):
-                pump = threading.Thread(target=self._pump, args=(place.rank, stream, out, name),
-                                        daemon=True)
-                pump.start()
-                self.pumps.append(pump)
+            self._pump_output(place.rank, process)
             threading.Thread(target=self._wait, args=(len(self.ranks) - 1, process),
                              daemon=True).start()
         left = len(self.ranks)

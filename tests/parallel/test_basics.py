@@ -44,12 +44,17 @@ def test_second_init_is_a_noop():
 
 def test_build_flags():
     assert hvd.mpi_built() is True
-    assert hvd.mpi_enabled() is True
+    # hvdmxrun --no-mpi tells its ranks where the rendezvous is.
+    assert hvd.mpi_enabled() is ("HVDMX_RENDEZVOUS" not in os.environ)
     assert hvd.nccl_built() == 0
     assert hvd.cuda_built() is False
     assert hvd.gloo_built() is False
     assert hvd.ccl_built() is False
-    assert hvd.mpi_threads_supported() is True
+    if hvd.mpi_enabled():
+        assert hvd.mpi_threads_supported() is True
+    else:
+        with pytest.raises(ValueError, match="started without MPI"):
+            hvd.mpi_threads_supported()
 
 
 def test_init_after_shutdown_works():
@@ -161,7 +166,11 @@ def test_shutdown_on_one_rank_stops_every_rank(world):
         assert (hvd.rank(), hvd.size()) == (rank, size)
         assert (hvd.local_rank(), hvd.local_size(), hvd.cross_rank(),
                 hvd.cross_size()) == topology
-        assert hvd.mpi_threads_supported() is True
+        if hvd.mpi_enabled():
+            assert hvd.mpi_threads_supported() is True
+        else:
+            with pytest.raises(ValueError, match="started without MPI"):
+                hvd.mpi_threads_supported()
     hvd.init()
     out = hvd.allreduce(mx.nd.ones((1,)), name="after-restart", op=hvd.Sum)
     assert out.asnumpy().tolist() == [size]
