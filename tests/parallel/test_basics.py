@@ -5,7 +5,8 @@ import pytest
 from mpi4py import MPI
 
 import hvdmx as hvd
-from conftest import host_names, needs_mpi, shutdown_together, world_barrier, world_rank
+from conftest import MPI_JOB, host_names, needs_mpi, shutdown_together, world_barrier, \
+    world_rank
 
 
 @needs_mpi
@@ -29,6 +30,23 @@ def expected_topology():
                    for r, h in enumerate(hosts)]
     cross = [r for r, lr in enumerate(local_ranks) if lr == local_rank]
     return local_rank, len(local), cross.index(rank), len(cross)
+
+
+@pytest.mark.skipif(MPI_JOB, reason="tests a job that hvdmxrun started without MPI")
+def test_without_mpi_the_launcher_places_the_ranks_and_comm_is_refused():
+    assert (hvd.rank(), hvd.size()) == (int(os.environ["HVDMX_RANK"]),
+                                        int(os.environ["HVDMX_SIZE"]))
+    shutdown_together()
+    try:
+        with pytest.raises(ValueError, match="argument 'comm' needs MPI, but hvdmxrun started "
+                                             "this job without MPI"):
+            hvd.init(comm=[0])
+        with pytest.raises(ValueError, match="needs MPI"):
+            hvd.init(comm=MPI.COMM_WORLD)
+    finally:
+        hvd.init()
+    assert (hvd.rank(), hvd.size()) == (int(os.environ["HVDMX_RANK"]),
+                                        int(os.environ["HVDMX_SIZE"]))
 
 
 def test_topology_matches_the_hosts():

@@ -417,8 +417,10 @@ def test_auto_picks_by_size_and_stays_correct(world):
             if size == 1:
                 assert shm_calls() == -1
                 continue
-            # MPI below the threshold, except for float16 which MPI cannot reduce
-            by_shm = count * np.dtype(dtype).itemsize >= 4096 or dtype == "float16"
+            # MPI below the threshold, except for float16 which MPI cannot reduce;
+            # in a job without MPI, shared memory takes every size
+            by_shm = count * np.dtype(dtype).itemsize >= 4096 or dtype == "float16" \
+                or not hvd.mpi_enabled()
             assert shm_calls() == before + by_shm, (dtype, count)
         # Broadcast by the same threshold; allgather takes shared memory up to
         # 32 MiB of output (at every size where the ranks write into each
