@@ -60,21 +60,30 @@ def run_job(th, argv, per_host=None, env=None, timeout=JOB_TIMEOUT, in_host=None
     return proc.returncode, out, err
 
 
-def run_parallel_tests(th, per_host, files, tmp_path, select=None, env=None):
+def run_parallel_tests(th, per_host, files, tmp_path, select=None, env=None,
+                       without_mpi=False):
     """Runs tests/parallel files across the hosts, as tests/run_all.sh runs
-    them on one host; every rank writes a JUnit report. Returns the tests
-    that passed (on every rank)."""
+    them on one host (under mpiexec, or `without_mpi` under hvdmxrun
+    --no-mpi started in the first host); every rank writes a JUnit report.
+    Returns the tests that passed (on every rank)."""
     reports = tmp_path / "reports"
     reports.mkdir(exist_ok=True)
     for old in reports.iterdir():
         old.unlink()
-    argv = ["sh", "-c", 'exec "$@" --junitxml="$0/rank$PMI_RANK.xml"', str(reports),
+    rank = "HVDMX_RANK" if without_mpi else "PMI_RANK"
+    argv = ["sh", "-c", f'exec "$@" --junitxml="$0/rank${rank}.xml"', str(reports),
             PYTHON, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider", "--timeout=120",
             "--timeout-method=thread", "--hypothesis-seed=0",
             *[f"tests/parallel/{name}" for name in files]]
     if select:
         argv += ["-k", select]
-    code, out, err = run_job(th, argv, per_host, env)
+    if without_mpi:
+        hosts = ",".join(f"{host}:{n}" for host, n in zip(th.hosts, per_host))
+        code, out, err = run_job(th, [PYTHON, "-m", "hvdmx.run", "--no-mpi", "-H", hosts,
+                                      "--ssh-exec", th.launcher, *argv], env=env,
+                                 in_host=th.hosts[0])
+    else:
+        code, out, err = run_job(th, argv, per_host, env)
     assert code == 0, f"exit {code}\n{out[-6000:]}\n{err[-3000:]}"
     outcomes = {}
     files = sorted(glob.glob(str(reports / "rank*.xml")))
@@ -208,6 +217,17 @@ LAYOUTS = {
 def test_parallel_tests_across_hosts(th, layout, tmp_path):
     per_host, select = LAYOUTS[layout]
     run_parallel_tests(th, per_host, PARALLEL_FILES, tmp_path, select)
+
+
+def test_parallel_tests_across_hosts_without_mpi(th, tmp_path):
+    """The common selection at 2 hosts x 2 ranks and at 3 x 1, started by
+    hvdmxrun --no-mpi: hvd.init over the rendezvous, TCP and shared memory
+    only."""
+    for per_host in ([2, 2], [1, 1, 1]):
+        passed = run_parallel_tests(th, per_host, PARALLEL_FILES, tmp_path,
+                                    COMMON + " or join_with_uneven or even_and_odd",
+                                    without_mpi=True)
+        assert any("hierarchical_on_the_hosts" in t for t in passed), passed
 
 
 def test_adasum_across_hosts(th, tmp_path):
