@@ -93,8 +93,8 @@ def test_a_ranks_exception_is_raised_here(num_proc):
 
 
 def rendezvous_sum(offset):
-    """No MPI: the rendezvous group of hvdmxrun --no-mpi, used directly
-    (hvd.init() bootstraps over it once the core can)."""
+    """No MPI: the rendezvous group of hvdmxrun --no-mpi, used directly (as
+    hvd.init() uses it)."""
     from hvdmx.rendezvous import group_from_environment
     group = group_from_environment()
     try:
@@ -305,12 +305,16 @@ HOROVOD_SCRIPT = """\
 
 
 @pytest.mark.timeout(120)
-def test_horovod_script_under_as_horovod(tmp_path):
+@pytest.mark.parametrize("communication", [[], ["--communication", "gloo"]],
+                         ids=["default", "gloo"])
+def test_horovod_script_under_as_horovod(tmp_path, communication):
     # main is a function of __main__, so it travels by value, and it uses
-    # horovod.mxnet: the ranks run under hvdmx.as_horovod too.
+    # horovod.mxnet: the ranks run under hvdmx.as_horovod too. With gloo the
+    # job runs without MPI: hvd.init() over the launcher's rendezvous.
     script = tmp_path / "train.py"
     script.write_text(textwrap.dedent(HOROVOD_SCRIPT))
-    run = [sys.executable, "-m", "hvdmx.as_horovod", str(script), "--num-proc", "2"]
+    run = [sys.executable, "-m", "hvdmx.as_horovod", str(script), "--num-proc", "2",
+           *communication]
     env = dict(ENV, HVDMX_START_TIMEOUT=str(START_TIMEOUT))
     result = subprocess.run(run, env=env, capture_output=True, text=True, timeout=100)
     assert result.returncode == 0, result.stderr
