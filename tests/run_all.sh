@@ -15,6 +15,8 @@
 #   HVDMX_TEST_RUN_TIMEOUT  seconds one pytest run (one mpiexec) may take  (default: 1200)
 #   HVDMX_TEST_RANKS        rank counts to run tests/parallel with  (default: "1 2 3 4");
 #                           the tests hold at any count, e.g. "5 8" (slower: oversubscribed)
+#   HVDMX_TEST_NOMPI_RANKS  ranks of the run of tests/parallel under hvdmxrun --no-mpi
+#                           (default: 2; empty: no such run)
 set -uo pipefail
 
 cd "$(dirname "$0")/.."
@@ -27,6 +29,12 @@ read -r -a mpiexec_flags <<<"${MPIEXEC_FLAGS:-}"
 test_timeout=${HVDMX_TEST_TIMEOUT:-120}
 run_timeout=${HVDMX_TEST_RUN_TIMEOUT:-1200}
 read -r -a rank_counts <<<"${HVDMX_TEST_RANKS:-1 2 3 4}"
+nompi_ranks=${HVDMX_TEST_NOMPI_RANKS-2}
+if [[ -n $nompi_ranks && ! $nompi_ranks =~ ^[1-9][0-9]*$ ]]; then
+  echo "hvdmx tests: HVDMX_TEST_NOMPI_RANKS='$nompi_ranks' must be a rank count (a whole" \
+    "number >= 1), or empty for no run without MPI" >&2
+  exit 2
+fi
 # An empty list (only spaces) is checked as the word "none", and fails.
 for n in "${rank_counts[@]:-none}"; do
   if [[ ! $n =~ ^[1-9][0-9]*$ ]]; then
@@ -113,6 +121,33 @@ for n in "${rank_counts[@]}"; do
     done
   fi
 done
+
+# The same suite in a job that hvdmxrun starts without MPI (--no-mpi): hvd.init
+# over the launcher's rendezvous, TCP and shared memory only (docs/running.md).
+if [[ -n $nompi_ranks ]]; then
+  n=$nompi_ranks
+  echo "== hvdmxrun --no-mpi -np $n: pytest tests/parallel"
+  started=$SECONDS
+  # shellcheck disable=SC2016
+  timeout -k 10 "$run_timeout" "$(dirname "$PYTHON")/hvdmxrun" --no-mpi -np "$n" bash -c '
+    rank=$HVDMX_RANK
+    logs=$1; n=$2; shift 2
+    if [[ $rank == 0 ]]; then
+      exec "$@" --junitxml="$logs/nompi$n.rank$rank.xml"
+    fi
+    exec "$@" --junitxml="$logs/nompi$n.rank$rank.xml" >"$logs/nompi$n.rank$rank.log" 2>&1
+  ' rank-wrapper "$logs" "$n" \
+    "$PYTHON" -m pytest -q -x -p no:cacheprovider --timeout="$test_timeout" \
+    --timeout-method=thread --hypothesis-seed=0 tests/parallel
+  rc=$?
+  finish_run "nompi$n" "$n" "$rc"
+  if ((rc != 0)); then
+    for ((r = 1; r < n; r++)); do
+      echo "---- hvdmxrun --no-mpi -np $n, rank $r: $logs/nompi$n.rank$r.log"
+      tail -n 60 "$logs/nompi$n.rank$r.log" 2>/dev/null || echo "(no log)"
+    done
+  fi
+fi
 
 if ((status != 0)); then
   printf '\nhvdmx tests: FAILED; JUnit reports and the logs of ranks > 0 are in %s\n' "$logs"
