@@ -43,6 +43,8 @@ programs below it use hvdmx through it, as a user's script does.
     kvstore         KVStore, registered with MXNet as 'dist_sync_hvdmx' at import
     checkpoint_residuals  each rank's compression residuals in a checkpoint
     checkpoint      save_checkpoint, load_checkpoint
+    _elastic_driver  the seam of hvd.elastic to the launch: reset, hosts_updated
+    elastic         hvd.elastic: State, ObjectState, GluonState, run
     function_job    run_function (Horovod's horovod.run): a function on every rank
     hvdmx           this facade
     build_report    hvdmxrun --check-build's checklist
@@ -119,7 +121,7 @@ __all__ = sorted(_EXPORTS)
 # Any; at run time they stay lazy (see above). tests/test_typing.py keeps this
 # block and _EXPORTS the same.
 if TYPE_CHECKING:
-    from hvdmx import errors as errors
+    from hvdmx import elastic as elastic, errors as errors
     from hvdmx.basics import (ccl_built as ccl_built, cross_rank as cross_rank,
         cross_size as cross_size, cuda_built as cuda_built, ddl_built as ddl_built,
         gloo_built as gloo_built, gloo_enabled as gloo_enabled, init as init,
@@ -155,6 +157,9 @@ def __getattr__(name):
         return importlib.import_module("hvdmx._mpi").load_core()
     if name == "errors":  # the exception classes (hvdmx/errors.py)
         return importlib.import_module("hvdmx.errors")
+    if name == "elastic":  # hvd.elastic (hvdmx/elastic.py), as horovod.torch.elastic
+        importlib.import_module("hvdmx.kvstore")  # as for any other name: see below
+        return importlib.import_module("hvdmx.elastic")
     module = _EXPORTS.get(name)
     if module is None:
         raise AttributeError(f"module 'hvdmx' has no attribute {name!r}")
@@ -171,4 +176,4 @@ def __getattr__(name):
 
 
 def __dir__():
-    return sorted(set(globals()) | set(_EXPORTS) | {"errors"})
+    return sorted(set(globals()) | set(_EXPORTS) | {"elastic", "errors"})

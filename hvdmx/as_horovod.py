@@ -10,13 +10,17 @@ then runs the script or module as ``python`` would: ``__name__`` is
 ``sys.path[0]`` is the script's directory (the current directory with ``-m``).
 In code you can edit, ``import hvdmx as hvd`` does the same.
 
-``horovod.mxnet`` and its submodules ``mpi_ops``, ``functions`` and
-``compression`` become modules of those names whose attributes are hvdmx's
+``horovod.mxnet`` and its submodules ``mpi_ops``, ``functions``,
+``compression`` and ``elastic`` (``hvd.elastic``, which Horovod's MXNet
+binding lacks) become modules of those names whose attributes are hvdmx's
 (``horovod.mxnet.allreduce is hvdmx.allreduce``; ``mpi_ops`` forwards to
 hvdmx, which exports everything Horovod's does), so every form of import
-works. ``horovod`` itself is a package holding ``mxnet`` and Horovod's
+works. ``horovod`` itself is a package holding ``mxnet``, Horovod's
 launcher function ``horovod.run`` (also ``horovod.runner.run``), which is
-``hvdmx.run_function``: its ranks run under this alias as well. Nothing of
+``hvdmx.run_function`` (its ranks run under this alias as well), and
+``horovod.common.exceptions`` and ``horovod.common.elastic``, which are
+hvdmx.errors and hvdmx.elastic (HorovodInternalError,
+HostsUpdatedInterrupt; State, ObjectState). Nothing of
 hvdmx is imported until the program uses a name, so, as with Horovod,
 importing ``horovod.mxnet`` does not start MPI: ``hvd.init()`` does.
 """
@@ -80,7 +84,7 @@ def install() -> None:
     package = _forwarder("horovod.mxnet", "hvdmx")
     package.__path__ = []  # a package: its submodules are found in sys.modules
     for sub, target in (("mpi_ops", "hvdmx"), ("functions", "hvdmx.functions"),
-                        ("compression", "hvdmx.compression")):
+                        ("compression", "hvdmx.compression"), ("elastic", "hvdmx.elastic")):
         module = _forwarder(f"horovod.mxnet.{sub}", target)
         setattr(package, sub, module)
         sys.modules[module.__name__] = module
@@ -88,9 +92,19 @@ def install() -> None:
     runner = types.ModuleType("horovod.runner", "hvdmx standing in for horovod.runner")
     vars(runner).update(run=run)
     sys.modules["horovod.runner"] = runner
+    # horovod.common: where Horovod keeps the elastic exceptions
+    # (HorovodInternalError, HostsUpdatedInterrupt) and its elastic State.
+    common = types.ModuleType("horovod.common", "hvdmx standing in for horovod.common")
+    common.__path__ = []
+    for sub, target in (("exceptions", "hvdmx.errors"), ("elastic", "hvdmx.elastic")):
+        module = _forwarder(f"horovod.common.{sub}", target)
+        setattr(common, sub, module)
+        sys.modules[module.__name__] = module
+    sys.modules["horovod.common"] = common
     horovod = types.ModuleType("horovod", "hvdmx standing in for Horovod")
     horovod.__path__ = []
-    vars(horovod).update(_hvdmx_alias=True, mxnet=package, runner=runner, run=run)
+    vars(horovod).update(_hvdmx_alias=True, mxnet=package, runner=runner, run=run,
+                         common=common)
     sys.modules["horovod"] = horovod
 
 

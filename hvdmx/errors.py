@@ -10,10 +10,18 @@ catching works with the message unchanged. Plain ``TypeError`` is kept for
 Python type mistakes that Horovod does not report from its core either
 (an ``int`` for ``name``, a list where an NDArray is required).
 docs/errors.md lists which call raises which.
+
+The elastic API's exceptions (``hvd.elastic``, docs/elastic.md) carry
+Horovod's names, as ``horovod.common.exceptions`` has them, and are plain
+``RuntimeError`` subclasses as there: ``HorovodInternalError`` (the job lost
+a peer; hvd.elastic.run restores the last commit and resets) and
+``HostsUpdatedInterrupt`` (the job's hosts changed; hvd.elastic.run resets
+without restoring).
 """
 from mxnet.base import MXNetError
 
-__all__ = ["InvalidArgumentError", "InvalidTypeError", "MismatchError", "NotRunningError"]
+__all__ = ["HorovodInternalError", "HostsUpdatedInterrupt", "InvalidArgumentError",
+           "InvalidTypeError", "MismatchError", "NotRunningError", "ResetLimitError"]
 
 
 class InvalidArgumentError(MXNetError, ValueError):
@@ -36,3 +44,31 @@ class MismatchError(MXNetError, ValueError):
 class NotRunningError(MXNetError, ValueError):
     """A collective called while hvdmx is not running: before ``hvd.init()``,
     after ``hvd.shutdown()``, or after another rank's shutdown stopped it."""
+
+
+class HorovodInternalError(RuntimeError):
+    """A collective failed because the job lost a peer (it died, or its host
+    cannot be reached). Under ``hvd.elastic.run`` it is recoverable: the
+    state goes back to its last commit, hvdmx is reset over the job's new
+    membership, and the training function runs again. Horovod's name
+    (``horovod.common.exceptions``)."""
+
+
+class HostsUpdatedInterrupt(RuntimeError):
+    """The job's hosts changed (workers wait to join, or some were removed),
+    raised by ``State.commit()``/``check_host_updates()`` on every rank in
+    the same step. Under ``hvd.elastic.run`` it resets hvdmx without
+    restoring the state (nothing was lost), and ``skip_sync`` says whether
+    the state need not be broadcast afterwards (True when hosts were only
+    removed: every survivor already holds the same state). Horovod's name
+    and argument (``horovod.common.exceptions``)."""
+
+    def __init__(self, skip_sync: bool) -> None:
+        super().__init__(f"the job's hosts changed (skip_sync={bool(skip_sync)})")
+        self.skip_sync = bool(skip_sync)
+
+
+class ResetLimitError(RuntimeError):
+    """``hvd.elastic.run`` needed a reset beyond the job's reset limit
+    (hvdmxrun --reset-limit, HVDMX_ELASTIC_RESET_LIMIT); the job ends with
+    it. The failure that asked for the reset is its ``__cause__``."""

@@ -322,9 +322,12 @@ def _plain_layout(array: mx.nd.NDArray) -> mx.nd.NDArray:
     internal layout (a conv weight after an inference-mode forward), which a
     collective refuses; see Note [oneDNN layout] in csrc/hvdmx/mxnet/mxnet_engine.h.
     Waiting first matters: probing an array still being computed races its
-    allocation."""
+    allocation. And it waits for the pending reads as well as the writes:
+    an inference-mode forward still queued is a read that converts the
+    weight to oneDNN's layout when it runs, after the probe (seen at
+    broadcast_parameters right after net(x), examples/mnist_gluon.py's net)."""
     if array.context.device_typeid != 2:
-        array.wait_to_read()
+        mx.base.check_call(mx.base._LIB.MXNDArrayWaitToWrite(array.handle))
         _core.ensure_default_layout(array.handle.value)
     return array
 

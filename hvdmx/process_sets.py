@@ -203,6 +203,13 @@ def _forget_all() -> None:
         del _counters[key]
 
 
+def _restart_names() -> None:
+    """After hvd.elastic reset hvdmx over a new membership: the counts of
+    unnamed calls start again on every rank, the global set's too, so that
+    a worker that joined (its counts at zero) names them as the others do."""
+    _counters.clear()
+
+
 def _host_process_set() -> Optional[ProcessSet]:
     """The process set of this host's ranks (those that share memory with
     this one, as local_rank counts them), or None when this rank is alone on

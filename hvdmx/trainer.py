@@ -210,6 +210,8 @@ class DistributedTrainer(mx.gluon.Trainer):
     _process_set: ProcessSet
     _hvdmx_checked: bool
     _op: int
+    _unscaled: float
+    _averaged: bool
 
     def __init__(self, params: Union[ParameterDict, Dict[str, Parameter], List[Parameter]],
                  optimizer: Union[str, mx.optimizer.Optimizer],
@@ -256,6 +258,7 @@ class DistributedTrainer(mx.gluon.Trainer):
             # that position i is the same parameter on every rank.
             params = sorted(params, key=lambda p: getattr(p, "name", ""))
         super().__init__(params, optimizer, optimizer_params=optimizer_params, kvstore=None)
+        self._unscaled = self._scale  # gluon's, before the division by the ranks below
         self._local_sgd_steps = int(local_sgd_steps)
         self._local_steps_done = 0
         self._hierarchical = hierarchical_local_sgd
@@ -270,6 +273,7 @@ class DistributedTrainer(mx.gluon.Trainer):
         else:
             self._scale *= predivide / n
         self._gradient_predivide_factor = predivide
+        self._averaged = self._local_sgd_steps == 1 and op != Adasum  # _scale has 1/size
         self._prefix = prefix if prefix else ""
         self._num_groups = num_groups
         self._compression = compression
@@ -277,6 +281,19 @@ class DistributedTrainer(mx.gluon.Trainer):
         self._process_set = process_set
         self._hvdmx_checked = False
         self._op = op
+
+    def _elastic_reset(self) -> None:
+        """After hvd.elastic reset hvdmx over a new membership (the job's size
+        may have changed): ``_scale`` divides by the new number of ranks, the
+        ranks check their parameters again at the next collective (together,
+        newcomers included), and EASGD's center is formed again from rank 0's
+        parameters at the next step."""
+        if self._averaged:
+            # As __init__ computes it, to the bit.
+            self._scale = self._unscaled * (self._gradient_predivide_factor /
+                                            self._process_set.size())
+        self._hvdmx_checked = False
+        self._center = None
 
     def step(self, batch_size: int, ignore_stale_grad: bool = False) -> None:
         super().step(batch_size, ignore_stale_grad)

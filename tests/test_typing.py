@@ -32,7 +32,7 @@ def type_checking_imports():
 
 
 def test_the_checkers_names_are_the_lazy_names():
-    expected = dict(hvdmx._EXPORTS, errors="errors")
+    expected = dict(hvdmx._EXPORTS, errors="errors", elastic="elastic")
     assert type_checking_imports() == expected
 
 

@@ -1,0 +1,586 @@
+"""Elastic training with Horovod's names (``hvd.elastic``; docs/elastic.md).
+
+    state = hvd.elastic.GluonState(net.collect_params(), trainer, epoch=0, batch=0)
+
+    @hvd.elastic.run
+    def train(state):
+        for state.epoch in range(state.epoch, epochs):
+            for state.batch in range(state.batch, batches):
+                ...                                   # a step: trainer.step(...)
+                if state.batch % 10 == 0:
+                    state.commit()
+            state.batch = 0
+
+    train(state)
+
+The model: a ``State`` holds what training needs to go on (parameters,
+optimizer states, counters). ``commit()`` saves a copy in this process's
+memory and asks whether the job's hosts changed; ``restore()`` puts the last
+commit back; ``sync()`` gives every rank rank 0's state. ``run`` calls the
+function and, when a collective fails because the job lost a peer
+(``HorovodInternalError``, or an MXNetError while hvdmx has stopped with its
+peers gone), restores the last commit, resets hvdmx over the job's new
+membership, runs the reset callbacks and calls the function again, after a
+sync. When hosts changed (``HostsUpdatedInterrupt`` from ``commit()``) it
+resets without restoring. Any other exception is the user's and ends the
+job. How hvdmx is reset, and how the hosts' changes are learned, is the
+driver's (hvdmx/_elastic_driver.py); everything here is the same for any
+launch.
+"""
+from __future__ import annotations
+
+import copy
+import functools
+import os
+from typing import Any, Callable, Dict, Iterable, List, Optional, Tuple, TypeVar
+
+import mxnet as mx
+import numpy as np
+from mxnet.base import MXNetError
+from mxnet.gluon.parameter import Parameter, ParameterDict
+
+from hvdmx import _elastic_driver, _job, process_sets as _process_sets
+from hvdmx.basics import rank
+from hvdmx.errors import HorovodInternalError, HostsUpdatedInterrupt, ResetLimitError
+from hvdmx.objects import broadcast_object
+from hvdmx.ops import Max, allreduce, broadcast_
+from hvdmx.optimizer import DistributedOptimizer, broadcast_parameters
+from hvdmx.trainer import DistributedTrainer
+
+__all__ = ["GluonState", "HorovodInternalError", "HostsUpdatedInterrupt", "ObjectState",
+           "ResetLimitError", "State", "reset_limit", "run"]
+
+# The resets one run() may do (hvdmxrun --reset-limit sets it for the
+# workers; Horovod's horovodrun --reset-limit); unset: no limit. The
+# HOROVOD_ twin is read when the hvdmx name is not set (docs/env.md).
+RESET_LIMIT_VARIABLE = "HVDMX_ELASTIC_RESET_LIMIT"
+_RESET_LIMIT_TWIN = "HOROVOD_ELASTIC_RESET_LIMIT"
+
+# The names of the collectives hvd.elastic makes itself: the same on every
+# rank, whatever unnamed calls a rank made before.
+_NAME = "hvdmx.elastic."
+
+
+def reset_limit(environ=os.environ) -> Optional[int]:
+    """The job's reset limit: HVDMX_ELASTIC_RESET_LIMIT (or
+    HOROVOD_ELASTIC_RESET_LIMIT), an int >= 0; None when neither is set."""
+    for variable in (RESET_LIMIT_VARIABLE, _RESET_LIMIT_TWIN):
+        text = environ.get(variable, "").strip()
+        if not text:
+            continue
+        if not text.isdigit():
+            raise ValueError(f"hvdmx.elastic: {variable}={environ[variable]!r} must be an "
+                             "int >= 0 (the resets a job may do; hvdmxrun --reset-limit sets "
+                             "it), or unset for no limit")
+        return int(text)
+    return None
+
+
+def _check_callables(fn: str, argument: str, values: Iterable) -> List[Callable]:
+    if isinstance(values, (str, bytes)) or not hasattr(values, "__iter__"):
+        raise TypeError(f"hvdmx.elastic.{fn}: argument '{argument}' must be a list of "
+                        f"functions, got {type(values).__name__} ({values!r:.80}); wrap a "
+                        "single function in a list")
+    values = list(values)
+    for i, value in enumerate(values):
+        if not callable(value):
+            raise TypeError(f"hvdmx.elastic.{fn}: {argument}[{i}]={value!r:.80} is not "
+                            f"callable ({type(value).__name__}); pass functions that take no "
+                            "arguments")
+    return values
+
+
+class State:
+    """What training needs to go on after a reset, kept by ``commit()`` and
+    put back by ``restore()``; subclasses define ``save``, ``restore`` and
+    ``sync`` (ObjectState and GluonState do).
+
+    ``bcast_object(obj)`` returns rank 0's ``obj`` on every rank (default
+    ``hvd.broadcast_object``) and ``get_rank()`` this rank (default
+    ``hvd.rank``): Horovod's arguments, for states that sync through them.
+    """
+
+    def __init__(self, bcast_object: Optional[Callable[[Any], Any]] = None,
+                 get_rank: Optional[Callable[[], int]] = None) -> None:
+        for argument, value in (("bcast_object", bcast_object), ("get_rank", get_rank)):
+            if value is not None and not callable(value):
+                raise TypeError(f"hvdmx.elastic.{type(self).__name__}: argument "
+                                f"'{argument}'={value!r:.80} must be a function or None (the "
+                                f"default, hvdmx's)")
+        self._bcast_object = bcast_object
+        self._rank = get_rank if get_rank is not None else rank
+        self._reset_callbacks: List[Callable[[], Any]] = []
+
+    def _broadcast(self, obj: Any, name: str) -> Any:
+        """Rank 0's ``obj`` on every rank, named alike on every rank."""
+        if self._bcast_object is not None:
+            return self._bcast_object(obj)
+        return broadcast_object(obj, root_rank=0, name=_NAME + name)
+
+    def register_reset_callbacks(self, callbacks: Iterable[Callable[[], Any]]) -> None:
+        """Adds functions (no arguments) that ``on_reset`` calls after every
+        reset, in order: e.g. to scale the learning rate to the new size."""
+        self._reset_callbacks.extend(_check_callables("register_reset_callbacks", "callbacks",
+                                                      callbacks))
+
+    def on_reset(self) -> None:
+        """After a reset: ``reset()``, then the registered callbacks."""
+        self.reset()
+        for callback in self._reset_callbacks:
+            callback()
+
+    def commit(self) -> None:
+        """``save()``, then ``check_host_updates()``: a copy of the state in
+        this process's memory, then HostsUpdatedInterrupt on every rank if
+        the job's hosts changed. Every rank must call it together (it runs
+        one small allreduce). A failure loses the steps since the last
+        commit; docs/elastic.md has what a commit costs."""
+        self.save()
+        self.check_host_updates()
+
+    def check_host_updates(self) -> None:
+        """Raises HostsUpdatedInterrupt on every rank, in the same call, when
+        the driver reports on any rank that the job's hosts changed;
+        ``skip_sync`` is True when no rank asks for a sync (workers were
+        only removed). Collective: one allreduce of two ints."""
+        updated, skip_sync = _elastic_driver.hosts_updated()
+        votes = mx.nd.array([int(bool(updated)), int(bool(updated) and not skip_sync)],
+                            dtype="int32")
+        any_updated, any_needs_sync = allreduce(votes, op=Max,
+                                                name=_NAME + "host_updates").asnumpy()
+        if any_updated:
+            raise HostsUpdatedInterrupt(skip_sync=not any_needs_sync)
+
+    def save(self) -> None:
+        """Saves the state in this process's memory."""
+        raise NotImplementedError(f"{type(self).__name__}.save: a State subclass defines save, "
+                                  "restore and sync")
+
+    def restore(self) -> None:
+        """Puts back the state of the last ``save()``/``commit()``."""
+        raise NotImplementedError(f"{type(self).__name__}.restore: a State subclass defines "
+                                  "save, restore and sync")
+
+    def sync(self) -> None:
+        """Gives every rank rank 0's state. Collective."""
+        raise NotImplementedError(f"{type(self).__name__}.sync: a State subclass defines save, "
+                                  "restore and sync")
+
+    def reset(self) -> None:
+        """What the state itself does after a reset, before the callbacks."""
+
+
+def _check_attribute_names(cls: type, names: Iterable[str]) -> None:
+    for name in names:
+        if name.startswith("_"):
+            raise ValueError(f"hvdmx.elastic.{cls.__name__}: attribute {name!r} starts with "
+                             "'_', which the state keeps for itself; rename it")
+        if hasattr(cls, name):
+            raise ValueError(f"hvdmx.elastic.{cls.__name__}: attribute {name!r} would hide "
+                             f"{cls.__name__}.{name}; rename it")
+
+
+class ObjectState(State):
+    """Python values kept as attributes: ``ObjectState(epoch=0, batch=0)``
+    gives ``state.epoch`` and ``state.batch``. ``save`` keeps a deep copy of
+    each, ``restore`` sets each back to (a deep copy of) it, ``sync`` gives
+    every rank rank 0's values (pickled, by ``bcast_object``) and saves
+    them. The values are saved once at construction."""
+
+    def __init__(self, bcast_object: Optional[Callable[[Any], Any]] = None,
+                 get_rank: Optional[Callable[[], int]] = None, **kwargs: Any) -> None:
+        _check_attribute_names(type(self), kwargs)
+        super().__init__(bcast_object=bcast_object, get_rank=get_rank)
+        self._names = list(kwargs)
+        self._saved_state: Dict[str, Any] = {}
+        for name, value in kwargs.items():
+            setattr(self, name, value)
+        self.save()
+
+    def _values(self) -> Dict[str, Any]:
+        return {name: getattr(self, name) for name in self._names}
+
+    def _set(self, values: Dict[str, Any]) -> None:
+        for name, value in values.items():
+            setattr(self, name, value)
+
+    def save(self) -> None:
+        self._saved_state = copy.deepcopy(self._values())
+
+    def restore(self) -> None:
+        self._set(copy.deepcopy(self._saved_state))
+
+    def sync(self) -> None:
+        if self._names:
+            self._set(self._broadcast(self._values(), "ObjectState"))
+        self.save()
+
+
+# --- GluonState --------------------------------------------------------------
+
+def _check_params(params) -> List[Tuple[str, Parameter]]:
+    """(key, Parameter) sorted by key: a Block's structural keys (as
+    save_parameters), or the dict's."""
+    fn = "hvdmx.elastic.GluonState"
+    if isinstance(params, mx.gluon.Block):
+        named = params._collect_params_with_prefix()
+    elif isinstance(params, (ParameterDict, dict)):
+        named = dict(params.items())
+    else:
+        raise TypeError(f"{fn}: argument 'params' must be a gluon Block (the model), a "
+                        "ParameterDict or a dict of Parameters, got "
+                        f"{type(params).__name__} ({params!r:.80}); pass net.collect_params()")
+    if not named:
+        raise ValueError(f"{fn}: argument 'params' holds no parameters ({params!r:.80}); pass "
+                         "the model's, net.collect_params()")
+    for key, value in named.items():
+        if not isinstance(key, str):
+            raise TypeError(f"{fn}: the keys of argument 'params' must be str, got {key!r}")
+        if not isinstance(value, Parameter):
+            raise TypeError(f"{fn}: params[{key!r}] must be a gluon Parameter, got "
+                            f"{type(value).__name__} ({value!r:.80}); pass "
+                            "net.collect_params()")
+    return sorted(named.items())
+
+
+def _check_trainer(trainer, params: List[Tuple[str, Parameter]]):
+    fn = "hvdmx.elastic.GluonState"
+    if trainer is None:
+        return None
+    if not isinstance(trainer, mx.gluon.Trainer):
+        raise TypeError(f"{fn}: argument 'trainer' must be a gluon.Trainer (hvd."
+                        "DistributedTrainer) or None, got "
+                        f"{type(trainer).__name__} ({trainer!r:.80})")
+    mine = {id(p) for _, p in params}
+    for p in trainer._params:
+        if id(p) not in mine:
+            raise ValueError(f"{fn}: the trainer's parameter '{p.name}' is not among argument "
+                             "'params'; pass the parameters the trainer trains "
+                             "(net.collect_params())")
+    if isinstance(trainer, DistributedTrainer) and \
+            trainer._process_set is not _process_sets.global_process_set:
+        raise ValueError(f"{fn}: argument 'trainer' averages over {trainer._process_set!r}, "
+                         "which a reset does not keep (a reset forms a new job of new ranks); "
+                         "use a DistributedTrainer over the whole job (the default "
+                         "process_set)")
+    return trainer
+
+
+def _check_states_in_trainer(trainer) -> None:
+    if trainer._kvstore is not None and trainer._update_on_kvstore:
+        raise ValueError("hvdmx.elastic.GluonState: the trainer updates its parameters on its "
+                         f"kvstore ({trainer._kvstore.type}), which holds the optimizer "
+                         "states out of the state's reach; use hvd.DistributedTrainer")
+
+
+def _inner(optimizer):
+    """The optimizer that holds the counts and hyperparameters."""
+    return optimizer._optimizer if isinstance(optimizer, DistributedOptimizer) else optimizer
+
+
+# The optimizer's fields that are not its state: the trainer's parameters
+# (and names of them), set by the trainer and the same after a restore.
+_NOT_OPTIMIZER_STATE = frozenset({"param_dict", "idx2name", "sym_info"})
+
+
+def _optimizer_fields(optimizer) -> Dict[str, Any]:
+    """The optimizer's state (update counts, learning rate and its
+    schedule, hyperparameters), copied; one deepcopy, so that its aliases
+    (_index_update_count into _all_index_update_counts) stay aliases."""
+    return copy.deepcopy({k: v for k, v in vars(_inner(optimizer)).items()
+                          if k not in _NOT_OPTIMIZER_STATE})
+
+
+def _portable_fields(trainer) -> Dict[str, Any]:
+    """The optimizer's fields as rank 0 sends them at a sync: its update
+    counts by the position of the trainer's context, not by device id
+    (rank 0 trains on cpu(0), rank 1 on cpu(1), ...)."""
+    fields = _optimizer_fields(trainer._optimizer)
+    counts = fields.pop("_all_index_update_counts", None)
+    fields.pop("_index_update_count", None)
+    if counts is not None:
+        fields["_counts_by_context"] = [counts.get(ctx.device_id, {})
+                                        for ctx in trainer._contexts]
+    return fields
+
+
+def _take_fields(trainer, fields: Dict[str, Any]) -> None:
+    """Rank 0's fields (_portable_fields) into this rank's optimizer, the
+    counts under this rank's device ids."""
+    optimizer = _inner(trainer._optimizer)
+    fields = dict(fields)
+    by_context = fields.pop("_counts_by_context", None)
+    vars(optimizer).update(fields)
+    if by_context is not None:
+        counts = {ctx.device_id: dict(c) for ctx, c in zip(trainer._contexts, by_context)}
+        first = trainer._contexts[0].device_id
+        optimizer._all_index_update_counts = counts
+        optimizer._index_update_count = counts[first]
+
+
+def _layout(state):
+    """How an optimizer state nests: arrays by (shape, dtype), other values
+    as they are. Equal layouts take each other's arrays in place."""
+    if isinstance(state, mx.nd.NDArray):
+        return ("array", tuple(state.shape), np.dtype(state.dtype).name)
+    if isinstance(state, (tuple, list)):
+        return (type(state).__name__, tuple(_layout(s) for s in state))
+    return ("value", state)
+
+
+def _arrays(state) -> List[mx.nd.NDArray]:
+    if isinstance(state, mx.nd.NDArray):
+        return [state]
+    if isinstance(state, (tuple, list)):
+        return [a for s in state for a in _arrays(s)]
+    return []
+
+
+def _build(layout, make: Callable[[tuple, str], mx.nd.NDArray]):
+    kind, body = layout[0], layout[1:]
+    if kind == "array":
+        return make(*body)
+    if kind in ("tuple", "list"):
+        items = [_build(child, make) for child in body[0]]
+        return tuple(items) if kind == "tuple" else items
+    return copy.deepcopy(body[0])
+
+
+def _cpu_array(shape: tuple, dtype: str) -> mx.nd.NDArray:
+    return mx.nd.empty(shape, ctx=mx.cpu(), dtype=dtype)
+
+
+def _copy_into(state, saved):
+    """A copy of ``state`` in ``saved``'s arrays when they fit (no
+    allocation), else in new CPU arrays; asynchronous (engine copies)."""
+    if saved is None or _layout(saved) != _layout(state):
+        saved = _build(_layout(state), _cpu_array)
+    for source, target in zip(_arrays(state), _arrays(saved)):
+        source.copyto(target)
+    return saved
+
+
+class GluonState(ObjectState):
+    """The state of Gluon training: the parameters ``params`` (a Block, or
+    ``net.collect_params()``), the optimizer of ``trainer`` (its states:
+    momentum, Adam's moments, ...; its update counts, learning rate and
+    schedule), and keyword values such as ``epoch`` and ``batch`` (as
+    ObjectState's).
+
+    ``save()`` copies the parameters and optimizer states into CPU buffers
+    that it keeps (allocated at the first save, reused after), as engine
+    copies that do not wait for the step before; ``restore()`` copies them
+    back; ``sync()`` broadcasts rank 0's parameters, optimizer states and
+    values to every rank and saves them. A parameter whose shape is still
+    deferred at a save is left as it is by the restore; commit after the
+    first forward pass. After a reset, a DistributedTrainer's gradient
+    averaging follows the new number of ranks.
+    """
+
+    def __init__(self, params, trainer: Optional[mx.gluon.Trainer] = None,
+                 **kwargs: Any) -> None:
+        _check_attribute_names(type(self), kwargs)
+        self._params = _check_params(params)
+        self._trainer = _check_trainer(trainer, self._params)
+        self._saved_params: List[Optional[mx.nd.NDArray]] = [None] * len(self._params)
+        self._saved_states: List[Dict[Any, Any]] = []  # by updater (context), by index
+        self._saved_optimizer: Optional[Dict[str, Any]] = None
+        super().__init__(**kwargs)
+
+    @property
+    def params(self) -> Dict[str, Parameter]:
+        """The parameters, by key."""
+        return dict(self._params)
+
+    @property
+    def trainer(self) -> Optional[mx.gluon.Trainer]:
+        return self._trainer
+
+    # -- save and restore: this process's copies
+
+    def save(self) -> None:
+        for i, (_, param) in enumerate(self._params):
+            if param._data is not None:  # None: shape deferred, nothing to save yet
+                self._saved_params[i] = _copy_into(param._data[0], self._saved_params[i])
+        trainer = self._trainer
+        if trainer is not None:
+            _check_states_in_trainer(trainer)
+            previous = self._saved_states
+            self._saved_states = [
+                {index: _copy_into(state, (previous[n] if n < len(previous) else {}).get(index))
+                 for index, state in updater.states.items()}
+                for n, updater in enumerate(trainer._updaters)]
+            self._saved_optimizer = _optimizer_fields(trainer._optimizer)
+        super().save()
+
+    def restore(self) -> None:
+        for (_, param), saved in zip(self._params, self._saved_params):
+            if saved is not None and param._data is not None:
+                for data in param._data:
+                    saved.copyto(data)
+        trainer = self._trainer
+        if trainer is not None and self._saved_optimizer is not None:
+            vars(_inner(trainer._optimizer)).update(copy.deepcopy(self._saved_optimizer))
+            for updater, saved in zip(trainer._updaters, self._saved_states):
+                self._put_states(updater, saved)
+        super().restore()
+
+    @staticmethod
+    def _put_states(updater, saved: Dict[Any, Any]) -> None:
+        """The updater's states become copies of ``saved``: in place where
+        the layouts agree, new arrays (moved to the weight's context at the
+        next update) elsewhere; states created since are dropped (the next
+        update creates them anew, as it did after the commit)."""
+        for index in [i for i in updater.states if i not in saved]:
+            del updater.states[index]
+            updater.states_synced.pop(index, None)
+        for index, state in saved.items():
+            current = updater.states.get(index)
+            if current is not None and _layout(current) == _layout(state):
+                for source, target in zip(_arrays(state), _arrays(current)):
+                    source.copyto(target)
+            else:
+                updater.states[index] = _copy_into(state, None)
+                updater.states_synced[index] = False
+
+    # -- sync: rank 0's state on every rank
+
+    def sync(self) -> None:
+        broadcast_parameters({i: param for i, (_, param) in enumerate(self._params)},
+                             root_rank=0, prefix=_NAME + "param.")
+        trainer = self._trainer
+        root = self._rank() == 0
+        mine: Dict[str, Any] = {"values": self._values()}
+        if trainer is not None:
+            _check_states_in_trainer(trainer)
+            states = trainer._updaters[0].states
+            mine["optimizer"] = _portable_fields(trainer) if root else None
+            mine["states"] = sorted((index, _layout(state)) for index, state in states.items())
+            mine["local_steps"] = getattr(trainer, "_local_steps_done", None)
+        theirs = broadcast_object(mine, root_rank=0, name=_NAME + "GluonState")
+        if trainer is not None:
+            self._sync_states(trainer, theirs["states"])
+            if not root:
+                _take_fields(trainer, theirs["optimizer"])
+                if theirs["local_steps"] is not None and \
+                        hasattr(trainer, "_local_steps_done"):
+                    trainer._local_steps_done = theirs["local_steps"]
+        self._set(theirs["values"])
+        self.save()
+
+    @staticmethod
+    def _sync_states(trainer, layouts) -> None:
+        """Rank 0's optimizer states (``layouts``: its (index, layout) list)
+        into every updater: broadcast into this rank's arrays where they fit
+        rank 0's, into new ones elsewhere."""
+        first = trainer._updaters[0]
+        wanted = dict(layouts)
+        for index in [i for i in first.states if i not in wanted]:
+            del first.states[index]
+            first.states_synced.pop(index, None)
+        for index, layout in layouts:
+            current = first.states.get(index)
+            if current is None or _layout(current) != layout:
+                current = _build(layout, _cpu_array)
+                first.states[index] = current
+                first.states_synced[index] = False
+            for j, array in enumerate(_arrays(current)):
+                broadcast_(array, 0, name=f"{_NAME}state.{index}.{j}")
+        for other in trainer._updaters[1:]:  # this rank's other contexts
+            GluonState._put_states(other, first.states)
+
+    def reset(self) -> None:
+        if isinstance(self._trainer, DistributedTrainer):
+            self._trainer._elastic_reset()
+
+
+# --- run ---------------------------------------------------------------------
+
+def _lost_peers(error: BaseException) -> bool:
+    """Whether ``error`` means the job lost a peer: HorovodInternalError, or
+    an MXNetError (a collective's, raised at its read or its call) while
+    hvdmx has stopped because the peers it waited for are gone (decided by
+    the core's status code, never by the message)."""
+    if isinstance(error, HorovodInternalError):
+        return True
+    return isinstance(error, MXNetError) and _job.peers_gone(_job.stop_status()[0])
+
+
+def _drain_engine() -> None:
+    """Waits for MXNet's engine and takes out the errors of the operations
+    that failed with the lost step (each waitall raises one and clears all),
+    so that the restore's copies and later reads do not raise them."""
+    while True:
+        try:
+            mx.nd.waitall()
+            return
+        except MXNetError:
+            continue
+
+
+def _agreed_resets(resets: int) -> int:
+    """The most resets any rank has seen (a worker that joins later has
+    seen fewer): every rank then counts alike against the limit."""
+    count = mx.nd.array([resets], dtype="int64")
+    return int(allreduce(count, op=Max, name=_NAME + "resets").asnumpy()[0])
+
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def run(func: F) -> F:
+    """Decorator: ``func(state, ...)`` runs under elastic training.
+
+    The wrapper syncs ``state`` (every rank takes rank 0's) and calls
+    ``func``. When a collective fails because the job lost a peer
+    (HorovodInternalError, or an MXNetError while hvdmx has stopped with its
+    peers gone) it restores the last commit, resets hvdmx over the job's new
+    membership, calls ``state.on_reset()`` and starts again (sync, call).
+    On HostsUpdatedInterrupt it resets without restoring, and skips the
+    sync when the interrupt says so. Any other exception propagates: it is
+    the user's error and is not retried. Past the job's reset limit
+    (HVDMX_ELASTIC_RESET_LIMIT, from hvdmxrun --reset-limit) it raises
+    ResetLimitError from the failure. Do not make collectives before the
+    call that other ranks would not make: a worker that joins later starts
+    its script from the top.
+    """
+    if not callable(func):
+        raise TypeError(f"hvdmx.elastic.run: argument 'func'={func!r:.80} must be a function "
+                        "whose first argument is an hvd.elastic.State")
+
+    @functools.wraps(func)
+    def wrapper(state, *args, **kwargs):
+        if not isinstance(state, State):
+            raise TypeError(f"hvdmx.elastic.run: the first argument of "
+                            f"{getattr(func, '__name__', func)!r} must be an hvd.elastic.State "
+                            f"(ObjectState, GluonState or a subclass), got "
+                            f"{type(state).__name__} ({state!r:.80})")
+        limit = reset_limit()
+        resets, skip_sync = 0, False
+        while True:
+            try:
+                resets = _agreed_resets(resets)
+                if not skip_sync:
+                    state.sync()
+                return func(state, *args, **kwargs)
+            except HostsUpdatedInterrupt as interrupt:
+                skip_sync, cause = interrupt.skip_sync, interrupt
+            except Exception as error:  # noqa: BLE001 - re-raised unless a lost peer
+                if not _lost_peers(error):
+                    raise
+                _drain_engine()
+                state.restore()
+                skip_sync, cause = False, error
+            if limit is not None and resets >= limit:
+                raise ResetLimitError(
+                    f"hvdmx.elastic.run: the job was to reset after {type(cause).__name__}: "
+                    f"{cause}; it has reset {resets} time(s), its limit (hvdmxrun "
+                    f"--reset-limit, {RESET_LIMIT_VARIABLE}={limit}), so it ends here "
+                    "(as Horovod's: the number of resets during the elastic job exceeded "
+                    "the limit)") from cause
+            resets += 1
+            _elastic_driver.reset()
+            _process_sets._restart_names()
+            state.on_reset()
+
+    return wrapper  # type: ignore[return-value]

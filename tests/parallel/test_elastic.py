@@ -1,0 +1,304 @@
+"""hvd.elastic under mpiexec, where a reset is hvd.shutdown() then hvd.init()
+over the same world (hvdmx/_elastic_driver.py): commit and restore give back
+parameters, optimizer states and values bitwise; sync gives every rank rank
+0's; run() retries after a HorovodInternalError and ends bitwise where an
+uninterrupted run ends; a user's exception is not retried; a host update
+announced on one rank interrupts every rank at the same commit; the reset
+limit ends the run with ResetLimitError."""
+import mxnet as mx
+import numpy as np
+import pytest
+from mxnet import gluon
+
+import hvdmx as hvd
+from hvdmx import _core, _elastic_driver, _job
+from conftest import all_equal_across_ranks, world_bcast
+from test_training import B, assert_identical_across_ranks, batches, local, make_net, \
+    params_numpy, train_step
+
+STEPS = 8
+
+
+def optimizer(kind):
+    """SGD with momentum and a schedule that moves at update counts 3, 6
+    ...; Adam, whose bias correction reads each parameter's update count."""
+    if kind == "sgd":
+        return "sgd", {"learning_rate": 0.1, "momentum": 0.9,
+                       "lr_scheduler": mx.lr_scheduler.FactorScheduler(step=3, factor=0.5)}
+    return "adam", {"learning_rate": 0.01}
+
+
+def states_numpy(trainer):
+    """{index: [arrays of its optimizer state]} of the first context."""
+    out = {}
+    for index, state in trainer._updaters[0].states.items():
+        parts = state if isinstance(state, (tuple, list)) else [state]
+        out[index] = [p.asnumpy() for p in parts if p is not None]
+    return out
+
+
+def optimizer_counts(trainer):
+    opt = trainer._optimizer
+    return opt.num_update, dict(opt._index_update_count), opt.learning_rate, opt.wd
+
+
+def assert_same(got, want, what):
+    assert sorted(got) == sorted(want), what
+    for key in want:
+        g, w = got[key], want[key]
+        if isinstance(w, list):
+            assert len(g) == len(w), (what, key)
+            for a, b in zip(g, w):
+                assert a.dtype == b.dtype and a.tobytes() == b.tobytes(), (what, key)
+        else:
+            assert g.dtype == w.dtype and g.tobytes() == w.tobytes(), (what, key)
+
+
+def distributed(prefix, kind, seed=0):
+    """A net (the same on every rank: seed) and its DistributedTrainer."""
+    net = make_net(prefix, seed=seed)
+    name, opt = optimizer(kind)
+    return net, hvd.DistributedTrainer(net.collect_params(), name, opt, prefix=prefix)
+
+
+@pytest.mark.parametrize("kind", ["sgd", "adam"])
+def test_commit_then_restore_gives_back_the_commit_bitwise(kind):
+    xs, ys = batches(STEPS)
+    net, trainer = distributed(f"elrt{kind}_", kind)
+    state = hvd.elastic.GluonState(net, trainer, epoch=0, seen=[])
+    for step in range(3):
+        train_step(net, trainer, local(xs[step]), local(ys[step]), B)
+    state.epoch, state.seen = 3, [0, 1, 2]
+    state.commit()
+    params, states, counts = params_numpy(net), states_numpy(trainer), optimizer_counts(trainer)
+    # Three more steps, changed values (one of them in place), a new weight decay.
+    for step in range(3, 6):
+        train_step(net, trainer, local(xs[step]), local(ys[step]), B)
+    after = params_numpy(net)
+    state.epoch = 6
+    state.seen.append(99)
+    trainer._optimizer.wd = 0.5
+    assert counts != optimizer_counts(trainer)
+    for _ in range(2):  # a restore can be repeated
+        state.restore()
+        assert_same(params_numpy(net), params, "parameters")
+        assert_same(states_numpy(trainer), states, "optimizer states")
+        assert optimizer_counts(trainer) == counts
+        assert state.epoch == 3 and state.seen == [0, 1, 2]
+    # Training goes on from the commit exactly as it went the first time.
+    for step in range(3, 6):
+        train_step(net, trainer, local(xs[step]), local(ys[step]), B)
+    assert_same(params_numpy(net), after, "parameters after the same steps again")
+
+
+def test_restore_drops_optimizer_states_created_after_the_commit():
+    xs, ys = batches(2)
+    net, trainer = distributed("elnostate_", "adam")
+    state = hvd.elastic.GluonState(net.collect_params(), trainer)  # no step yet: no states
+    initial = params_numpy(net)
+    train_step(net, trainer, local(xs[0]), local(ys[0]), B)
+    once = params_numpy(net)
+    assert trainer._updaters[0].states
+    state.restore()
+    assert not trainer._updaters[0].states and trainer._optimizer.num_update == 0
+    assert_same(params_numpy(net), initial, "parameters")
+    train_step(net, trainer, local(xs[0]), local(ys[0]), B)
+    assert_same(params_numpy(net), once, "the first step again")
+
+
+@pytest.mark.parametrize("kind", ["sgd", "adam"])
+def test_sync_gives_every_rank_rank_0s_state_bitwise(kind):
+    r = hvd.rank()
+    xs, ys = batches(4)
+    # Each rank its own initial parameters (seed), its own device id (the
+    # optimizer's update counts are kept by device id), and a local trainer.
+    ctx = mx.cpu(r)
+    net = make_net(f"elsync{kind}_")
+    net.collect_params().reset_ctx(ctx)
+    name, opt = optimizer(kind)
+    trainer = gluon.Trainer(net.collect_params(), name, opt, kvstore=None)
+    # Odd ranks never step (no optimizer states, as a worker that just
+    # joined); the others step r + 1 times on their own data.
+    for step in range(0 if r % 2 else r + 1):
+        x = mx.nd.array(local(xs[step]), ctx=ctx)
+        y = mx.nd.array(local(ys[step]), ctx=ctx)
+        with mx.autograd.record():
+            loss = gluon.loss.L2Loss()(net(x), y)
+        loss.backward()
+        trainer.step(B)
+    state = hvd.elastic.GluonState(net, trainer, epoch=r, name=f"rank {r}")
+    root = world_bcast((params_numpy(net), states_numpy(trainer), optimizer_counts(trainer)))
+    state.sync()
+    assert (state.epoch, state.name) == (0, "rank 0")
+    assert_same(params_numpy(net), root[0], "parameters")
+    assert_same(states_numpy(trainer), root[1], "optimizer states")
+    assert optimizer_counts(trainer) == root[2]
+    # What sync gave is also the commit.
+    state.epoch = 7
+    state.restore()
+    assert state.epoch == 0
+    # The same next step everywhere: every rank continues as rank 0 would.
+    x, y = mx.nd.array(xs[3][:B], ctx=ctx), mx.nd.array(ys[3][:B], ctx=ctx)
+    with mx.autograd.record():
+        loss = gluon.loss.L2Loss()(net(x), y)
+    loss.backward()
+    trainer.step(B)
+    assert_identical_across_ranks(net)
+    for arrays in states_numpy(trainer).values():
+        for a in arrays:
+            assert all_equal_across_ranks(a)
+
+
+FAIL_AT = 5  # steps done when the failure comes; the last commit was at 4
+
+
+@pytest.mark.parametrize("kind", ["sgd", "adam"])
+def test_run_restores_resets_and_goes_on_after_an_internal_error(kind):
+    xs, ys = batches(STEPS)
+    # The uninterrupted run, for reference.
+    ref, ref_trainer = distributed(f"elref{kind}_", kind)
+    for step in range(STEPS):
+        train_step(ref, ref_trainer, local(xs[step]), local(ys[step]), B)
+    net, trainer = distributed(f"elrun{kind}_", kind)
+    state = hvd.elastic.GluonState(net, trainer, step=0)
+    calls, resets, started = [], [], []
+    state.register_reset_callbacks([lambda: resets.append(hvd.size())])
+
+    @hvd.elastic.run
+    def train(state, steps):
+        calls.append(state.step)
+        while state.step < steps:
+            train_step(net, trainer, local(xs[state.step]), local(ys[state.step]), B)
+            state.step += 1
+            if state.step % 2 == 0:
+                state.commit()
+            if state.step == FAIL_AT and not started:
+                started.append(_core.is_initialized())
+                # As a collective that lost its peer: with the step's
+                # allreduces maybe still pending.
+                raise hvd.elastic.HorovodInternalError("a peer is gone (simulated)")
+        return "done"
+
+    assert train(state, STEPS) == "done"
+    assert calls == [0, 4], "the second call starts from the last commit"
+    assert resets == [hvd.size()]
+    assert hvd.is_initialized()
+    assert_same(params_numpy(net), params_numpy(ref), "parameters vs the uninterrupted run")
+    assert_same(states_numpy(trainer), states_numpy(ref_trainer), "optimizer states")
+    assert optimizer_counts(trainer) == optimizer_counts(ref_trainer)
+    assert_identical_across_ranks(net)
+
+
+def test_an_mxnet_error_is_recoverable_only_when_the_peers_are_gone(monkeypatch):
+    state = hvd.elastic.ObjectState(tries=0)
+    real = _job.stop_status
+    gone = [True]
+
+    def stop_status():  # the core's answer after a lost peer, once
+        if gone[0]:
+            gone[0] = False
+            return _core.STATUS_PEER_GONE, "a peer is gone (simulated)"
+        return real()
+
+    @hvd.elastic.run
+    def train(state):
+        state.tries += 1
+        state.commit()
+        if state.tries == 1:
+            monkeypatch.setattr(_job, "stop_status", stop_status)
+            raise mx.base.MXNetError("a collective failed")
+        return state.tries
+
+    assert train(state) == 2
+    monkeypatch.setattr(_job, "stop_status", real)
+
+    @hvd.elastic.run
+    def fails(state):  # hvdmx runs: the error is the program's
+        raise mx.base.MXNetError("a collective failed")
+
+    with pytest.raises(mx.base.MXNetError, match="a collective failed"):
+        fails(state)
+
+
+def test_a_users_exception_propagates_and_is_not_retried():
+    state = hvd.elastic.ObjectState(n=0)
+    calls = []
+
+    @hvd.elastic.run
+    def train(state):
+        calls.append(1)
+        state.commit()
+        raise ValueError("bad batch in the user's code")
+
+    with pytest.raises(ValueError, match="bad batch in the user's code"):
+        train(state)
+    assert calls == [1]
+    assert hvd.is_initialized()
+
+
+class CountingState(hvd.elastic.ObjectState):
+    def __init__(self, **kwargs):
+        self.counts = {"sync": 0, "restore": 0, "reset": 0}
+        super().__init__(**kwargs)
+
+    def sync(self):
+        self.counts["sync"] += 1
+        super().sync()
+
+    def restore(self):
+        self.counts["restore"] += 1
+        super().restore()
+
+    def reset(self):
+        self.counts["reset"] += 1
+
+
+@pytest.mark.parametrize("skip_sync", [False, True])
+@pytest.mark.parametrize("announcer", ["first", "last"])
+def test_a_host_update_seen_by_one_rank_interrupts_every_rank_at_the_same_commit(
+        skip_sync, announcer):
+    announcing = hvd.rank() == (0 if announcer == "first" else hvd.size() - 1)
+    state = CountingState(step=0)
+    commits, announced = [], []
+
+    @hvd.elastic.run
+    def train(state):
+        while state.step < 6:
+            state.step += 1
+            if state.step == 3 and announcing and not announced:
+                announced.append(1)
+                _elastic_driver._announce_hosts_update(skip_sync)
+            commits.append(state.step)
+            state.commit()
+        return state.step
+
+    assert train(state) == 6
+    # Interrupted at the commit of step 3 on every rank; no restore: the
+    # second call goes on from step 3.
+    assert commits == [1, 2, 3, 4, 5, 6]
+    assert state.counts == {"sync": 1 if skip_sync else 2, "restore": 0, "reset": 1}
+    assert _elastic_driver.hosts_updated() == (False, False)  # the reset took it in
+    assert world_bcast(commits) == commits
+
+
+def test_the_reset_limit_ends_the_run(monkeypatch):
+    monkeypatch.setenv("HVDMX_ELASTIC_RESET_LIMIT", "2")
+    state = CountingState(x=0)
+    calls = []
+
+    @hvd.elastic.run
+    def train(state):
+        calls.append(1)
+        raise hvd.elastic.HorovodInternalError("lost a peer again (simulated)")
+
+    with pytest.raises(hvd.elastic.ResetLimitError, match="has reset 2 time") as raised:
+        train(state)
+    assert isinstance(raised.value.__cause__, hvd.elastic.HorovodInternalError)
+    assert "HVDMX_ELASTIC_RESET_LIMIT=2" in str(raised.value)
+    assert len(calls) == 3 and state.counts["reset"] == 2
+    monkeypatch.setenv("HVDMX_ELASTIC_RESET_LIMIT", "0")
+    calls.clear()
+    with pytest.raises(hvd.elastic.ResetLimitError, match="has reset 0 time"):
+        train(state)
+    assert len(calls) == 1
+    assert hvd.is_initialized()
