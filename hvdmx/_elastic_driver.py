@@ -1,5 +1,5 @@
 """The seam between ``hvd.elastic`` (hvdmx/elastic.py) and whatever forms the
-job's membership. hvd.elastic calls exactly these two functions and nothing
+job's membership. hvd.elastic calls exactly these three functions and nothing
 else of the launch:
 
     hosts_updated() -> (updated, skip_sync)
@@ -22,35 +22,48 @@ else of the launch:
         run and ``hvd.rank()``/``hvd.size()`` answer for the new job.
         Pending collectives of the old job have failed or completed.
 
-Today (a job under mpiexec) the membership is MPI's world, which cannot
-change: ``reset()`` is ``hvd.shutdown(); hvd.init()`` over the same world,
-and ``hosts_updated()`` answers (False, False) unless a test announced an
-update with ``_announce_hosts_update``. The launch without MPI replaces the
-bodies of these two functions (rejoining the launcher's rendezvous, asking
-it whether workers wait); their contract above stays.
+Under mpiexec the membership is MPI's world, which cannot change:
+``reset()`` is ``hvd.shutdown(); hvd.init()`` over the same world, and
+``hosts_updated()`` answers (False, False) unless a test announced an update
+with ``_announce_hosts_update``. In an elastic job started by hvdmxrun
+(hvdmx/elastic_worker.py), ``reset()`` leaves the generation's group and
+joins the next one at the launcher's elastic rendezvous, and rank 0's
+``hosts_updated()`` asks the rendezvous whether workers wait to join.
+
+    resumed()
+        Called on every rank after the sync that follows a reset: rank 0
+        tells the launcher the job's state is restored (it logs how long the
+        change took).
 """
 from __future__ import annotations
 
+import sys
 from typing import Optional, Tuple
 
 from mxnet.base import MXNetError
 
-from hvdmx import basics
+from hvdmx import basics, elastic_worker
 
 # skip_sync of a host update announced by _announce_hosts_update; None: none.
 _announced: Optional[bool] = None
 
 
+# How often a reset tries to join and start again when a worker of the new
+# generation is lost while it starts (the rendezvous or a peer then fails
+# hvd.init); the launcher has meanwhile failed that worker's host.
+_RESET_ATTEMPTS = 5
+
+
 def hosts_updated() -> Tuple[bool, bool]:
     """(updated, skip_sync): see the module doc."""
-    if _announced is None:
-        return False, False
-    return True, _announced
+    if _announced is not None:
+        return True, _announced
+    if elastic_worker.elastic() and basics.rank() == 0 and elastic_worker.newcomers():
+        return True, False  # the newcomers need the state
+    return False, False
 
 
-def reset() -> None:
-    """hvdmx down and up again over the job's membership: see the module doc."""
-    global _announced
+def _shutdown() -> None:
     try:
         basics.shutdown()
     except MXNetError as error:
@@ -59,8 +72,36 @@ def reset() -> None:
         # which the restored state replaces. Any other error is a real one.
         if not hasattr(error, "unread"):
             raise
+
+
+def reset() -> None:
+    """hvdmx down and up again over the job's membership: see the module doc."""
+    global _announced
+    _shutdown()
     _announced = None
-    basics.init()
+    if not elastic_worker.elastic():
+        basics.init()
+        return
+    for attempt in range(1, _RESET_ATTEMPTS + 1):
+        basics._leave_group()
+        try:
+            basics.init()
+            return
+        except (RuntimeError, ConnectionError, OSError) as error:
+            # A member of the new generation was lost while it started:
+            # join the next one (the launcher has failed its host).
+            if attempt == _RESET_ATTEMPTS:
+                raise
+            print(f"hvdmx.elastic: the job's new membership failed while it started "
+                  f"({type(error).__name__}: {error}); joining the next one", file=sys.stderr,
+                  flush=True)
+            _shutdown()
+
+
+def resumed() -> None:
+    """See the module doc."""
+    if elastic_worker.elastic() and basics.rank() == 0:
+        elastic_worker.report_resumed()
 
 
 def _announce_hosts_update(skip_sync: bool) -> None:
@@ -70,4 +111,4 @@ def _announce_hosts_update(skip_sync: bool) -> None:
     _announced = bool(skip_sync)
 
 
-__all__ = ["hosts_updated", "reset"]
+__all__ = ["hosts_updated", "reset", "resumed"]

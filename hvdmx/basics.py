@@ -262,7 +262,10 @@ def _shutdown_at_exit() -> None:
     more at this point, so taking the errors out of MXNet's engine loses
     nothing. (Allgather's and alltoall's mismatches raise at the call; see
     docs/errors.md for the errors that an unread output can still hold.)"""
-    rank = MPI.COMM_WORLD.Get_rank() if MPI.Is_initialized() and not MPI.Is_finalized() else 0
+    try:
+        rank = _topology()[0]  # answers until this rank's own shutdown, below
+    except (ValueError, RuntimeError):  # never initialized
+        rank = 0
     unread: List[str] = []
     try:
         shutdown()

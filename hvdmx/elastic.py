@@ -498,12 +498,15 @@ class GluonState(ObjectState):
 
 def _lost_peers(error: BaseException) -> bool:
     """Whether ``error`` means the job lost a peer: HorovodInternalError, or
-    an MXNetError (a collective's, raised at its read or its call) while
-    hvdmx has stopped because the peers it waited for are gone (decided by
-    the core's status code, never by the message)."""
+    an MXNetError or RuntimeError (a collective's, raised at its read or its
+    call) while hvdmx has stopped because the peers it waited for are gone
+    (decided by the core's status code, never by the message)."""
     if isinstance(error, HorovodInternalError):
         return True
-    return isinstance(error, MXNetError) and _job.peers_gone(_job.stop_status()[0])
+    # MXNetError at a read, or RuntimeError from a call submitted just as the
+    # runtime stopped ("not initialized, or shut down"): the code decides.
+    return isinstance(error, (MXNetError, RuntimeError)) and \
+        _job.peers_gone(_job.stop_status()[0])
 
 
 def _drain_engine() -> None:
@@ -562,6 +565,7 @@ def run(func: F) -> F:
                 resets = _agreed_resets(resets)
                 if not skip_sync:
                     state.sync()
+                _elastic_driver.resumed()
                 return func(state, *args, **kwargs)
             except HostsUpdatedInterrupt as interrupt:
                 skip_sync, cause = interrupt.skip_sync, interrupt

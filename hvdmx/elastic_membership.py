@@ -1,10 +1,13 @@
 """Who is in an elastic job, generation by generation: the launcher's side of
-a reset (docs/elastic.md). Workers (one process a slot) ask to join; a
-generation forms when every live worker has asked, or, when some live worker
-stays silent (its host cut off), once the join window has passed with at
-least --min-np workers waiting: the silent ones are then left out, and the
-launcher fails their hosts. Survivors keep their rank order (the oldest is
-rank 0; elastic_hosts.number_ranks). Thread-safe: the rendezvous's
+a reset (docs/elastic.md). Workers (one process a slot) ask to join. The
+first generation forms when every worker started has asked; a later one
+when every live member of the current generation has, with the newcomers
+that wait (a newcomer still starting joins at the next reset), or, when a
+live member stays silent (its host cut off), once the join window has
+passed since a member asked, with at least --min-np workers waiting: the
+silent members are then left out, and the launcher fails their hosts.
+Survivors keep their rank order (the oldest is rank 0;
+elastic_hosts.number_ranks). Thread-safe: the rendezvous's
 connection threads call join(), the launcher's loop calls the rest.
 """
 from __future__ import annotations
@@ -32,7 +35,7 @@ class Membership:
         self.generation = 0
         self._alive: Set[Slot] = set()
         self._waiting: Set[Slot] = set()
-        self._first_wait: Optional[float] = None  # when the first of _waiting asked
+        self._first_member_wait: Optional[float] = None  # when a member first asked to rejoin
         self._short_since: Optional[float] = None  # since when fewer than min_np could join
         self._places: Dict[Slot, Tuple[int, Place]] = {}  # each member's latest place
         self._order: List[Slot] = []  # the current generation, in rank order
@@ -79,10 +82,11 @@ class Membership:
             return left
 
     def newcomers(self) -> bool:
-        """Whether a live worker is outside the current generation: the
-        members should reset to take it in (State.check_host_updates)."""
+        """Whether a worker outside the current generation waits to join:
+        the members should reset to take it in (State.check_host_updates).
+        One still starting (importing, say) is not counted yet."""
         with self._cv:
-            return any(slot not in self._order for slot in self._alive)
+            return any(slot not in self._order for slot in self._waiting & self._alive)
 
     def poll(self) -> Optional[str]:
         """Forms a generation if one is due (the launcher calls this about
@@ -103,8 +107,8 @@ class Membership:
                                       "(its host failed or the job ended); it stops here")
             joined_at = self.generation
             self._waiting.add(slot)
-            if self._first_wait is None:
-                self._first_wait = self._clock()
+            if self._first_member_wait is None and slot in self._order:
+                self._first_member_wait = self._clock()
             self._cv.notify_all()
             while True:
                 self._maybe_form()
@@ -142,20 +146,31 @@ class Membership:
                                "(--elastic-timeout)")
             return
         self._short_since = None
+        members = set(self._order) & self._alive
+        if self._order:
+            # A reset: the live members, and the newcomers that have asked
+            # (one still starting joins at the next reset). Only a member's
+            # request starts the join window: newcomers waiting alone wait
+            # for the members' next commit.
+            expected = members | waiting
+            started = self._first_member_wait
+        else:
+            expected = set(self._alive)  # the first generation: every worker started
+            started = None
         if not waiting:
             return
-        everyone = waiting == self._alive
-        window_over = self._first_wait is not None and now - self._first_wait >= self.join_window
+        everyone = expected <= waiting
+        window_over = started is not None and now - started >= self.join_window
         if not everyone and not (window_over and len(waiting) >= self.min_np):
             return
-        members = [slot for slot in self._order if slot in waiting] + \
+        ordered = [slot for slot in self._order if slot in waiting] + \
             sorted(waiting - set(self._order))
-        places = number_ranks(self._order, members)
+        places = number_ranks(self._order, ordered)
         self.generation += 1
         for slot, place in places.items():
             self._places[slot] = (self.generation, place)
+        self._left_out += sorted(members - waiting)
         self._order = sorted(places, key=lambda s: places[s].rank)
-        self._left_out += sorted(self._alive - waiting)
         self._waiting.clear()
-        self._first_wait = None
+        self._first_member_wait = None
         self._cv.notify_all()

@@ -112,9 +112,12 @@ def test_a_new_worker_after_the_first_generation_is_a_membership_change():
             time.sleep(0.01)
         job.hosts.discover = lambda: {"a": 1, "b": 1}
         job.fill()
-        assert started == [("a", 0), ("b", 0)] and membership.newcomers()
-        for slot in (("a", 0), ("b", 0)):
+        assert started == [("a", 0), ("b", 0)] and not membership.newcomers()  # starting
+        for slot in (("b", 0), ("a", 0)):
             threading.Thread(target=membership.join, args=(slot, 10), daemon=True).start()
+            while slot == ("b", 0) and not membership.newcomers():  # b waits: seen
+                assert time.monotonic() < deadline
+                time.sleep(0.01)
         while membership.generation < 2:
             membership.poll()
             assert time.monotonic() < deadline

@@ -102,19 +102,48 @@ def test_too_few_workers_end_the_job_after_the_elastic_timeout():
     assert isinstance(results[A], MembershipError)
 
 
-def test_a_newcomer_is_seen_and_joins_after_the_members():
-    m = Membership(min_np=1, elastic_timeout=60, join_window=5, clock=Clock())
+def test_a_newcomer_is_seen_once_it_waits_and_joins_with_the_members():
+    clock = Clock()
+    m = Membership(min_np=1, elastic_timeout=60, join_window=5, clock=clock)
     m.add(B)
     m.add(C)
     first, _ = joining(m, [B, C])
     wait_for(first, 2)
     assert not m.newcomers()
-    m.add(A)  # a new host: it joins at once, the members at their next commit
-    assert m.newcomers()
-    results, _ = joining(m, [A, C, B])
-    wait_for(results, 3)
-    assert {slot: r[1].rank for slot, r in results.items()} == {B: 0, C: 1, A: 2}
+    m.add(A)  # a new host's worker, still starting: not seen yet
     assert not m.newcomers()
+    results, _ = joining(m, [A], timeout=1000)
+    deadline = time.monotonic() + 10
+    while not m.newcomers():
+        assert time.monotonic() < deadline
+        time.sleep(0.01)
+    # Waiting alone, it forms nothing, even past the join window: the
+    # members join at their next commit.
+    clock.now += 60
+    time.sleep(0.2)
+    assert results == {} and m.generation == 1
+    more, _ = joining(m, [C, B])
+    wait_for(results, 1)
+    wait_for(more, 2)
+    results.update(more)
+    assert {slot: r[1].rank for slot, r in results.items()} == {B: 0, C: 1, A: 2}
+    assert not m.newcomers() and m.take_left_out() == []
+
+
+def test_a_newcomer_still_starting_is_not_waited_for_nor_left_out():
+    clock = Clock()
+    m = Membership(min_np=1, elastic_timeout=60, join_window=5, clock=clock)
+    m.add(B)
+    first, _ = joining(m, [B])
+    wait_for(first, 1)
+    m.add(A)
+    m.remove(B)  # B's host fails while A starts; C joins the job
+    m.add(C)
+    results, _ = joining(m, [C])
+    wait_for(results, 1)
+    assert results[C][1].size == 1 and m.take_left_out() == []
+    late, _ = joining(m, [A])
+    assert m.newcomers()
 
 
 def test_a_worker_not_in_the_job_cannot_join():
