@@ -5,7 +5,7 @@ that both read it without importing each other (see the layers in
 hvdmx/__init__.py)."""
 from __future__ import annotations
 
-from typing import Optional
+from typing import TYPE_CHECKING, Optional
 
 # _core before mpi4py.MPI: see basics.py.
 from hvdmx import _core
@@ -17,9 +17,11 @@ from mxnet.base import MXNetError
 # The mpi4py communicator hvdmx runs on; None before the first init, and in
 # a job started without MPI.
 comm: Optional[MPI.Comm] = None
+if TYPE_CHECKING:
+    from hvdmx.rendezvous import StoreGroup
 # In a job started without MPI: the job's group at the launcher's rendezvous
 # (hvdmx.rendezvous.StoreGroup), from the first init on.
-group = None
+group: Optional["StoreGroup"] = None
 
 
 def job_comm():

@@ -24,7 +24,7 @@ import signal
 import subprocess
 import sys
 import time
-from typing import Callable, Dict, List, Mapping, Optional, TextIO
+from typing import Callable, Dict, List, Mapping, Optional, Protocol
 
 from .elastic_hosts import HostManager, Slot, slots_of
 from .elastic_membership import Membership
@@ -34,6 +34,14 @@ from .run_hosts import UsageError
 SLOT_VARIABLE = "HVDMX_ELASTIC_SLOT"
 
 StartWorker = Callable[[Slot, Mapping[str, str]], subprocess.Popen]
+
+
+class Log(Protocol):
+    """Where the launcher's lines go (sys.stderr, or the job's output)."""
+
+    def write(self, text: str) -> object: ...
+
+    def flush(self) -> object: ...
 
 
 def lost(returncode: int) -> bool:
@@ -57,7 +65,7 @@ def _describe(returncode: int) -> str:
 class ElasticLauncher:
     def __init__(self, hosts: HostManager, membership: Membership, start_worker: StartWorker,
                  max_np: Optional[int], discovery_interval: float = 1.0,
-                 err: TextIO = sys.stderr, clock: Callable[[], float] = time.monotonic,
+                 err: Log = sys.stderr, clock: Callable[[], float] = time.monotonic,
                  stop_grace: float = 5.0) -> None:
         self.hosts = hosts
         self.membership = membership
