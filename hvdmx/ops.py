@@ -195,11 +195,20 @@ def _push(set_id, ctype, name, tensors, outputs, checked, device, op=Sum, root=0
     """Pushes the collective; ``checked`` holds _check_tensor's triple for
     each tensor, all on ``device``."""
     handles = [t.handle.value for t in tensors]
-    _core.push_async(set_id=set_id, collective=ctype, name=name, inputs=handles,
-                     outputs=handles if outputs is tensors else [t.handle.value for t in outputs],
-                     dtypes=[c[0] for c in checked], shapes=[c[2] for c in checked], op=op,
-                     root=root, prescale=prescale, postscale=postscale, splits=list(splits),
-                     priority=int(priority), dev_type=device[0], dev_id=device[1])
+    try:
+        _core.push_async(set_id=set_id, collective=ctype, name=name, inputs=handles,
+                         outputs=handles if outputs is tensors else
+                         [t.handle.value for t in outputs],
+                         dtypes=[c[0] for c in checked], shapes=[c[2] for c in checked], op=op,
+                         root=root, prescale=prescale, postscale=postscale,
+                         splits=list(splits), priority=int(priority), dev_type=device[0],
+                         dev_id=device[1])
+    except RuntimeError:
+        # hvdmx stopped between the call's check and its push (a peer lost,
+        # another rank's shutdown): say why, as the check would have.
+        if not _core.is_initialized():
+            raise _job.not_running() from None
+        raise
 
 
 def _allreduce(fn, tensors, outputs, average, name, priority, prescale_factor,
