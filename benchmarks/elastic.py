@@ -121,7 +121,7 @@ def main():
     for name, rows in results.items():
         acc, train, size, resumed, wall = (_median(rows, i) for i in range(5))
         resumed_text = "-" if resumed is None else f"{resumed:.1f}"
-        print(f"{name:<24} {size:>8} {train:>8.1f} {wall:>7.1f} {acc:>8.4f} "
+        print(f"{name:<24} {int(size):>8} {train:>8.1f} {wall:>7.1f} {acc:>8.4f} "
               f"{resumed_text:>15}")
 
 
