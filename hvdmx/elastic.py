@@ -386,6 +386,12 @@ def _cpu_array(shape: tuple, dtype: str) -> mx.nd.NDArray:
     return mx.nd.empty(shape, ctx=mx.cpu(), dtype=dtype)
 
 
+def _from_numpy(arrays: List[np.ndarray]) -> Callable[[tuple, str], mx.nd.NDArray]:
+    """For _build: each call a new CPU NDArray holding the next of ``arrays``."""
+    sources = iter(arrays)
+    return lambda shape, dtype: mx.nd.array(next(sources), ctx=mx.cpu(), dtype=dtype)
+
+
 class _Snapshot:
     """Copies of a list of arrays in this process's memory: one NumPy buffer
     per dtype, allocated when the arrays change (not at every save), filled
@@ -512,14 +518,14 @@ class GluonState(ObjectState):
         snapshot = self._snapshots[self._current]
         copies = iter(range(len(snapshot.sources)))
         for i in snapshot.present:
-            saved = snapshot.copy_of(next(copies))
+            value = snapshot.copy_of(next(copies))
             for data in self._params[i][1]._data:
-                data[:] = saved
+                data[:] = value
         trainer = self._trainer
         if trainer is not None and self._saved_optimizer is not None:
             vars(_inner(trainer._optimizer)).update(copy.deepcopy(self._saved_optimizer))
             for updater, layouts in zip(trainer._updaters, snapshot.layouts):
-                saved = {}
+                saved: Dict[Any, Tuple[tuple, List[np.ndarray]]] = {}
                 for index, layout in layouts:
                     saved[index] = (layout, [snapshot.copy_of(next(copies))
                                              for _ in range(_count_arrays(layout))])
@@ -527,7 +533,7 @@ class GluonState(ObjectState):
         super().restore()
 
     @staticmethod
-    def _put_states(updater, saved: Dict[Any, Tuple[tuple, List[mx.nd.NDArray]]]) -> None:
+    def _put_states(updater, saved: Dict[Any, Tuple[tuple, List[np.ndarray]]]) -> None:
         """The updater's states become copies of ``saved`` ({index: (layout,
         arrays)}): in place where the layouts agree, new arrays (moved to the
         weight's context at the next update) elsewhere; states created since
@@ -542,9 +548,7 @@ class GluonState(ObjectState):
                 for source, target in zip(arrays, _arrays(current)):
                     target[:] = source
             else:
-                sources = iter(arrays)
-                updater.states[index] = _build(layout, lambda shape, dtype: mx.nd.array(
-                    next(sources), ctx=mx.cpu(), dtype=dtype))
+                updater.states[index] = _build(layout, _from_numpy(arrays))
                 updater.states_synced[index] = False
 
     # -- sync: rank 0's state on every rank

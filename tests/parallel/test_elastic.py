@@ -6,7 +6,6 @@ uninterrupted run ends; a user's exception is not retried; a host update
 announced on one rank interrupts every rank at the same commit; the reset
 limit ends the run with ResetLimitError."""
 import mxnet as mx
-import numpy as np
 import pytest
 from mxnet import gluon
 
