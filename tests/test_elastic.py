@@ -205,3 +205,40 @@ def test_snapshot_copies_bitwise_and_allocates_once():
     snapshot.take(arrays)
     assert all(x is y for x, y in zip(snapshot._buffers, buffers))  # the same buffers
     assert (snapshot.copy_of(0) == 7).all()
+
+
+def test_a_save_that_raises_leaves_the_last_commit_whole(monkeypatch):
+    net = nn.Dense(3, in_units=4, prefix="elhalf_")
+    net.initialize(mx.init.Uniform(0.5))
+    trainer = mx.gluon.Trainer(net.collect_params(), "sgd", {"learning_rate": 0.1,
+                                                            "momentum": 0.9}, kvstore=None)
+    x = mx.nd.array([[1, 2, 3, 4], [4, 3, 2, 1]])
+
+    def step():
+        with mx.autograd.record():
+            loss = (net(x) ** 2).sum()
+        loss.backward()
+        trainer.step(2)
+
+    step()
+    state = hvd.elastic.GluonState(net, trainer, step=1)
+    step()
+    state.step = 2
+    state.save()  # the commit to come back to
+    committed = {k: p.data().asnumpy() for k, p in net.collect_params().items()}
+    step()
+    state.step = 3
+    real = elastic._Snapshot.take
+
+    def fails_half_way(self, arrays):  # as a copy that meets the failed step's error
+        real(self, arrays[:1])
+        raise mx.base.MXNetError("the step before failed (simulated)")
+
+    monkeypatch.setattr(elastic._Snapshot, "take", fails_half_way)
+    with pytest.raises(mx.base.MXNetError, match="simulated"):
+        state.save()
+    monkeypatch.setattr(elastic._Snapshot, "take", real)
+    state.restore()
+    assert state.step == 2
+    for key, p in net.collect_params().items():
+        assert p.data().asnumpy().tobytes() == committed[key].tobytes(), key
