@@ -1,5 +1,5 @@
 """The seam between ``hvd.elastic`` (hvdmx/elastic.py) and whatever forms the
-job's membership. hvd.elastic calls exactly these two functions and nothing
+job's membership. hvd.elastic calls exactly these three functions and nothing
 else of the launch:
 
     hosts_updated() -> (updated, skip_sync)
@@ -22,11 +22,17 @@ else of the launch:
         run and ``hvd.rank()``/``hvd.size()`` answer for the new job.
         Pending collectives of the old job have failed or completed.
 
+    resumed()
+        Called on every rank after the state has been synced (or the sync
+        skipped) following a reset, before the training function runs
+        again: the job has recovered. For the launcher's log line of the
+        time a change took; nothing under mpiexec.
+
 Today (a job under mpiexec) the membership is MPI's world, which cannot
 change: ``reset()`` is ``hvd.shutdown(); hvd.init()`` over the same world,
 and ``hosts_updated()`` answers (False, False) unless a test announced an
 update with ``_announce_hosts_update``. The launch without MPI replaces the
-bodies of these two functions (rejoining the launcher's rendezvous, asking
+bodies of these functions (rejoining the launcher's rendezvous, asking
 it whether workers wait); their contract above stays.
 """
 from __future__ import annotations
@@ -63,6 +69,10 @@ def reset() -> None:
     basics.init()
 
 
+def resumed() -> None:
+    """The job has recovered from a reset: see the module doc."""
+
+
 def _announce_hosts_update(skip_sync: bool) -> None:
     """Test hook: from now until the next reset(), this rank's
     hosts_updated() reports an update with ``skip_sync``."""
@@ -70,4 +80,4 @@ def _announce_hosts_update(skip_sync: bool) -> None:
     _announced = bool(skip_sync)
 
 
-__all__ = ["hosts_updated", "reset"]
+__all__ = ["hosts_updated", "reset", "resumed"]

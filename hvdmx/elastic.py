@@ -673,6 +673,8 @@ def run(func: F) -> F:
                 resets = _agreed_resets(resets)
                 if not skip_sync:
                     state.sync()
+                if resets:
+                    _elastic_driver.resumed()
                 return func(state, *args, **kwargs)
             except HostsUpdatedInterrupt as interrupt:
                 skip_sync, cause = interrupt.skip_sync, interrupt

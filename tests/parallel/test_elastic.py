@@ -152,7 +152,9 @@ FAIL_AT = 5  # steps done when the failure comes; the last commit was at 4
 
 
 @pytest.mark.parametrize("kind", ["sgd", "adam"])
-def test_run_restores_resets_and_goes_on_after_an_internal_error(kind):
+def test_run_restores_resets_and_goes_on_after_an_internal_error(kind, monkeypatch):
+    resumed = []
+    monkeypatch.setattr(_elastic_driver, "resumed", lambda: resumed.append(hvd.size()))
     xs, ys = batches(STEPS)
     # The uninterrupted run, for reference.
     ref, ref_trainer = distributed(f"elref{kind}_", kind)
@@ -180,7 +182,7 @@ def test_run_restores_resets_and_goes_on_after_an_internal_error(kind):
 
     assert train(state, STEPS) == "done"
     assert calls == [0, 4], "the second call starts from the last commit"
-    assert resets == [hvd.size()]
+    assert resets == [hvd.size()] and resumed == [hvd.size()]
     assert hvd.is_initialized()
     assert_same(params_numpy(net), params_numpy(ref), "parameters vs the uninterrupted run")
     assert_same(states_numpy(trainer), states_numpy(ref_trainer), "optimizer states")
