@@ -22,6 +22,12 @@ else of the launch:
         run and ``hvd.rank()``/``hvd.size()`` answer for the new job.
         Pending collectives of the old job have failed or completed.
 
+    resumed()
+        Called on every rank after the state has been synced (or the sync
+        skipped) following a reset, before the training function runs
+        again: the job has recovered. Rank 0 of an elastic job tells the
+        launcher, which logs the time the change took; nothing under mpiexec.
+
 Under mpiexec the membership is MPI's world, which cannot change:
 ``reset()`` is ``hvd.shutdown(); hvd.init()`` over the same world, and
 ``hosts_updated()`` answers (False, False) unless a test announced an update
@@ -29,11 +35,6 @@ with ``_announce_hosts_update``. In an elastic job started by hvdmxrun
 (hvdmx/elastic_worker.py), ``reset()`` leaves the generation's group and
 joins the next one at the launcher's elastic rendezvous, and rank 0's
 ``hosts_updated()`` asks the rendezvous whether workers wait to join.
-
-    resumed()
-        Called on every rank after the sync that follows a reset: rank 0
-        tells the launcher the job's state is restored (it logs how long the
-        change took).
 """
 from __future__ import annotations
 

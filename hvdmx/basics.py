@@ -85,8 +85,10 @@ def init(comm: Optional[Union[Any, Sequence[int]]] = None,
 
 def _started(process_sets) -> None:
     """What every init does once the core runs: the exit hooks, and the
-    process sets asked for."""
-    global _atexit_registered
+    process sets asked for. A job that runs again (an elastic reset) has
+    its peers back."""
+    global _atexit_registered, _peers_gone
+    _peers_gone = False
     if not _atexit_registered:
         atexit.register(_shutdown_at_exit)
         # Registered after it, so it runs before it (and before MPI is

@@ -30,16 +30,18 @@ launch.
 from __future__ import annotations
 
 import copy
+import ctypes
 import functools
 import os
 from typing import Any, Callable, Dict, Iterable, List, Optional, Tuple, TypeVar
 
 import mxnet as mx
 import numpy as np
-from mxnet.base import MXNetError
+from mxnet.base import _LIB, MXNetError, check_call
 from mxnet.gluon.parameter import Parameter, ParameterDict
 
 from hvdmx import _elastic_driver, _job, process_sets as _process_sets
+from hvdmx.elastic_launch import RESET_LIMIT_VARIABLE
 from hvdmx.basics import rank
 from hvdmx.errors import HorovodInternalError, HostsUpdatedInterrupt, ResetLimitError
 from hvdmx.objects import broadcast_object
@@ -53,7 +55,6 @@ __all__ = ["GluonState", "HorovodInternalError", "HostsUpdatedInterrupt", "Objec
 # The resets one run() may do (hvdmxrun --reset-limit sets it for the
 # workers; Horovod's horovodrun --reset-limit); unset: no limit. The
 # HOROVOD_ twin is read when the hvdmx name is not set (docs/env.md).
-RESET_LIMIT_VARIABLE = "HVDMX_ELASTIC_RESET_LIMIT"
 _RESET_LIMIT_TWIN = "HOROVOD_ELASTIC_RESET_LIMIT"
 
 # The names of the collectives hvd.elastic makes itself: the same on every
@@ -130,26 +131,31 @@ class State:
             callback()
 
     def commit(self) -> None:
-        """``save()``, then ``check_host_updates()``: a copy of the state in
-        this process's memory, then HostsUpdatedInterrupt on every rank if
-        the job's hosts changed. Every rank must call it together (it runs
-        one small allreduce). A failure loses the steps since the last
+        """``save()``, then the check for host updates: a copy of the state
+        in this process's memory, then HostsUpdatedInterrupt on every rank
+        if the job's hosts changed. Every rank must call it together.
+
+        So that a commit never waits for the other ranks, the check is
+        pipelined: each commit sends this rank's answer (one small
+        allreduce, not waited for) and reads the combined answers sent at
+        the previous commit, which have long arrived. Every rank reads the
+        same answers at the same commit, so all raise together, one commit
+        after the change was seen. A failure loses the steps since the last
         commit; docs/elastic.md has what a commit costs."""
+        global _host_votes
         self.save()
-        self.check_host_updates()
+        previous, _host_votes = _host_votes, None
+        if previous is not None:
+            _raise_if_updated(previous)
+        _host_votes = _send_host_votes("commit")
 
     def check_host_updates(self) -> None:
-        """Raises HostsUpdatedInterrupt on every rank, in the same call, when
-        the driver reports on any rank that the job's hosts changed;
+        """Raises HostsUpdatedInterrupt on every rank, in this call, when the
+        driver reports on any rank that the job's hosts changed;
         ``skip_sync`` is True when no rank asks for a sync (workers were
-        only removed). Collective: one allreduce of two ints."""
-        updated, skip_sync = _elastic_driver.hosts_updated()
-        votes = mx.nd.array([int(bool(updated)), int(bool(updated) and not skip_sync)],
-                            dtype="int32")
-        any_updated, any_needs_sync = allreduce(votes, op=Max,
-                                                name=_NAME + "host_updates").asnumpy()
-        if any_updated:
-            raise HostsUpdatedInterrupt(skip_sync=not any_needs_sync)
+        only removed). Collective, and waits for every rank: one allreduce
+        of two ints."""
+        _raise_if_updated(_send_host_votes("check"))
 
     def save(self) -> None:
         """Saves the state in this process's memory."""
@@ -168,6 +174,27 @@ class State:
 
     def reset(self) -> None:
         """What the state itself does after a reset, before the callbacks."""
+
+
+# The host votes the last commit sent (of any State: the check is the job's),
+# read by the next commit; None after a reset (they were the old job's).
+_host_votes: Optional[mx.nd.NDArray] = None
+
+
+def _send_host_votes(kind: str) -> mx.nd.NDArray:
+    """This rank's answer to whether the hosts changed, combined over the
+    ranks by an allreduce (Max) that is returned, not waited for: [updated
+    on some rank, some updated rank asks for a sync]."""
+    updated, skip_sync = _elastic_driver.hosts_updated()
+    votes = mx.nd.array([int(bool(updated)), int(bool(updated) and not skip_sync)],
+                        dtype="int32")
+    return allreduce(votes, op=Max, name=f"{_NAME}host_updates.{kind}")
+
+
+def _raise_if_updated(votes: mx.nd.NDArray) -> None:
+    any_updated, any_needs_sync = votes.asnumpy()
+    if any_updated:
+        raise HostsUpdatedInterrupt(skip_sync=not any_needs_sync)
 
 
 def _check_attribute_names(cls: type, names: Iterable[str]) -> None:
@@ -336,6 +363,15 @@ def _arrays(state) -> List[mx.nd.NDArray]:
     return []
 
 
+def _count_arrays(layout) -> int:
+    kind = layout[0]
+    if kind == "array":
+        return 1
+    if kind in ("tuple", "list"):
+        return sum(_count_arrays(child) for child in layout[1])
+    return 0
+
+
 def _build(layout, make: Callable[[tuple, str], mx.nd.NDArray]):
     kind, body = layout[0], layout[1:]
     if kind == "array":
@@ -350,14 +386,62 @@ def _cpu_array(shape: tuple, dtype: str) -> mx.nd.NDArray:
     return mx.nd.empty(shape, ctx=mx.cpu(), dtype=dtype)
 
 
-def _copy_into(state, saved):
-    """A copy of ``state`` in ``saved``'s arrays when they fit (no
-    allocation), else in new CPU arrays; asynchronous (engine copies)."""
-    if saved is None or _layout(saved) != _layout(state):
-        saved = _build(_layout(state), _cpu_array)
-    for source, target in zip(_arrays(state), _arrays(saved)):
-        source.copyto(target)
-    return saved
+def _from_numpy(arrays: List[np.ndarray]) -> Callable[[tuple, str], mx.nd.NDArray]:
+    """For _build: each call a new CPU NDArray holding the next of ``arrays``."""
+    sources = iter(arrays)
+    return lambda shape, dtype: mx.nd.array(next(sources), ctx=mx.cpu(), dtype=dtype)
+
+
+class _Snapshot:
+    """Copies of a list of arrays in this process's memory: one NumPy buffer
+    per dtype, allocated when the arrays change (not at every save), filled
+    by MXNet's synchronous copy to CPU (what ``asnumpy`` does, without its
+    allocation), one C call an array. Measured on the digits model
+    (benchmarks/elastic_commit.py), a tenth of what one engine copy an array
+    cost, and a fifth of one concat into a flat buffer: on a busy CPU each
+    engine operation costs a wake-up of its worker. It waits for the arrays'
+    pending writes (the step's update), which the step needs done anyway."""
+
+    def __init__(self) -> None:
+        self.sources: List[mx.nd.NDArray] = []
+        # What the arrays are (GluonState's): the parameters' positions, and
+        # by updater the states' (index, number of arrays) and (index, layout).
+        self.present: List[int] = []
+        self.counts: List[List[tuple]] = []
+        self.layouts: List[List[tuple]] = []
+        self._buffers: List[np.ndarray] = []
+        self._copies: List[Tuple[Any, ctypes.c_void_p, ctypes.c_size_t]] = []
+        self._views: List[np.ndarray] = []
+
+    def take(self, arrays: List[mx.nd.NDArray]) -> None:
+        if len(arrays) != len(self.sources) or \
+                any(a is not b for a, b in zip(arrays, self.sources)):
+            self._plan(arrays)
+        copy_to_cpu = _LIB.MXNDArraySyncCopyToCPU
+        for handle, address, size in self._copies:
+            check_call(copy_to_cpu(handle, address, size))
+
+    def _plan(self, arrays: List[mx.nd.NDArray]) -> None:
+        self.sources = list(arrays)
+        shapes = [(tuple(a.shape), np.dtype(a.dtype)) for a in arrays]
+        totals: Dict[np.dtype, int] = {}
+        for shape, dtype in shapes:
+            totals[dtype] = totals.get(dtype, 0) + int(np.prod(shape))
+        buffers = {dtype: np.empty(total, dtype=dtype) for dtype, total in totals.items()}
+        used = dict.fromkeys(totals, 0)
+        self._buffers, self._copies, self._views = list(buffers.values()), [], []
+        for a, (shape, dtype) in zip(arrays, shapes):
+            size, start = int(np.prod(shape)), used[dtype]
+            used[dtype] += size
+            view = buffers[dtype][start:start + size].reshape(shape)
+            self._views.append(view)
+            if size:
+                self._copies.append((a.handle, ctypes.c_void_p(view.ctypes.data),
+                                     ctypes.c_size_t(size)))
+
+    def copy_of(self, i: int) -> np.ndarray:
+        """The saved copy of array ``i`` (a view of the buffer: read only)."""
+        return self._views[i]
 
 
 class GluonState(ObjectState):
@@ -382,8 +466,9 @@ class GluonState(ObjectState):
         _check_attribute_names(type(self), kwargs)
         self._params = _check_params(params)
         self._trainer = _check_trainer(trainer, self._params)
-        self._saved_params: List[Optional[mx.nd.NDArray]] = [None] * len(self._params)
-        self._saved_states: List[Dict[Any, Any]] = []  # by updater (context), by index
+        # Two snapshots, the last commit's and the one the next save fills.
+        self._snapshots = (_Snapshot(), _Snapshot())
+        self._current = 1  # the last commit's; the first save fills the other
         self._saved_optimizer: Optional[Dict[str, Any]] = None
         super().__init__(**kwargs)
 
@@ -399,48 +484,71 @@ class GluonState(ObjectState):
     # -- save and restore: this process's copies
 
     def save(self) -> None:
-        for i, (_, param) in enumerate(self._params):
-            if param._data is not None:  # None: shape deferred, nothing to save yet
-                self._saved_params[i] = _copy_into(param._data[0], self._saved_params[i])
+        # None: the shape is still deferred, nothing to save yet.
+        present = [i for i, (_, p) in enumerate(self._params) if p._data is not None]
+        arrays = [self._params[i][1]._data[0] for i in present]
+        counts: List[List[tuple]] = []
         trainer = self._trainer
         if trainer is not None:
             _check_states_in_trainer(trainer)
-            previous = self._saved_states
-            self._saved_states = [
-                {index: _copy_into(state, (previous[n] if n < len(previous) else {}).get(index))
-                 for index, state in updater.states.items()}
-                for n, updater in enumerate(trainer._updaters)]
+            for updater in trainer._updaters:
+                mine = []
+                for index, state in updater.states.items():
+                    parts = _arrays(state)
+                    arrays.extend(parts)
+                    mine.append((index, len(parts)))
+                counts.append(mine)
+        # Into the other snapshot: if the copy raises (the step before it
+        # failed, its arrays hold the error), the last commit stays whole.
+        target = self._snapshots[1 - self._current]
+        planned = target.sources
+        target.take(arrays)
+        if target.sources is not planned or counts != target.counts:
+            # New arrays or states: their layouts (the same arrays keep theirs).
+            target.layouts = [[(index, _layout(updater.states[index])) for index, _ in mine]
+                              for updater, mine in zip(trainer._updaters, counts)] \
+                if trainer is not None else []
+        target.present, target.counts = present, counts
+        self._current = 1 - self._current
+        if trainer is not None:
             self._saved_optimizer = _optimizer_fields(trainer._optimizer)
         super().save()
 
     def restore(self) -> None:
-        for (_, param), saved in zip(self._params, self._saved_params):
-            if saved is not None and param._data is not None:
-                for data in param._data:
-                    saved.copyto(data)
+        snapshot = self._snapshots[self._current]
+        copies = iter(range(len(snapshot.sources)))
+        for i in snapshot.present:
+            value = snapshot.copy_of(next(copies))
+            for data in self._params[i][1]._data:
+                data[:] = value
         trainer = self._trainer
         if trainer is not None and self._saved_optimizer is not None:
             vars(_inner(trainer._optimizer)).update(copy.deepcopy(self._saved_optimizer))
-            for updater, saved in zip(trainer._updaters, self._saved_states):
+            for updater, layouts in zip(trainer._updaters, snapshot.layouts):
+                saved: Dict[Any, Tuple[tuple, List[np.ndarray]]] = {}
+                for index, layout in layouts:
+                    saved[index] = (layout, [snapshot.copy_of(next(copies))
+                                             for _ in range(_count_arrays(layout))])
                 self._put_states(updater, saved)
         super().restore()
 
     @staticmethod
-    def _put_states(updater, saved: Dict[Any, Any]) -> None:
-        """The updater's states become copies of ``saved``: in place where
-        the layouts agree, new arrays (moved to the weight's context at the
-        next update) elsewhere; states created since are dropped (the next
-        update creates them anew, as it did after the commit)."""
+    def _put_states(updater, saved: Dict[Any, Tuple[tuple, List[np.ndarray]]]) -> None:
+        """The updater's states become copies of ``saved`` ({index: (layout,
+        arrays)}): in place where the layouts agree, new arrays (moved to the
+        weight's context at the next update) elsewhere; states created since
+        are dropped (the next update creates them anew, as it did after the
+        commit)."""
         for index in [i for i in updater.states if i not in saved]:
             del updater.states[index]
             updater.states_synced.pop(index, None)
-        for index, state in saved.items():
+        for index, (layout, arrays) in saved.items():
             current = updater.states.get(index)
-            if current is not None and _layout(current) == _layout(state):
-                for source, target in zip(_arrays(state), _arrays(current)):
-                    source.copyto(target)
+            if current is not None and _layout(current) == layout:
+                for source, target in zip(arrays, _arrays(current)):
+                    target[:] = source
             else:
-                updater.states[index] = _copy_into(state, None)
+                updater.states[index] = _build(layout, _from_numpy(arrays))
                 updater.states_synced[index] = False
 
     # -- sync: rank 0's state on every rank
@@ -487,7 +595,9 @@ class GluonState(ObjectState):
             for j, array in enumerate(_arrays(current)):
                 broadcast_(array, 0, name=f"{_NAME}state.{index}.{j}")
         for other in trainer._updaters[1:]:  # this rank's other contexts
-            GluonState._put_states(other, first.states)
+            GluonState._put_states(other, {index: (_layout(state),
+                                                   [a.asnumpy() for a in _arrays(state)])
+                                           for index, state in first.states.items()})
 
     def reset(self) -> None:
         if isinstance(self._trainer, DistributedTrainer):
@@ -553,6 +663,7 @@ def run(func: F) -> F:
 
     @functools.wraps(func)
     def wrapper(state, *args, **kwargs):
+        global _host_votes
         if not isinstance(state, State):
             raise TypeError(f"hvdmx.elastic.run: the first argument of "
                             f"{getattr(func, '__name__', func)!r} must be an hvd.elastic.State "
@@ -565,7 +676,8 @@ def run(func: F) -> F:
                 resets = _agreed_resets(resets)
                 if not skip_sync:
                     state.sync()
-                _elastic_driver.resumed()
+                if resets:
+                    _elastic_driver.resumed()
                 return func(state, *args, **kwargs)
             except HostsUpdatedInterrupt as interrupt:
                 skip_sync, cause = interrupt.skip_sync, interrupt
@@ -582,7 +694,7 @@ def run(func: F) -> F:
                     f"--reset-limit, {RESET_LIMIT_VARIABLE}={limit}), so it ends here "
                     "(as Horovod's: the number of resets during the elastic job exceeded "
                     "the limit)") from cause
-            resets += 1
+            resets, _host_votes = resets + 1, None
             _elastic_driver.reset()
             _process_sets._restart_names()
             state.on_reset()

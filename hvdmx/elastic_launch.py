@@ -32,6 +32,9 @@ from .run_hosts import UsageError
 
 # What a worker's environment says of it: which slot it is (host:index).
 SLOT_VARIABLE = "HVDMX_ELASTIC_SLOT"
+# What the workers' hvd.elastic.run reads: the resets it may do (hvdmxrun
+# --reset-limit; hvdmx/elastic.py).
+RESET_LIMIT_VARIABLE = "HVDMX_ELASTIC_RESET_LIMIT"
 
 StartWorker = Callable[[Slot, Mapping[str, str]], subprocess.Popen]
 

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from typing import Dict, List, Mapping, Optional, Sequence, Tuple
 
 from .elastic_hosts import HostManager, Slot, run_discovery_script
-from .elastic_launch import ElasticLauncher
+from .elastic_launch import RESET_LIMIT_VARIABLE, ElasticLauncher
 from .elastic_membership import Membership
 from .elastic_service import ElasticService
 from .rendezvous_wire import ADDRESS_VARIABLE
@@ -30,8 +30,6 @@ from .run_nompi import NoMpiJob, Placement, remote_shell
 # (its host cut off) once --min-np have: seconds (HVDMX_ELASTIC_JOIN_WINDOW).
 JOIN_WINDOW_VARIABLE = "HVDMX_ELASTIC_JOIN_WINDOW"
 DEFAULT_JOIN_WINDOW = 10.0
-# What the workers' hvd.elastic.run reads: the resets it may do.
-RESET_LIMIT_VARIABLE = "HVDMX_ELASTIC_RESET_LIMIT"
 
 
 @dataclass(frozen=True)
@@ -180,4 +178,4 @@ def launch_elastic(options: ElasticOptions, command: Sequence[str], environ: Map
 
 
 __all__ = ["ElasticJob", "ElasticOptions", "check_options", "launch_elastic",
-           "JOIN_WINDOW_VARIABLE", "RESET_LIMIT_VARIABLE"]
+           "JOIN_WINDOW_VARIABLE"]

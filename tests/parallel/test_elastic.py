@@ -6,7 +6,6 @@ uninterrupted run ends; a user's exception is not retried; a host update
 announced on one rank interrupts every rank at the same commit; the reset
 limit ends the run with ResetLimitError."""
 import mxnet as mx
-import numpy as np
 import pytest
 from mxnet import gluon
 
@@ -153,7 +152,9 @@ FAIL_AT = 5  # steps done when the failure comes; the last commit was at 4
 
 
 @pytest.mark.parametrize("kind", ["sgd", "adam"])
-def test_run_restores_resets_and_goes_on_after_an_internal_error(kind):
+def test_run_restores_resets_and_goes_on_after_an_internal_error(kind, monkeypatch):
+    resumed = []
+    monkeypatch.setattr(_elastic_driver, "resumed", lambda: resumed.append(hvd.size()))
     xs, ys = batches(STEPS)
     # The uninterrupted run, for reference.
     ref, ref_trainer = distributed(f"elref{kind}_", kind)
@@ -181,7 +182,7 @@ def test_run_restores_resets_and_goes_on_after_an_internal_error(kind):
 
     assert train(state, STEPS) == "done"
     assert calls == [0, 4], "the second call starts from the last commit"
-    assert resets == [hvd.size()]
+    assert resets == [hvd.size()] and resumed == [hvd.size()]
     assert hvd.is_initialized()
     assert_same(params_numpy(net), params_numpy(ref), "parameters vs the uninterrupted run")
     assert_same(states_numpy(trainer), states_numpy(ref_trainer), "optimizer states")
@@ -259,10 +260,11 @@ def test_a_host_update_seen_by_one_rank_interrupts_every_rank_at_the_same_commit
         skip_sync, announcer):
     announcing = hvd.rank() == (0 if announcer == "first" else hvd.size() - 1)
     state = CountingState(step=0)
-    commits, announced = [], []
+    commits, announced, calls = [], [], []
 
     @hvd.elastic.run
     def train(state):
+        calls.append(state.step)
         while state.step < 6:
             state.step += 1
             if state.step == 3 and announcing and not announced:
@@ -273,12 +275,26 @@ def test_a_host_update_seen_by_one_rank_interrupts_every_rank_at_the_same_commit
         return state.step
 
     assert train(state) == 6
-    # Interrupted at the commit of step 3 on every rank; no restore: the
-    # second call goes on from step 3.
+    # Seen at the commit of step 3, interrupting every rank at the next
+    # commit (the check is pipelined: State.commit); no restore: the second
+    # call goes on from step 4.
     assert commits == [1, 2, 3, 4, 5, 6]
+    assert calls == [0, 4]
     assert state.counts == {"sync": 1 if skip_sync else 2, "restore": 0, "reset": 1}
     assert _elastic_driver.hosts_updated() == (False, False)  # the reset took it in
-    assert world_bcast(commits) == commits
+    assert world_bcast(calls) == calls
+
+
+def test_check_host_updates_raises_on_every_rank_in_the_same_call():
+    state = hvd.elastic.ObjectState()
+    state.check_host_updates()
+    if hvd.rank() == hvd.size() - 1:
+        _elastic_driver._announce_hosts_update(False)
+    with pytest.raises(hvd.elastic.HostsUpdatedInterrupt) as raised:
+        state.check_host_updates()
+    assert raised.value.skip_sync is False
+    _elastic_driver._announced = None
+    state.check_host_updates()
 
 
 def test_the_reset_limit_ends_the_run(monkeypatch):
