@@ -52,8 +52,8 @@ def test_rank_1_fails_while_rank_0_waits():
 
 @pytest.mark.parametrize("test", [FAILS_MID_LOOP, FAILS_MID_LOOP_WITH], ids=["finally", "with"])
 def test_a_failure_in_a_restarting_finally_aborts_the_job(tmp_path, test):
-    for name in ("conftest.py", "helpers.py"):
-        shutil.copy(os.path.join(ROOT, "tests", "parallel", name), tmp_path)
+    for name in ("parallel/conftest.py", "parallel/helpers.py", "rank_data.py"):
+        shutil.copy(os.path.join(ROOT, "tests", name), tmp_path)
     (tmp_path / "test_fails.py").write_text(test)
     # Without the abort, rank 1 would wait in restart()'s barrier and rank 0
     # in its allreduce until pytest's 100 s timeout, past this run's limit.
