@@ -157,14 +157,16 @@ fi
 # any rank; passed or skipped only if every rank reported it (a rank killed by a
 # timeout or a crash writes no report), and skipped if every rank skipped it. A run
 # that ended badly without a failing test on record counts as one failure.
-# The last line printed is the total.
-"$PYTHON" - "$logs" "${runs[@]}" <<'EOF'
+# Each run's line ends with its time; then the whole suite's time; the last
+# line printed is the total.
+"$PYTHON" - "$logs" "$SECONDS" "${runs[@]}" <<'EOF'
 import glob
 import os
 import sys
 import xml.etree.ElementTree as ET
 
-logs, runs = sys.argv[1], [run.split(":") for run in sys.argv[2:]]
+logs, elapsed = sys.argv[1], int(sys.argv[2])
+runs = [run.split(":") for run in sys.argv[3:]]
 total = {"passed": 0, "failed": 0, "skipped": 0}
 notes = {5: " (no tests collected)", 124: " (timed out)", 137: " (killed)"}
 for label, nranks, rc, seconds in runs:
@@ -204,6 +206,7 @@ for label, nranks, rc, seconds in runs:
     print(f"{label:>7}: {line}; exit {rc}{notes.get(rc, '')}; {seconds}s")
     for k in total:
         total[k] += counts[k]
+print(f"{'all':>7}: {elapsed}s (serial-a and serial-b side by side, then each rank count)")
 print(f"{total['passed']} passed, {total['failed']} failed")
 EOF
 (($? == 0)) || status=1

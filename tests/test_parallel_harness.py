@@ -4,6 +4,7 @@ a `finally` that restarts hvdmx while the other ranks wait in a collective;
 and run_all.sh's check of the rank counts it is given, and its count of a run
 that collects no test as a failure."""
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -51,8 +52,8 @@ def test_rank_1_fails_while_rank_0_waits():
 
 @pytest.mark.parametrize("test", [FAILS_MID_LOOP, FAILS_MID_LOOP_WITH], ids=["finally", "with"])
 def test_a_failure_in_a_restarting_finally_aborts_the_job(tmp_path, test):
-    for name in ("conftest.py", "helpers.py"):
-        shutil.copy(os.path.join(ROOT, "tests", "parallel", name), tmp_path)
+    for name in ("parallel/conftest.py", "parallel/helpers.py", "rank_data.py"):
+        shutil.copy(os.path.join(ROOT, "tests", name), tmp_path)
     (tmp_path / "test_fails.py").write_text(test)
     # Without the abort, rank 1 would wait in restart()'s barrier and rank 0
     # in its allreduce until pytest's 100 s timeout, past this run's limit.
@@ -100,4 +101,9 @@ def test_run_all_counts_a_run_that_collects_nothing_as_failed(tmp_path):
         assert f"{shard}: 0 passed, 1 failed, 0 skipped; exit 5 (no tests collected)" \
             in result.stdout, result.stdout
     assert "n2: 0 passed, 1 failed, 0 skipped; exit 5 (no tests collected)" in result.stdout
-    assert result.stdout.splitlines()[-1] == "0 passed, 3 failed"
+    # Each run's line ends with its time, and the suite's time comes before the total.
+    lines = result.stdout.splitlines()
+    assert re.fullmatch(r" +n2: .*; \d+s", lines[-3]), lines[-3:]
+    assert re.fullmatch(r" +all: \d+s \(serial-a and serial-b side by side, then each rank "
+                        r"count\)", lines[-2]), lines[-2:]
+    assert lines[-1] == "0 passed, 3 failed"

@@ -7,13 +7,13 @@ from hypothesis import strategies as st
 import _hvdmx_testing
 
 from core_codes import DTYPE_CODES, REDUCE_OPS
+from rank_data import mixed
 CODES = {name: code for name, code in DTYPE_CODES.items() if name != "bfloat16"}
 SUM, MIN, MAX, PRODUCT = (REDUCE_OPS[name] for name in ("Sum", "Min", "Max", "Product"))
 
 
 def inputs(size, count, dtype):
-    i = np.arange(count)
-    return [((i * 5 + r * 3) % 11).astype(dtype) for r in range(size)]
+    return [mixed(r, count).astype(dtype) for r in range(size)]
 
 
 def reference(arrays, op):
@@ -36,8 +36,7 @@ def test_ring_matches_reference(size, count, segment, dtype, op):
 
 @pytest.mark.parametrize("size", [2, 3, 4, 5])
 def test_ring_product_small_values(size):
-    i = np.arange(1000)
-    arrays = [(1 + (i + r) % 2).astype(np.int32) for r in range(size)]
+    arrays = [(1 + mixed(r, 1000, modulus=2)).astype(np.int32) for r in range(size)]
     want = reference(arrays, PRODUCT)
     _hvdmx_testing.ring_allreduce(arrays, CODES["int32"], PRODUCT, 24)
     for a in arrays:

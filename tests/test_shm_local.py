@@ -8,6 +8,7 @@ from hypothesis import strategies as st
 import _hvdmx_testing
 
 from core_codes import DTYPE_CODES, REDUCE_OPS
+from rank_data import mixed
 FLOAT32, FLOAT64, FLOAT16, UINT8, INT32, INT8, INT64, BFLOAT16 = (DTYPE_CODES[name] for name in (
     "float32", "float64", "float16", "uint8", "int32", "int8", "int64", "bfloat16"))
 # The numpy type that holds each code; bfloat16 travels as its bits.
@@ -37,10 +38,9 @@ def from_holder(array, code):
 
 
 def inputs(size, count, code, op, seed=0):
-    i = np.arange(count)
     if op == PRODUCT:
-        return [to_holder(1 + (i + r + seed) % 2, code) for r in range(size)]
-    return [to_holder((i * 7 + r * 3 + seed) % 11, code) for r in range(size)]
+        return [to_holder(1 + mixed(r, count, salt=seed, modulus=2), code) for r in range(size)]
+    return [to_holder(mixed(r, count, salt=seed), code) for r in range(size)]
 
 
 def reference(arrays, code, op):
@@ -175,7 +175,7 @@ def test_unaligned_buffers(stores):
     bases = [np.zeros(count + 8, dtype=np.float32) for _ in range(3)]
     arrays = [b[r + 1:r + 1 + count] for r, b in enumerate(bases)]
     for r, a in enumerate(arrays):
-        a[:] = (np.arange(count) * 7 + r * 3) % 11
+        a[:] = mixed(r, count)
     want = reference(arrays, FLOAT32, SUM)
     run([arrays], FLOAT32, SUM, 4096, stores=stores)
     for a in arrays:

@@ -9,7 +9,7 @@ import hvdmx as hvd
 from hvdmx import _core
 from conftest import all_equal_across_ranks, restart
 from helpers import (DTYPES, expected, half_expected, half_input, hashed_half_expected,
-                     hashed_half_input, my_rows, rank_input)
+                     hashed_half_input, mixed, my_rows, rank_input)
 
 # Each test runs over shared memory and over MPI (conftest.transport).
 pytestmark = pytest.mark.usefixtures("transport")
@@ -140,7 +140,7 @@ def alltoall_splits(size, src):
 
 def alltoall_rows(src, dst, rows, trailing, dtype):
     count = rows * int(np.prod(trailing, dtype=np.int64))
-    values = (np.arange(count) * 5 + src * 3 + dst * 7) % 13
+    values = mixed(src, count, salt=dst, modulus=13)
     return values.astype(dtype).reshape((rows,) + trailing)
 
 

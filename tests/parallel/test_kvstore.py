@@ -301,9 +301,9 @@ def test_bad_input():
 
 
 def two_bit_inputs(rank, step, n=40):
-    """Values on both sides of +-0.5 and exactly on it, rank- and step-dependent."""
-    i = np.arange(n)
-    return ((((i * 7 + rank * 5 + step * 3) % 13) - 6) / 8).astype(np.float32)
+    """Values on both sides of +-0.5 and exactly on it (k / 8 for k in -6..6),
+    rank-, step- and index-dependent without a period."""
+    return ((mixed(rank, n, salt=step, modulus=13) - 6) / 8).astype(np.float32)
 
 
 @pytest.mark.parametrize("threshold", [0.5, 0.25])

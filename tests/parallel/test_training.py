@@ -238,7 +238,9 @@ def test_multi_precision_float16_parameters():
             assert all_equal_across_ranks(p.data().asnumpy())
     for p, q in zip(dist, ref):
         assert p.data().dtype == np.float16
-        np.testing.assert_allclose(p.data().asnumpy(), q.data().asnumpy(), rtol=1e-3)
+        # The averaged gradients are exact (halves of small integers), so the
+        # same float32 master-weight updates give the same float16 bits.
+        assert np.array_equal(p.data().asnumpy(), q.data().asnumpy())
     master, _ = trainer._updaters[0].states[0]  # (float32 master weight, momentum)
     assert master.dtype == np.float32
 
