@@ -31,8 +31,7 @@ from typing import Callable, Dict, List, Optional, Tuple
 from .elastic_hosts import Slot
 from .elastic_membership import Membership, MembershipError
 from .rendezvous_server import RendezvousServer, _Member
-from .rendezvous_wire import MAX_HOST_BYTES, MAX_SCOPE_BYTES, Channel, ProtocolError, Reader, \
-    pack_str
+from .rendezvous_wire import MAX_SCOPE_BYTES, Channel, ProtocolError, Reader, pack_str
 
 SCOPE = "elastic"
 
@@ -79,14 +78,9 @@ class ElasticService(RendezvousServer):
     # ---- the connection of one worker
 
     def _hello(self, channel: Channel, peer: str) -> _Member:
-        body = channel.receive()
-        if body[:1] != b"H":
-            raise ProtocolError(f"the first message is {body[:1]!r}, not a hello")
-        r = Reader(body[1:])
-        _rank, size, index, pid = r.unpack("IIII")
-        host = r.text(MAX_HOST_BYTES, "a host name")
-        r.end()
-        member = _Member(channel, peer, -1, host, index, pid)
+        member, size = self._read_hello(channel, peer)
+        member.rank = -1  # until a join gives it one
+        host, index = member.host, member.slot
         slot: Slot = (host, index)
         if size != 0:
             why = ("it says it is a rank of a static job, but this job is elastic: its workers "

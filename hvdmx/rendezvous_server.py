@@ -270,7 +270,10 @@ class RendezvousServer:
             except OSError:
                 pass
 
-    def _hello(self, channel: Channel, peer: str) -> _Member:
+    @staticmethod
+    def _read_hello(channel: Channel, peer: str) -> Tuple[_Member, int]:
+        """The connection's first message, a hello: (its member, as it says
+        it is, and the job's size it says)."""
         body = channel.receive()
         if body[:1] != b"H":
             raise ProtocolError(f"the first message is {body[:1]!r}, not a hello")
@@ -278,7 +281,11 @@ class RendezvousServer:
         rank, size, slot, pid = r.unpack("IIII")
         host = r.text(MAX_HOST_BYTES, "a host name")
         r.end()
-        member = _Member(channel, peer, rank, host, slot, pid)
+        return _Member(channel, peer, rank, host, slot, pid), size
+
+    def _hello(self, channel: Channel, peer: str) -> _Member:
+        member, size = self._read_hello(channel, peer)
+        rank = member.rank
         if size != self.size or rank >= self.size:
             why = (f"it says it is rank {rank} of {size}, but this job has {self.size} ranks "
                    f"(0 to {self.size - 1}); HVDMX_RANK/HVDMX_SIZE do not belong to this job")
