@@ -37,8 +37,8 @@ def mixed(rank, count, salt=0, modulus=11):
 
 def _mix(rank, count, salt, modulus):
     x = np.arange(count, dtype=np.uint64) * np.uint64(0x9E3779B97F4A7C15)
-    x += np.uint64((rank + 1) * 0xBF58476D1CE4E5B9 % 2**64) + np.uint64(salt * 0x632BE59BD9B4E019
-                                                                         % 2**64)
+    # The same sum, wrapped around 2**64 in Python integers (numpy warns).
+    x += np.uint64(((rank + 1) * 0xBF58476D1CE4E5B9 + salt * 0x632BE59BD9B4E019) % 2**64)
     x ^= x >> np.uint64(31)
     x *= np.uint64(0x94D049BB133111EB)
     x ^= x >> np.uint64(29)

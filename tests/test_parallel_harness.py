@@ -77,18 +77,28 @@ def test_run_all_rejects_bad_rank_counts():
                                 text=True, timeout=30)
         assert result.returncode == 2, (value, result.stdout, result.stderr)
         assert f"HVDMX_TEST_RANKS='{value}' must list rank counts" in result.stderr
+    for value in ["x", "0", "2 3"]:
+        result = subprocess.run(["bash", os.path.join(ROOT, "tests", "run_all.sh")],
+                                env=dict(ENV, HVDMX_TEST_NOMPI_RANKS=value), capture_output=True,
+                                text=True, timeout=30)
+        assert result.returncode == 2, (value, result.stdout, result.stderr)
+        assert f"HVDMX_TEST_NOMPI_RANKS='{value}' must be a rank count" in result.stderr
 
 
 def test_run_all_counts_a_run_that_collects_nothing_as_failed(tmp_path):
     # pytest exits 5 when it collects no test (a renamed file, a bad path):
     # the suite must fail then, not pass having tested nothing. A stand-in
     # interpreter exits 5 for every pytest run and is Python otherwise (the
-    # summary); a stand-in mpiexec runs its command once.
+    # summary); a stand-in mpiexec runs its command once, and so does a
+    # stand-in hvdmxrun beside the interpreter (the run without MPI).
     python = tmp_path / "python"
     python.write_text(f'#!/bin/sh\n[ "$1" = "-m" ] && exit 5\nexec {sys.executable} "$@"\n')
     mpiexec = tmp_path / "mpiexec"
     mpiexec.write_text('#!/bin/sh\nshift 2\nexec "$@"\n')  # drops "-n N"
-    for program in (python, mpiexec):
+    hvdmxrun = tmp_path / "hvdmxrun"
+    # drops "--no-mpi -np N"
+    hvdmxrun.write_text('#!/bin/sh\nshift 3\nexport HVDMX_RANK=0\nexec "$@"\n')
+    for program in (python, mpiexec, hvdmxrun):
         program.chmod(0o755)
     # TMPDIR: the logs a failed run keeps stay in this test's directory.
     result = subprocess.run(["bash", os.path.join(ROOT, "tests", "run_all.sh")],
@@ -100,10 +110,13 @@ def test_run_all_counts_a_run_that_collects_nothing_as_failed(tmp_path):
     for shard in ("serial-a", "serial-b"):
         assert f"{shard}: 0 passed, 1 failed, 0 skipped; exit 5 (no tests collected)" \
             in result.stdout, result.stdout
-    assert "n2: 0 passed, 1 failed, 0 skipped; exit 5 (no tests collected)" in result.stdout
+    for run in ("n2", "nompi2"):
+        assert f"{run}: 0 passed, 1 failed, 0 skipped; exit 5 (no tests collected)" \
+            in result.stdout, result.stdout
     # Each run's line ends with its time, and the suite's time comes before the total.
     lines = result.stdout.splitlines()
-    assert re.fullmatch(r" +n2: .*; \d+s", lines[-3]), lines[-3:]
+    assert re.fullmatch(r" +n2: .*; \d+s", lines[-4]), lines[-4:]
+    assert re.fullmatch(r" +nompi2: .*; \d+s", lines[-3]), lines[-3:]
     assert re.fullmatch(r" +all: \d+s \(serial-a and serial-b side by side, then each rank "
                         r"count\)", lines[-2]), lines[-2:]
-    assert lines[-1] == "0 passed, 3 failed"
+    assert lines[-1] == "0 passed, 4 failed"
