@@ -94,59 +94,47 @@ echo "== single process, shard b (the other files)"
 cat "$logs/serial-b.log"
 finish_run serial-b 1 "$rc"
 
-for n in "${rank_counts[@]}"; do
-  echo "== mpiexec -n $n: pytest tests/parallel"
+# Runs tests/parallel on N ranks under a launcher and records the run as LABEL.
+# Each rank: rank 0 prints, the others log; each writes its own JUnit report.
+# The thread timeout method ends a stuck rank even inside a C call, and the
+# launcher then ends the job; the outer timeout bounds the run whatever happens.
+# A fixed Hypothesis seed keeps generated inputs the same on every rank.
+# Usage: run_parallel LABEL N LAUNCHER-WORDS... (the launcher takes a command).
+run_parallel() {
+  local label=$1 n=$2
+  shift 2
+  echo "== $*: pytest tests/parallel"
   started=$SECONDS
-  # Each rank: rank 0 prints, the others log; each writes its own JUnit report.
-  # The thread timeout method ends a stuck rank even inside a C call, and
-  # mpiexec then ends the job; the outer timeout bounds the run whatever happens.
-  # A fixed Hypothesis seed keeps generated inputs the same on every rank.
   # shellcheck disable=SC2016
-  timeout -k 10 "$run_timeout" "$MPIEXEC" "${mpiexec_flags[@]}" -n "$n" bash -c '
-    rank=${PMI_RANK:-${OMPI_COMM_WORLD_RANK:-${PMIX_RANK:-0}}}
-    logs=$1; n=$2; shift 2
+  timeout -k 10 "$run_timeout" "$@" bash -c '
+    rank=${PMI_RANK:-${OMPI_COMM_WORLD_RANK:-${PMIX_RANK:-${HVDMX_RANK:-0}}}}
+    logs=$1; label=$2; shift 2
     if [[ $rank == 0 ]]; then
-      exec "$@" --junitxml="$logs/n$n.rank$rank.xml"
+      exec "$@" --junitxml="$logs/$label.rank$rank.xml"
     fi
-    exec "$@" --junitxml="$logs/n$n.rank$rank.xml" >"$logs/n$n.rank$rank.log" 2>&1
-  ' rank-wrapper "$logs" "$n" \
+    exec "$@" --junitxml="$logs/$label.rank$rank.xml" >"$logs/$label.rank$rank.log" 2>&1
+  ' rank-wrapper "$logs" "$label" \
     "$PYTHON" -m pytest -q -x -p no:cacheprovider --timeout="$test_timeout" \
     --timeout-method=thread --hypothesis-seed=0 tests/parallel
-  rc=$?
-  finish_run "n$n" "$n" "$rc"
+  local rc=$?
+  finish_run "$label" "$n" "$rc"
   if ((rc != 0)); then
     for ((r = 1; r < n; r++)); do
-      echo "---- mpiexec -n $n, rank $r: $logs/n$n.rank$r.log"
-      tail -n 60 "$logs/n$n.rank$r.log" 2>/dev/null || echo "(no log)"
+      echo "---- $*, rank $r: $logs/$label.rank$r.log"
+      tail -n 60 "$logs/$label.rank$r.log" 2>/dev/null || echo "(no log)"
     done
   fi
+}
+
+for n in "${rank_counts[@]}"; do
+  run_parallel "n$n" "$n" "$MPIEXEC" "${mpiexec_flags[@]}" -n "$n"
 done
 
 # The same suite in a job that hvdmxrun starts without MPI (--no-mpi): hvd.init
 # over the launcher's rendezvous, TCP and shared memory only (docs/running.md).
 if [[ -n $nompi_ranks ]]; then
-  n=$nompi_ranks
-  echo "== hvdmxrun --no-mpi -np $n: pytest tests/parallel"
-  started=$SECONDS
-  # shellcheck disable=SC2016
-  timeout -k 10 "$run_timeout" "$(dirname "$PYTHON")/hvdmxrun" --no-mpi -np "$n" bash -c '
-    rank=$HVDMX_RANK
-    logs=$1; n=$2; shift 2
-    if [[ $rank == 0 ]]; then
-      exec "$@" --junitxml="$logs/nompi$n.rank$rank.xml"
-    fi
-    exec "$@" --junitxml="$logs/nompi$n.rank$rank.xml" >"$logs/nompi$n.rank$rank.log" 2>&1
-  ' rank-wrapper "$logs" "$n" \
-    "$PYTHON" -m pytest -q -x -p no:cacheprovider --timeout="$test_timeout" \
-    --timeout-method=thread --hypothesis-seed=0 tests/parallel
-  rc=$?
-  finish_run "nompi$n" "$n" "$rc"
-  if ((rc != 0)); then
-    for ((r = 1; r < n; r++)); do
-      echo "---- hvdmxrun --no-mpi -np $n, rank $r: $logs/nompi$n.rank$r.log"
-      tail -n 60 "$logs/nompi$n.rank$r.log" 2>/dev/null || echo "(no log)"
-    done
-  fi
+  run_parallel "nompi$nompi_ranks" "$nompi_ranks" "$(dirname "$PYTHON")/hvdmxrun" --no-mpi \
+    -np "$nompi_ranks"
 fi
 
 if ((status != 0)); then
