@@ -24,7 +24,7 @@ import signal
 import subprocess
 import sys
 import time
-from typing import Callable, Dict, List, Mapping, Optional, Protocol
+from typing import Callable, Dict, List, Mapping, Optional
 
 from .elastic_hosts import HostManager, Slot, slots_of
 from .elastic_membership import Membership
@@ -37,14 +37,6 @@ SLOT_VARIABLE = "HVDMX_ELASTIC_SLOT"
 RESET_LIMIT_VARIABLE = "HVDMX_ELASTIC_RESET_LIMIT"
 
 StartWorker = Callable[[Slot, Mapping[str, str]], subprocess.Popen]
-
-
-class Log(Protocol):
-    """Where the launcher's lines go (sys.stderr, or the job's output)."""
-
-    def write(self, text: str) -> object: ...
-
-    def flush(self) -> object: ...
 
 
 def lost(returncode: int) -> bool:
@@ -68,14 +60,16 @@ def _describe(returncode: int) -> str:
 class ElasticLauncher:
     def __init__(self, hosts: HostManager, membership: Membership, start_worker: StartWorker,
                  max_np: Optional[int], discovery_interval: float = 1.0,
-                 err: Log = sys.stderr, clock: Callable[[], float] = time.monotonic,
+                 say: Optional[Callable[[str], None]] = None,
+                 clock: Callable[[], float] = time.monotonic,
                  stop_grace: float = 5.0) -> None:
         self.hosts = hosts
         self.membership = membership
         self.start_worker = start_worker
         self.max_np = max_np
         self.discovery_interval = discovery_interval
-        self.err = err
+        # One line of the launcher's log (hvdmxrun's NoMpiJob.say adds the prefix).
+        self.say = say or (lambda line: print(f"hvdmxrun: {line}", file=sys.stderr, flush=True))
         self.clock = clock
         self.stop_grace = stop_grace
         self.workers: Dict[Slot, subprocess.Popen] = {}
@@ -86,8 +80,7 @@ class ElasticLauncher:
         self.signalled: Optional[int] = None  # set by a signal handler: stop the job
 
     def log(self, line: str) -> None:
-        self.err.write(f"hvdmxrun: {line}\n")
-        self.err.flush()
+        self.say(line)
 
     # ---- workers ----------------------------------------------------------
 

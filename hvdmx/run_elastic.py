@@ -138,7 +138,7 @@ class ElasticJob(NoMpiJob):
         hosts = HostManager(self._discover, time.monotonic, options.cooldown)
         launcher = ElasticLauncher(
             hosts, membership, lambda slot, extra: self._start_worker(service, slot, extra),
-            options.max_np, err=_TextErr(self))
+            options.max_np, say=self.say)
         handled = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 
         def on_signal(number, _frame):
@@ -152,20 +152,6 @@ class ElasticJob(NoMpiJob):
             for pump in self.pumps:
                 pump.join(5)
             service.close()
-
-
-class _TextErr:
-    """The launcher's log lines, through the job's output lock."""
-
-    def __init__(self, job: NoMpiJob):
-        self.job = job
-
-    def write(self, text: str) -> None:
-        prefix = "hvdmxrun: "
-        self.job.say(text[len(prefix):].rstrip("\n") if text.startswith(prefix) else text)
-
-    def flush(self) -> None:
-        pass
 
 
 def launch_elastic(options: ElasticOptions, command: Sequence[str], environ: Mapping[str, str],

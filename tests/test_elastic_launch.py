@@ -28,7 +28,8 @@ def launcher(hosts, commands, min_np=1, elastic_timeout=60, cooldown=None, max_n
     err = io.StringIO()
     membership = Membership(min_np, elastic_timeout, join_window=5)
     job = ElasticLauncher(HostManager(lambda: dict(hosts), time.monotonic, cooldown), membership,
-                          start, max_np, discovery_interval=0.1, err=err, stop_grace=2)
+                          start, max_np, discovery_interval=0.1,
+                          say=lambda line: err.write(f"hvdmxrun: {line}\n"), stop_grace=2)
     return job, membership, started, err
 
 
