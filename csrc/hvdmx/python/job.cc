@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <map>
+#include <stdexcept>
 #include <string>
 
 #include "base/logging.h"
@@ -64,6 +65,14 @@ Topology ComputeTopology(Group& group, std::vector<std::vector<int>>* hosts) {
   std::map<int64_t, size_t> index;
   for (int r = 0; r < t.size; ++r) {
     const int64_t h = host_of[static_cast<size_t>(r)];
+    // A host's lowest rank is a rank no greater than the sender's own (the
+    // bytes may have crossed the network through a rendezvous).
+    if (h < 0 || h > r) {
+      throw std::runtime_error("hvdmx.init: rank " + std::to_string(r) + " named rank " +
+                               std::to_string(h) +
+                               " as its host's lowest, which cannot be; every rank must "
+                               "run the same hvdmx");
+    }
     if (!index.count(h)) {
       index[h] = hosts->size();
       hosts->emplace_back();
