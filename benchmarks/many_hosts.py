@@ -14,13 +14,21 @@ variant in turn, in interleaved rounds:
 - hvdmx: hvdmx through `python -m hvdmx.as_horovod` with its defaults (over hosts:
   its own TCP transport);
 - hvdmx-mpi: the same with HVDMX_TRANSPORT=mpi, hvdmx's path before its TCP transport;
-- hvdmx-hier: the same with HVDMX_HIERARCHICAL_ALLREDUCE=1 (at 2 ranks per host).
+- hvdmx-hier: the same with HVDMX_HIERARCHICAL_ALLREDUCE=1 (at 2 ranks per host);
+- hvdmx-noround: hvdmx's defaults but HVDMX_ROUND_ALLREDUCE_BYTES=0, small
+  allreduces taking their own exchange after the negotiation round (Note [Small
+  tensors in the round]).
 
-Each job also times MPI_Allreduce (mpi4py) on the same bytes, and, for the model,
+--variants picks some of them.
+
+Each job also times MXNet's engine round trip (an in-place op on a 1-element array,
+pushed and waited for) and MPI_Allreduce (mpi4py) on the same bytes, and, for the model,
 MPI_Allreduce per tensor and MPI_Iallreduce of all tensors then MPI_Waitall; the MPI
 column is the median over every job of the layout. Prints one table per cap: medians
 over the rounds, times in microseconds (ms for the model), and busbw in GB/s
-(2(n-1)/n x bytes / time) for the largest size.
+(2(n-1)/n x bytes / time) for the largest size; under the smallest size, each
+variant's engine round trip and the small-message target of issue 48, that round
+trip plus twice MPI's time.
 """
 import argparse
 import json
@@ -38,17 +46,21 @@ ENV = {"OMP_NUM_THREADS": "1", "MXNET_CPU_WORKER_NTHREADS": "1",
        "MXNET_ENGINE_TYPE": "ThreadedEnginePerDevice", "PYTHONPATH": REPO}
 
 
-def variants(horovod_python, per_host):
+VARIANTS = ["horovod", "hvdmx", "hvdmx-noround", "hvdmx-mpi", "hvdmx-hier"]
+
+
+def variants(horovod_python, per_host, chosen):
     out = {}
     if horovod_python:
         out["horovod"] = ([horovod_python, JOB], {},
                           os.path.join(os.path.dirname(horovod_python), "mpiexec"))
     hvdmx = [sys.executable, "-m", "hvdmx.as_horovod", JOB]
     out["hvdmx"] = (hvdmx, {}, None)
+    out["hvdmx-noround"] = (hvdmx, {"HVDMX_ROUND_ALLREDUCE_BYTES": "0"}, None)
     out["hvdmx-mpi"] = (hvdmx, {"HVDMX_TRANSPORT": "mpi"}, None)
     if per_host > 1:
         out["hvdmx-hier"] = (hvdmx, {"HVDMX_HIERARCHICAL_ALLREDUCE": "1"}, None)
-    return out
+    return {name: job for name, job in out.items() if name in chosen}
 
 
 def run_job(th, per_host, argv, env, mpiexec, timeout):
@@ -85,6 +97,13 @@ def table(results, sizes, names, per_hosts):
                             [f"{factor / (c * 1e-6):.3f}" for c in cells])
             else:
                 rows.append([layout, f"{size} B us", f"{mpi:.1f}"] + [f"{c:.1f}" for c in cells])
+            if size == sizes[0]:
+                engine = [med([j["engine_us"] for j in jobs[name]]) if name in jobs
+                          else float("nan") for name in names]
+                rows.append([layout, "  engine round trip us", ""] +
+                            [f"{e:.1f}" for e in engine])
+                rows.append([layout, f"  target: engine + 2 x MPI({size} B)", ""] +
+                            [f"{e + 2 * mpi:.1f}" for e in engine])
         models = [j["model"] for v in jobs.values() for j in v if j["model"]]
         if models:
             per_tensor = med([m["mpi_per_tensor_ms"] for m in models])
@@ -114,6 +133,8 @@ def main(argv=None):
     parser.add_argument("--sizes", default="4,256K,64M")
     parser.add_argument("--model", default="resnet50_v1", help="'' for none")
     parser.add_argument("--timeout", type=int, default=900, help="seconds per job")
+    parser.add_argument("--variants", default=",".join(VARIANTS),
+                        help="comma-separated, of " + ", ".join(VARIANTS))
     args = parser.parse_args(argv)
     reason = testhosts.unavailable()
     if reason:
@@ -126,7 +147,7 @@ def main(argv=None):
         results = {}
         with testhosts.hosts(2, prefix="hvdmx-mhb", rate=rate) as th:
             for per_host in per_hosts:
-                jobs = variants(args.horovod_python, per_host)
+                jobs = variants(args.horovod_python, per_host, args.variants.split(","))
                 results[per_host] = {name: [] for name in jobs}
                 for r in range(args.rounds):
                     for name, (argv, env, mpiexec) in jobs.items():
@@ -137,8 +158,7 @@ def main(argv=None):
                         results[per_host][name].append(out)
                         print(f"# cap {cap}, 2x{per_host}, round {r + 1}, {name}: "
                               f"{json.dumps(out)}", flush=True)
-        names = ["horovod", "hvdmx", "hvdmx-mpi", "hvdmx-hier"]
-        names = [n for n in names if any(n in results[p] for p in per_hosts)]
+        names = [n for n in VARIANTS if any(n in results[p] for p in per_hosts)]
         print(f"\n## link cap: {cap}; medians of {args.rounds} interleaved rounds\n")
         print(table(results, sizes, names, per_hosts), flush=True)
     return 0

@@ -86,6 +86,14 @@ def test_shared_memory_and_hierarchical_variables():
     assert c["hierarchical_allreduce"] is False
 
 
+def test_round_allreduce_bytes():
+    # Note [Small tensors in the round]: 4 KiB by default, 0 turns it off.
+    assert _hvdmx_testing.load_config({})["round_allreduce_bytes"] == 4096
+    for name, value in [("HVDMX_ROUND_ALLREDUCE_BYTES", 0),
+                        ("HOROVOD_ROUND_ALLREDUCE_BYTES", 16384)]:
+        assert _hvdmx_testing.load_config({name: str(value)})["round_allreduce_bytes"] == value
+
+
 def test_huge_pages_variable():
     assert _hvdmx_testing.load_config({})["huge_pages"] is True
     assert _hvdmx_testing.load_config({"HVDMX_HUGE_PAGES": "0"})["huge_pages"] is False
@@ -158,6 +166,8 @@ def test_streaming_stores():
     ("HVDMX_SHM_DIRECT_MIN_BYTES", "-2", "auto, a byte count >= 0, or -1 (never)"),
     ("HVDMX_SHM_DIRECT_MIN_BYTES", "Auto", "auto, a byte count >= 0, or -1 (never)"),
     ("HVDMX_SHM_MIN_BYTES", "-1", "a byte count >= 0"),
+    ("HVDMX_ROUND_ALLREDUCE_BYTES", "-1", "a byte count from 0 (off) to 16384"),
+    ("HOROVOD_ROUND_ALLREDUCE_BYTES", "16385", "a byte count from 0 (off) to 16384"),
     ("HVDMX_SHM_CHUNK_BYTES", "32", "a byte count >= 64 and <= 1073741824"),
     ("HOROVOD_SHM_CHUNK_BYTES", "2147483648", "a byte count >= 64 and <= 1073741824"),
     ("HOROVOD_HIERARCHICAL_ALLREDUCE", "yes", "0 or 1"),

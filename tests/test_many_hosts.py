@@ -115,9 +115,12 @@ def test_each_host_has_its_name_address_and_hosts_file(th):
 
 
 # Every rank prints its place in the job as MPI and hvdmx see it, then the
-# big allreduce's bytes, which must cross the network between the hosts.
+# big allreduce's bytes, which must cross the network between the hosts,
+# then how many of five calls of a small allreduce completed inside a
+# negotiation round (Note [Small tensors in the round]: the last four, cache
+# hits) and a digest of their results, which every rank must share.
 TOPOLOGY = """
-import socket, sys
+import hashlib, socket, sys
 import numpy as np, mxnet as mx
 from mpi4py import MPI
 import hvdmx as hvd
@@ -126,11 +129,16 @@ n = int(sys.argv[1])
 x = mx.nd.array(np.arange(n, dtype=np.float32) % 1000 + hvd.rank())
 out = hvd.allreduce(x, op=hvd.Sum, name="big").asnumpy()
 want = (np.arange(n) % 1000) * hvd.size() + sum(range(hvd.size()))
+small = np.random.default_rng(hvd.rank()).standard_normal(37).astype(np.float32)
+digest = hashlib.blake2b(b"".join(
+    hvd.allreduce(mx.nd.array(small * (i + 1)), name="small").asnumpy().tobytes()
+    for i in range(5)), digest_size=8).hexdigest()
 local = MPI.COMM_WORLD.Split_type(MPI.COMM_TYPE_SHARED)
 negotiation = hvd._core.stats()["negotiation"]
 row = ["rank", hvd.rank(), socket.gethostname(), hvd.local_rank(), hvd.local_size(),
        hvd.cross_rank(), hvd.cross_size(), local.Get_size(), np.array_equal(out, want),
-       negotiation["scheme"].replace(" ", "-"), negotiation["network_messages"] > 0]
+       negotiation["scheme"].replace(" ", "-"), negotiation["network_messages"] > 0,
+       negotiation["reduced_in_round"], digest]
 rows = MPI.COMM_WORLD.gather(" ".join(map(str, row)))
 if hvd.rank() == 0:
     print("\\n".join(rows), flush=True)
@@ -150,13 +158,14 @@ def test_topology_and_bytes_on_the_wire(th, per_host):
     code, out, err = run_job(th, [PYTHON, "-c", TOPOLOGY, str(count)], per_host)
     assert code == 0, err
     rows = sorted(line.split()[1:] for line in out.splitlines() if line.startswith("rank"))
+    assert len({row.pop() for row in rows}) == 1, rows  # the small results' digests
     expected, rank = [], 0
     for h, n in enumerate(per_host):
         for local_rank in range(n):
             scheme = "host-tree" if n > 1 else "direct"
             expected.append([str(rank), th.hosts[h], str(local_rank), str(n), str(h),
                              str(len(per_host)), str(n), "True", scheme,
-                             str(n == 1 or local_rank == 0)])
+                             str(n == 1 or local_rank == 0), "4"])
             rank += 1
     assert sorted(rows, key=lambda r: int(r[0])) == expected
     for h in th.hosts[:len(per_host)]:
@@ -172,6 +181,8 @@ def test_hosts_with_unequal_rank_counts_negotiate_alike_and_say_so_once(th):
     assert code == 0, err
     rows = [line.split() for line in out.splitlines() if line.startswith("rank")]
     assert sorted(r[9] for r in rows) == ["direct"] * 3, rows
+    # The small allreduces complete in the rounds here too, the same bits everywhere.
+    assert [r[11] for r in rows] == ["4"] * 3 and len({r[12] for r in rows}) == 1, rows
     assert err.count("negotiation runs over all 3 ranks alike") == 1, err[-3000:]
 
 

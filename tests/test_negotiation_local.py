@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 
 import _hvdmx_testing
 
-F32, SUM, MAX = 0, 1, 4
+F32, F16, AVERAGE, SUM, MAX = 0, 2, 0, 1, 4
 TIMEOUT = 30.0
 
 
@@ -37,7 +37,8 @@ class Job:
 
     def negotiation(self):
         """Per rank: (slow-path rounds whose requests went with the bit-and,
-        slow-path rounds that gathered them)."""
+        slow-path rounds that gathered them, allreduces completed inside a
+        round)."""
         return self.job.negotiation()
 
 
@@ -156,7 +157,7 @@ def test_new_names_travel_with_the_bit_and_on_one_host(size):
         for step in range(20):
             check_sums(job, submit_everywhere(job, [f"s{step}.{i}" for i in range(3)]))
         negotiation = job.negotiation()
-        assert all(sent > 0 and gathered == 0 for sent, gathered in negotiation), negotiation
+        assert all(sent > 0 and gathered == 0 for sent, gathered, _ in negotiation), negotiation
         # Every rank counts the same rounds.
         assert len(set(negotiation)) == 1
     finally:
@@ -174,7 +175,7 @@ def test_requests_too_long_for_the_mailbox_are_gathered():
             for i, name in enumerate(names):
                 tickets[(rank, i)] = job.submit(rank, name, [data(rank, i, 5)])
         check_sums(job, tickets)
-        assert all(gathered > 0 for _, gathered in job.negotiation()), job.negotiation()
+        assert all(gathered > 0 for _, gathered, _ in job.negotiation()), job.negotiation()
         assert _hvdmx_testing.SHM_MAX_PAYLOAD_BYTES == 32 * 1024
     finally:
         job.close()
@@ -196,5 +197,59 @@ def test_a_rank_holding_cache_hits_makes_the_round_gather():
         check_sums(job, {(0, 0): hit, (1, 1): new, (0, 1): rest[0], (1, 0): rest[1]})
         after = job.negotiation()
         assert all(a[1] > b[1] for a, b in zip(after, before)), (before, after)
+    finally:
+        job.close()
+
+
+# Note [Small tensors in the round]: a cached allreduce of at most
+# HVDMX_ROUND_ALLREDUCE_BYTES completes in the round whose bit-and finds it
+# ready, its operands reduced on the way (direct up to 4 ranks, by doubling
+# beyond, a power of two or not).
+@pytest.mark.parametrize("size", [2, 3, 5, 8])
+def test_small_cached_allreduces_complete_in_the_round(size):
+    job = Job(size)
+    try:
+        for _ in range(4):
+            check_sums(job, submit_everywhere(job, ["a", "b", "c"]))
+        # The first step's three are new; every later one is a cache hit on
+        # every rank, and no round has a miss to send the hits to rank 0.
+        assert [reduced for _, _, reduced in job.negotiation()] == [9] * size
+    finally:
+        job.close()
+
+
+@pytest.mark.parametrize("env, count", [({"HVDMX_ROUND_ALLREDUCE_BYTES": 0}, 5),
+                                        ({}, 1025),  # 4,100 bytes, past the 4,096 default
+                                        ({"HVDMX_ROUND_ALLREDUCE_BYTES": 16}, 5)])
+def test_allreduces_past_the_round_limit_run_the_usual_way(env, count):
+    job = Job(3, **env)
+    try:
+        for _ in range(3):
+            check_sums(job, submit_everywhere(job, ["a", "b"], count=count), count=count)
+        assert [reduced for _, _, reduced in job.negotiation()] == [0] * 3
+    finally:
+        job.close()
+
+
+def test_half_precision_average_in_the_round_is_scaled_and_rounded_once():
+    # float16 operands, prescaled in float16, summed in float32, postscaled
+    # (Average's 1/size too) and rounded once: what the usual path computes
+    # (Note [Half precision summed in float32]).
+    size, pre, post = 3, 0.5, 3.0
+    job = Job(size)
+    try:
+        inputs = [np.array([1, 3, 5, 7, 2049, -11], np.float16) + rank for rank in range(size)]
+        expected_widened = [(x.astype(np.float32) * np.float32(pre)).astype(np.float16)
+                            .astype(np.float32) for x in inputs]
+        expected = (sum(expected_widened) * np.float32(post / size)).astype(np.float16)
+        for step in range(3):
+            tickets = [job.submit(rank, "h", [inputs[rank]], op=AVERAGE, pre=pre, post=post,
+                                  dtype=F16) for rank in range(size)]
+            outs = []
+            for ticket, out in tickets:
+                assert job.wait(ticket) is None
+                outs.append(out[0])
+            assert all(o.tobytes() == expected.tobytes() for o in outs), (step, outs, expected)
+        assert [reduced for _, _, reduced in job.negotiation()] == [2] * size
     finally:
         job.close()

@@ -4,13 +4,16 @@ hvdmx (run as `python -m hvdmx.as_horovod benchmarks/horovod/collectives_job.py`
 
 - in-place allreduce_ of float32 tensors of each --sizes (Sum), waited for after
   each call, beside MPI_Allreduce (mpi4py, numpy buffers) on the same bytes;
+- MXNet's engine round trip, the floor under any call through the stack: an
+  in-place op on a 1-element NDArray, pushed and waited for;
 - with --model, the gradient set of a model-zoo network as DistributedTrainer
   sends it (an allreduce_ per gradient, named and prioritized by position, all
   pushed, then one wait), beside MPI_Allreduce per tensor and MPI_Iallreduce of
   every tensor followed by one MPI_Waitall.
 
 Each figure is the slowest rank's mean over --iters after --warmup calls. Rank 0
-prints one JSON object: {"sizes": {bytes: {"hvd_us", "mpi_us"}}, "model": {...}}.
+prints one JSON object: {"sizes": {bytes: {"hvd_us", "mpi_us"}}, "engine_us",
+"model": {...}}.
 """
 import argparse
 import json
@@ -39,6 +42,13 @@ def main(argv=None):
     comm = MPI.COMM_WORLD
     hvd.init()
     out = {"ranks": hvd.size(), "sizes": {}, "model": {}}
+    one = mx.nd.ones((1,))
+
+    def engine_call():
+        one.__iadd__(1)  # one in-place op (`one += 1` would rebind the name here)
+        one.wait_to_read()
+
+    out["engine_us"] = timed(engine_call, 100, 1000, comm) * 1e6
     for size in [parse_size(s) for s in args.sizes.split(",")]:
         count = max(1, size // 4)
         iters = args.iters or max(5, min(1000, (64 << 20) * 5 // max(size, 1)))

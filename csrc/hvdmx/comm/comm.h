@@ -51,6 +51,37 @@ class PeerGone : public std::runtime_error {
   int peer_;
 };
 
+// A reduction that travels with a bit-and (Note [Small tensors in the
+// round] in negotiation/round_reduction.h): each rank starts with a
+// partial of its own, and the comm combines partials as the bit-and's
+// messages meet, so that every rank ends with the combination of all of
+// them, bitwise the same everywhere. The comm knows nothing of what a
+// partial holds; the reduction does.
+class BitAndReduction {
+ public:
+  virtual ~BitAndReduction() = default;
+  // The combination of two partials over disjoint sets of ranks; wherever
+  // the order of operands matters, `low` is the partial of the lower rank
+  // of the two that meet, so that both compute the same bytes. Throws
+  // std::invalid_argument saying what is wrong when either is not a
+  // partial this reduction could have made (one came from a peer).
+  virtual std::string Combine(const std::string& low, const std::string& high) const = 0;
+  // Throws std::invalid_argument, as Combine, for a partial received
+  // whole (a combination another rank finished).
+  virtual void Check(const std::string& partial) const = 0;
+};
+
+// One rank's side of a combining bit-and: its partial, how to combine, and,
+// once TestBitAnd has returned true, the combination of every rank's.
+struct BitAndPartial {
+  std::string mine;
+  const BitAndReduction* reduction = nullptr;
+  std::string combined;
+  // The most bytes a partial may hold on the wire; a longer one from a
+  // peer fails the comm naming it.
+  static constexpr int64_t kMaxBytes = 24 * 1024;
+};
+
 class Comm {
  public:
   using Request = int64_t;
@@ -112,6 +143,18 @@ class Comm {
     HVDMX_CHECK(false,
                 "this communicator carries no bit-and payload (rank " + std::to_string(rank) + ")");
     return std::string();
+  }
+
+  // Optional: a partial that is combined with the bit-and's words on the
+  // way (BitAndReduction). A comm that cannot carry one (the default)
+  // combines nothing: partial->combined comes out empty on every rank, which
+  // the caller reads as "nothing was reduced". `partial` must live until
+  // TestBitAnd has returned true.
+  virtual bool CombinesPartials() const { return false; }
+  virtual void StartBitAndCombining(uint64_t* words, int n, const std::string& payload,
+                                    BitAndPartial* partial) {
+    partial->combined.clear();
+    StartBitAndWithPayload(words, n, payload);
   }
 
   // The transport's own allreduce, in place. Returns false (touching

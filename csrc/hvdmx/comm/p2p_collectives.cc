@@ -188,11 +188,21 @@ std::vector<std::string> P2PComm::Gather(const std::string& mine, int root) {
 // before reusing its buffer, and a pair's messages keep their order, so it
 // arrives before anything sent later.
 //
+// Every message also carries the sender's partial so far (BitAndReduction
+// in comm/comm.h; an 8-byte length, then its bytes, empty when the caller
+// combines nothing). Direct, each rank folds all n partials in rank order.
+// By doubling, a rank combines a partial it receives with its own as the
+// words are ANDed, the lower rank's partial first wherever two meet, so
+// both partners of a step compute the same bytes; a rank v >= p takes the
+// finished combination from v - p as it is. Either way every rank ends
+// with the same bytes, combined in the same order.
+//
 // What a rank receives is checked before it is used: a message longer than
-// expected (the words and hops, and at rank 0 when direct the largest
-// payload) fails in the transport's IRecvAny, one shorter here; either
-// fails the comm with PeerProtocolError naming the peer, never reading
-// past what arrived.
+// expected (the words and hops, the largest partial, and at rank 0 when
+// direct the largest payload) fails in the transport's IRecvAny, one
+// shorter or with a partial that does not parse here; either fails the
+// comm with PeerProtocolError naming the peer, never reading past what
+// arrived.
 namespace {
 
 // The doubling schedule of rank v of n (Note [The bit-and over
@@ -233,24 +243,34 @@ std::vector<int> P2PComm::NegotiationPeers(int rank, int size, int direct_bit_an
   return std::vector<int>(peers.begin(), peers.end());
 }
 
-void P2PComm::StartBitAndWithPayload(uint64_t* words, int n, const std::string& payload) {
+void P2PComm::StartBitAndCombining(uint64_t* words, int n, const std::string& payload,
+                                   BitAndPartial* partial) {
   HVDMX_CHECK(!bit_and_active_, "a bit-and is already outstanding");
   HVDMX_CHECK(static_cast<int64_t>(payload.size()) <= BitAndPayloadCapacity(),
               "bit-and payload too big");
+  HVDMX_CHECK(partial == nullptr ||
+                  (partial->reduction != nullptr &&
+                   static_cast<int64_t>(partial->mine.size()) <= BitAndPartial::kMaxBytes),
+              "a bit-and partial needs its reduction and at most BitAndPartial::kMaxBytes");
   WaitAll(bit_sends_, Waiting::kTransfer);
   bit_sends_.clear();
   bit_and_active_ = true;
   bit_words_ = words;
   bit_n_ = n;
   bit_direct_ = size() <= direct_bit_and_ranks_;
+  bit_partial_ = partial;
+  partial_ = partial != nullptr ? partial->mine : std::string();
+  bit_extra_ = false;
   bit_requests_.clear();
   bit_out_.clear();
   bit_in_.clear();
   bit_from_.clear();
-  const size_t word_bytes = static_cast<size_t>(n) * 8;
   if (!bit_direct_) {
     bit_hops_ = 0;
     bit_steps_.clear();
+    int p = 1;
+    while (p * 2 <= size()) p *= 2;
+    bit_extra_ = rank() >= p;
     for (const auto& step : DoublingSchedule(rank(), size())) {
       bit_steps_.push_back(BitAndStep{step.first, step.second});
     }
@@ -259,7 +279,7 @@ void P2PComm::StartBitAndWithPayload(uint64_t* words, int n, const std::string& 
     return;
   }
   bit_hops_ = size() > 1 ? 1 : 0;
-  const std::string mine(reinterpret_cast<const char*>(words), word_bytes);
+  const std::string mine = BitAndMessage();
   payloads_.assign(rank() == 0 ? size() : 0, std::string());
   if (rank() == 0) payloads_[0] = payload;
   bit_out_.push_back(mine);
@@ -270,35 +290,45 @@ void P2PComm::StartBitAndWithPayload(uint64_t* words, int n, const std::string& 
     const std::string& out = bit_out_[j == 0 ? 1 : 0];
     bit_sends_.push_back(ISend(out.data(), static_cast<int64_t>(out.size()), j));
     // Only rank 0 is sent payloads.
-    const int64_t most = static_cast<int64_t>(word_bytes) + (rank() == 0 ? kMaxPayloadBytes : 0);
+    const int64_t most = static_cast<int64_t>(n) * 8 + 8 + BitAndPartial::kMaxBytes +
+                         (rank() == 0 ? kMaxPayloadBytes : 0);
     bit_requests_.push_back(IRecvAny(&bit_in_[j], j, most));
     bit_from_.push_back(j);
   }
 }
 
+std::string P2PComm::BitAndMessage() const {
+  std::string out(reinterpret_cast<const char*>(bit_words_), static_cast<size_t>(bit_n_) * 8);
+  if (!bit_direct_) {
+    const uint64_t hops = static_cast<uint64_t>(bit_hops_);
+    out.append(reinterpret_cast<const char*>(&hops), 8);
+  }
+  const uint64_t length = partial_.size();
+  out.append(reinterpret_cast<const char*>(&length), 8);
+  return out + partial_;
+}
+
 void P2PComm::PostBitAndStep() {
   const BitAndStep& step = bit_steps_[bit_step_];
   if (step.to >= 0) {
-    std::string out(reinterpret_cast<const char*>(bit_words_), static_cast<size_t>(bit_n_) * 8);
-    const uint64_t hops = static_cast<uint64_t>(bit_hops_);
-    out.append(reinterpret_cast<const char*>(&hops), 8);
-    bit_out_.push_back(std::move(out));
+    bit_out_.push_back(BitAndMessage());
     bit_sends_.push_back(
         ISend(bit_out_.back().data(), static_cast<int64_t>(bit_out_.back().size()), step.to));
   }
   if (step.from >= 0) {
     bit_in_.emplace_back();
     bit_requests_.push_back(
-        IRecvAny(&bit_in_.back(), step.from, static_cast<int64_t>(bit_n_ + 1) * 8));
+        IRecvAny(&bit_in_.back(), step.from,
+                 static_cast<int64_t>(bit_n_ + 2) * 8 + BitAndPartial::kMaxBytes));
     bit_from_.push_back(step.from);
   }
 }
 
-void P2PComm::AndIn(int peer, const std::string& message) {
+size_t P2PComm::AndIn(int peer, const std::string& message, std::string* partial) {
   const size_t word_bytes = static_cast<size_t>(bit_n_) * 8 + (bit_direct_ ? 0 : 8);
-  if (message.size() < word_bytes) {
+  if (message.size() < word_bytes + 8) {
     FailProtocol(peer, "a bit-and of " + std::to_string(message.size()) + " bytes where " +
-                           std::to_string(word_bytes) +
+                           std::to_string(word_bytes + 8) +
                            " were expected (do the ranks' HVDMX_CACHE_CAPACITY differ?)");
   }
   for (int w = 0; w < bit_n_; ++w) {
@@ -314,8 +344,37 @@ void P2PComm::AndIn(int peer, const std::string& message) {
                              std::to_string(size()) + " ranks");
     }
     bit_hops_ = std::max(bit_hops_, static_cast<int>(hops) + 1);
-  } else if (rank() == 0) {
-    payloads_[peer] = message.substr(word_bytes);
+  }
+  uint64_t length = 0;
+  std::memcpy(&length, message.data() + word_bytes, 8);
+  const size_t rest = message.size() - word_bytes - 8;
+  if (length > static_cast<uint64_t>(BitAndPartial::kMaxBytes) || length > rest) {
+    FailProtocol(peer, "a bit-and partial of " + std::to_string(length) + " bytes, where " +
+                           std::to_string(rest) + " followed and at most " +
+                           std::to_string(BitAndPartial::kMaxBytes) + " may");
+  }
+  partial->assign(message, word_bytes + 8, static_cast<size_t>(length));
+  return word_bytes + 8 + static_cast<size_t>(length);
+}
+
+void P2PComm::CheckPartial(int peer, const std::string& theirs) {
+  try {
+    bit_partial_->reduction->Check(theirs);
+  } catch (const std::invalid_argument& e) {
+    FailProtocol(peer, std::string("a bit-and partial that does not parse: ") + e.what());
+  }
+}
+
+void P2PComm::CombineIn(int peer, const std::string& theirs) {
+  if (bit_partial_ == nullptr) return;  // a bit-and that combines nothing here
+  CheckPartial(peer, theirs);
+  const BitAndReduction& reduction = *bit_partial_->reduction;
+  if (bit_extra_) {
+    partial_ = theirs;  // the finished combination, from v - p
+  } else if (peer < rank()) {
+    partial_ = reduction.Combine(theirs, partial_);
+  } else {
+    partial_ = reduction.Combine(partial_, theirs);
   }
 }
 
@@ -327,15 +386,35 @@ bool P2PComm::TestBitAnd() {
     }
     WaitAll(bit_requests_, Waiting::kTransfer);  // all done: releases them
     bit_requests_.clear();
-    for (size_t i = 0; i < bit_from_.size(); ++i) {
-      const int from = bit_from_[i];
-      AndIn(from, bit_direct_ ? bit_in_[from] : bit_in_[i]);
+    if (bit_direct_) {
+      std::vector<std::string> partials(size());
+      partials[rank()] = partial_;
+      for (const int from : bit_from_) {
+        const size_t at = AndIn(from, bit_in_[from], &partials[from]);
+        if (rank() == 0) payloads_[from] = bit_in_[from].substr(at);
+        if (bit_partial_ != nullptr) CheckPartial(from, partials[from]);
+      }
+      // Every rank folds the partials in rank order: the same bytes everywhere.
+      if (bit_partial_ != nullptr) {
+        partial_ = partials[0];
+        for (int j = 1; j < size(); ++j) {
+          partial_ = bit_partial_->reduction->Combine(partial_, partials[j]);
+        }
+      }
+    } else {
+      for (size_t i = 0; i < bit_from_.size(); ++i) {
+        std::string theirs;
+        AndIn(bit_from_[i], bit_in_[i], &theirs);
+        CombineIn(bit_from_[i], theirs);
+      }
     }
     bit_from_.clear();
     bit_in_.clear();
     if (bit_direct_ || ++bit_step_ == bit_steps_.size()) break;
     PostBitAndStep();
   }
+  if (bit_partial_ != nullptr) bit_partial_->combined = std::move(partial_);
+  partial_.clear();
   bit_and_active_ = false;
   return true;
 }

@@ -81,14 +81,21 @@ class P2PComm : public Comm {
   void Bcast(void* buf, int64_t bytes, int root) final;
   std::vector<std::string> Gather(const std::string& mine, int root) final;
   void BcastString(std::string* data, int root) final;
-  void StartBitAnd(uint64_t* words, int n) final { StartBitAndWithPayload(words, n, ""); }
+  void StartBitAnd(uint64_t* words, int n) final { StartBitAndCombining(words, n, "", nullptr); }
   bool TestBitAnd() final;
   // Payloads travel only while bit-ands go from every rank to every other.
   int64_t BitAndPayloadCapacity() const final {
     return size() <= direct_bit_and_ranks_ ? kMaxPayloadBytes : 0;
   }
-  void StartBitAndWithPayload(uint64_t* words, int n, const std::string& payload) final;
+  void StartBitAndWithPayload(uint64_t* words, int n, const std::string& payload) final {
+    StartBitAndCombining(words, n, payload, nullptr);
+  }
   std::string BitAndPayload(int rank) const final;
+  // Partials ride in every bit-and message, combined where messages meet
+  // (Note [The bit-and over point-to-point]); `partial` may be null.
+  bool CombinesPartials() const final { return true; }
+  void StartBitAndCombining(uint64_t* words, int n, const std::string& payload,
+                            BitAndPartial* partial) final;
 
   // The network latencies on the critical path of the last bit-and: the
   // longest chain of messages, each sent after the one before it arrived,
@@ -131,8 +138,17 @@ class P2PComm : public Comm {
   };
   // Posts step bit_step_'s messages.
   void PostBitAndStep();
-  // ANDs a received bit-and message from `peer` into the words.
-  void AndIn(int peer, const std::string& message);
+  // This rank's bit-and message so far: its words, the hops when doubling,
+  // then its partial with its length.
+  std::string BitAndMessage() const;
+  // ANDs a received bit-and message from `peer` into the words, and takes
+  // its partial into *partial; returns where the message's payload starts.
+  size_t AndIn(int peer, const std::string& message, std::string* partial);
+  // Fails the comm naming `peer` when `theirs`, its partial, does not parse.
+  void CheckPartial(int peer, const std::string& theirs);
+  // Doubling: checks the partial `theirs` that `peer` sent and combines it
+  // into this rank's by the rule of Note [The bit-and over point-to-point].
+  void CombineIn(int peer, const std::string& theirs);
 
   int direct_bit_and_ranks_;
   std::atomic<int64_t> sent_messages_{0};
@@ -145,14 +161,17 @@ class P2PComm : public Comm {
   uint64_t* bit_words_ = nullptr;
   int bit_n_ = 0;
   int bit_hops_ = 0;
-  std::vector<BitAndStep> bit_steps_;  // doubling: the schedule
-  size_t bit_step_ = 0;                // doubling: the step in flight
-  std::deque<std::string> bit_out_;    // what each send carries, kept until sent
-  std::vector<std::string> bit_in_;    // what each peer (direct) or step (doubling) sent
-  std::vector<int> bit_from_;          // whose message each bit_in_ is
-  std::vector<std::string> payloads_;  // rank 0: each rank's payload
-  std::vector<Request> bit_requests_;  // the receives in flight
-  std::vector<Request> bit_sends_;     // the sends, waited at the next start
+  std::vector<BitAndStep> bit_steps_;     // doubling: the schedule
+  size_t bit_step_ = 0;                   // doubling: the step in flight
+  std::deque<std::string> bit_out_;       // what each send carries, kept until sent
+  std::vector<std::string> bit_in_;       // what each peer (direct) or step (doubling) sent
+  std::vector<int> bit_from_;             // whose message each bit_in_ is
+  std::vector<std::string> payloads_;     // rank 0: each rank's payload
+  BitAndPartial* bit_partial_ = nullptr;  // the caller's, or null
+  std::string partial_;                   // the partial so far (empty without one)
+  bool bit_extra_ = false;                // doubling: this rank is beyond the power of two
+  std::vector<Request> bit_requests_;     // the receives in flight
+  std::vector<Request> bit_sends_;        // the sends, waited at the next start
 };
 
 }  // namespace hvdmx

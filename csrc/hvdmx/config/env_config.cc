@@ -133,6 +133,14 @@ Status LoadConfig(const EnvLookup& lookup, Config* out) {
   if (!s.ok()) return s;
   s = ReadInt(lookup, "SHM_MIN_BYTES", 0, "a byte count >= 0", &config.shm_min_bytes);
   if (!s.ok()) return s;
+  s = ReadInt(lookup, "ROUND_ALLREDUCE_BYTES", 0, "a byte count from 0 (off) to 16384",
+              &config.round_allreduce_bytes);
+  if (!s.ok()) return s;
+  if (config.round_allreduce_bytes > Config::kMaxRoundAllreduceBytes) {
+    std::string used;
+    const std::string raw = Find(lookup, "ROUND_ALLREDUCE_BYTES", &used).value_or("");
+    return Invalid(used, raw, "a byte count from 0 (off) to 16384");
+  }
   s = ReadInt(lookup, "SHM_CHUNK_BYTES", 64, "a byte count >= 64 and <= 1073741824",
               &config.shm_chunk_bytes);
   if (!s.ok()) return s;
@@ -258,8 +266,8 @@ std::string Config::ToString() const {
       << " cycle_time_ms=" << cycle_time_ms << " cache_capacity=" << cache_capacity
       << " allreduce_algo=" << AllreduceAlgoName(allreduce_algo)
       << " ring_min_bytes=" << ring_min_bytes << " ring_segment_bytes=" << ring_segment_bytes
-      << " shm_min_bytes=" << shm_min_bytes << " shm_chunk_bytes=" << shm_chunk_bytes
-      << " shm_direct_min_bytes="
+      << " round_allreduce_bytes=" << round_allreduce_bytes << " shm_min_bytes=" << shm_min_bytes
+      << " shm_chunk_bytes=" << shm_chunk_bytes << " shm_direct_min_bytes="
       << (shm_direct_min_bytes == kShmDirectAuto ? std::string("auto")
                                                  : std::to_string(shm_direct_min_bytes))
       << " shm_streaming_stores=" << StageStoresName(shm_streaming_stores)

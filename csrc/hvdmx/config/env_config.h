@@ -58,6 +58,12 @@ struct Config {
   int64_t ring_min_bytes = 512 * 1024;
   // HVDMX_RING_SEGMENT_BYTES: the ring's pipelining unit.
   int64_t ring_segment_bytes = 256 * 1024;
+  // HVDMX_ROUND_ALLREDUCE_BYTES: cached allreduces of at most this many
+  // bytes in all ride with the negotiation round's bit-and and complete in
+  // it (Note [Small tensors in the round] in negotiation/round_reduction.h);
+  // 0 turns that off.
+  int64_t round_allreduce_bytes = 4096;
+  static constexpr int64_t kMaxRoundAllreduceBytes = 16384;
   // HVDMX_SHM_MIN_BYTES: with algo=auto and every rank on one host, messages
   // of at least this many bytes use the shared-memory allreduce, smaller ones
   // MPI_Allreduce (see docs/benchmark-notes.md, "One host: the shared-memory

@@ -31,12 +31,16 @@ std::vector<Request> ForCoordinator(const std::string& payload, const std::vecto
 }
 }  // namespace
 
-Controller::Controller(Comm& comm, int64_t cache_capacity, double stall_shutdown_seconds)
+Controller::Controller(Comm& comm, int64_t cache_capacity, double stall_shutdown_seconds,
+                       int64_t round_allreduce_bytes)
     : comm_(comm),
       stall_shutdown_seconds_(stall_shutdown_seconds),
       cache_(cache_capacity),
       bit_words_(BitWords(cache_capacity)),
-      joined_ranks_(comm.size(), false) {}
+      joined_ranks_(comm.size(), false),
+      reduction_(cache_, round_allreduce_bytes) {
+  partial_.reduction = &reduction_;
+}
 
 RoundResult Controller::RunRound(std::vector<Request> new_requests, bool want_shutdown,
                                  const std::set<std::string>& stalled,
@@ -86,7 +90,21 @@ RoundResult Controller::RunRound(std::vector<Request> new_requests, bool want_sh
     if (!sent) payload.clear();
   }
   if (!sent) bits[0] &= ~kSentWithBitAnd;
-  comm_.StartBitAndWithPayload(bits.data(), static_cast<int>(bits.size()), payload);
+  // Operands of the small cached allreduces (Note [Small tensors in the round]).
+  const bool combining = reduction_.enabled() && read_inputs_ && comm_.CombinesPartials();
+  if (combining) {
+    partial_.mine.clear();
+    std::vector<const void*> inputs;
+    for (const auto& hit : cache_hits_) {
+      if (reduction_.Takes(hit.first, partial_.mine.size()) &&
+          read_inputs_(hit.second.name, &inputs)) {
+        reduction_.Append(hit.first, inputs, &partial_.mine);
+      }
+    }
+    comm_.StartBitAndCombining(bits.data(), static_cast<int>(bits.size()), payload, &partial_);
+  } else {
+    comm_.StartBitAndWithPayload(bits.data(), static_cast<int>(bits.size()), payload);
+  }
   RoundResult result;
   for (int64_t i = 0; !comm_.TestBitAnd(); ++i) {
     if (!idle(i)) {
@@ -98,11 +116,18 @@ RoundResult Controller::RunRound(std::vector<Request> new_requests, bool want_sh
   result.tuning = bits.back();
 
   // Step 3: slots ready everywhere, in ascending order.
+  std::map<int64_t, std::string> reduced;
+  if (combining) reduced = reduction_.Records(partial_.combined);
   for (auto it = cache_hits_.begin(); it != cache_hits_.end();) {
     int64_t slot = it->first;
     if (SlotBit(bits, slot)) {
       cache_.Touch(slot);
-      result.responses.push_back(cache_.response(slot));
+      auto done = reduced.find(slot);
+      if (done != reduced.end()) {
+        result.reduced.push_back(ReducedUnit{cache_.response(slot), std::move(done->second)});
+      } else {
+        result.responses.push_back(cache_.response(slot));
+      }
       it = cache_hits_.erase(it);
     } else {
       ++it;
@@ -121,6 +146,8 @@ RoundResult Controller::RunRound(std::vector<Request> new_requests, bool want_sh
 
   // Step 5.
   result.shutdown = (bits[0] & kNoShutdown) == 0;
+  reduced_in_round_.fetch_add(static_cast<int64_t>(result.reduced.size()),
+                              std::memory_order_relaxed);
   return result;
 }
 

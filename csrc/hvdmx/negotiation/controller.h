@@ -21,9 +21,12 @@
 //                     (Note [Autotune] in autotune.h).
 //    The AND tells everyone which slots are ready on all ranks, whether the
 //    slow path is needed and whether to shut down. This is the whole round in
-//    steady state: no gather, no broadcast, no coordinator.
+//    steady state: no gather, no broadcast, no coordinator. Small cached
+//    allreduces carry their operands with it (Note [Small tensors in the
+//    round] in negotiation/round_reduction.h).
 // 3. Ready slots become responses, in ascending slot order, and are touched
-//    in the cache in that order.
+//    in the cache in that order; those whose operands came back reduced
+//    are done (RoundResult::reduced) instead.
 // 4. Slow path, only if some rank cleared word 0 bit 0: every rank moves its
 //    remaining cache hits to its miss list (a rank whose request missed may be
 //    waiting for ours at the coordinator), then the lists are gathered to
@@ -101,20 +104,29 @@
 #include "comm/comm.h"
 #include "negotiation/message.h"
 #include "negotiation/response_cache.h"
+#include "negotiation/round_reduction.h"
 
 namespace hvdmx {
 
 struct RoundResult {
-  std::vector<Response> responses;  // identical on every rank, in run order
-  bool shutdown = false;            // some rank asked to shut down
-  bool abandoned = false;           // `idle` gave up waiting for the peers
-  uint64_t tuning = ~uint64_t{0};   // rank 0's tuning word (see autotune.h)
+  std::vector<ReducedUnit> reduced;  // identical on every rank, done in the round
+  std::vector<Response> responses;   // identical on every rank, in run order
+  bool shutdown = false;             // some rank asked to shut down
+  bool abandoned = false;            // `idle` gave up waiting for the peers
+  uint64_t tuning = ~uint64_t{0};    // rank 0's tuning word (see autotune.h)
 };
 
 class Controller {
  public:
   // `stall_shutdown_seconds`: see Note [Stall shutdown]; 0 disables it.
-  Controller(Comm& comm, int64_t cache_capacity, double stall_shutdown_seconds = 0.0);
+  // `round_allreduce_bytes`: see Note [Small tensors in the round]; 0 (or
+  // no input reader) turns it off.
+  Controller(Comm& comm, int64_t cache_capacity, double stall_shutdown_seconds = 0.0,
+             int64_t round_allreduce_bytes = 0);
+  // Where the round reads the inputs of this rank's pending entry `name`
+  // (false: it has none), for the operands it sends with the bit-and.
+  using InputReader = std::function<bool(const std::string& name, std::vector<const void*>*)>;
+  void set_input_reader(InputReader reader) { read_inputs_ = std::move(reader); }
   // Words of each round's bit-and (flags, cache bits, tuning word).
   static int BitWords(int64_t cache_capacity) {
     return static_cast<int>(1 + (cache_capacity + 63) / 64 + 1);
@@ -140,6 +152,8 @@ class Controller {
   // bit-and, and those that gathered them after it; any thread may read.
   int64_t sent_with_bit_and() const { return sent_with_bit_and_.load(std::memory_order_relaxed); }
   int64_t gathered() const { return gathered_.load(std::memory_order_relaxed); }
+  // Allreduces this rank completed inside negotiation rounds; any thread.
+  int64_t reduced_in_round() const { return reduced_in_round_.load(std::memory_order_relaxed); }
 
   // Rank 0: for units some ranks submitted before `cutoff` and others have
   // not submitted at all, "'name' (missing on ranks 1, 3)"; at most `limit`.
@@ -187,6 +201,11 @@ class Controller {
   int last_joined_ = -1;
   std::atomic<int64_t> sent_with_bit_and_{0};
   std::atomic<int64_t> gathered_{0};
+  // Note [Small tensors in the round].
+  RoundReduction reduction_;
+  InputReader read_inputs_;
+  BitAndPartial partial_;
+  std::atomic<int64_t> reduced_in_round_{0};
 };
 
 }  // namespace hvdmx

@@ -23,6 +23,8 @@ class ResponseCache {
 
   int64_t capacity() const { return capacity_; }
   int64_t size() const { return static_cast<int64_t>(by_name_.size()); }
+  // Slots 0 .. slots() - 1 hold a response.
+  int64_t slots() const { return static_cast<int64_t>(slots_.size()); }
   // The slot holding a response for a request with the same parameters, or -1.
   int64_t Lookup(const Request& request) const;
   const Request& request(int64_t slot) const { return slots_[slot].request; }

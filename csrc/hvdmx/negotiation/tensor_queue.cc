@@ -107,6 +107,14 @@ bool TensorQueue::Take(const std::string& name, TensorEntry* out) {
   return true;
 }
 
+bool TensorQueue::Inputs(const std::string& name, std::vector<const void*>* out) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = entries_.find(name);
+  if (it == entries_.end()) return false;
+  *out = it->second.inputs;
+  return true;
+}
+
 std::vector<std::string> TensorQueue::EnqueuedBefore(std::chrono::steady_clock::time_point cutoff,
                                                      size_t limit, size_t* total) const {
   std::lock_guard<std::mutex> lock(mu_);

@@ -74,6 +74,9 @@ class TensorQueue {
   // this rank joined through, see Note [Join] in controller.h). The name's
   // next turn, if it waits here, enters negotiation.
   bool Take(const std::string& name, TensorEntry* out);
+  // The input pointers of the pending entry `name` into *out; false if
+  // there is none. They stay valid until the entry is taken.
+  bool Inputs(const std::string& name, std::vector<const void*>* out) const;
   // Names of entries enqueued before `cutoff`, at most `limit` of them, and
   // how many there are in all.
   std::vector<std::string> EnqueuedBefore(std::chrono::steady_clock::time_point cutoff,

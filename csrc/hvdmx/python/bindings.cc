@@ -332,11 +332,13 @@ void AddRuntimeStats(const Runtime& runtime, py::dict& d) {
   }
   d["shm"] = shm_stats;
   // Slow-path rounds whose requests went with the bit-and and those that
-  // gathered them, and the strings (rank 0's responses) broadcast through
+  // gathered them, the allreduces completed inside rounds (Note [Small
+  // tensors in the round]), and the strings (rank 0's responses) broadcast through
   // shared memory (-1 without it).
   py::dict negotiation;
   negotiation["sent_with_bit_and"] = runtime.controller().sent_with_bit_and();
   negotiation["gathered"] = runtime.controller().gathered();
+  negotiation["reduced_in_round"] = runtime.controller().reduced_in_round();
   negotiation["strings_broadcast"] =
       runtime.shm() == nullptr ? -1 : runtime.shm()->stats().strings_broadcast;
   // How rounds reach the other ranks, and the messages this rank has sent

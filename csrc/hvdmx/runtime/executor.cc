@@ -173,6 +173,31 @@ void Fire(TensorEntry& entry, const Status& status) {
 
 }  // namespace
 
+void Executor::FinishReduced(const std::vector<ReducedUnit>& units, TensorQueue* queue) {
+  Timeline& timeline = ProcessTimeline();
+  for (const ReducedUnit& unit : units) {
+    const Response& response = unit.response;
+    TensorEntry entry;
+    // Every rank that gave the unit's operands has its entry (a joined
+    // rank sets no cache bits, so no unit completes without it).
+    HVDMX_CHECK(queue->Take(response.name, &entry),
+                "a unit reduced in the round that this rank has no entry for: " + response.name);
+    const auto start = Clock::now();
+    double post = response.scale.post;
+    if (response.op == ReduceOp::kAverage) post /= comm_.size();
+    RoundReduction::WriteOut(response, unit.reduced, post, entry.outputs);
+    if (timeline.enabled()) {
+      // As RunEntries records a unit: negotiation, the algorithm, the operation.
+      const std::string args = TimelineArgs(entry.request);
+      const auto end = Clock::now();
+      timeline.Phase(response.name, NamesOf(response.type).negotiate, entry.enqueued, start, args);
+      timeline.Phase(response.name, "ROUND_ALLREDUCE", start, end);
+      timeline.Phase(response.name, NamesOf(response.type).operation, start, end, args);
+    }
+    Fire(entry, Status::Ok());
+  }
+}
+
 void Executor::Run(const std::vector<Response>& responses, TensorQueue* queue) {
   std::vector<TensorEntry> entries(responses.size());
   try {

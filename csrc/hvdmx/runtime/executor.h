@@ -18,6 +18,7 @@
 #include "comm/comm.h"
 #include "config/env_config.h"
 #include "negotiation/message.h"
+#include "negotiation/round_reduction.h"
 #include "negotiation/tensor_queue.h"
 #include "platform/huge_pages.h"
 #include "runtime/autotune.h"
@@ -43,6 +44,11 @@ class Executor {
     config_.fusion_threshold = setting.fusion_threshold;
     config_.allreduce_algo = setting.algo;
   }
+
+  // Writes the outputs of the allreduces the round completed (Note [Small
+  // tensors in the round] in negotiation/round_reduction.h) and fires their
+  // callbacks.
+  void FinishReduced(const std::vector<ReducedUnit>& units, TensorQueue* queue);
 
   // Throws PeerGone, having failed the round's entries that had not
   // completed, when a peer stops in the middle (Note [A peer that stops]).

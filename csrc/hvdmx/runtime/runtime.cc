@@ -55,8 +55,12 @@ Runtime::Runtime(std::unique_ptr<Comm> control, std::unique_ptr<Comm> data, cons
       control_(ControlComm(std::move(control), shm_.get(), config)),
       data_(std::move(data)),
       config_(config),
-      controller_(*control_, config.cache_capacity, config.stall_shutdown_seconds),
+      controller_(*control_, config.cache_capacity, config.stall_shutdown_seconds,
+                  config.round_allreduce_bytes),
       executor_(*data_, config_, shm_.get(), peers_on_host) {
+  controller_.set_input_reader([this](const std::string& name, std::vector<const void*>* inputs) {
+    return queue_.Inputs(name, inputs);
+  });
   if (config_.stall_shutdown_seconds > 0) {
     // The coordinator's exchanges give up as a round's bit-and does (Note
     // [Background loop]); without a stall shutdown they wait as MPI does.
@@ -313,6 +317,7 @@ void Runtime::ApplyTuned(const TunedSetting& setting) {
 
 bool Runtime::Execute(const RoundResult& round) {
   try {
+    executor_.FinishReduced(round.reduced, &queue_);
     executor_.Run(round.responses, &queue_);
   } catch (const PeerGone& gone) {
     return StopAfterPeer(gone);
@@ -324,11 +329,13 @@ bool Runtime::Execute(const RoundResult& round) {
 bool Runtime::FinishRound(const RoundResult& round, bool want_shutdown) {
   if (tuner_) {
     int64_t bytes = 0;
-    for (const Response& r : round.responses) {
+    auto add = [&bytes](const Response& r) {
       for (size_t t = 0; t < r.counts.size(); ++t) {
         bytes += r.counts[t] * static_cast<int64_t>(DataTypeSize(r.dtypes[t]));
       }
-    }
+    };
+    for (const ReducedUnit& unit : round.reduced) add(unit.response);
+    for (const Response& r : round.responses) add(r);
     tuner_->RoundDone(bytes, std::chrono::steady_clock::now());
   }
   MaybeWarnStall();

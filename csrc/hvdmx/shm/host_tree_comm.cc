@@ -52,18 +52,46 @@ void HostTreeComm::AwaitShm() {
   }
 }
 
-void HostTreeComm::StartBitAnd(uint64_t* words, int n) {
+void HostTreeComm::StartBitAndCombining(uint64_t* words, int n, const std::string& payload,
+                                        BitAndPartial* partial) {
   HVDMX_CHECK(phase_ == Phase::kIdle, "a bit-and is already outstanding");
+  HVDMX_CHECK(payload.empty(), "the host-tree comm carries no bit-and payload");
+  HVDMX_CHECK(partial == nullptr ||
+                  (partial->reduction != nullptr &&
+                   static_cast<int64_t>(partial->mine.size()) <= BitAndPartial::kMaxBytes),
+              "a bit-and partial needs its reduction and at most BitAndPartial::kMaxBytes");
   words_ = words;
   n_ = n;
-  shm_->StartBitAnd(words, n);  // part 1
+  partial_ = partial;
+  shm_->StartBitAnd(words, n, partial != nullptr ? partial->mine : std::string());  // part 1
   phase_ = Phase::kHost;
+}
+
+void HostTreeComm::CheckFrom(int j, const std::string& partial) const {
+  try {
+    partial_->reduction->Check(partial);
+  } catch (const std::invalid_argument& e) {
+    throw PeerProtocolError(j, "hvdmx: local rank " + std::to_string(j) +
+                                   " gave a bit-and partial that does not parse: " + e.what());
+  }
+}
+
+std::string HostTreeComm::FoldHost() {
+  std::string folded;
+  for (int j = 0; j < local_size_; ++j) {
+    std::string theirs = j == local_rank_ ? partial_->mine : shm_->BitAndPayload(j);
+    if (j != local_rank_) CheckFrom(j, theirs);
+    folded = j == 0 ? std::move(theirs) : partial_->reduction->Combine(folded, theirs);
+  }
+  return folded;
 }
 
 void HostTreeComm::StartResult() {
   if (leader()) {
     const uint64_t hops = static_cast<uint64_t>(hops_);
-    shm_->StartBitAnd(words_, n_, std::string(reinterpret_cast<const char*>(&hops), 8));
+    std::string payload(reinterpret_cast<const char*>(&hops), 8);
+    if (partial_ != nullptr) payload += partial_->combined;
+    shm_->StartBitAnd(words_, n_, payload);
   } else {
     ones_.assign(n_, ~uint64_t{0});
     shm_->StartBitAnd(ones_.data(), n_);
@@ -76,12 +104,21 @@ bool HostTreeComm::TestBitAnd() {
   if (phase_ == Phase::kHost) {
     if (!shm_->TestBitAnd()) return false;
     if (size_ == local_size_) {  // one host: part 1 was the whole AND
+      // Every rank folds the host's partials alike.
+      if (partial_ != nullptr) partial_->combined = FoldHost();
       hops_ = 0;
       phase_ = Phase::kIdle;
       return true;
     }
+    if (leader() && partial_ != nullptr) partial_->combined = FoldHost();
     if (leader() && leaders_->size() > 1) {
-      leaders_->StartBitAnd(words_, n_);  // part 2
+      if (partial_ != nullptr) {
+        leaders_partial_.mine = std::move(partial_->combined);
+        leaders_partial_.reduction = partial_->reduction;
+        leaders_->StartBitAndCombining(words_, n_, "", &leaders_partial_);  // part 2
+      } else {
+        leaders_->StartBitAnd(words_, n_);  // part 2
+      }
       phase_ = Phase::kLeaders;
       in_network_ = true;
     } else {
@@ -93,15 +130,20 @@ bool HostTreeComm::TestBitAnd() {
     if (!leaders_->TestBitAnd()) return false;
     in_network_ = false;
     hops_ = leaders_->last_bit_and_hops();
+    if (partial_ != nullptr) partial_->combined = std::move(leaders_partial_.combined);
     StartResult();
   }
   if (!shm_->TestBitAnd()) return false;  // part 3
   if (!leader()) {
     std::memcpy(words_, ones_.data(), static_cast<size_t>(n_) * 8);
-    const std::string hops = shm_->BitAndPayload(0);
+    const std::string got = shm_->BitAndPayload(0);
     uint64_t h = 0;
-    if (hops.size() == 8) std::memcpy(&h, hops.data(), 8);
+    if (got.size() >= 8) std::memcpy(&h, got.data(), 8);
     hops_ = static_cast<int>(h);
+    if (partial_ != nullptr) {
+      partial_->combined = got.size() > 8 ? got.substr(8) : std::string();
+      CheckFrom(0, partial_->combined);
+    }
   }
   phase_ = Phase::kIdle;
   return true;

@@ -18,6 +18,10 @@
 //   3. a second shared-memory bit-and hands the result to the host: the
 //      leader gives its words (and the hops of part 2 as its payload), the
 //      others all ones.
+// A partial (BitAndReduction in comm/comm.h) takes the same road: each rank
+// gives its own as part 1's payload, the leader folds the host's in local
+// rank order and combines the result with the other leaders' in part 2,
+// and hands the combination to the host after the hops in part 3.
 // Ranks that are not leaders send and receive nothing over the network.
 // The slow path's gather and broadcast (negotiation/controller.h, step 4)
 // take the same road: the host's strings reach the leader in shared-memory
@@ -60,8 +64,12 @@ class HostTreeComm : public Comm {
   // BcastString take root 0 only, as the controller uses them.
   std::vector<std::string> Gather(const std::string& mine, int root) override;
   void BcastString(std::string* data, int root) override;
-  void StartBitAnd(uint64_t* words, int n) override;
+  void StartBitAnd(uint64_t* words, int n) override { StartBitAndCombining(words, n, "", nullptr); }
   bool TestBitAnd() override;
+  bool CombinesPartials() const override { return true; }
+  // `payload` must be empty: this comm carries none (BitAndPayloadCapacity).
+  void StartBitAndCombining(uint64_t* words, int n, const std::string& payload,
+                            BitAndPartial* partial) override;
   void set_idle(std::function<bool(int64_t)> idle) override;
   // A leader waiting for the network blocks in poll(2) on its sockets;
   // waits in shared memory poll.
@@ -89,6 +97,11 @@ class HostTreeComm : public Comm {
   void StartResult();
   // Waits for the shared-memory bit-and in flight, calling the idle function.
   void AwaitShm();
+  // After part 1: the host's partials folded in local rank order.
+  std::string FoldHost();
+  // Throws PeerProtocolError naming local rank `j` when `partial`, which it
+  // gave, does not parse.
+  void CheckFrom(int j, const std::string& partial) const;
   bool leader() const { return local_rank_ == 0; }
 
   ShmControl* shm_;
@@ -102,7 +115,9 @@ class HostTreeComm : public Comm {
   uint64_t* words_ = nullptr;
   int n_ = 0;
   int hops_ = 0;
-  std::vector<uint64_t> ones_;  // a non-leader's part-3 words
+  std::vector<uint64_t> ones_;        // a non-leader's part-3 words
+  BitAndPartial* partial_ = nullptr;  // the caller's, or null
+  BitAndPartial leaders_partial_;     // the leader's side of part 2
 };
 
 }  // namespace hvdmx

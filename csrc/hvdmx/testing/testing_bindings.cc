@@ -181,6 +181,7 @@ py::dict TestingLoadConfig(const std::map<std::string, std::string>& env) {
   d["ring_min_bytes"] = c.ring_min_bytes;
   d["ring_segment_bytes"] = c.ring_segment_bytes;
   d["shm_min_bytes"] = c.shm_min_bytes;
+  d["round_allreduce_bytes"] = c.round_allreduce_bytes;
   d["shm_chunk_bytes"] = c.shm_chunk_bytes;
   d["shm_direct_min_bytes"] = DirectMinBytesValue(c.shm_direct_min_bytes);
   d["shm_streaming_stores"] = StageStoresName(c.shm_streaming_stores);
@@ -293,11 +294,13 @@ class LocalJob {
       runtimes_.back()->Start();
     }
   }
-  // Per rank: the Controller's sent_with_bit_and() and gathered().
-  std::vector<std::pair<int64_t, int64_t>> Negotiation() const {
-    std::vector<std::pair<int64_t, int64_t>> out;
+  // Per rank: the Controller's sent_with_bit_and(), gathered() and
+  // reduced_in_round().
+  std::vector<std::tuple<int64_t, int64_t, int64_t>> Negotiation() const {
+    std::vector<std::tuple<int64_t, int64_t, int64_t>> out;
     for (const auto& rt : runtimes_) {
-      out.emplace_back(rt->controller().sent_with_bit_and(), rt->controller().gathered());
+      const Controller& c = rt->controller();
+      out.emplace_back(c.sent_with_bit_and(), c.gathered(), c.reduced_in_round());
     }
     return out;
   }

@@ -7,8 +7,10 @@
 #include <pybind11/stl.h>
 
 #include <cstdint>
+#include <cstring>
 #include <exception>
 #include <functional>
+#include <map>
 #include <memory>
 #include <string>
 #include <thread>
@@ -17,6 +19,8 @@
 #include "algorithms/exchange_allreduce.h"
 #include "algorithms/ring.h"
 #include "comm/local_comm.h"
+#include "config/env_config.h"
+#include "negotiation/round_reduction.h"
 #include "shm/host_tree_comm.h"
 #include "shm/shm_host.h"
 #include "testing/testing_bindings.h"
@@ -134,15 +138,21 @@ std::vector<py::dict> TestingLocalCollectives(int n, int direct_bit_and_ranks, i
 
 // Rank `victim` (0 or 1) of a LocalComm pair whose other rank sends
 // `bytes` bytes and then nothing else, while the victim waits for its part
-// of `what`: "recv" (a message of exactly 8 bytes) or "bit_and" (one word;
-// rank 0 may be sent a payload with it, rank 1 not). Returns the
+// of `what`: "recv" (a message of exactly 8 bytes) or "bit_and" (one word,
+// then a partial's 8-byte length; rank 0 may be sent a payload after it,
+// rank 1 not). In a bit-and the length says 0 (when the bytes reach it),
+// or with "bit_and_partial" one byte more than follows it. Returns the
 // PeerProtocolError it raised, "" if none.
 std::string TestingLocalLyingPeer(const std::string& what, int victim, int64_t bytes) {
   auto world = std::make_shared<LocalWorld>(2);
   LocalComm comm(world, victim);
   LocalComm liar(world, 1 - victim);
   try {
-    const std::string lie(static_cast<size_t>(bytes), 'x');
+    std::string lie(static_cast<size_t>(bytes), 'x');
+    if (what != "recv" && bytes >= 16) {
+      const uint64_t length = what == "bit_and_partial" ? static_cast<uint64_t>(bytes - 15) : 0;
+      std::memcpy(&lie[8], &length, 8);
+    }
     liar.Wait(liar.ISend(lie.data(), bytes, victim));
     if (what == "recv") {
       uint64_t word = 0;
@@ -227,9 +237,73 @@ std::vector<py::dict> TestingHostTree(const std::vector<std::vector<int>>& hosts
   });
 }
 
+// One combining bit-and (Note [Small tensors in the round] in
+// negotiation/round_reduction.h) over hosts x per_host ranks, one thread
+// each: a LocalComm over the hosts' leaders (direct up to
+// `direct_bit_and_ranks` hosts), under a HostTreeComm when per_host > 1
+// (rank h * per_host + l is local rank l of host h). Every rank's cache
+// holds a float32 Sum allreduce of len(values[0]) elements at slot 0;
+// rank r gives values[r] as its operand, or leaves the slot out when
+// values[r] is empty; rank `liar` gives the bytes `lie` as its partial
+// instead. Per rank: "reduced", the slot's reduced operand (None when the
+// combination lacks it), and "error".
+std::vector<py::dict> TestingRoundBitAnd(int hosts, int per_host, int direct_bit_and_ranks,
+                                         const std::vector<std::vector<float>>& values, int liar,
+                                         const std::string& lie) {
+  const int size = hosts * per_host;
+  if (static_cast<int>(values.size()) != size) throw py::value_error("one operand per rank");
+  std::vector<std::unique_ptr<PlainShmRegions>> memory;
+  for (int h = 0; h < hosts && per_host > 1; ++h) {
+    memory.push_back(std::make_unique<PlainShmRegions>(per_host, 4096));
+  }
+  auto world = std::make_shared<LocalWorld>(hosts);
+  Request request;
+  request.name = "t";
+  request.dtypes = {DataType::kFloat32};
+  request.shapes = {{static_cast<int64_t>(values[0].size())}};
+  const Response response = MakeResponse({request});
+  py::gil_scoped_release release;
+  return OnThreads(size, [&](int r, py::dict* result) {
+    const int h = r / per_host, l = r % per_host;
+    ResponseCache cache(4);
+    cache.Put(request, response);
+    const RoundReduction reduction(cache, Config::kMaxRoundAllreduceBytes);
+    BitAndPartial partial;
+    partial.reduction = &reduction;
+    if (r == liar) {
+      partial.mine = lie;
+    } else if (!values[r].empty() && reduction.Takes(0, 0)) {
+      reduction.Append(0, {values[r].data()}, &partial.mine);
+    }
+    std::unique_ptr<P2PComm> leaders;
+    if (l == 0) leaders = std::make_unique<LocalComm>(world, h, direct_bit_and_ranks);
+    std::unique_ptr<ShmHost> shm;
+    std::unique_ptr<Comm> comm;
+    if (per_host > 1) {
+      shm = std::make_unique<ShmHost>(l, per_host, memory[h]->regions, 4096, memory[h]->memory,
+                                      nullptr);
+      comm =
+          std::make_unique<HostTreeComm>(&shm->control(), l, per_host, std::move(leaders), r, size);
+    } else {
+      comm = std::move(leaders);
+    }
+    uint64_t word = ~uint64_t{0};
+    comm->StartBitAndCombining(&word, 1, "", &partial);
+    while (!comm->TestBitAnd()) std::this_thread::yield();
+    const std::map<int64_t, std::string> records = reduction.Records(partial.combined);
+    py::gil_scoped_acquire gil;
+    auto it = records.find(0);
+    (*result)["reduced"] =
+        it == records.end() ? py::object(py::none()) : py::object(py::bytes(it->second));
+  });
+}
+
 }  // namespace
 
 void DefineTestingCommBindings(py::module_& m) {
+  m.def("round_bit_and", &TestingRoundBitAnd, py::arg("hosts"), py::arg("per_host"),
+        py::arg("direct_bit_and_ranks"), py::arg("values"), py::arg("liar") = -1,
+        py::arg("lie") = py::bytes());
   m.def("host_tree", &TestingHostTree, py::arg("hosts"), py::arg("direct_bit_and_ranks"),
         py::arg("big"));
   m.def("gather_string", &GatherString, py::arg("rank"), py::arg("round"), py::arg("big"));
