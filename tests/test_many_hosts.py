@@ -37,7 +37,7 @@ def th():
     reason = testhosts.unavailable()
     if reason:
         pytest.skip(reason)
-    with testhosts.hosts(5) as instance:
+    with testhosts.hosts(8) as instance:
         yield instance
 
 
@@ -221,6 +221,12 @@ LAYOUTS = {
     # hierarchical allreduce (ten processes on two cores: a few tests only).
     "5x2": ([2] * 5, "topology or hierarchical_on_the_hosts or join_with_uneven "
                      "or even_and_odd or mismatched_shape or mismatch_after_cached"),
+    # Eight hosts of one rank: the negotiation by doubling over eight leaders,
+    # the ring across eight hosts; and four hosts of four, sixteen processes
+    # (on two cores: process sets, the hierarchical allreduce and join only).
+    "8x1": ([1] * 8, "topology or set_per_host or hierarchical_on_the_hosts or "
+                     "join_with_uneven or repeated_names"),
+    "4x4": ([4] * 4, "topology or set_per_host or hierarchical_on_the_hosts or join_with_uneven"),
 }
 
 
