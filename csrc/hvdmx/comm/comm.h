@@ -80,6 +80,11 @@ struct BitAndPartial {
   // The most bytes a partial may hold on the wire; a longer one from a
   // peer fails the comm naming it.
   static constexpr int64_t kMaxBytes = 24 * 1024;
+  // What a comm checks before it starts: a reduction, and a partial of at
+  // most kMaxBytes.
+  bool Ready() const {
+    return reduction != nullptr && static_cast<int64_t>(mine.size()) <= kMaxBytes;
+  }
 };
 
 class Comm {

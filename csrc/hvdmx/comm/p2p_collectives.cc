@@ -248,9 +248,7 @@ void P2PComm::StartBitAndCombining(uint64_t* words, int n, const std::string& pa
   HVDMX_CHECK(!bit_and_active_, "a bit-and is already outstanding");
   HVDMX_CHECK(static_cast<int64_t>(payload.size()) <= BitAndPayloadCapacity(),
               "bit-and payload too big");
-  HVDMX_CHECK(partial == nullptr ||
-                  (partial->reduction != nullptr &&
-                   static_cast<int64_t>(partial->mine.size()) <= BitAndPartial::kMaxBytes),
+  HVDMX_CHECK(partial == nullptr || partial->Ready(),
               "a bit-and partial needs its reduction and at most BitAndPartial::kMaxBytes");
   WaitAll(bit_sends_, Waiting::kTransfer);
   bit_sends_.clear();

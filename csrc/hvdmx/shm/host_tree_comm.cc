@@ -56,9 +56,7 @@ void HostTreeComm::StartBitAndCombining(uint64_t* words, int n, const std::strin
                                         BitAndPartial* partial) {
   HVDMX_CHECK(phase_ == Phase::kIdle, "a bit-and is already outstanding");
   HVDMX_CHECK(payload.empty(), "the host-tree comm carries no bit-and payload");
-  HVDMX_CHECK(partial == nullptr ||
-                  (partial->reduction != nullptr &&
-                   static_cast<int64_t>(partial->mine.size()) <= BitAndPartial::kMaxBytes),
+  HVDMX_CHECK(partial == nullptr || partial->Ready(),
               "a bit-and partial needs its reduction and at most BitAndPartial::kMaxBytes");
   words_ = words;
   n_ = n;
