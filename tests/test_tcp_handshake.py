@@ -353,9 +353,13 @@ def frame(length, body=b""):
      "a gather record for rank 0, which is not of its subtree or came twice"),
     ("gather", 0, frame(12, struct.pack("<IQ", 1, 9)),
      "a gather record of 9 bytes where 0 remain in its message"),
-    ("bit_and", 0, frame(3, b"abc"), "a bit-and of 3 bytes where 8 were expected"),
-    # Rank 0 takes a payload with each rank's words, up to 64 MiB.
-    ("bit_and", 0, frame(2 ** 40), "bytes where at most %d were expected" % (8 + (64 << 20))),
+    ("bit_and", 0, frame(3, b"abc"), "a bit-and of 3 bytes where 16 were expected"),
+    # Rank 0 takes, with each rank's word, its partial's length and up to 24 KiB
+    # of partial, and a payload of up to 64 MiB.
+    ("bit_and", 0, frame(2 ** 40),
+     "bytes where at most %d were expected" % (16 + 24 * 1024 + (64 << 20))),
+    ("bit_and", 0, frame(24, struct.pack("<QQ", 2 ** 64 - 1, 9) + b"x" * 8),
+     "a bit-and partial of 9 bytes, where 8 followed"),
 ])
 def test_a_peer_that_lies_about_sizes_fails_the_comm_naming_it(what, size, frames, expected):
     peer = LyingPeer(frames)
