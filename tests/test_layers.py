@@ -5,12 +5,12 @@ importer, and each module imports first in a fresh interpreter."""
 import ast
 import os
 import re
-import subprocess
 import sys
 
 import pytest
 
 import hvdmx
+from first_import import import_each_first
 
 PACKAGE = os.path.dirname(hvdmx.__file__)
 
@@ -125,48 +125,11 @@ SUBMODULES = sorted(
         ".__init__", "")
     for path in module_files())
 
-# One interpreter imports MXNet (and with it numpy), nothing of hvdmx, and
-# forks a child a module, in which that module is the first of hvdmx imported:
-# as in a fresh interpreter as far as hvdmx's own imports go, which are what
-# this checks, without each child importing MXNet again (2 s each; issue 50).
-# Not mpi4py: its import initializes MPI, which a fork must not copy.
-# Each child's stdout and stderr go to OUT/<module>; the parent prints each
-# module's exit code.
-IMPORT_EACH = """
-import os, sys, traceback
-import mxnet
-out = sys.argv[1]
-for module in sys.argv[2:]:
-    pid = os.fork()
-    if pid == 0:
-        fd = os.open(os.path.join(out, module), os.O_WRONLY | os.O_CREAT)
-        os.dup2(fd, 1)
-        os.dup2(fd, 2)
-        try:
-            loaded = [m for m in sys.modules if m == "hvdmx" or m.startswith("hvdmx.")]
-            assert not loaded, f"hvdmx modules imported before {module}: {loaded}"
-            __import__(module)
-        except BaseException:
-            traceback.print_exc()
-            sys.stderr.flush()
-            os._exit(1)
-        sys.stdout.flush()
-        sys.stderr.flush()
-        os._exit(0)
-    print(module, os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]), flush=True)
-"""
-
-
 @pytest.fixture(scope="module")
 def imported_first(tmp_path_factory):
-    """{module: (exit code, output)} of importing each module first."""
-    out = tmp_path_factory.mktemp("imports")
-    result = subprocess.run([sys.executable, "-c", IMPORT_EACH, str(out), *SUBMODULES],
-                            capture_output=True, text=True, timeout=300,
-                            env=dict(os.environ, OMP_NUM_THREADS="1"))
-    assert result.returncode == 0, result.stderr
-    codes = dict(line.split() for line in result.stdout.splitlines())
-    return {module: (int(code), (out / module).read_text()) for module, code in codes.items()}
+    """{module: (exit code, output)} of importing each module first (tests/first_import.py)."""
+    return import_each_first(SUBMODULES, tmp_path_factory.mktemp("imports"),
+                             env=dict(os.environ, OMP_NUM_THREADS="1"))
 
 
 @pytest.mark.parametrize("module", SUBMODULES)
