@@ -1,14 +1,11 @@
 #!/usr/bin/env bash
-# Runs the whole test suite: the single-process tests (two pytest shards), and
-# tests/parallel under mpiexec -n 1, 2, 3 and 4 (HVDMX_TEST_RANKS) and under
-# hvdmxrun --no-mpi, two runs at a time (see lane below). Exits non-zero if
-# anything failed, hung or crashed, and ends with one line for CI: "N passed, N
-# failed" (all runs added up; a multi-rank test counts once, as failed if it
-# failed on any rank).
+# Runs the whole test suite: the single-process tests, then tests/parallel under
+# mpiexec -n 1, 2, 3 and 4 (HVDMX_TEST_RANKS). Exits non-zero if anything failed,
+# hung or crashed, and ends with one line for CI: "N passed, N failed" (all runs
+# added up; a multi-rank test counts once, as failed if it failed on any rank).
 #
-# Each run's output (rank 0's under a launcher) is printed whole when the run
-# ends; the other ranks' logs are in a temporary directory, and their ends are
-# printed when a run fails.
+# Under mpiexec every rank runs pytest; rank 0 prints to the terminal and the other
+# ranks write to a log in a temporary directory, printed when a run fails.
 #
 # Environment (all optional):
 #   PYTHON                  interpreter with hvdmx installed  (default: .venv/bin/python)
@@ -57,54 +54,53 @@ export OMP_NUM_THREADS=1 MXNET_CPU_WORKER_NTHREADS=1 MXNET_ENGINE_TYPE=ThreadedE
 unset PYTHONDONTWRITEBYTECODE
 
 logs=$(mktemp -d "${TMPDIR:-/tmp}/hvdmx-tests.XXXXXX")
+status=0
+runs=()
 
-# Records a run's label, rank count, exit code and duration (from $started)
-# in $logs/runs, one line a run (lanes append to it at once; a short line is
-# written whole). Any exit code but 0 fails the suite, pytest's 5 (no tests
-# collected) too: a run that collected nothing tested nothing.
+# Records a run's label, rank count, exit code and duration (from $started).
+# Any exit code but 0 fails the suite, pytest's 5 (no tests collected) too: a
+# run that collected nothing tested nothing.
 finish_run() {
   local label=$1 nranks=$2 rc=$3
-  echo "$label:$nranks:$rc:$((SECONDS - started))" >>"$logs/runs"
-  if ((rc == 124 || rc == 137)); then
-    echo "hvdmx tests: $label exceeded ${run_timeout}s and was killed" >&2
+  runs+=("$label:$nranks:$rc:$((SECONDS - started))")
+  if ((rc != 0)); then
+    status=1
+    if ((rc == 124 || rc == 137)); then
+      echo "hvdmx tests: $label exceeded ${run_timeout}s and was killed" >&2
+    fi
   fi
 }
 
-# Prints a finished run's output (rank 0's) whole, one run after another, as
-# two lanes finish runs at once.
-show_run() {
-  # shellcheck disable=SC2016
-  flock "$logs/print.lock" bash -c 'echo "== $0"; cat "$1"' "$2" "$logs/$1.log"
-}
-
-# The single-process tests, as two pytest processes: most of their time is
-# spent starting processes (MPI jobs, MXNet imports, test hosts) rather than
-# computing, and one of them alone keeps about one of the two cores busy.
-# Shard "a" holds the files that make test hosts (which must not overlap) and
-# the longest jobs, balanced by the times of a whole run; "b" everything else,
-# so a new file lands there.
+# The single-process tests run as two pytest processes at once, because
+# most of their time is spent starting processes (MPI jobs, MXNet imports,
+# test hosts) rather than computing, and one of them alone keeps about one of
+# the two cores busy. Shard "a" holds the files that make test hosts (which
+# must not overlap) or whose jobs are the longest, balanced by the times of a
+# whole run; "b" everything else, so a new file lands there. Shard b's output
+# is printed when it ends.
 shard_a=(tests/test_many_hosts.py tests/test_elastic_jobs.py tests/test_testhosts.py tests/test_tcp_transport.py
   tests/test_process_exit.py tests/test_launcher_mismatch.py tests/test_timeline.py
   tests/test_tcp_comm.py tests/test_shm_process_exit.py tests/test_one_mpi.py
   tests/test_horovod_programs.py tests/test_as_horovod.py)
 ignore_a=()
 for file in "${shard_a[@]}"; do ignore_a+=(--ignore="$file"); done
-
-# Usage: run_serial LABEL TITLE PYTEST-ARGUMENTS...
-run_serial() {
-  local label=$1 title=$2
-  shift 2
-  started=$SECONDS
-  timeout -k 10 "$run_timeout" "$PYTHON" -m pytest -q --timeout="$test_timeout" \
-    -p no:cacheprovider --junitxml="$logs/$label.rank0.xml" "$@" >"$logs/$label.log" 2>&1
-  local rc=$?
-  finish_run "$label" 1 "$rc"
-  show_run "$label" "single process, shard ${label#serial-}: $title"
-}
+echo "== single process: pytest tests (without tests/parallel), two shards at once"
+started=$SECONDS
+timeout -k 10 "$run_timeout" "$PYTHON" -m pytest -q --timeout="$test_timeout" \
+  -p no:cacheprovider --ignore=tests/parallel "${ignore_a[@]}" --junitxml="$logs/serial-b.rank0.xml" tests \
+  >"$logs/serial-b.log" 2>&1 &
+shard_b=$!
+timeout -k 10 "$run_timeout" "$PYTHON" -m pytest -q --timeout="$test_timeout" \
+  -p no:cacheprovider --junitxml="$logs/serial-a.rank0.xml" "${shard_a[@]}"
+finish_run serial-a 1 $?
+wait "$shard_b"
+rc=$?
+echo "== single process, shard b (the other files)"
+cat "$logs/serial-b.log"
+finish_run serial-b 1 "$rc"
 
 # Runs tests/parallel on N ranks under a launcher and records the run as LABEL.
-# Each rank: rank 0 writes $logs/LABEL.log (printed when the run ends), the
-# others their own logs; each writes its own JUnit report.
+# Each rank: rank 0 prints, the others log; each writes its own JUnit report.
 # The thread timeout method ends a stuck rank even inside a C call, and the
 # launcher then ends the job; the outer timeout bounds the run whatever happens.
 # A fixed Hypothesis seed keeps generated inputs the same on every rank.
@@ -112,91 +108,42 @@ run_serial() {
 run_parallel() {
   local label=$1 n=$2
   shift 2
+  echo "== $*: pytest tests/parallel"
   started=$SECONDS
   # shellcheck disable=SC2016
   timeout -k 10 "$run_timeout" "$@" bash -c '
     rank=${PMI_RANK:-${OMPI_COMM_WORLD_RANK:-${PMIX_RANK:-${HVDMX_RANK:-0}}}}
     logs=$1; label=$2; shift 2
+    if [[ $rank == 0 ]]; then
+      exec "$@" --junitxml="$logs/$label.rank$rank.xml"
+    fi
     exec "$@" --junitxml="$logs/$label.rank$rank.xml" >"$logs/$label.rank$rank.log" 2>&1
   ' rank-wrapper "$logs" "$label" \
     "$PYTHON" -m pytest -q -x -p no:cacheprovider --timeout="$test_timeout" \
-    --timeout-method=thread --hypothesis-seed=0 tests/parallel >"$logs/$label.log" 2>&1
+    --timeout-method=thread --hypothesis-seed=0 tests/parallel
   local rc=$?
-  cat "$logs/$label.rank0.log" >>"$logs/$label.log" 2>/dev/null
   finish_run "$label" "$n" "$rc"
   if ((rc != 0)); then
     for ((r = 1; r < n; r++)); do
       echo "---- $*, rank $r: $logs/$label.rank$r.log"
       tail -n 60 "$logs/$label.rank$r.log" 2>/dev/null || echo "(no log)"
-    done >>"$logs/$label.log"
+    done
   fi
-  show_run "$label" "$*: pytest tests/parallel"
 }
 
-# The multi-rank runs, largest first: tests/parallel under mpiexec at each rank
-# count, and in a job that hvdmxrun starts without MPI (--no-mpi): hvd.init
+for n in "${rank_counts[@]}"; do
+  run_parallel "n$n" "$n" "$MPIEXEC" "${mpiexec_flags[@]}" -n "$n"
+done
+
+# The same suite in a job that hvdmxrun starts without MPI (--no-mpi): hvd.init
 # over the launcher's rendezvous, TCP and shared memory only (docs/running.md).
-sort -rn <(printf '%s\n' "${rank_counts[@]}") | sed 's/^/n/' >"$logs/queue"
-[[ -z $nompi_ranks ]] || echo "nompi$nompi_ranks" >>"$logs/queue"
-echo 0 >"$logs/queue.taken"
-
-# Takes the next multi-rank run off the queue: prints its label, or nothing
-# when none is left.
-take_run() {
-  # shellcheck disable=SC2016
-  flock "$logs/queue.lock" bash -c '
-    taken=$(<"$0/queue.taken")
-    label=$(sed -n "$((taken + 1))p" "$0/queue")
-    [[ -z $label ]] || echo $((taken + 1)) >"$0/queue.taken"
-    printf "%s" "$label"' "$logs"
-}
-
-# Runs the multi-rank run LABEL: nN under mpiexec -n N, nompiN under hvdmxrun.
-start_run() {
-  local label=$1
-  if [[ $label == nompi* ]]; then
-    run_parallel "$label" "${label#nompi}" "$(dirname "$PYTHON")/hvdmxrun" --no-mpi \
-      -np "${label#nompi}"
-  else
-    run_parallel "$label" "${label#n}" "$MPIEXEC" "${mpiexec_flags[@]}" -n "${label#n}"
-  fi
-}
-
-# A lane: one single-process shard, then multi-rank runs off the queue until
-# none is left. Two lanes run at once, so that the machine's two cores stay
-# busy to the end: the multi-rank runs start as soon as a shard is done, in
-# the other shard's time, rather than after both.
-# Usage: lane LABEL TITLE PYTEST-ARGUMENTS... (of its shard)
-lane() {
-  local label
-  run_serial "$@"
-  while label=$(take_run) && [[ -n $label ]]; do
-    start_run "$label"
-  done
-}
-
-echo "== two lanes at once: pytest tests (without tests/parallel) in two shards, then" \
-  "tests/parallel under each launcher; each run's output when it ends"
-lane serial-a "pytest ${shard_a[*]}" "${shard_a[@]}" &
-lane_a=$!
-lane serial-b "pytest tests, without tests/parallel and shard a's files" \
-  --ignore=tests/parallel "${ignore_a[@]}" tests
-wait "$lane_a"
-
-# The runs in a fixed order, whichever lane ran them.
-runs=()
-for label in serial-a serial-b $(printf 'n%s ' "${rank_counts[@]}") ${nompi_ranks:+nompi$nompi_ranks}; do
-  line=$(grep -m1 "^$label:" "$logs/runs") || line="$label:1:1:0"  # a lane that died
-  runs+=("$line")
-done
-status=0
-for run in "${runs[@]}"; do
-  IFS=: read -r _ _ rc _ <<<"$run"
-  ((rc == 0)) || status=1
-done
+if [[ -n $nompi_ranks ]]; then
+  run_parallel "nompi$nompi_ranks" "$nompi_ranks" "$(dirname "$PYTHON")/hvdmxrun" --no-mpi \
+    -np "$nompi_ranks"
+fi
 
 if ((status != 0)); then
-  printf '\nhvdmx tests: FAILED; JUnit reports and the logs of every run and rank are in %s\n' "$logs"
+  printf '\nhvdmx tests: FAILED; JUnit reports and the logs of ranks > 0 are in %s\n' "$logs"
 fi
 
 # Adds up the JUnit reports. Per run, a test is failed if it failed or errored on
@@ -252,7 +199,7 @@ for label, nranks, rc, seconds in runs:
     print(f"{label:>7}: {line}; exit {rc}{notes.get(rc, '')}; {seconds}s")
     for k in total:
         total[k] += counts[k]
-print(f"{'all':>7}: {elapsed}s (two lanes at once: serial-a and serial-b, then the other runs)")
+print(f"{'all':>7}: {elapsed}s (serial-a and serial-b side by side, then each rank count)")
 print(f"{total['passed']} passed, {total['failed']} failed")
 EOF
 (($? == 0)) || status=1

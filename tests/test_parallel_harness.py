@@ -117,6 +117,6 @@ def test_run_all_counts_a_run_that_collects_nothing_as_failed(tmp_path):
     lines = result.stdout.splitlines()
     assert re.fullmatch(r" +n2: .*; \d+s", lines[-4]), lines[-4:]
     assert re.fullmatch(r" +nompi2: .*; \d+s", lines[-3]), lines[-3:]
-    assert re.fullmatch(r" +all: \d+s \(two lanes at once: serial-a and serial-b, then the "
-                        r"other runs\)", lines[-2]), lines[-2:]
+    assert re.fullmatch(r" +all: \d+s \(serial-a and serial-b side by side, then each rank "
+                        r"count\)", lines[-2]), lines[-2:]
     assert lines[-1] == "0 passed, 4 failed"
