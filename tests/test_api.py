@@ -5,13 +5,12 @@ import ast
 import inspect
 import os
 import re
-import subprocess
-import sys
 
 import mxnet as mx
 import pytest
 
 import hvdmx as hvd
+from first_import import import_each_first
 
 HOROVOD_MXNET_NAMES = [
     "init", "shutdown", "is_initialized", "size", "rank", "local_size", "local_rank",
@@ -181,16 +180,25 @@ def test_a_collective_before_init_is_caught_as_horovod_callers_catch_it(caught_a
         raise AssertionError("no error")
 
 
-@pytest.mark.parametrize("module", ["ops", "optimizer", "trainer", "functions", "objects",
-                                    "process_sets", "basics", "kvstore", "checkpoint",
-                                    "compression"])
-def test_each_submodule_imports_first_on_its_own(module):
-    # A fresh interpreter whose first hvdmx import is this submodule: the
-    # modules import each other, and none may find another half-initialized.
-    code = (f"import hvdmx.{module}\n"
-            "import hvdmx as hvd, mxnet as mx\n"
+FIRST_IMPORTS = ["ops", "optimizer", "trainer", "functions", "objects", "process_sets",
+                 "basics", "kvstore", "checkpoint", "compression"]
+
+
+@pytest.fixture(scope="module")
+def imported_first(tmp_path_factory):
+    # Each in a child whose first hvdmx import is this submodule
+    # (tests/first_import.py), then hvdmx initialized, its kvstore made, and
+    # hvdmx shut down.
+    then = ("import hvdmx as hvd, mxnet as mx\n"
             "hvd.init()\n"
-            "assert mx.kv.create('dist_sync_hvdmx').type == 'dist_sync_hvdmx'\n")
-    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                            timeout=120)
-    assert result.returncode == 0, result.stderr
+            "assert mx.kv.create('dist_sync_hvdmx').type == 'dist_sync_hvdmx'\n"
+            "hvd.shutdown()\n")
+    return import_each_first([f"hvdmx.{m}" for m in FIRST_IMPORTS],
+                             tmp_path_factory.mktemp("imports"), then)
+
+
+@pytest.mark.parametrize("module", FIRST_IMPORTS)
+def test_each_submodule_imports_first_on_its_own(module, imported_first):
+    # The modules import each other, and none may find another half-initialized.
+    code, output = imported_first[f"hvdmx.{module}"]
+    assert code == 0, output

@@ -5,12 +5,12 @@ importer, and each module imports first in a fresh interpreter."""
 import ast
 import os
 import re
-import subprocess
 import sys
 
 import pytest
 
 import hvdmx
+from first_import import import_each_first
 
 PACKAGE = os.path.dirname(hvdmx.__file__)
 
@@ -125,9 +125,14 @@ SUBMODULES = sorted(
         ".__init__", "")
     for path in module_files())
 
+@pytest.fixture(scope="module")
+def imported_first(tmp_path_factory):
+    """{module: (exit code, output)} of importing each module first (tests/first_import.py)."""
+    return import_each_first(SUBMODULES, tmp_path_factory.mktemp("imports"),
+                             env=dict(os.environ, OMP_NUM_THREADS="1"))
+
 
 @pytest.mark.parametrize("module", SUBMODULES)
-def test_each_module_imports_first_on_its_own(module):
-    result = subprocess.run([sys.executable, "-c", f"import {module}"], capture_output=True,
-                            text=True, timeout=120, env=dict(os.environ, OMP_NUM_THREADS="1"))
-    assert result.returncode == 0, result.stderr
+def test_each_module_imports_first_on_its_own(module, imported_first):
+    code, output = imported_first[module]
+    assert code == 0, output

@@ -232,8 +232,17 @@ LAYOUTS = {
 
 @pytest.mark.parametrize("layout", list(LAYOUTS))
 def test_parallel_tests_across_hosts(th, layout, tmp_path):
+    """At 2 x 2 also op=hvd.Adasum over hvdmx's TCP, the whole of
+    test_adasum.py: the float64 reference, the exact cases, the trainers, and
+    HVDMX_ADASUM_HIERARCHICAL on the real hosts (in the same job, whose ranks
+    take seconds each to start)."""
     per_host, select = LAYOUTS[layout]
-    run_parallel_tests(th, per_host, PARALLEL_FILES, tmp_path, select)
+    files, adasum = PARALLEL_FILES, layout == "2x2"
+    if adasum:
+        files, select = files + ["test_adasum.py"], f"({select}) or test_adasum"
+    passed = run_parallel_tests(th, per_host, files, tmp_path, select)
+    if adasum:
+        assert any("hierarchical_on_the_real_hosts" in t for t in passed), passed
 
 
 def test_parallel_tests_across_hosts_without_mpi(th, tmp_path):
@@ -245,14 +254,6 @@ def test_parallel_tests_across_hosts_without_mpi(th, tmp_path):
                                     COMMON + " or join_with_uneven or even_and_odd",
                                     without_mpi=True)
         assert any("hierarchical_on_the_hosts" in t for t in passed), passed
-
-
-def test_adasum_across_hosts(th, tmp_path):
-    """op=hvd.Adasum at 2 hosts x 2 ranks over hvdmx's TCP: the float64
-    reference, the exact cases, the trainers, and HVDMX_ADASUM_HIERARCHICAL on
-    the real hosts."""
-    passed = run_parallel_tests(th, [2, 2], ["test_adasum.py"], tmp_path)
-    assert any("hierarchical_on_the_real_hosts" in t for t in passed), passed
 
 
 # ---- the digits example and hvdmxrun -H ------------------------------------------

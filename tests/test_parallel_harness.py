@@ -103,7 +103,8 @@ def test_run_all_counts_a_run_that_collects_nothing_as_failed(tmp_path):
     # TMPDIR: the logs a failed run keeps stay in this test's directory.
     result = subprocess.run(["bash", os.path.join(ROOT, "tests", "run_all.sh")],
                             env=dict(ENV, PYTHON=str(python), MPIEXEC=str(mpiexec),
-                                     HVDMX_TEST_RANKS="2", TMPDIR=str(tmp_path)),
+                                     HVDMX_TEST_RANKS="2", HVDMX_TEST_NOMPI_RANKS="2",
+                                     TMPDIR=str(tmp_path)),
                             capture_output=True, text=True, timeout=60)
     assert result.returncode == 1, (result.stdout, result.stderr)
     # The single-process tests run as two shards, each counted.

@@ -22,31 +22,54 @@ def run(argv, env=None, timeout=300):
     return result.returncode, result.stdout, result.stderr
 
 
+# Each setting in turn in one job (hvdmx reads HVDMX_TRANSPORT at each
+# init; its ranks take seconds each to start): every rank's transport, the
+# job's and a process set's.
+SETTINGS = [(None, "mpi"), ("auto", "mpi"), ("tcp", "tcp"), ("mpi", "mpi")]
 REPORT = """
+import os, sys
 from mpi4py import MPI
 import hvdmx as hvd
-hvd.init()
-import hvdmx._core as core  # loaded by init, after MPI
-s = hvd.add_process_set([0, 1])
-row = [hvd.rank(), core.transport(), core.transport(s.process_set_id) if s.included() else "-"]
-rows = MPI.COMM_WORLD.gather(row, root=0)
-if hvd.rank() == 0:
-    for r in rows:
-        print("rank", *r)
-hvd.shutdown()
+for setting in sys.argv[1:]:
+    if setting == "None":
+        os.environ.pop("HVDMX_TRANSPORT", None)
+    else:
+        os.environ["HVDMX_TRANSPORT"] = setting
+    hvd.init()
+    import hvdmx._core as core  # loaded by init, after MPI
+    s = hvd.add_process_set([0, 1])
+    row = [setting, hvd.rank(), core.transport(),
+           core.transport(s.process_set_id) if s.included() else "-"]
+    rows = MPI.COMM_WORLD.gather(row, root=0)
+    if hvd.rank() == 0:
+        for r in rows:
+            print("rank", *r, flush=True)
+    MPI.COMM_WORLD.Barrier()
+    hvd.shutdown()
 """
 
 
-@pytest.mark.parametrize("setting, expected", [(None, "mpi"), ("auto", "mpi"), ("tcp", "tcp"),
-                                               ("mpi", "mpi")])
-def test_the_transport_follows_the_setting(setting, expected):
-    # On one host `auto` is MPI; process sets take the job's setting.
-    env = {"HVDMX_TRANSPORT": setting} if setting else {}
-    code, out, err = run([MPIEXEC, "-n", "3", PYTHON, "-c", REPORT], env)
+@pytest.fixture(scope="module")
+def transports():
+    """{setting: the rows of rank, its transport and its set's} of one job
+    at 3 ranks; the setting None is HVDMX_TRANSPORT unset."""
+    code, out, err = run([MPIEXEC, "-n", "3", PYTHON, "-c", REPORT,
+                          *[str(setting) for setting, _ in SETTINGS]])
     assert code == 0, err
-    rows = sorted(line.split() for line in out.splitlines() if line.startswith("rank"))
-    assert rows == [["rank", "0", expected, expected], ["rank", "1", expected, expected],
-                    ["rank", "2", expected, "-"]]
+    rows = {}
+    for line in out.splitlines():
+        if line.startswith("rank "):
+            _, setting, *row = line.split()
+            rows.setdefault(setting, []).append(["rank", *row])
+    return rows
+
+
+@pytest.mark.parametrize("setting, expected", SETTINGS)
+def test_the_transport_follows_the_setting(setting, expected, transports):
+    # On one host `auto` is MPI; process sets take the job's setting.
+    assert sorted(transports[str(setting)]) == [
+        ["rank", "0", expected, expected], ["rank", "1", expected, expected],
+        ["rank", "2", expected, "-"]]
 
 
 # Every allreduce through the transport (HVDMX_ALLREDUCE_ALGO=mpi keeps shared
