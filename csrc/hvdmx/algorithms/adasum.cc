@@ -1,8 +1,11 @@
 #include "algorithms/adasum.h"
 
+#include <unistd.h>
+
 #include <algorithm>
 #include <cstring>
 
+#include "algorithms/bruck.h"
 #include "algorithms/reduce_kernels.h"
 #include "base/float_formats.h"
 
@@ -231,30 +234,83 @@ void AdasumAllreduce(Comm& comm, const std::vector<int>& group, void* buf,
   HVDMX_CHECK(false, "Adasum of " + DataTypeName(dtype) + " (the Python layer refuses it)");
 }
 
+namespace {
+
+// A host key as it travels: its first kMaxHostKeyBytes bytes, padded with zeros.
+std::string PaddedKey(const std::string& key) {
+  std::string padded(static_cast<size_t>(kMaxHostKeyBytes), '\0');
+  std::memcpy(&padded[0], key.data(), std::min<size_t>(key.size(), kMaxHostKeyBytes));
+  return padded;
+}
+
+}  // namespace
+
+AdasumHosts AdasumHostsFromKeys(const std::vector<std::string>& keys, int rank) {
+  const int n = static_cast<int>(keys.size());
+  std::vector<std::string> padded;
+  for (const std::string& key : keys) padded.push_back(PaddedKey(key));
+  AdasumHosts hosts;
+  for (int r = 0; r < n; ++r) {
+    if (padded[r] == padded[rank]) hosts.mine.push_back(r);
+    bool first = true;  // the lowest rank with its key
+    for (int q = 0; q < r && first; ++q) first = padded[q] != padded[r];
+    if (first) hosts.leaders.push_back(r);
+  }
+  return hosts;
+}
+
+std::vector<int> AdasumHierarchicalPeers(const std::vector<std::string>& keys, int rank) {
+  const AdasumHosts hosts = AdasumHostsFromKeys(keys, rank);
+  const int leader = hosts.mine.front();
+  if (rank != leader) return {leader};
+  std::vector<int> peers(hosts.mine.begin() + 1, hosts.mine.end());
+  // AdasumAllreduce's partners among the leaders (Run::Execute).
+  const std::vector<int>& group = hosts.leaders;
+  const int n = static_cast<int>(group.size());
+  const int me = static_cast<int>(std::find(group.begin(), group.end(), rank) - group.begin());
+  int p = 1;
+  while (p * 2 <= n) p *= 2;
+  if (me >= p) {
+    peers.push_back(group[me - p]);
+  } else {
+    if (me < n - p) peers.push_back(group[me + p]);
+    for (int d = 1; d < p; d *= 2) peers.push_back(group[me ^ d]);
+  }
+  std::sort(peers.begin(), peers.end());
+  return peers;
+}
+
 AdasumHosts FindAdasumHosts(Comm& comm, const std::string& host_key) {
   const int n = comm.size();
   std::vector<char> keys(static_cast<size_t>(n) * kMaxHostKeyBytes, 0);
   char* mine = keys.data() + static_cast<size_t>(comm.rank()) * kMaxHostKeyBytes;
-  std::memcpy(mine, host_key.data(), std::min<size_t>(host_key.size(), kMaxHostKeyBytes));
-  std::vector<Comm::Request> requests;
-  for (int r = 0; r < n; ++r) {
-    if (r == comm.rank()) continue;
-    requests.push_back(
-        comm.IRecv(keys.data() + static_cast<size_t>(r) * kMaxHostKeyBytes, kMaxHostKeyBytes, r));
-    requests.push_back(comm.ISend(mine, kMaxHostKeyBytes, r));
+  std::memcpy(mine, PaddedKey(host_key).data(), kMaxHostKeyBytes);
+  if (comm.LinksEveryPair()) {
+    std::vector<Comm::Request> requests;
+    for (int r = 0; r < n; ++r) {
+      if (r == comm.rank()) continue;
+      requests.push_back(
+          comm.IRecv(keys.data() + static_cast<size_t>(r) * kMaxHostKeyBytes, kMaxHostKeyBytes, r));
+      requests.push_back(comm.ISend(mine, kMaxHostKeyBytes, r));
+    }
+    for (Comm::Request request : requests) comm.Wait(request);
+  } else {
+    BruckAllgather(comm, keys.data(), kMaxHostKeyBytes);
   }
-  for (Comm::Request request : requests) comm.Wait(request);
-  auto key = [&](int r) {
-    return std::string(keys.data() + static_cast<size_t>(r) * kMaxHostKeyBytes, kMaxHostKeyBytes);
-  };
-  AdasumHosts hosts;
+  std::vector<std::string> all;
   for (int r = 0; r < n; ++r) {
-    if (key(r) == key(comm.rank())) hosts.mine.push_back(r);
-    bool first = true;  // the lowest rank with its key
-    for (int q = 0; q < r && first; ++q) first = key(q) != key(r);
-    if (first) hosts.leaders.push_back(r);
+    all.emplace_back(keys.data() + static_cast<size_t>(r) * kMaxHostKeyBytes, kMaxHostKeyBytes);
   }
-  return hosts;
+  return AdasumHostsFromKeys(all, comm.rank());
+}
+
+std::string AdasumHostKey(const Config& config, int rank) {
+  if (config.testing_ranks_per_host > 0) {
+    return "testing host " + std::to_string(rank / config.testing_ranks_per_host);
+  }
+  char name[kMaxHostKeyBytes + 1] = {};
+  if (gethostname(name, kMaxHostKeyBytes) != 0) return "unnamed host";
+  return name;
 }
 
 void HierarchicalAdasumAllreduce(Comm& comm, const AdasumHosts& hosts, void* buf,

@@ -48,6 +48,7 @@
 
 #include "base/common.h"
 #include "comm/comm.h"
+#include "config/env_config.h"
 
 namespace hvdmx {
 
@@ -78,10 +79,30 @@ struct AdasumHosts {
   std::vector<int> leaders;  // the lowest rank of each host, ascending
 };
 
-// Every rank's `host_key` (at most kMaxHostKeyBytes bytes; equal keys: one
-// host), exchanged with every other rank of `comm` once; all ranks call it.
+// Every rank's `host_key` (its first kMaxHostKeyBytes bytes; equal keys: one
+// host), exchanged with every other rank of `comm` once (directly, or by
+// Bruck's allgather where the comm does not link every pair); all ranks
+// call it.
 constexpr int64_t kMaxHostKeyBytes = 256;
 AdasumHosts FindAdasumHosts(Comm& comm, const std::string& host_key);
+
+// What tells hosts apart for the hierarchical Adasum: the host's name, or
+// under HVDMX_TESTING_RANKS_PER_HOST the pretend host's number (as
+// shm_segment.cc splits the ranks); `rank` is the rank in the comm.
+std::string AdasumHostKey(const Config& config, int rank);
+
+// The hosts as FindAdasumHosts finds them, from every rank's key (index =
+// rank), as `rank` sees them.
+AdasumHosts AdasumHostsFromKeys(const std::vector<std::string>& keys, int rank);
+
+// The ranks the hierarchical Adasum makes `rank` talk to, from every rank's
+// key: a host's leader and its other ranks, and the leaders that are
+// partners in AdasumAllreduce over the leaders (folding, and halving at
+// every distance). Symmetric. A data comm that does not link every pair
+// adds these to its links when HVDMX_ADASUM_HIERARCHICAL=1 (Note [The data
+// comm's links] in comm/p2p_comm.h): which ranks share a host is no
+// function of the rank.
+std::vector<int> AdasumHierarchicalPeers(const std::vector<std::string>& keys, int rank);
 
 // The hierarchical variant (HVDMX_ADASUM_HIERARCHICAL=1), as Horovod's GPU
 // Adasum: each host's ranks send their buffers to its leader, which sums

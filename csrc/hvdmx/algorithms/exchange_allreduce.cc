@@ -2,6 +2,7 @@
 
 #include <cstring>
 
+#include "algorithms/bruck.h"
 #include "algorithms/reduce_kernels.h"
 
 namespace hvdmx {
@@ -18,13 +19,18 @@ void ExchangeAllreduce(Comm& comm, void* buf, int64_t count, DataType dtype, Red
   auto operand = [&](int j) -> const char* {
     return j == me ? static_cast<const char*>(buf) : slots + static_cast<size_t>(bytes) * j;
   };
-  std::vector<Comm::Request> requests;
-  requests.reserve(2 * static_cast<size_t>(n));
-  for (int j = 0; j < n; ++j) {
-    if (j != me) requests.push_back(comm.IRecv(slots + static_cast<size_t>(bytes) * j, bytes, j));
+  if (comm.LinksEveryPair()) {
+    std::vector<Comm::Request> requests;
+    requests.reserve(2 * static_cast<size_t>(n));
+    for (int j = 0; j < n; ++j) {
+      if (j != me) requests.push_back(comm.IRecv(slots + static_cast<size_t>(bytes) * j, bytes, j));
+    }
+    for (int k = 1; k < n; ++k) requests.push_back(comm.ISend(buf, bytes, (me + k) % n));
+    for (Comm::Request r : requests) comm.Wait(r);
+  } else {
+    if (bytes > 0) std::memcpy(slots + static_cast<size_t>(bytes) * me, buf, bytes);
+    BruckAllgather(comm, slots, bytes);
   }
-  for (int k = 1; k < n; ++k) requests.push_back(comm.ISend(buf, bytes, (me + k) % n));
-  for (Comm::Request r : requests) comm.Wait(r);
   std::memcpy(acc, operand(0), bytes);
   for (int j = 1; j < n; ++j) ReduceInto(acc, operand(j), count, dtype, op);
   std::memcpy(buf, acc, bytes);

@@ -3,8 +3,12 @@
 // folds the n buffers in rank order. One message's latency, where the ring
 // takes 2(n-1) steps one after another; it sends (n-1) times the buffer
 // where the ring sends 2(n-1)/n times, so it is for small buffers only
-// (ExchangeAllreduceFits). Every rank folds the same operands in the same
-// order, so the results are bitwise identical.
+// (ExchangeAllreduceFits). Over a comm that does not link every pair (Note
+// [The data comm's links] in comm/p2p_comm.h) the buffers travel by Bruck's
+// allgather instead (algorithms/bruck.h): the same bytes received, in
+// ceil(log2 n) latencies. Every rank folds the same operands in the same
+// order either way, so the results are bitwise identical, and the same as
+// the direct exchange's.
 #ifndef HVDMX_EXCHANGE_ALLREDUCE_H_
 #define HVDMX_EXCHANGE_ALLREDUCE_H_
 

@@ -6,7 +6,6 @@
 #include <algorithm>
 #include <chrono>
 #include <memory>
-#include <set>
 #include <stdexcept>
 #include <thread>
 #include <utility>
@@ -97,10 +96,9 @@ ScaleResult RunScale(const ScaleOptions& o) {
     ThreadRank me;
     ShmAllreduce::CrossAllreduce cross;
     if (!ring_exchanges.empty()) {
+      // Linked as the job links its ring between hosts (CommOver, CommUse::kData).
       TcpOptions ring_options = tcp;
-      std::set<int> neighbours = {(h + hosts - 1) % hosts, (h + 1) % hosts};
-      neighbours.erase(h);
-      ring_options.peers.assign(neighbours.begin(), neighbours.end());
+      ring_options.peers = P2PComm::DataPeers(h, hosts);
       ThreadExchange* exchange = ring_exchanges[l].get();
       std::shared_ptr<TcpComm> ring = std::make_shared<TcpComm>(
           h, hosts, ring_options, [=](const std::string& mine) { return (*exchange)(h, mine); });

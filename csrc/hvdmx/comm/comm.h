@@ -162,6 +162,13 @@ class Comm {
     StartBitAndWithPayload(words, n, payload);
   }
 
+  // Whether this rank can send to and receive from every other rank. A
+  // comm that links only with some (TcpComm with TcpOptions::peers, a
+  // LocalComm given its links) says no, and the collectives that would talk
+  // to every rank route through the ranks it links with instead (Note [The
+  // data comm's links] in comm/p2p_comm.h).
+  virtual bool LinksEveryPair() const { return true; }
+
   // The transport's own allreduce, in place. Returns false (touching
   // nothing) when it has none for this dtype/op, e.g. float16 in MPI.
   virtual bool NativeAllreduce(void* buf, int64_t count, DataType dtype, ReduceOp op) = 0;

@@ -14,6 +14,25 @@ void LocalWorld::Post(int src, int dst, std::string message) {
   cv_.notify_all();
 }
 
+void LocalWorld::LinkOnly(const std::vector<std::vector<int>>& links) {
+  HVDMX_CHECK(static_cast<int>(links.size()) == size_, "a list of links for every rank");
+  linked_.assign(static_cast<size_t>(size_) * size_, false);
+  bool every = true;
+  for (int a = 0; a < size_; ++a) {
+    for (int b : links[a]) {
+      HVDMX_CHECK(b >= 0 && b < size_ && b != a, "a link to rank " + std::to_string(b));
+      linked_[a * size_ + b] = true;
+    }
+  }
+  for (int a = 0; a < size_; ++a) {
+    for (int b = 0; b < size_; ++b) {
+      HVDMX_CHECK(linked_[a * size_ + b] == linked_[b * size_ + a], "asymmetric links");
+      every = every && (a == b || linked_[a * size_ + b]);
+    }
+  }
+  if (every) linked_.clear();
+}
+
 std::string LocalWorld::Take(int src, int dst) {
   std::unique_lock<std::mutex> lock(mu_);
   auto& box = boxes_[src * size_ + dst];
@@ -32,13 +51,29 @@ bool LocalWorld::TryTake(int src, int dst, std::string* out) {
   return true;
 }
 
+void LocalComm::CheckLinked(int peer, const char* doing) const {
+  if (world_->Linked(rank_, peer)) return;
+  std::string links;
+  for (int j = 0; j < size(); ++j) {
+    if (j != rank_ && world_->Linked(rank_, j))
+      links += (links.empty() ? "" : ", ") + std::to_string(j);
+  }
+  throw UnlinkedPeerError(peer, "hvdmx internal error: rank " + std::to_string(rank_) + " of " +
+                                    std::to_string(size()) + " " + doing + " rank " +
+                                    std::to_string(peer) +
+                                    ", with which it has no link (it links with ranks " + links +
+                                    "; Note [The data comm's links] in comm/p2p_comm.h)");
+}
+
 Comm::Request LocalComm::ISend(const void* buf, int64_t bytes, int peer) {
+  CheckLinked(peer, "sent to");
   world_->Post(rank_, peer, std::string(static_cast<const char*>(buf), bytes));
   CountSent(bytes);
   return next_request_++;
 }
 
 Comm::Request LocalComm::IRecv(void* buf, int64_t bytes, int peer) {
+  CheckLinked(peer, "posted a receive from");
   Request id = next_request_++;
   PendingRecv recv;
   recv.buf = buf;
@@ -49,6 +84,7 @@ Comm::Request LocalComm::IRecv(void* buf, int64_t bytes, int peer) {
 }
 
 Comm::Request LocalComm::IRecvAny(std::string* out, int peer, int64_t max_bytes) {
+  CheckLinked(peer, "posted a receive from");
   Request id = next_request_++;
   PendingRecv recv;
   recv.bytes = -1;

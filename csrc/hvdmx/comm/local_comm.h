@@ -26,6 +26,14 @@ class LocalWorld {
   explicit LocalWorld(int size) : size_(size), boxes_(size * size) {}
   int size() const { return size_; }
 
+  // Links rank r only with links[r] (symmetric; as TcpOptions::peers, the
+  // tests give P2PComm::DataPeers): a send or receive posted to another rank
+  // throws UnlinkedPeerError, as TcpComm's does. Called before the ranks
+  // start; unset: every pair.
+  void LinkOnly(const std::vector<std::vector<int>>& links);
+  bool Linked(int a, int b) const { return linked_.empty() || linked_[a * size_ + b]; }
+  bool links_every_pair() const { return linked_.empty(); }
+
   void Post(int src, int dst, std::string message);
   // Blocks until a message from src to dst is there.
   std::string Take(int src, int dst);
@@ -37,6 +45,7 @@ class LocalWorld {
   std::mutex mu_;
   std::condition_variable cv_;
   std::vector<std::deque<std::string>> boxes_;  // index src * size + dst
+  std::vector<bool> linked_;                    // index a * size + b; empty: every pair
 };
 
 class LocalComm : public P2PComm {
@@ -49,6 +58,8 @@ class LocalComm : public P2PComm {
 
   int rank() const override { return rank_; }
   int size() const override { return world_->size(); }
+  // As its world says (LocalWorld::LinkOnly).
+  bool LinksEveryPair() const override { return world_->links_every_pair(); }
 
   Request ISend(const void* buf, int64_t bytes, int peer) override;
   Request IRecv(void* buf, int64_t bytes, int peer) override;
@@ -74,6 +85,8 @@ class LocalComm : public P2PComm {
   // message is not there yet. True if `request` is done.
   bool Progress(Request request, bool block);
   void Deliver(PendingRecv* recv, std::string message);
+  // Throws UnlinkedPeerError unless this rank links with `peer`.
+  void CheckLinked(int peer, const char* doing) const;
 
   std::shared_ptr<LocalWorld> world_;
   int rank_;

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <climits>
+#include <set>
 
 #include "base/crypto.h"
 #include "comm/tcp_comm.h"
@@ -82,7 +83,7 @@ std::unique_ptr<Group> MpiGroup::SplitByHost() {
 }
 
 std::unique_ptr<Comm> CommOver(Group& group, const Config& config, bool ranks_outnumber_cpus,
-                               bool for_negotiation) {
+                               CommUse use, const std::vector<int>& more_peers) {
   if (config.transport != Transport::kTcp) {
     auto* mpi = dynamic_cast<MpiGroup*>(&group);
     HVDMX_CHECK(mpi != nullptr, "the MPI transport runs over an MPI communicator");
@@ -90,9 +91,15 @@ std::unique_ptr<Comm> CommOver(Group& group, const Config& config, bool ranks_ou
   }
   const int rank = group.rank(), size = group.size();
   TcpOptions options = TcpOptionsFor(config, ranks_outnumber_cpus);
-  if (for_negotiation) {
-    options.peers = P2PComm::NegotiationPeers(rank, size, options.direct_bit_and_ranks);
+  std::set<int> peers;
+  for (int peer : use == CommUse::kNegotiation
+                      ? P2PComm::NegotiationPeers(rank, size, options.direct_bit_and_ranks)
+                      : P2PComm::DataPeers(rank, size)) {
+    peers.insert(peer);
   }
+  peers.insert(more_peers.begin(), more_peers.end());
+  peers.erase(rank);
+  options.peers.assign(peers.begin(), peers.end());
   // TcpComm calls the exchange in its constructor only.
   Group* over = &group;
   return std::make_unique<TcpComm>(

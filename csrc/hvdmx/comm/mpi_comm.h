@@ -81,15 +81,20 @@ class MpiGroup : public Group {
   int size_ = 1;
 };
 
+// What a comm over a group carries, which decides the ranks its TCP links
+// reach: the negotiation (P2PComm::NegotiationPeers) or the collectives'
+// bytes (P2PComm::DataPeers; Note [The data comm's links] in p2p_comm.h).
+enum class CommUse { kNegotiation, kData };
+
 // A communicator over the ranks of `group`: MPI's (a duplicate of an
 // MpiGroup's communicator), or, when config.transport is kTcp, a TcpComm
 // whose addresses travel by one allgather over `group`;
-// `ranks_outnumber_cpus` sets its spin (TcpOptionsFor). A comm that only
-// negotiates (`for_negotiation`) links only with the ranks
-// P2PComm::NegotiationPeers names. Collective over `group`; the transport
-// is MPI only over an MpiGroup (Init sees to it).
+// `ranks_outnumber_cpus` sets its spin (TcpOptionsFor). Its TCP links
+// reach the ranks `use` names, and those of `more_peers` (which must be
+// symmetric over the group). Collective over `group`; the transport is MPI
+// only over an MpiGroup (Init sees to it).
 std::unique_ptr<Comm> CommOver(Group& group, const Config& config, bool ranks_outnumber_cpus,
-                               bool for_negotiation = false);
+                               CommUse use, const std::vector<int>& more_peers = {});
 
 // Makes sure every rank of `group` holds a secret key for the job's TCP
 // connections (Config::secret_key): if no rank has one, rank 0 makes one

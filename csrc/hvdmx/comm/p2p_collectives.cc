@@ -243,6 +243,17 @@ std::vector<int> P2PComm::NegotiationPeers(int rank, int size, int direct_bit_an
   return std::vector<int>(peers.begin(), peers.end());
 }
 
+std::vector<int> P2PComm::DataPeers(int rank, int size) {
+  // See Note [The data comm's links] in p2p_comm.h.
+  std::set<int> peers;
+  for (int64_t step = 1; step < size; step *= 2) {
+    peers.insert(static_cast<int>((rank + step) % size));
+    peers.insert(static_cast<int>((rank - step % size + size) % size));
+  }
+  peers.erase(rank);
+  return std::vector<int>(peers.begin(), peers.end());
+}
+
 void P2PComm::StartBitAndCombining(uint64_t* words, int n, const std::string& payload,
                                    BitAndPartial* partial) {
   HVDMX_CHECK(!bit_and_active_, "a bit-and is already outstanding");

@@ -30,6 +30,15 @@ class PeerProtocolError : public PeerGone {
   using PeerGone::PeerGone;
 };
 
+// A send or receive posted to a rank this one has no link with (TcpOptions::
+// peers, LocalComm's links): our bug, not the user's, but one that fails the
+// comm with a message naming both ranks instead of waiting forever for a
+// message that cannot come.
+class UnlinkedPeerError : public PeerGone {
+ public:
+  using PeerGone::PeerGone;
+};
+
 // What a comm has sent and received so far (messages and their bytes,
 // frames' headers not counted): the scale harness reads it before and
 // after a round.
@@ -117,6 +126,36 @@ class P2PComm : public Comm {
   // are direct; beyond, its tree and doubling partners, O(log n) of them.
   // Symmetric: j is in rank's list if and only if rank is in j's.
   static std::vector<int> NegotiationPeers(int rank, int size, int direct_bit_and_ranks);
+
+  // Note [The data comm's links]
+  // ~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+  // The comm that carries the collectives' bytes (the job's, a process
+  // set's, the ring between hosts) links rank r of n with the ranks
+  // (r + 2^k) mod n and (r - 2^k) mod n for every 2^k < n: at most
+  // 2 ceil(log2 n) of them (fewer where they coincide), instead of all n - 1.
+  // Every algorithm that runs over such a comm talks only to those:
+  //   - the ring (allreduce, allgather, reducescatter, the ring between
+  //     hosts): r - 1 and r + 1;
+  //   - the binomial tree of a broadcast from any root (Note [The binomial
+  //     tree] in comm/p2p_collectives.cc): relative to the root, a parent
+  //     and children differ from r by a power of two, and so do the ranks
+  //     themselves, mod n;
+  //   - recursive doubling and halving (flat Adasum): the partner v XOR 2^k
+  //     is v + 2^k or v - 2^k, and a non-power-of-two's extra rank v >= p
+  //     pairs with v - p, p a power of two below n;
+  //   - Bruck's allgather and alltoall (algorithms/bruck.h), which take the
+  //     place of every-rank-to-every-rank exchanges (exchange_allreduce,
+  //     alltoall, finding Adasum's hosts) when the comm does not link every
+  //     pair (Comm::LinksEveryPair): step k sends to r + 2^k or r - 2^k.
+  // The relation is symmetric (j = r + 2^k exactly when r = j - 2^k), as
+  // TcpOptions::peers requires. Up to 5 ranks the set is every other rank.
+  // The hierarchical Adasum pairs ranks by host, which no formula of r and n
+  // knows: the job adds those pairs to the set (AdasumHierarchicalPeers in
+  // algorithms/adasum.h). A send to a rank outside the set fails with
+  // UnlinkedPeerError naming both ranks.
+  //
+  // Returns the set for `rank` of `size`, ascending, without `rank`.
+  static std::vector<int> DataPeers(int rank, int size);
 
  protected:
   // What the transport counts as it moves messages.

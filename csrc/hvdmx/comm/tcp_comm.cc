@@ -60,7 +60,17 @@ void TcpComm::FailOnError(int peer, int err, const char* doing) {
 TcpComm::Request TcpComm::Post(Op op, int peer) {
   HVDMX_CHECK(peer >= 0 && peer < size_ && peer != rank_, "bad peer " + std::to_string(peer));
   Peer& p = peers_[peer];
-  HVDMX_CHECK(p.socket.valid(), "no link to rank " + std::to_string(peer));
+  if (!p.socket.valid()) {
+    std::string linked;
+    for (int j : this->linked()) linked += (linked.empty() ? "" : ", ") + std::to_string(j);
+    throw UnlinkedPeerError(
+        peer, "hvdmx internal error: rank " + std::to_string(rank_) + " of " +
+                  std::to_string(size_) + (op.send ? " sent to" : " posted a receive from") +
+                  " rank " + std::to_string(peer) +
+                  ", with which it has no TCP link (it links with ranks " + linked +
+                  "; Note [The data comm's links] in comm/p2p_comm.h). This is a bug in hvdmx; "
+                  "please report it with this message");
+  }
   Request r;
   if (free_ops_.empty()) {
     r = static_cast<Request>(ops_.size());

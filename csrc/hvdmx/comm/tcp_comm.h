@@ -28,7 +28,11 @@
 // are working.
 //
 // Links: one stream connection per pair of ranks that talk (every pair, or
-// those TcpOptions::peers names), all made while the comm is built,
+// those TcpOptions::peers names: O(log n) a rank for the negotiation's comm
+// and for the collectives' (P2PComm::NegotiationPeers, P2PComm::DataPeers;
+// Note [The data comm's links] in comm/p2p_comm.h), so that a rank's
+// descriptors, handshakes and keepalive probes do not grow with the job's
+// size), all made while the comm is built,
 // concurrently (tcp_links.cc): the lower rank connects, the
 // higher accepts, and each proves to the other that it holds the job's key
 // before anything else is read (Note [Authenticating a connection] in
@@ -92,7 +96,12 @@ struct TcpOptions {
   int direct_bit_and_ranks = P2PComm::kDirectBitAndRanks;
   // The ranks to link with (the relation must be symmetric: every rank's
   // list names the ranks whose lists name it); empty: every other rank. A
-  // comm that only negotiates links with P2PComm::NegotiationPeers.
+  // comm that only negotiates links with P2PComm::NegotiationPeers, one
+  // that carries the collectives' bytes with P2PComm::DataPeers (Note [The
+  // data comm's links] in comm/p2p_comm.h); both are symmetric by
+  // construction. A rank that is named by a list it does not name back
+  // is refused in the handshake, so an asymmetric relation fails while the
+  // comm is built (the rank that wants the link cannot make it), not later.
   std::vector<int> peers;
   // The job's secret key (kSecretKeyBytes), which every connection proves.
   std::string key;
@@ -150,6 +159,7 @@ class TcpComm : public P2PComm {
   [[noreturn]] void FailProtocol(int peer, const std::string& what) override;
   bool NativeAllreduce(void*, int64_t, DataType, ReduceOp) override { return false; }
   bool WakesOnArrival() const override { return true; }
+  bool LinksEveryPair() const override { return links_every_pair_; }
   void AwaitArrival(int64_t waited_micros) override;
 
   // Connections made (for tests), and connections to the listening port
@@ -204,6 +214,7 @@ class TcpComm : public P2PComm {
   std::string address_;
   TcpIdentity identity_;
   int dropped_ = 0;
+  bool links_every_pair_ = true;
   std::vector<std::string> addresses_;  // "ip:port hostname", index = rank
   std::vector<Peer> peers_;
   std::vector<int> pending_;  // peers with queued operations, unordered

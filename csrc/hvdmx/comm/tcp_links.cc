@@ -76,13 +76,22 @@ TcpComm::TcpComm(int rank, int size, const TcpOptions& options, const Exchange& 
                              "; choose the interface with HVDMX_TCP_IFACE, or set "
                              "HVDMX_TRANSPORT=mpi");
   }
-  // Every rank offers an id for the comm; rank 0's is taken.
+  // Every rank offers an id for the comm (rank 0's is taken), and says
+  // whether it links with every other rank: the algorithms choose by
+  // LinksEveryPair, so every rank must give the same answer.
+  const bool links_all =
+      options_.peers.empty() ||
+      static_cast<int>(std::set<int>(options_.peers.begin(), options_.peers.end()).size()) ==
+          size_ - 1;
   const std::vector<std::string> entries =
-      exchange(address_ + " " + HostName() + " " + ToHex(RandomBytes(kCommIdBytes)));
+      exchange(address_ + " " + HostName() + " " + (links_all ? "1" : "0") + " " +
+               ToHex(RandomBytes(kCommIdBytes)));
   HVDMX_CHECK(static_cast<int>(entries.size()) == size_, "address exchange size");
   for (const std::string& entry : entries) {
-    const size_t last = entry.rfind(' ');
-    addresses_.push_back(entry.substr(0, last));
+    const std::string rest = entry.substr(0, entry.rfind(' '));
+    const size_t flag = rest.rfind(' ');
+    links_every_pair_ = links_every_pair_ && rest.substr(flag + 1) == "1";
+    addresses_.push_back(rest.substr(0, flag));
   }
   const std::string& first = entries[0];
   HVDMX_CHECK(FromHex(first.substr(first.rfind(' ') + 1), &identity_.comm_id) &&

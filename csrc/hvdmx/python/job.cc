@@ -6,6 +6,7 @@
 #include <stdexcept>
 #include <string>
 
+#include "algorithms/adasum.h"
 #include "base/logging.h"
 #include "base/timeline.h"
 #include "comm/mpi_comm.h"
@@ -145,17 +146,27 @@ std::unique_ptr<Comm> NegotiationComm(Group& group, const Config& config, bool b
                              "of ranks on every host, shared memory between them and "
                              "HVDMX_HIERARCHICAL_ALLREDUCE not 0 (docs/scaling.md)";
     }
-    return CommOver(group, config, busy, /*for_negotiation=*/true);
+    return CommOver(group, config, busy, CommUse::kNegotiation);
   }
   std::unique_ptr<Group> leaders_group = group.Split(shm->rank() == 0 ? 0 : -1, rank);
   std::unique_ptr<P2PComm> leaders;
   if (leaders_group != nullptr) {
-    std::unique_ptr<Comm> made = CommOver(*leaders_group, config, busy, /*for_negotiation=*/true);
+    std::unique_ptr<Comm> made = CommOver(*leaders_group, config, busy, CommUse::kNegotiation);
     leaders.reset(dynamic_cast<P2PComm*>(made.release()));
     HVDMX_CHECK(leaders != nullptr, "the leaders' comm is a TCP comm");
   }
   return std::make_unique<HostTreeComm>(&shm->control(), shm->rank(), shm->size(),
                                         std::move(leaders), rank, size);
+}
+
+// The ranks the hierarchical Adasum pairs with this one, which the data
+// comm links with besides its own (Note [The data comm's links] in
+// comm/p2p_comm.h): none unless it is on and the data travels over TCP.
+// Collective over `group` (every rank agrees on both settings).
+std::vector<int> AdasumPeers(Group& group, const Config& config) {
+  if (config.transport != Transport::kTcp || !config.adasum_hierarchical) return {};
+  const std::vector<std::string> keys = group.Allgather(AdasumHostKey(config, group.rank()));
+  return AdasumHierarchicalPeers(keys, group.rank());
 }
 
 // Collective over `group`.
@@ -165,7 +176,8 @@ std::shared_ptr<Runtime> StartRuntime(Group& group) {
   std::unique_ptr<ShmHost> shm = CreateNodeShm(group, config);
   const bool busy = config.transport == Transport::kTcp && HostRanksOutnumberCpus(group);
   std::unique_ptr<Comm> control = NegotiationComm(group, config, busy, shm.get());
-  std::unique_ptr<Comm> data = CommOver(group, config, busy);
+  std::unique_ptr<Comm> data =
+      CommOver(group, config, busy, CommUse::kData, AdasumPeers(group, config));
   auto runtime = std::make_shared<Runtime>(std::move(control), std::move(data), config,
                                            std::move(shm), PeersOnThisHost(group));
   runtime->Start();

@@ -1,7 +1,5 @@
 #include "runtime/executor.h"
 
-#include <unistd.h>
-
 #include <algorithm>
 #include <cstring>
 #include <string>
@@ -25,18 +23,6 @@ AllreduceAlgo ChooseAllreduce(const Config& config, int64_t bytes, bool shm_on) 
     case AllreduceAlgo::kShm: return shm_on ? AllreduceAlgo::kShm : AllreduceAlgo::kRing;
     default: return config.allreduce_algo;
   }
-}
-
-// What tells hosts apart for the hierarchical Adasum: the host's name, or
-// under HVDMX_TESTING_RANKS_PER_HOST the pretend host's number (as
-// shm_segment.cc splits the ranks).
-std::string AdasumHostKey(const Config& config, int rank) {
-  if (config.testing_ranks_per_host > 0) {
-    return "testing host " + std::to_string(rank / config.testing_ranks_per_host);
-  }
-  char name[kMaxHostKeyBytes + 1] = {};
-  if (gethostname(name, kMaxHostKeyBytes) != 0) return "unnamed host";
-  return name;
 }
 
 }  // namespace

@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "algorithms/adasum.h"
+#include "algorithms/bruck.h"
 #include "algorithms/ring.h"
 #include "base/timeline.h"
 #include "comm/comm.h"
@@ -144,7 +145,7 @@ class Executor {
   std::vector<int64_t> piece_starts_;      // reducescatter on the ring: one piece's
                                            // chunk boundaries, reused
   std::vector<int64_t> pair_bytes_;        // alltoall: bytes i sends to j, reused
-  std::vector<Comm::Request> requests_;    // outstanding point-to-point, reused
+  AlltoallScratch alltoall_scratch_;       // alltoall by Bruck's algorithm
   std::vector<ShmAllreduce::Span> spans_;  // a group's tensors reduced in place, reused
   // Timeline only: when each response of the round running finished its last
   // step (QUEUE, the copies, the collective), reused.

@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <cstring>
 
+#include "algorithms/bruck.h"
 #include "algorithms/reduce_kernels.h"
 
 namespace hvdmx {
@@ -20,17 +21,6 @@ int64_t RowElems(const std::vector<int64_t>& shape) {
   int64_t n = 1;
   for (size_t i = 1; i < shape.size(); ++i) n *= shape[i];
   return n;
-}
-
-// Posts the transfer of `bytes` to or from `peer` in messages the transport
-// takes, appending the requests.
-void PostPieces(Comm& comm, bool send, char* buf, int64_t bytes, int peer,
-                std::vector<Comm::Request>* requests) {
-  for (int64_t done = 0; done < bytes; done += Comm::kMaxMessageBytes) {
-    const int64_t piece = std::min(Comm::kMaxMessageBytes, bytes - done);
-    requests->push_back(send ? comm.ISend(buf + done, piece, peer)
-                             : comm.IRecv(buf + done, piece, peer));
-  }
 }
 
 }  // namespace
@@ -151,10 +141,10 @@ const char* Executor::RunAllgather(const Response& response, TensorEntry& entry)
   return algorithm;
 }
 
-// Every pair exchanges its rows directly: all receives, then all sends, are
-// posted at once; the rows a rank keeps are copied; all are waited for.
-// In shared memory, each rank publishes its input without the rows it
-// keeps and reads its rows from every peer's.
+// Every pair exchanges its rows directly where the comm links every pair,
+// else by Bruck's algorithm through the ranks it links with (Alltoall in
+// algorithms/bruck.h). In shared memory, each rank publishes its input
+// without the rows it keeps and reads its rows from every peer's.
 const char* Executor::RunAlltoall(const Response& response, TensorEntry& entry) {
   const int n = comm_.size();
   const int me = comm_.rank();
@@ -165,40 +155,16 @@ const char* Executor::RunAlltoall(const Response& response, TensorEntry& entry) 
   char* out = static_cast<char*>(entry.outputs[0]);
   int64_t total = 0;
   for (int64_t rows : m) total += rows * row_bytes;
+  pair_bytes_.resize(m.size());
+  for (size_t i = 0; i < m.size(); ++i) pair_bytes_[i] = m[i] * row_bytes;
   if (ShmMoves(CollectiveType::kAlltoall, total)) {
-    pair_bytes_.resize(m.size());
-    for (size_t i = 0; i < m.size(); ++i) pair_bytes_[i] = m[i] * row_bytes;
     shm_->exchange().Alltoall(in, out, pair_bytes_);
     return "SHM_ALLTOALL";
   }
-  // Posts the transfer with every peer j of rows[j] rows, at consecutive
-  // offsets of `buf`; returns the offset of this rank's own rows.
-  auto post_all = [&](bool send, char* buf, auto rows) {
-    int64_t offset = 0;
-    int64_t self = 0;
-    for (int j = 0; j < n; ++j) {
-      const int64_t bytes = rows(j) * row_bytes;
-      if (j == me) {
-        self = offset;
-      } else {
-        PostPieces(comm_, send, buf + offset, bytes, j, &requests_);
-      }
-      offset += bytes;
-    }
-    return self;
-  };
   int64_t sent = 0;  // the bytes of `in`
-  for (int j = 0; j < n; ++j) sent += m[me * n + j] * row_bytes;
+  for (int j = 0; j < n; ++j) sent += pair_bytes_[static_cast<size_t>(me) * n + j];
   mpi_pages_.Collapse(in, sent);
-  requests_.clear();
-  const int64_t self_recv = post_all(/*send=*/false, out, [&](int j) { return m[j * n + me]; });
-  const int64_t self_send = post_all(/*send=*/true, in, [&](int j) { return m[me * n + j]; });
-  // Every send is posted before the rows this rank keeps are copied: the
-  // peers can start reading ours (MPICH's receivers copy large messages
-  // straight from the sender's memory) while we copy.
-  const int64_t self_bytes = m[me * n + me] * row_bytes;
-  if (self_bytes) std::memcpy(out + self_recv, in + self_send, self_bytes);
-  for (Comm::Request request : requests_) comm_.Wait(request);
+  Alltoall(comm_, in, out, pair_bytes_, &alltoall_scratch_);
   return "MPI_ALLTOALL";
 }
 

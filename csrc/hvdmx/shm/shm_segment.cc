@@ -109,7 +109,7 @@ std::unique_ptr<Group> SplitByHost(Group& group, const Config& config) {
 ShmAllreduce::CrossAllreduce RingAcrossHosts(Group& group, int local_rank, const Config& config) {
   std::unique_ptr<Group> cross = group.Split(local_rank, group.rank());
   const bool busy = config.transport == Transport::kTcp && HostRanksOutnumberCpus(group);
-  std::shared_ptr<Comm> ring = CommOver(*cross, config, busy);
+  std::shared_ptr<Comm> ring = CommOver(*cross, config, busy, CommUse::kData);
   auto scratch = std::make_shared<RingScratch>();
   const int64_t segment_bytes = config.ring_segment_bytes;
   const bool wide_partials = config.half_partials_wide;

@@ -41,6 +41,13 @@ std::vector<pybind11::dict> OnThreads(int n, const std::function<void(int, pybin
 // ring allreduces of `count` floats. Called by every rank, with the GIL
 // released; puts what this rank got in *result.
 void RecordCollectives(Comm& comm, int64_t count, int64_t segment_bytes, pybind11::dict* result);
+// The collectives that carry data, as tests/test_data_links.py expects
+// them: an alltoall of matrix[i * n + j] bytes from i to j (twice), Bruck's
+// allgather of `count` bytes a rank, the ring's allgather and
+// reduce-scatter over uneven chunks, Adasum over every rank and, given one
+// host key a rank, the hierarchical Adasum. Called like RecordCollectives.
+void RecordDataCollectives(Comm& comm, const std::vector<int64_t>& matrix, int64_t count,
+                           const std::vector<std::string>& host_keys, pybind11::dict* result);
 
 }  // namespace hvdmx
 

@@ -12,10 +12,13 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <set>
 #include <string>
 #include <thread>
 #include <vector>
 
+#include "algorithms/adasum.h"
+#include "algorithms/bruck.h"
 #include "algorithms/exchange_allreduce.h"
 #include "algorithms/ring.h"
 #include "comm/local_comm.h"
@@ -123,7 +126,134 @@ void RecordCollectives(Comm& comm, int64_t count, int64_t segment_bytes, py::dic
   (*result)["ring_allreduce"] = ringed;
 }
 
+// The byte at `k` of what rank `from` sends rank `to` in an alltoall.
+uint8_t AlltoallByte(int from, int to, int64_t k) {
+  return static_cast<uint8_t>((from * 31 + to * 7 + k) % 251);
+}
+
+void RecordDataCollectives(Comm& comm, const std::vector<int64_t>& matrix, int64_t count,
+                           const std::vector<std::string>& host_keys, py::dict* result) {
+  const int r = comm.rank();
+  const int n = comm.size();
+  // Alltoall: matrix[i * n + j] bytes from i to j.
+  std::string in, out;
+  int64_t out_bytes = 0;
+  for (int j = 0; j < n; ++j) {
+    for (int64_t k = 0; k < matrix[r * n + j]; ++k) in.push_back(AlltoallByte(r, j, k));
+    out_bytes += matrix[j * n + r];
+  }
+  out.assign(static_cast<size_t>(out_bytes), '\xee');
+  AlltoallScratch alltoall_scratch;
+  for (int round = 0; round < 2; ++round) {  // twice: the scratch is reused
+    Alltoall(comm, in.data(), &out[0], matrix, &alltoall_scratch);
+  }
+  // Bruck's allgather of `count` bytes a rank.
+  std::string slots(static_cast<size_t>(count * n), '\0');
+  for (int64_t k = 0; k < count; ++k) slots[r * count + k] = static_cast<char>('a' + (r + k) % 26);
+  BruckAllgather(comm, &slots[0], count);
+  // The ring's allgather and reduce-scatter over chunks of uneven sizes
+  // (chunk c has c + count elements).
+  std::vector<int64_t> starts(n + 1, 0);
+  for (int c = 0; c < n; ++c) starts[c + 1] = starts[c] + c + count;
+  std::vector<float> gathered(starts[n], -1.0f), scattered(starts[n]);
+  for (int64_t i = starts[r]; i < starts[r + 1]; ++i) gathered[i] = float(r * 1000 + i);
+  for (int64_t i = 0; i < starts[n]; ++i) scattered[i] = float(r * 1000 + i);
+  RingScratch ring_scratch;
+  RingAllgather(comm, gathered.data(), starts, DataType::kFloat32, &ring_scratch);
+  RingReduceScatter(comm, scattered.data(), starts, DataType::kFloat32, ReduceOp::kSum, 64,
+                    &ring_scratch);
+  std::vector<float> mine_scattered(scattered.begin() + starts[r],
+                                    scattered.begin() + starts[r + 1]);
+  // Adasum over every rank, and hierarchical by the hosts of `host_keys`:
+  // two tensors of count and count + 3 elements.
+  const std::vector<int64_t> counts = {count, count + 3};
+  auto adasum_input = [&] {
+    std::vector<float> v(static_cast<size_t>(2 * count + 3));
+    for (size_t i = 0; i < v.size(); ++i) v[i] = float((r * 7 + static_cast<int>(i) * 3) % 11 - 5);
+    return v;
+  };
+  AdasumScratch adasum_scratch;
+  std::vector<float> adasum = adasum_input();
+  AdasumAllreduce(comm, {}, adasum.data(), counts, DataType::kFloat32, &adasum_scratch);
+  std::vector<float> hierarchical;
+  if (!host_keys.empty()) {
+    hierarchical = adasum_input();
+    const AdasumHosts hosts = FindAdasumHosts(comm, host_keys[r]);
+    HierarchicalAdasumAllreduce(comm, hosts, hierarchical.data(), counts, DataType::kFloat32,
+                                &adasum_scratch);
+  }
+  py::gil_scoped_acquire gil;
+  (*result)["alltoall"] = py::bytes(out);
+  (*result)["bruck_allgather"] = py::bytes(slots);
+  (*result)["ring_allgather"] = gathered;
+  (*result)["ring_reducescatter"] = mine_scattered;
+  (*result)["adasum"] = adasum;
+  (*result)["hierarchical_adasum"] = hierarchical;
+  (*result)["links_every_pair"] = comm.LinksEveryPair();
+}
+
 namespace {
+
+// The ranks rank r of n links with in the data collectives' tests: every
+// other ("all"), or P2PComm::DataPeers and, given host keys, the
+// hierarchical Adasum's pairs ("data").
+std::vector<int> TestLinks(const std::string& links, int r, int n,
+                           const std::vector<std::string>& host_keys) {
+  std::set<int> peers;
+  if (links == "all") {
+    for (int j = 0; j < n; ++j) peers.insert(j);
+  } else {
+    for (int j : P2PComm::DataPeers(r, n)) peers.insert(j);
+    if (!host_keys.empty()) {
+      for (int j : AdasumHierarchicalPeers(host_keys, r)) peers.insert(j);
+    }
+  }
+  peers.erase(r);
+  return std::vector<int>(peers.begin(), peers.end());
+}
+
+// RecordCollectives (bit-ands by doubling beyond `direct_bit_and_ranks`)
+// and RecordDataCollectives on n LocalComm ranks linked as TestLinks says.
+std::vector<py::dict> TestingLocalDataCollectives(int n, const std::string& links,
+                                                  const std::vector<int64_t>& matrix, int64_t count,
+                                                  const std::vector<std::string>& host_keys,
+                                                  int direct_bit_and_ranks) {
+  if (static_cast<int>(matrix.size()) != n * n) throw py::value_error("matrix is not n x n");
+  if (!host_keys.empty() && static_cast<int>(host_keys.size()) != n) {
+    throw py::value_error("host_keys: one a rank");
+  }
+  auto world = std::make_shared<LocalWorld>(n);
+  std::vector<std::vector<int>> all_links;
+  for (int r = 0; r < n; ++r) all_links.push_back(TestLinks(links, r, n, host_keys));
+  world->LinkOnly(all_links);
+  py::gil_scoped_release release;
+  return OnThreads(n, [&](int r, py::dict* result) {
+    LocalComm comm(world, r, direct_bit_and_ranks);
+    const std::vector<int>& linked = all_links[r];
+    RecordCollectives(comm, count, 64, result);
+    RecordDataCollectives(comm, matrix, count, host_keys, result);
+    py::gil_scoped_acquire gil;
+    (*result)["linked"] = linked;
+  });
+}
+
+// Rank `from` of n LocalComm ranks linked by P2PComm::DataPeers posts a
+// send (or, with `recv`, a receive) to rank `to`. Returns the error it
+// raised, "" if none.
+std::string TestingLocalUnlinked(int n, int from, int to, bool recv) {
+  auto world = std::make_shared<LocalWorld>(n);
+  std::vector<std::vector<int>> links;
+  for (int r = 0; r < n; ++r) links.push_back(P2PComm::DataPeers(r, n));
+  world->LinkOnly(links);
+  LocalComm comm(world, from);
+  char byte = 'x';
+  try {
+    comm.Wait(recv ? comm.IRecv(&byte, 1, to) : comm.ISend(&byte, 1, to));
+  } catch (const UnlinkedPeerError& e) {
+    return e.what();
+  }
+  return "";
+}
 
 // RecordCollectives on n LocalComm ranks, one thread each.
 std::vector<py::dict> TestingLocalCollectives(int n, int direct_bit_and_ranks, int64_t count,
@@ -307,6 +437,13 @@ void DefineTestingCommBindings(py::module_& m) {
   m.def("host_tree", &TestingHostTree, py::arg("hosts"), py::arg("direct_bit_and_ranks"),
         py::arg("big"));
   m.def("gather_string", &GatherString, py::arg("rank"), py::arg("round"), py::arg("big"));
+  m.def("data_peers", &P2PComm::DataPeers, py::arg("rank"), py::arg("size"));
+  m.def("adasum_hierarchical_peers", &AdasumHierarchicalPeers, py::arg("keys"), py::arg("rank"));
+  m.def("local_data_collectives", &TestingLocalDataCollectives, py::arg("n"), py::arg("links"),
+        py::arg("matrix"), py::arg("count"), py::arg("host_keys"),
+        py::arg("direct_bit_and_ranks") = 1);
+  m.def("local_unlinked", &TestingLocalUnlinked, py::arg("n"), py::arg("from_rank"),
+        py::arg("to_rank"), py::arg("recv") = false);
   m.def("negotiation_peers", &P2PComm::NegotiationPeers, py::arg("rank"), py::arg("size"),
         py::arg("direct_bit_and_ranks"));
   m.def("local_collectives", &TestingLocalCollectives, py::arg("n"),

@@ -13,10 +13,12 @@
 #include <functional>
 #include <memory>
 #include <mutex>
+#include <set>
 #include <string>
 #include <thread>
 #include <vector>
 
+#include "algorithms/adasum.h"
 #include "algorithms/exchange_allreduce.h"
 #include "base/crypto.h"
 #include "bench/threads.h"
@@ -88,6 +90,71 @@ std::vector<py::dict> TestingTcpNegotiation(int n, int direct_bit_and_ranks) {
   });
 }
 
+// RecordCollectives (bit-ands by doubling) and RecordDataCollectives on n
+// thread ranks whose comms link only with P2PComm::DataPeers and, given
+// host keys, the hierarchical Adasum's pairs: the data comm of a job over
+// TCP. Per rank: the ranks it linked with, what it got.
+std::vector<py::dict> TestingTcpDataCollectives(int n, const std::vector<int64_t>& matrix,
+                                                int64_t count,
+                                                const std::vector<std::string>& host_keys) {
+  if (static_cast<int>(matrix.size()) != n * n) throw py::value_error("matrix is not n x n");
+  ThreadExchange exchange(n);
+  TcpOptions options;
+  options.direct_bit_and_ranks = 1;
+  options.give_up_seconds = 60;
+  py::gil_scoped_release release;
+  return OnThreads(n, [&](int r, py::dict* result) {
+    TcpOptions mine = options;
+    std::set<int> peers;
+    for (int j : P2PComm::DataPeers(r, n)) peers.insert(j);
+    if (!host_keys.empty()) {
+      for (int j : AdasumHierarchicalPeers(host_keys, r)) peers.insert(j);
+    }
+    mine.peers.assign(peers.begin(), peers.end());
+    std::unique_ptr<TcpComm> comm = MakeComm(r, n, &exchange, mine);
+    RecordCollectives(*comm, count, 64, result);
+    RecordDataCollectives(*comm, matrix, count, host_keys, result);
+    const std::vector<int> linked = comm->linked();
+    py::gil_scoped_acquire gil;
+    (*result)["linked"] = linked;
+  });
+}
+
+// Rank `from` of n thread ranks linked by P2PComm::DataPeers sends a byte
+// to rank `to` (not among them); then every rank sends a byte around the
+// ring, so that the comms stay up until the others are done. Returns the
+// error rank `from`'s send raised, "" if none.
+std::string TestingTcpUnlinked(int n, int from, int to) {
+  ThreadExchange exchange(n);
+  TcpOptions options;
+  options.give_up_seconds = 30;
+  std::string error;
+  std::vector<py::dict> results;
+  py::gil_scoped_release release;
+  results = OnThreads(n, [&](int r, py::dict*) {
+    TcpOptions mine = options;
+    mine.peers = P2PComm::DataPeers(r, n);
+    std::unique_ptr<TcpComm> comm = MakeComm(r, n, &exchange, mine);
+    char byte = 'x', got = 0;
+    if (r == from) {
+      try {
+        comm->Wait(comm->ISend(&byte, 1, to));
+      } catch (const UnlinkedPeerError& e) {
+        error = e.what();
+      }
+    }
+    const Comm::Request in = comm->IRecv(&got, 1, (r + n - 1) % n);
+    comm->Wait(comm->ISend(&byte, 1, (r + 1) % n));
+    comm->Wait(in);
+  });
+  py::gil_scoped_acquire gil;  // held until `results` is gone
+  for (const py::dict& result : results) {
+    const std::string other = py::str(result["error"]);
+    if (!other.empty()) throw std::runtime_error(other);
+  }
+  return error;
+}
+
 // A peer that goes away: with `how` = "close", rank n-1 destroys its comm
 // (as its process's end would) while the others wait for its part of a
 // bit-and; with "silent", it stays but sends nothing for 3 s while the
@@ -128,7 +195,7 @@ std::string TestingTcpConnectTo(const std::string& address) {
     options.key = TestKey();
     options.iface = "lo";
     TcpComm comm(0, 2, options, [&](const std::string& mine) {
-      return std::vector<std::string>{mine, address + " 00"};
+      return std::vector<std::string>{mine, address + " 1 00"};
     });
     char byte = 0;
     comm.Wait(comm.ISend(&byte, 1, 1));
@@ -196,7 +263,7 @@ std::string TestingTcpLyingPeer(const std::string& listener, const std::string& 
     options.iface = "lo";
     options.give_up_seconds = 10;
     TcpComm comm(0, 2, options, [&](const std::string& mine) {
-      return std::vector<std::string>{mine, listener + " lying-peer 00"};
+      return std::vector<std::string>{mine, listener + " lying-peer 1 00"};
     });
     if (what == "recv") {
       std::vector<char> buf(static_cast<size_t>(std::max<int64_t>(bytes, 1)));
@@ -263,6 +330,10 @@ void DefineTestingTcpBindings(py::module_& m) {
         py::arg("direct_bit_and_ranks") = 16, py::arg("count") = 100,
         py::arg("segment_bytes") = 64);
   m.def("tcp_peer_gone", &TestingTcpPeerGone, py::arg("n"), py::arg("how"));
+  m.def("tcp_data_collectives", &TestingTcpDataCollectives, py::arg("n"), py::arg("matrix"),
+        py::arg("count"), py::arg("host_keys"));
+  m.def("tcp_unlinked", &TestingTcpUnlinked, py::arg("n"), py::arg("from_rank"),
+        py::arg("to_rank"));
   m.def("tcp_negotiation", &TestingTcpNegotiation, py::arg("n"), py::arg("direct_bit_and_ranks"));
   m.def("tcp_connect_to", &TestingTcpConnectTo, py::arg("address"));
 }
