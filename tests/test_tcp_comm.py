@@ -79,6 +79,14 @@ def test_a_peer_that_never_answers_the_handshake_fails_the_connection_in_bounded
     assert "rank 1 (host stuffed-listener" in got, got
 
 
+@pytest.mark.parametrize("address", ["no-port-here host", "127.0.0.1:1", "127.0.0.1:1 a b c",
+                                     "256.0.0.1:1 host"])
+def test_an_address_exchange_entry_that_does_not_parse_fails_naming_the_rank(address):
+    # What rank 1 gives the exchange is "<address> 1 <id>": input, checked field by field.
+    got = _hvdmx_testing.tcp_connect_to(address)
+    assert "rank 1 sent the address exchange" in got and "protocol does not allow" in got, got
+
+
 @pytest.mark.timeout(30)
 def test_a_peer_that_refuses_fails_the_connection_at_once():
     import socket

@@ -211,6 +211,12 @@ class TcpComm : public P2PComm {
   int size_ = 1;
   TcpOptions options_;
   Socket listener_;  // open only while the links are made
+  // Peer `peer`'s entry of the address exchange, checked field by field:
+  // returns "ip:port hostname" and sets whether it links every pair and the
+  // comm id it offers; throws PeerProtocolError naming the rank otherwise.
+  static std::string ParseAddressEntry(int peer, const std::string& entry, bool* links_all,
+                                       std::string* comm_id);
+
   std::string address_;
   TcpIdentity identity_;
   int dropped_ = 0;

@@ -87,16 +87,13 @@ TcpComm::TcpComm(int rank, int size, const TcpOptions& options, const Exchange& 
       exchange(address_ + " " + HostName() + " " + (links_all ? "1" : "0") + " " +
                ToHex(RandomBytes(kCommIdBytes)));
   HVDMX_CHECK(static_cast<int>(entries.size()) == size_, "address exchange size");
-  for (const std::string& entry : entries) {
-    const std::string rest = entry.substr(0, entry.rfind(' '));
-    const size_t flag = rest.rfind(' ');
-    links_every_pair_ = links_every_pair_ && rest.substr(flag + 1) == "1";
-    addresses_.push_back(rest.substr(0, flag));
+  for (int j = 0; j < size_; ++j) {
+    std::string id;
+    bool links = false;
+    addresses_.push_back(ParseAddressEntry(j, entries[static_cast<size_t>(j)], &links, &id));
+    links_every_pair_ = links_every_pair_ && links;
+    if (j == 0) identity_.comm_id = id;
   }
-  const std::string& first = entries[0];
-  HVDMX_CHECK(FromHex(first.substr(first.rfind(' ') + 1), &identity_.comm_id) &&
-                  identity_.comm_id.size() == kCommIdBytes,
-              "rank 0's communicator id in " + first);
   identity_.key = options_.key;
   identity_.generation = options_.generation;
   if (options_.link_delay_seconds > 0) {
@@ -105,6 +102,32 @@ TcpComm::TcpComm(int rank, int size, const TcpOptions& options, const Exchange& 
   Link();
   listener_.Close();
   last_moved_ = Clock::now();
+}
+
+std::string TcpComm::ParseAddressEntry(int peer, const std::string& entry, bool* links_all,
+                                       std::string* comm_id) {
+  // "ip:port hostname 0|1 id": four fields, each checked, as every byte a
+  // peer sends is input (the exchange may cross a rendezvous on the network).
+  std::vector<std::string> fields;
+  for (size_t at = 0; at <= entry.size() && fields.size() <= 4;) {
+    const size_t space = std::min(entry.find(' ', at), entry.size());
+    fields.push_back(entry.substr(at, space - at));
+    at = space + 1;
+  }
+  sockaddr_in addr{};
+  const bool ok = fields.size() == 4 && ParseAddress(fields[0], &addr) && !fields[1].empty() &&
+                  (fields[2] == "0" || fields[2] == "1") && FromHex(fields[3], comm_id) &&
+                  comm_id->size() == kCommIdBytes;
+  if (!ok) {
+    const std::string shown = entry.size() > 200 ? entry.substr(0, 200) + "..." : entry;
+    throw PeerProtocolError(peer, "hvdmx: rank " + std::to_string(peer) +
+                                      " sent the address exchange '" + shown +
+                                      "' where 'ip:port hostname 0|1 id' was expected, which "
+                                      "the protocol does not allow: the ranks may run different "
+                                      "versions of hvdmx");
+  }
+  *links_all = fields[2] == "1";
+  return fields[0] + " " + fields[1];
 }
 
 TcpComm::~TcpComm() = default;

@@ -134,12 +134,19 @@ bool HostTreeComm::TestBitAnd() {
   if (!shm_->TestBitAnd()) return false;  // part 3
   if (!leader()) {
     std::memcpy(words_, ones_.data(), static_cast<size_t>(n_) * 8);
+    // The leader's hops, then the combination: input, as any peer's.
     const std::string got = shm_->BitAndPayload(0);
     uint64_t h = 0;
     if (got.size() >= 8) std::memcpy(&h, got.data(), 8);
+    if (got.size() < 8 || h >= static_cast<uint64_t>(size_)) {
+      throw PeerProtocolError(0, "hvdmx: local rank 0 gave a bit-and result of " +
+                                     std::to_string(got.size()) + " bytes saying " +
+                                     std::to_string(h) + " hops among " + std::to_string(size_) +
+                                     " ranks, which the protocol does not allow");
+    }
     hops_ = static_cast<int>(h);
     if (partial_ != nullptr) {
-      partial_->combined = got.size() > 8 ? got.substr(8) : std::string();
+      partial_->combined = got.substr(8);
       CheckFrom(0, partial_->combined);
     }
   }

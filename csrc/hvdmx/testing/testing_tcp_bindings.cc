@@ -185,6 +185,10 @@ std::vector<py::dict> TestingTcpPeerGone(int n, const std::string& how) {
   });
 }
 
+// What a fake rank 1 offers as the comm's id in the address exchange (only
+// rank 0's is used, but every entry must be well formed).
+std::string PeerCommId() { return std::string(2 * kCommIdBytes, '0'); }
+
 // Rank 0 of a comm of two whose rank 1 is `address` ("ip:port host", a
 // listener the test made): the first send makes the connection. Returns the
 // error it raised, "" if none.
@@ -195,7 +199,7 @@ std::string TestingTcpConnectTo(const std::string& address) {
     options.key = TestKey();
     options.iface = "lo";
     TcpComm comm(0, 2, options, [&](const std::string& mine) {
-      return std::vector<std::string>{mine, address + " 1 00"};
+      return std::vector<std::string>{mine, address + " 1 " + PeerCommId()};
     });
     char byte = 0;
     comm.Wait(comm.ISend(&byte, 1, 1));
@@ -263,7 +267,7 @@ std::string TestingTcpLyingPeer(const std::string& listener, const std::string& 
     options.iface = "lo";
     options.give_up_seconds = 10;
     TcpComm comm(0, 2, options, [&](const std::string& mine) {
-      return std::vector<std::string>{mine, listener + " lying-peer 1 00"};
+      return std::vector<std::string>{mine, listener + " lying-peer 1 " + PeerCommId()};
     });
     if (what == "recv") {
       std::vector<char> buf(static_cast<size_t>(std::max<int64_t>(bytes, 1)));
