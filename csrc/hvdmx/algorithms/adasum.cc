@@ -8,6 +8,7 @@
 #include "algorithms/bruck.h"
 #include "algorithms/reduce_kernels.h"
 #include "base/float_formats.h"
+#include "comm/p2p_comm.h"
 
 namespace hvdmx {
 namespace {
@@ -264,17 +265,12 @@ std::vector<int> AdasumHierarchicalPeers(const std::vector<std::string>& keys, i
   const int leader = hosts.mine.front();
   if (rank != leader) return {leader};
   std::vector<int> peers(hosts.mine.begin() + 1, hosts.mine.end());
-  // AdasumAllreduce's partners among the leaders (Run::Execute).
+  // AdasumAllreduce's partners among the leaders (Run::Execute folds and
+  // halves as the bit-and doubles).
   const std::vector<int>& group = hosts.leaders;
-  const int n = static_cast<int>(group.size());
   const int me = static_cast<int>(std::find(group.begin(), group.end(), rank) - group.begin());
-  int p = 1;
-  while (p * 2 <= n) p *= 2;
-  if (me >= p) {
-    peers.push_back(group[me - p]);
-  } else {
-    if (me < n - p) peers.push_back(group[me + p]);
-    for (int d = 1; d < p; d *= 2) peers.push_back(group[me ^ d]);
+  for (int j : P2PComm::DoublingPartners(me, static_cast<int>(group.size()))) {
+    peers.push_back(group[j]);
   }
   std::sort(peers.begin(), peers.end());
   return peers;

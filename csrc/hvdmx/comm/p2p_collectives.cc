@@ -233,14 +233,21 @@ std::vector<int> P2PComm::NegotiationPeers(int rank, int size, int direct_bit_an
     const int parent = TreeLinks(rank, size, 0, &children);
     if (parent >= 0) peers.insert(parent);
     peers.insert(children.begin(), children.end());
-    for (const auto& step : DoublingSchedule(rank, size)) {
-      peers.insert(step.first);
-      peers.insert(step.second);
-    }
+    for (int j : DoublingPartners(rank, size)) peers.insert(j);
   }
   peers.erase(-1);
   peers.erase(rank);
   return std::vector<int>(peers.begin(), peers.end());
+}
+
+std::vector<int> P2PComm::DoublingPartners(int rank, int size) {
+  std::set<int> partners;
+  for (const auto& step : DoublingSchedule(rank, size)) {
+    partners.insert(step.first);
+    partners.insert(step.second);
+  }
+  partners.erase(-1);
+  return std::vector<int>(partners.begin(), partners.end());
 }
 
 std::vector<int> P2PComm::DataPeers(int rank, int size) {

@@ -126,6 +126,10 @@ class P2PComm : public Comm {
   // are direct; beyond, its tree and doubling partners, O(log n) of them.
   // Symmetric: j is in rank's list if and only if rank is in j's.
   static std::vector<int> NegotiationPeers(int rank, int size, int direct_bit_and_ranks);
+  // The ranks `rank` of `size` exchanges with in recursive doubling or
+  // halving with the extra ranks folded in (the bit-and's schedule, Note
+  // [The bit-and over point-to-point]; Adasum's over a group), ascending.
+  static std::vector<int> DoublingPartners(int rank, int size);
 
   // Note [The data comm's links]
   // ~~~~~~~~~~~~~~~~~~~~~~~~~~~~
