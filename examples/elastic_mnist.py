@@ -32,10 +32,6 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import mnist_gluon as digits  # noqa: E402  (the model, the data and the checks)
 
 
-class ReplicasDiffer(RuntimeError):
-    """The ranks' parameters are not bitwise identical at the end."""
-
-
 def parse_args(argv=None):
     """mnist_gluon.py's flags, and how often to commit."""
     extra = list(argv if argv is not None else sys.argv[1:])
@@ -117,16 +113,11 @@ def main(argv=None):
     counts = hvd.allreduce(mx.nd.array([correct, total], dtype="int64"), op=hvd.Sum,
                            name="elastic_mnist.test_counts").asnumpy()
     accuracy = counts[0] / counts[1]
-    digest = digits.parameter_digest(net)
-    both = hvd.allreduce(mx.nd.array([digest, -digest], dtype="int64"), op=hvd.Max,
-                         name="elastic_mnist.param_digest").asnumpy()
     if rank == 0:
         log.info("test accuracy %.4f (%d/%d) after %d epochs; training took %.1f s, ending "
                  "on %d ranks", accuracy, counts[0], counts[1], args.epochs,
                  time.time() - start, size)
-    if both[0] != -both[1]:
-        raise ReplicasDiffer(f"rank {rank}: the ranks' parameters are NOT identical "
-                           f"(digest {digest:012x})")
+    digits.check_replicas(net, rank, "elastic_mnist.param_digest")
     if rank == 0:
         log.info("parameters bitwise identical on all %d ranks", size)
     return float(accuracy)
@@ -135,6 +126,6 @@ def main(argv=None):
 if __name__ == "__main__":
     try:
         main()
-    except ReplicasDiffer as error:
+    except digits.ReplicasDiffer as error:
         print(error, file=sys.stderr, flush=True)
         sys.exit(1)

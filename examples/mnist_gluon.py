@@ -203,9 +203,26 @@ def parameter_digest(net):
     return int.from_bytes(h.digest(), "little")
 
 
+class ReplicasDiffer(RuntimeError):
+    """The ranks' parameters are not bitwise identical at the end."""
+
+
+def check_replicas(net, rank, name):
+    """Replicas must not drift: every rank compares a digest of every
+    parameter's bytes with the others' (one allreduce of the max of d and -d:
+    equal everywhere exactly when max(d) == min(d)); raises ReplicasDiffer
+    when they differ."""
+    digest = parameter_digest(net)
+    both = hvd.allreduce(mx.nd.array([digest, -digest], dtype="int64"), op=hvd.Max,
+                         name=name).asnumpy()
+    if both[0] != -both[1]:
+        raise ReplicasDiffer(f"rank {rank}: the ranks' parameters are NOT identical "
+                             f"(digest {digest:012x})")
+
+
 def main(argv=None):
     """Trains, evaluates and checks the replicas; returns the test accuracy.
-    Raises RuntimeError when the ranks' parameters are not identical."""
+    Raises ReplicasDiffer (a RuntimeError) when the ranks' parameters are not identical."""
     args = parse_args(argv)
     hvd.init()
     rank, size = hvd.rank(), hvd.size()
@@ -294,13 +311,7 @@ def main(argv=None):
     log.info("test accuracy %.4f (%d/%d) after %d epochs; training took %.1f s on %d ranks",
              accuracy, counts[0], counts[1], args.epochs, train_seconds, size)
 
-    # Replicas must not drift: compare a digest of every parameter's bytes.
-    digest = parameter_digest(net)
-    both = hvd.allreduce(mx.nd.array([digest, -digest], dtype="int64"), op=hvd.Max,
-                         name="mnist.param_digest").asnumpy()
-    if both[0] != -both[1]:
-        raise RuntimeError(f"rank {rank}: the ranks' parameters are NOT identical "
-                           f"(digest {digest:012x})")
+    check_replicas(net, rank, "mnist.param_digest")
     log.info("parameters bitwise identical on all %d ranks", size)
     return float(accuracy)
 
