@@ -11,10 +11,9 @@ import threading
 from typing import Mapping, Optional, Tuple
 
 from .elastic_launch import SLOT_VARIABLE
-from .elastic_service import SCOPE, generation_answer
+from .elastic_service import generation_answer
 from .rendezvous import StoreGroup, connect
-from .rendezvous_wire import ADDRESS_VARIABLE, Reader, key_from_environment, pack_str, \
-    parse_address
+from .rendezvous_wire import ADDRESS_VARIABLE, Reader, key_from_environment, parse_address
 
 _lock = threading.Lock()
 _service: Optional[StoreGroup] = None  # the connection to the service, for this process's life
@@ -44,9 +43,7 @@ def _request(kind: bytes, extra: bytes = b"") -> Reader:
             _service = connect(os.environ[ADDRESS_VARIABLE], key_from_environment(os.environ),
                                0, 0, host=host, slot=index)
         service = _service
-    seq = service._next()
-    answer_kind, reader = service._connection.request(
-        SCOPE, seq, kind + pack_str(SCOPE) + struct.pack("!Q", seq) + extra)
+    answer_kind, reader = service.call(kind, extra)
     if answer_kind != kind:
         raise ConnectionError(f"the elastic rendezvous answered {kind!r} with {answer_kind!r}")
     return reader

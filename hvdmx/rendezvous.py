@@ -141,10 +141,14 @@ class StoreGroup:
         """The server's name of this group (the job's generation first)."""
         return self._scope
 
-    def _next(self) -> int:
+    def call(self, kind: bytes, extra: bytes = b"") -> Tuple[bytes, Reader]:
+        """One request to the server in this group's scope and order: `kind`,
+        the scope and the request's number, then `extra`; returns the answer's
+        kind and a Reader of the rest of it (after its scope and number)."""
         with self._seq_lock:
             seq, self._seq = self._seq, self._seq + 1
-        return seq
+        return self._connection.request(
+            self._scope, seq, kind + pack_str(self._scope) + struct.pack("!Q", seq) + extra)
 
     def allgather(self, data: bytes) -> List[bytes]:
         """Every member's `data`, in rank order."""
@@ -155,10 +159,7 @@ class StoreGroup:
         if len(data) > MAX_POST_BYTES:
             raise ValueError(f"StoreGroup.allgather: {len(data)} bytes is over the limit of "
                              f"{MAX_POST_BYTES} a member posts")
-        seq = self._next()
-        kind, r = self._connection.request(
-            self._scope, seq,
-            b"A" + pack_str(self._scope) + struct.pack("!Q", seq) + pack_bytes(data))
+        kind, r = self.call(b"A", pack_bytes(data))
         if kind != b"R":
             raise RendezvousError(f"the rendezvous server answered an allgather with {kind!r}")
         (count,) = r.unpack("I")
@@ -174,10 +175,7 @@ class StoreGroup:
         group, ranked by (`key`, rank here); None for a color < 0."""
         _check_int("color", color, 31)
         _check_int("key", key, 63)
-        seq = self._next()
-        kind, r = self._connection.request(
-            self._scope, seq,
-            b"P" + pack_str(self._scope) + struct.pack("!Qiq", seq, color, key))
+        kind, r = self.call(b"P", struct.pack("!iq", color, key))
         if kind != b"S":
             raise RendezvousError(f"the rendezvous server answered a split with {kind!r}")
         child = r.text(MAX_SCOPE_BYTES, "a group scope")

@@ -12,7 +12,6 @@ from hvdmx import elastic_worker
 from hvdmx.elastic_membership import Membership
 from hvdmx.elastic_service import SCOPE, ElasticService, generation_answer
 from hvdmx.rendezvous import RendezvousError, connect
-from hvdmx.rendezvous_wire import pack_str
 
 pytestmark = pytest.mark.timeout(60)
 KEY = secrets.token_bytes(32)
@@ -29,9 +28,8 @@ def service():
 
 
 def request(client, kind, extra=b""):
-    seq = client._next()
-    return client._connection.request(SCOPE, seq, kind + pack_str(SCOPE) +
-                                      struct.pack("!Q", seq) + extra)
+    assert client.scope == SCOPE
+    return client.call(kind, extra)
 
 
 def join_thread(svc, slot, out):
