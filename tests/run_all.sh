@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # Runs the whole test suite: the single-process tests, then tests/parallel under
-# mpiexec -n 1, 2, 3 and 4 (HVDMX_TEST_RANKS). Exits non-zero if anything failed,
-# hung or crashed, and ends with one line for CI: "N passed, N failed" (all runs
-# added up; a multi-rank test counts once, as failed if it failed on any rank).
+# mpiexec -n 1, 2, 3 and 4 (HVDMX_TEST_RANKS; the run on one rank starts beside
+# the single-process tests' last shard) and under hvdmxrun --no-mpi. Exits
+# non-zero if anything failed, hung or crashed, and ends with one line for CI:
+# "N passed, N failed" (all runs added up; a multi-rank test counts once, as
+# failed if it failed on any rank).
 #
 # Under mpiexec every rank runs pytest; rank 0 prints to the terminal and the other
 # ranks write to a log in a temporary directory, printed when a run fails.
@@ -57,12 +59,13 @@ logs=$(mktemp -d "${TMPDIR:-/tmp}/hvdmx-tests.XXXXXX")
 status=0
 runs=()
 
-# Records a run's label, rank count, exit code and duration (from $started).
-# Any exit code but 0 fails the suite, pytest's 5 (no tests collected) too: a
-# run that collected nothing tested nothing.
+# Records a run's label, rank count, exit code and duration (from $started to
+# ENDED, by default now). Any exit code but 0 fails the suite, pytest's 5 (no
+# tests collected) too: a run that collected nothing tested nothing.
+# Usage: finish_run LABEL N RC [ENDED]
 finish_run() {
-  local label=$1 nranks=$2 rc=$3
-  runs+=("$label:$nranks:$rc:$((SECONDS - started))")
+  local label=$1 nranks=$2 rc=$3 ended=${4:-$SECONDS}
+  runs+=("$label:$nranks:$rc:$((ended - started))")
   if ((rc != 0)); then
     status=1
     if ((rc == 124 || rc == 137)); then
@@ -70,33 +73,6 @@ finish_run() {
     fi
   fi
 }
-
-# The single-process tests run as two pytest processes at once, because
-# most of their time is spent starting processes (MPI jobs, MXNet imports,
-# test hosts) rather than computing, and one of them alone keeps about one of
-# the two cores busy. Shard "a" holds the files that make test hosts (which
-# must not overlap) or whose jobs are the longest, balanced by the times of a
-# whole run; "b" everything else, so a new file lands there. Shard b's output
-# is printed when it ends.
-shard_a=(tests/test_many_hosts.py tests/test_elastic_jobs.py tests/test_testhosts.py tests/test_tcp_transport.py
-  tests/test_timeline.py tests/test_tcp_comm.py tests/test_shm_process_exit.py tests/test_one_mpi.py
-  tests/test_horovod_programs.py tests/test_as_horovod.py)
-ignore_a=()
-for file in "${shard_a[@]}"; do ignore_a+=(--ignore="$file"); done
-echo "== single process: pytest tests (without tests/parallel), two shards at once"
-started=$SECONDS
-timeout -k 10 "$run_timeout" "$PYTHON" -m pytest -q --timeout="$test_timeout" \
-  -p no:cacheprovider --ignore=tests/parallel "${ignore_a[@]}" --junitxml="$logs/serial-b.rank0.xml" tests \
-  >"$logs/serial-b.log" 2>&1 &
-shard_b=$!
-timeout -k 10 "$run_timeout" "$PYTHON" -m pytest -q --timeout="$test_timeout" \
-  -p no:cacheprovider --junitxml="$logs/serial-a.rank0.xml" "${shard_a[@]}"
-finish_run serial-a 1 $?
-wait "$shard_b"
-rc=$?
-echo "== single process, shard b (the other files)"
-cat "$logs/serial-b.log"
-finish_run serial-b 1 "$rc"
 
 # Runs tests/parallel on N ranks under a launcher and records the run as LABEL.
 # Each rank: rank 0 prints, the others log; each writes its own JUnit report.
@@ -130,7 +106,51 @@ run_parallel() {
   fi
 }
 
+# The single-process tests run as two pytest processes at once, because
+# most of their time is spent starting processes (MPI jobs, MXNet imports,
+# test hosts) rather than computing, and one of them alone keeps about one of
+# the two cores busy. Shard "a" holds the files that make test hosts (which
+# must not overlap) or whose jobs are the longest, balanced by the times of a
+# whole run; "b" everything else, so a new file lands there. Shard b's output
+# is printed when it ends.
+shard_a=(tests/test_many_hosts.py tests/test_elastic_jobs.py tests/test_testhosts.py tests/test_tcp_transport.py
+  tests/test_timeline.py tests/test_tcp_comm.py tests/test_shm_process_exit.py tests/test_one_mpi.py
+  tests/test_horovod_programs.py tests/test_as_horovod.py)
+ignore_a=()
+for file in "${shard_a[@]}"; do ignore_a+=(--ignore="$file"); done
+echo "== single process: pytest tests (without tests/parallel), two shards at once"
+started=$SECONDS
+serial_started=$started
+# Shard b notes its exit code and when it ended, for its line of the summary.
+{
+  timeout -k 10 "$run_timeout" "$PYTHON" -m pytest -q --timeout="$test_timeout" \
+    -p no:cacheprovider --ignore=tests/parallel "${ignore_a[@]}" --junitxml="$logs/serial-b.rank0.xml" tests \
+    >"$logs/serial-b.log" 2>&1
+  echo "$? $SECONDS" >"$logs/serial-b.end"
+} &
+shard_b=$!
+timeout -k 10 "$run_timeout" "$PYTHON" -m pytest -q --timeout="$test_timeout" \
+  -p no:cacheprovider --junitxml="$logs/serial-a.rank0.xml" "${shard_a[@]}"
+finish_run serial-a 1 $?
+
+# A run on one rank keeps one core busy: while shard b still runs, it takes the
+# core that shard a has left (about half a minute earlier here) instead of
+# running after both.
+ran_early=
+if [[ " ${rank_counts[*]} " == *" 1 "* ]] && kill -0 "$shard_b" 2>/dev/null; then
+  run_parallel n1 1 "$MPIEXEC" "${mpiexec_flags[@]}" -n 1
+  ran_early=1
+fi
+wait "$shard_b"
+rc=124 ended=$SECONDS  # no note: the shard was killed before it could write one
+[[ -s $logs/serial-b.end ]] && read -r rc ended <"$logs/serial-b.end"
+echo "== single process, shard b (the other files)"
+cat "$logs/serial-b.log"
+started=$serial_started
+finish_run serial-b 1 "$rc" "$ended"
+
 for n in "${rank_counts[@]}"; do
+  [[ $n == 1 && -n $ran_early ]] && continue
   run_parallel "n$n" "$n" "$MPIEXEC" "${mpiexec_flags[@]}" -n "$n"
 done
 
@@ -198,7 +218,8 @@ for label, nranks, rc, seconds in runs:
     print(f"{label:>7}: {line}; exit {rc}{notes.get(rc, '')}; {seconds}s")
     for k in total:
         total[k] += counts[k]
-print(f"{'all':>7}: {elapsed}s (serial-a and serial-b side by side, then each rank count)")
+print(f"{'all':>7}: {elapsed}s (serial-a and serial-b side by side, n1 beside serial-b once "
+      "serial-a has ended, then each other run)")
 print(f"{total['passed']} passed, {total['failed']} failed")
 EOF
 (($? == 0)) || status=1

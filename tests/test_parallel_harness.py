@@ -89,10 +89,14 @@ def test_run_all_counts_a_run_that_collects_nothing_as_failed(tmp_path):
     # pytest exits 5 when it collects no test (a renamed file, a bad path):
     # the suite must fail then, not pass having tested nothing. A stand-in
     # interpreter exits 5 for every pytest run and is Python otherwise (the
-    # summary); a stand-in mpiexec runs its command once, and so does a
-    # stand-in hvdmxrun beside the interpreter (the run without MPI).
+    # summary); shard b (the run that ignores tests/parallel) first takes 3 s,
+    # so that the run on one rank starts beside it. A stand-in mpiexec runs its
+    # command once, and so does a stand-in hvdmxrun beside the interpreter (the
+    # run without MPI).
     python = tmp_path / "python"
-    python.write_text(f'#!/bin/sh\n[ "$1" = "-m" ] && exit 5\nexec {sys.executable} "$@"\n')
+    python.write_text('#!/bin/sh\n'
+                      'case "$*" in *--ignore=tests/parallel*) sleep 3; exit 5 ;; esac\n'
+                      f'[ "$1" = "-m" ] && exit 5\nexec {sys.executable} "$@"\n')
     mpiexec = tmp_path / "mpiexec"
     mpiexec.write_text('#!/bin/sh\nshift 2\nexec "$@"\n')  # drops "-n N"
     hvdmxrun = tmp_path / "hvdmxrun"
@@ -103,21 +107,23 @@ def test_run_all_counts_a_run_that_collects_nothing_as_failed(tmp_path):
     # TMPDIR: the logs a failed run keeps stay in this test's directory.
     result = subprocess.run(["bash", os.path.join(ROOT, "tests", "run_all.sh")],
                             env=dict(ENV, PYTHON=str(python), MPIEXEC=str(mpiexec),
-                                     HVDMX_TEST_RANKS="2", HVDMX_TEST_NOMPI_RANKS="2",
+                                     HVDMX_TEST_RANKS="1 2", HVDMX_TEST_NOMPI_RANKS="2",
                                      TMPDIR=str(tmp_path)),
                             capture_output=True, text=True, timeout=60)
     assert result.returncode == 1, (result.stdout, result.stderr)
-    # The single-process tests run as two shards, each counted.
-    for shard in ("serial-a", "serial-b"):
-        assert f"{shard}: 0 passed, 1 failed, 0 skipped; exit 5 (no tests collected)" \
-            in result.stdout, result.stdout
-    for run in ("n2", "nompi2"):
-        assert f"{run}: 0 passed, 1 failed, 0 skipped; exit 5 (no tests collected)" \
-            in result.stdout, result.stdout
-    # Each run's line ends with its time, and the suite's time comes before the total.
+    # Every run is counted, in the order they ended: n1 ran while shard b
+    # still did, and shard b's own time (3 s or more) is on its line.
     lines = result.stdout.splitlines()
-    assert re.fullmatch(r" +n2: .*; \d+s", lines[-4]), lines[-4:]
-    assert re.fullmatch(r" +nompi2: .*; \d+s", lines[-3]), lines[-3:]
-    assert re.fullmatch(r" +all: \d+s \(serial-a and serial-b side by side, then each rank "
-                        r"count\)", lines[-2]), lines[-2:]
-    assert lines[-1] == "0 passed, 4 failed"
+    runs = [line for line in lines if re.match(r" *[a-z0-9-]+: \d+ passed", line)]
+    assert [run.split(":")[0].strip() for run in runs] == \
+        ["serial-a", "n1", "serial-b", "n2", "nompi2"], result.stdout
+    for run in runs:
+        assert re.fullmatch(r" *[a-z0-9-]+: 0 passed, 1 failed, 0 skipped; exit 5 "
+                            r"\(no tests collected\); \d+s", run), run
+    assert int(runs[2].rsplit(" ", 1)[1][:-1]) >= 3, runs[2]
+    # Each run's line ends with its time, and the suite's time comes before the total.
+    assert lines[-3] == runs[-1], lines[-3:]
+    assert re.fullmatch(r" +all: \d+s \(serial-a and serial-b side by side, n1 beside "
+                        r"serial-b once serial-a has ended, then each other run\)", lines[-2]), \
+        lines[-2:]
+    assert lines[-1] == "0 passed, 5 failed"
