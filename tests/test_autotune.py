@@ -115,19 +115,34 @@ def test_nothing_to_tune_when_all_are_fixed():
     assert result["chosen"] == (0, 1.0, "mpi") and result["seconds"] == 0
 
 
-LOAD = """
+# The loads below run until the search has ended and its choice has run for a
+# while: every rank asks, now and then, whether rank 0's log holds the "chosen"
+# row (the log is flushed row by row), and stops at the third such check that
+# says yes. A search that never ends stops the load after 60 s, and the test
+# then fails on the missing row instead of waiting for its timeout.
+UNTIL_CHOSEN = """
+import os
 import time
+_log, _give_up, _checks_since_chosen = os.environ["HVDMX_AUTOTUNE_LOG"], time.time() + 60, 0
+
+
+def chosen_and_applied():
+    global _checks_since_chosen
+    seen = rank == 0 and ("chosen" in open(_log).read() or time.time() > _give_up)
+    if hvd.allreduce(mx.nd.array([seen]), op=hvd.Max, name="stop").asscalar():
+        _checks_since_chosen += 1
+    return _checks_since_chosen >= 3
+"""
+
+LOAD = UNTIL_CHOSEN + """
 grads = [mx.nd.ones((1024,)) * (i + 1) for i in range(64)]   # 64 x 4 KiB a step
-deadline = time.time() + 20
 step = 0
 while True:
     outs = [hvd.allreduce(g, op=hvd.Sum, name=f"g{i}") for i, g in enumerate(grads)]
     mx.nd.waitall()
     if step % 20 == 0:   # right all along: the ranks always fuse alike
         assert outs[5].asnumpy()[0] == 6 * size, outs[5].asnumpy()[0]
-        # every rank stops at the same step
-        if hvd.allreduce(mx.nd.array([time.time() > deadline]), op=hvd.Max,
-                         name="stop").asscalar():
+        if chosen_and_applied():   # every rank stops at the same step
             break
     step += 1
 print(f"rank {rank} steps {step}")
@@ -181,16 +196,13 @@ def test_autotune_job_tries_every_setting_and_applies_the_best_in_step(tmp_path)
             f"allreduce_algo={best['allreduce_algo']}") in result.stderr
 
 
-LATENCY_LOAD = """
-import time
+LATENCY_LOAD = UNTIL_CHOSEN + """
 x = mx.nd.ones((16,))
-deadline = time.time() + 7
 step = 0
 while True:   # one small allreduce a step, read at once
     hvd.allreduce(x, op=hvd.Sum, name="tiny").wait_to_read()
     step += 1
-    if step % 50 == 0 and hvd.allreduce(mx.nd.array([time.time() > deadline]), op=hvd.Max,
-                                        name="stop").asscalar():
+    if step % 50 == 0 and chosen_and_applied():
         break
 """
 
@@ -205,11 +217,9 @@ def test_latency_bound_load_gets_no_cycle_time_and_fixed_values_stay(tmp_path):
     assert len(chosen) == 1 and float(chosen[0]["cycle_time_ms"]) <= 0.5, rows
 
 
-ALGO_LOAD = """
-import time
+ALGO_LOAD = UNTIL_CHOSEN + """
 from hvdmx import _core
 x = mx.nd.ones((64 * 1024,)) * (rank + 1)   # 256 KiB
-deadline = time.time() + 5
 calls = 0
 while True:
     out = hvd.allreduce(x, op=hvd.Sum, name="big")
@@ -217,8 +227,7 @@ while True:
     assert out.asnumpy()[7] == size * (size + 1) / 2   # right under every algorithm
     if calls % 20 == 0:
         calls += 1
-        if hvd.allreduce(mx.nd.array([time.time() > deadline]), op=hvd.Max,
-                         name="stop").asscalar():
+        if chosen_and_applied():
             break
 shm = _core.stats()["shm"]["calls"]
 sys.stdout.write(f"rank {rank} calls {calls} shm {shm}\\n")  # one write: ranks share stdout
