@@ -21,11 +21,12 @@ import pytest
 
 # MPICH's ranks poll without pause while they wait (in the tests' barriers and
 # comparisons over mpi4py below, and in every MPI transfer): with more ranks
-# than cores (four here on two; sixteen across the test hosts) a waiting rank
-# takes the core from the rank it waits for. Its progress throttle makes a
-# poll that found nothing 64 times in a row sleep for a moment instead (a
-# fifth off the 3- and 4-rank runs here; no result changes). Set before MPI
-# starts (mpi4py.MPI's import); a job's own settings win.
+# than cores (four here on two) a waiting rank takes the core from the rank it
+# waits for. Its progress throttle makes a poll that found nothing 64 times in
+# a row sleep for a moment instead (a fifth off the 3- and 4-rank runs here;
+# none off the runs across test hosts, whose MPI goes over TCP; no result
+# changes). Set before MPI starts (mpi4py.MPI's import); a job's own settings
+# win.
 os.environ.setdefault("MPIR_CVAR_CH4_PROGRESS_THROTTLE", "1")
 os.environ.setdefault("MPIR_CVAR_CH4_PROGRESS_THROTTLE_NO_PROGRESS_COUNT", "64")
 
