@@ -84,6 +84,14 @@ int64_t ElementCount(const std::vector<int64_t>& shape) {
   return n;
 }
 
+int64_t UnitBytes(const Response& response) {
+  int64_t bytes = 0;
+  for (size_t t = 0; t < response.counts.size(); ++t) {
+    bytes += response.counts[t] * static_cast<int64_t>(DataTypeSize(response.dtypes[t]));
+  }
+  return bytes;
+}
+
 Response ErrorResponse(const Request& request, std::string message) {
   Response r;
   r.type = request.type;

@@ -63,6 +63,8 @@ struct Response {
 };
 
 int64_t ElementCount(const std::vector<int64_t>& shape);
+// The bytes of every tensor of `response`'s unit, in all.
+int64_t UnitBytes(const Response& response);
 
 // Builds the response for a unit every rank has requested (requests in rank
 // order, one per rank), or an error response naming the ranks and values

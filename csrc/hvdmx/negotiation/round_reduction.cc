@@ -35,11 +35,7 @@ size_t RoundReduction::OperandBytes(const Response& response) const {
 bool RoundReduction::Takes(int64_t slot, size_t partial_bytes) const {
   if (!enabled() || !Carries(slot)) return false;
   const Response& r = cache_.response(slot);
-  int64_t unit = 0;
-  for (size_t t = 0; t < r.counts.size(); ++t) {
-    unit += r.counts[t] * static_cast<int64_t>(DataTypeSize(r.dtypes[t]));
-  }
-  return unit <= unit_bytes_ &&
+  return UnitBytes(r) <= unit_bytes_ &&
          static_cast<int64_t>(partial_bytes + 8 + OperandBytes(r)) <= BitAndPartial::kMaxBytes;
 }
 

@@ -26,11 +26,7 @@ int64_t RowElems(const std::vector<int64_t>& shape) {
 }  // namespace
 
 const char* Executor::RunBroadcast(const Response& response, TensorEntry& entry) {
-  int64_t total = 0;
-  for (size_t t = 0; t < response.counts.size(); ++t) {
-    total += response.counts[t] * static_cast<int64_t>(DataTypeSize(response.dtypes[t]));
-  }
-  const bool shm = ShmMoves(CollectiveType::kBroadcast, total);
+  const bool shm = ShmMoves(CollectiveType::kBroadcast, UnitBytes(response));
   for (size_t t = 0; t < response.counts.size(); ++t) {
     const int64_t bytes =
         response.counts[t] * static_cast<int64_t>(DataTypeSize(response.dtypes[t]));

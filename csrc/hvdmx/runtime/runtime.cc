@@ -329,13 +329,8 @@ bool Runtime::Execute(const RoundResult& round) {
 bool Runtime::FinishRound(const RoundResult& round, bool want_shutdown) {
   if (tuner_) {
     int64_t bytes = 0;
-    auto add = [&bytes](const Response& r) {
-      for (size_t t = 0; t < r.counts.size(); ++t) {
-        bytes += r.counts[t] * static_cast<int64_t>(DataTypeSize(r.dtypes[t]));
-      }
-    };
-    for (const ReducedUnit& unit : round.reduced) add(unit.response);
-    for (const Response& r : round.responses) add(r);
+    for (const ReducedUnit& unit : round.reduced) bytes += UnitBytes(unit.response);
+    for (const Response& r : round.responses) bytes += UnitBytes(r);
     tuner_->RoundDone(bytes, std::chrono::steady_clock::now());
   }
   MaybeWarnStall();
