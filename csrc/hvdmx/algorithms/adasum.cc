@@ -19,14 +19,8 @@ namespace {
 void Exchange(Comm& comm, int peer, const void* send, int64_t send_bytes, void* recv,
               int64_t recv_bytes) {
   std::vector<Comm::Request> requests;
-  for (int64_t at = 0; at < recv_bytes; at += Comm::kMaxMessageBytes) {
-    requests.push_back(comm.IRecv(static_cast<char*>(recv) + at,
-                                  std::min(Comm::kMaxMessageBytes, recv_bytes - at), peer));
-  }
-  for (int64_t at = 0; at < send_bytes; at += Comm::kMaxMessageBytes) {
-    requests.push_back(comm.ISend(static_cast<const char*>(send) + at,
-                                  std::min(Comm::kMaxMessageBytes, send_bytes - at), peer));
-  }
+  PostRecvPieces(comm, static_cast<char*>(recv), recv_bytes, peer, &requests);
+  PostSendPieces(comm, static_cast<const char*>(send), send_bytes, peer, &requests);
   for (Comm::Request request : requests) comm.Wait(request);
 }
 

@@ -6,16 +6,13 @@
 namespace hvdmx {
 namespace {
 
-// Posts the transfer of `bytes` to or from `peer` in messages of at most
-// Comm::kMaxMessageBytes, appending the requests; nothing for 0 bytes. Both
-// sides cut the same total the same way, so every message's size is known
-// to its receiver.
+// PostSendPieces or PostRecvPieces (comm/comm.h).
 void PostPieces(Comm& comm, bool send, char* buf, int64_t bytes, int peer,
                 std::vector<Comm::Request>* requests) {
-  for (int64_t done = 0; done < bytes; done += Comm::kMaxMessageBytes) {
-    const int64_t piece = std::min(Comm::kMaxMessageBytes, bytes - done);
-    requests->push_back(send ? comm.ISend(buf + done, piece, peer)
-                             : comm.IRecv(buf + done, piece, peer));
+  if (send) {
+    PostSendPieces(comm, buf, bytes, peer, requests);
+  } else {
+    PostRecvPieces(comm, buf, bytes, peer, requests);
   }
 }
 
@@ -84,12 +81,10 @@ void Alltoall(Comm& comm, const char* in, char* out, const std::vector<int64_t>&
     // Every pair directly: all receives, then all sends, then this rank's
     // own block (the peers can start reading ours while we copy).
     for (int j = 0; j < n; ++j) {
-      if (j != me) PostPieces(comm, false, out + out_at[j], size_of(j, me), j, &requests);
+      if (j != me) PostRecvPieces(comm, out + out_at[j], size_of(j, me), j, &requests);
     }
     for (int j = 0; j < n; ++j) {
-      if (j != me) {
-        PostPieces(comm, true, const_cast<char*>(in) + in_at[j], size_of(me, j), j, &requests);
-      }
+      if (j != me) PostSendPieces(comm, in + in_at[j], size_of(me, j), j, &requests);
     }
     if (size_of(me, me)) std::memcpy(out + out_at[me], in + in_at[me], size_of(me, me));
     WaitAll(comm, requests);
@@ -126,8 +121,8 @@ void Alltoall(Comm& comm, const char* in, char* out, const std::vector<int64_t>&
       at += length[i];
     }
     requests.clear();
-    PostPieces(comm, false, scratch->recv.data(), recv_bytes, from, &requests);
-    PostPieces(comm, true, scratch->send.data(), send_bytes, to, &requests);
+    PostRecvPieces(comm, scratch->recv.data(), recv_bytes, from, &requests);
+    PostSendPieces(comm, scratch->send.data(), send_bytes, to, &requests);
     WaitAll(comm, requests);
     // The blocks received are home (no bit above this step's) or kept on.
     int64_t held_bytes = 0;

@@ -18,6 +18,7 @@
 #ifndef HVDMX_COMM_H_
 #define HVDMX_COMM_H_
 
+#include <algorithm>
 #include <cstdint>
 #include <functional>
 #include <stdexcept>
@@ -69,6 +70,15 @@ class BitAndReduction {
   // Throws std::invalid_argument, as Combine, for a partial received
   // whole (a combination another rank finished).
   virtual void Check(const std::string& partial) const = 0;
+  // What Check finds wrong with a partial a peer gave; empty when nothing.
+  std::string Problem(const std::string& partial) const {
+    try {
+      Check(partial);
+    } catch (const std::invalid_argument& e) {
+      return e.what();
+    }
+    return std::string();
+  }
 };
 
 // One rank's side of a combining bit-and: its partial, how to combine, and,
@@ -176,6 +186,25 @@ class Comm {
  protected:
   std::function<bool(int64_t)> idle_;
 };
+
+// Post the send (receive) of `bytes` to (from) `peer` in messages of at most
+// Comm::kMaxMessageBytes, appending their requests; nothing for 0 bytes.
+// Both sides cut the same total the same way, so every message's size is
+// known to its receiver.
+inline void PostSendPieces(Comm& comm, const char* buf, int64_t bytes, int peer,
+                           std::vector<Comm::Request>* requests) {
+  for (int64_t done = 0; done < bytes; done += Comm::kMaxMessageBytes) {
+    requests->push_back(
+        comm.ISend(buf + done, std::min(Comm::kMaxMessageBytes, bytes - done), peer));
+  }
+}
+inline void PostRecvPieces(Comm& comm, char* buf, int64_t bytes, int peer,
+                           std::vector<Comm::Request>* requests) {
+  for (int64_t done = 0; done < bytes; done += Comm::kMaxMessageBytes) {
+    requests->push_back(
+        comm.IRecv(buf + done, std::min(Comm::kMaxMessageBytes, bytes - done), peer));
+  }
+}
 
 }  // namespace hvdmx
 

@@ -2,7 +2,6 @@
 
 #include <algorithm>
 #include <climits>
-#include <set>
 
 #include "base/crypto.h"
 #include "comm/tcp_comm.h"
@@ -91,15 +90,9 @@ std::unique_ptr<Comm> CommOver(Group& group, const Config& config, bool ranks_ou
   }
   const int rank = group.rank(), size = group.size();
   TcpOptions options = TcpOptionsFor(config, ranks_outnumber_cpus);
-  std::set<int> peers;
-  for (int peer : use == CommUse::kNegotiation
+  options.peers = use == CommUse::kNegotiation
                       ? P2PComm::NegotiationPeers(rank, size, options.direct_bit_and_ranks)
-                      : P2PComm::DataPeers(rank, size)) {
-    peers.insert(peer);
-  }
-  peers.insert(more_peers.begin(), more_peers.end());
-  peers.erase(rank);
-  options.peers.assign(peers.begin(), peers.end());
+                      : P2PComm::DataPeers(rank, size, more_peers);
   // TcpComm calls the exchange in its constructor only.
   Group* over = &group;
   return std::make_unique<TcpComm>(

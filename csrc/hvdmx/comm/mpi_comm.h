@@ -90,8 +90,8 @@ enum class CommUse { kNegotiation, kData };
 // MpiGroup's communicator), or, when config.transport is kTcp, a TcpComm
 // whose addresses travel by one allgather over `group`;
 // `ranks_outnumber_cpus` sets its spin (TcpOptionsFor). Its TCP links
-// reach the ranks `use` names, and those of `more_peers` (which must be
-// symmetric over the group). Collective over `group`; the transport is MPI
+// reach the ranks `use` names, and for kData those of `more_peers` too
+// (which must be symmetric over the group). Collective over `group`; the transport is MPI
 // only over an MpiGroup (Init sees to it).
 std::unique_ptr<Comm> CommOver(Group& group, const Config& config, bool ranks_outnumber_cpus,
                                CommUse use, const std::vector<int>& more_peers = {});

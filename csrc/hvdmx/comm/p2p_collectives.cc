@@ -205,11 +205,18 @@ std::vector<std::string> P2PComm::Gather(const std::string& mine, int root) {
 // arrived.
 namespace {
 
+// The largest power of two p <= n: the doubling runs among ranks below p,
+// and each rank v >= p folds into v - p.
+int DoublingWidth(int n) {
+  int p = 1;
+  while (p * 2 <= n) p *= 2;
+  return p;
+}
+
 // The doubling schedule of rank v of n (Note [The bit-and over
 // point-to-point]), as (to, from) pairs; -1: none.
 std::vector<std::pair<int, int>> DoublingSchedule(int v, int n) {
-  int p = 1;
-  while (p * 2 <= n) p *= 2;
+  const int p = DoublingWidth(n);
   std::vector<std::pair<int, int>> steps;
   if (v >= p) {
     steps.push_back({v - p, -1});
@@ -250,9 +257,9 @@ std::vector<int> P2PComm::DoublingPartners(int rank, int size) {
   return std::vector<int>(partners.begin(), partners.end());
 }
 
-std::vector<int> P2PComm::DataPeers(int rank, int size) {
+std::vector<int> P2PComm::DataPeers(int rank, int size, const std::vector<int>& more) {
   // See Note [The data comm's links] in p2p_comm.h.
-  std::set<int> peers;
+  std::set<int> peers(more.begin(), more.end());
   for (int64_t step = 1; step < size; step *= 2) {
     peers.insert(static_cast<int>((rank + step) % size));
     peers.insert(static_cast<int>((rank - step % size + size) % size));
@@ -284,9 +291,7 @@ void P2PComm::StartBitAndCombining(uint64_t* words, int n, const std::string& pa
   if (!bit_direct_) {
     bit_hops_ = 0;
     bit_steps_.clear();
-    int p = 1;
-    while (p * 2 <= size()) p *= 2;
-    bit_extra_ = rank() >= p;
+    bit_extra_ = rank() >= DoublingWidth(size());
     for (const auto& step : DoublingSchedule(rank(), size())) {
       bit_steps_.push_back(BitAndStep{step.first, step.second});
     }
@@ -374,11 +379,8 @@ size_t P2PComm::AndIn(int peer, const std::string& message, std::string* partial
 }
 
 void P2PComm::CheckPartial(int peer, const std::string& theirs) {
-  try {
-    bit_partial_->reduction->Check(theirs);
-  } catch (const std::invalid_argument& e) {
-    FailProtocol(peer, std::string("a bit-and partial that does not parse: ") + e.what());
-  }
+  const std::string problem = bit_partial_->reduction->Problem(theirs);
+  if (!problem.empty()) FailProtocol(peer, "a bit-and partial that does not parse: " + problem);
 }
 
 void P2PComm::CombineIn(int peer, const std::string& theirs) {

@@ -158,8 +158,9 @@ class P2PComm : public Comm {
   // algorithms/adasum.h). A send to a rank outside the set fails with
   // UnlinkedPeerError naming both ranks.
   //
-  // Returns the set for `rank` of `size`, ascending, without `rank`.
-  static std::vector<int> DataPeers(int rank, int size);
+  // Returns the set for `rank` of `size` and the ranks of `more` (the
+  // hierarchical Adasum's), ascending, without `rank`.
+  static std::vector<int> DataPeers(int rank, int size, const std::vector<int>& more = {});
 
  protected:
   // What the transport counts as it moves messages.

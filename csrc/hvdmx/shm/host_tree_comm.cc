@@ -66,11 +66,10 @@ void HostTreeComm::StartBitAndCombining(uint64_t* words, int n, const std::strin
 }
 
 void HostTreeComm::CheckFrom(int j, const std::string& partial) const {
-  try {
-    partial_->reduction->Check(partial);
-  } catch (const std::invalid_argument& e) {
+  const std::string problem = partial_->reduction->Problem(partial);
+  if (!problem.empty()) {
     throw PeerProtocolError(j, "hvdmx: local rank " + std::to_string(j) +
-                                   " gave a bit-and partial that does not parse: " + e.what());
+                                   " gave a bit-and partial that does not parse: " + problem);
   }
 }
 

@@ -12,7 +12,6 @@
 #include <functional>
 #include <map>
 #include <memory>
-#include <set>
 #include <string>
 #include <thread>
 #include <vector>
@@ -199,17 +198,15 @@ namespace {
 // hierarchical Adasum's pairs ("data").
 std::vector<int> TestLinks(const std::string& links, int r, int n,
                            const std::vector<std::string>& host_keys) {
-  std::set<int> peers;
   if (links == "all") {
-    for (int j = 0; j < n; ++j) peers.insert(j);
-  } else {
-    for (int j : P2PComm::DataPeers(r, n)) peers.insert(j);
-    if (!host_keys.empty()) {
-      for (int j : AdasumHierarchicalPeers(host_keys, r)) peers.insert(j);
+    std::vector<int> every;
+    for (int j = 0; j < n; ++j) {
+      if (j != r) every.push_back(j);
     }
+    return every;
   }
-  peers.erase(r);
-  return std::vector<int>(peers.begin(), peers.end());
+  return P2PComm::DataPeers(
+      r, n, host_keys.empty() ? std::vector<int>() : AdasumHierarchicalPeers(host_keys, r));
 }
 
 // RecordCollectives (bit-ands by doubling beyond `direct_bit_and_ranks`)
@@ -437,7 +434,9 @@ void DefineTestingCommBindings(py::module_& m) {
   m.def("host_tree", &TestingHostTree, py::arg("hosts"), py::arg("direct_bit_and_ranks"),
         py::arg("big"));
   m.def("gather_string", &GatherString, py::arg("rank"), py::arg("round"), py::arg("big"));
-  m.def("data_peers", &P2PComm::DataPeers, py::arg("rank"), py::arg("size"));
+  m.def(
+      "data_peers", [](int rank, int size) { return P2PComm::DataPeers(rank, size); },
+      py::arg("rank"), py::arg("size"));
   m.def("adasum_hierarchical_peers", &AdasumHierarchicalPeers, py::arg("keys"), py::arg("rank"));
   m.def("local_data_collectives", &TestingLocalDataCollectives, py::arg("n"), py::arg("links"),
         py::arg("matrix"), py::arg("count"), py::arg("host_keys"),

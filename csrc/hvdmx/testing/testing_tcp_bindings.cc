@@ -13,7 +13,6 @@
 #include <functional>
 #include <memory>
 #include <mutex>
-#include <set>
 #include <string>
 #include <thread>
 #include <vector>
@@ -105,12 +104,8 @@ std::vector<py::dict> TestingTcpDataCollectives(int n, const std::vector<int64_t
   py::gil_scoped_release release;
   return OnThreads(n, [&](int r, py::dict* result) {
     TcpOptions mine = options;
-    std::set<int> peers;
-    for (int j : P2PComm::DataPeers(r, n)) peers.insert(j);
-    if (!host_keys.empty()) {
-      for (int j : AdasumHierarchicalPeers(host_keys, r)) peers.insert(j);
-    }
-    mine.peers.assign(peers.begin(), peers.end());
+    mine.peers = P2PComm::DataPeers(
+        r, n, host_keys.empty() ? std::vector<int>() : AdasumHierarchicalPeers(host_keys, r));
     std::unique_ptr<TcpComm> comm = MakeComm(r, n, &exchange, mine);
     RecordCollectives(*comm, count, 64, result);
     RecordDataCollectives(*comm, matrix, count, host_keys, result);
