@@ -122,6 +122,27 @@ def test_shutdown_fails_pending_ops():
     assert message is not None and "shut down" in message
 
 
+@pytest.mark.parametrize("size", [2, 3])
+def test_an_operation_cut_short_by_a_lost_peer_fails_after_the_stop_says_why(size):
+    # A rank that reads a failed output asks the runtime why it stopped
+    # (hvdmx.elastic decides to reset on it): the callback of an operation
+    # that a peer's loss cut short must fire only once that reason is set.
+    # The data comm is cut before the allreduce: its first receive fails
+    # inside the executor's round, as when a peer's process is killed.
+    from hvdmx import _core
+    job = Job(size, HVDMX_ROUND_ALLREDUCE_BYTES=0)
+    try:
+        warm = [job.submit(r, "warm", [data(r, 0, 64)])[0] for r in range(size)]
+        assert [job.wait(t) for t in warm] == [None] * size
+        job.job.cut_data("rank 1 is gone (LocalWorld::Cut)")
+        tickets = [job.submit(r, "cut", [data(r, 1, 4096)])[0] for r in range(size)]
+        for t in tickets:
+            assert "rank 1 is gone" in job.wait(t)
+            assert job.job.stop_at_callback(t) == _core.STATUS_PEER_GONE
+    finally:
+        job.close()
+
+
 def test_duplicate_pending_name_is_refused():
     job = Job(2)
     try:

@@ -33,10 +33,20 @@ void LocalWorld::LinkOnly(const std::vector<std::vector<int>>& links) {
   if (every) linked_.clear();
 }
 
+void LocalWorld::Cut(const std::string& why) {
+  HVDMX_CHECK(!why.empty(), "a reason for the cut");
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    cut_ = why;
+  }
+  cv_.notify_all();
+}
+
 std::string LocalWorld::Take(int src, int dst) {
   std::unique_lock<std::mutex> lock(mu_);
   auto& box = boxes_[src * size_ + dst];
-  cv_.wait(lock, [&] { return !box.empty(); });
+  cv_.wait(lock, [&] { return !box.empty() || !cut_.empty(); });
+  if (!cut_.empty()) throw PeerGone(src, cut_);
   std::string message = std::move(box.front());
   box.pop_front();
   return message;
@@ -45,6 +55,7 @@ std::string LocalWorld::Take(int src, int dst) {
 bool LocalWorld::TryTake(int src, int dst, std::string* out) {
   std::lock_guard<std::mutex> lock(mu_);
   auto& box = boxes_[src * size_ + dst];
+  if (!cut_.empty()) throw PeerGone(src, cut_);
   if (box.empty()) return false;
   *out = std::move(box.front());
   box.pop_front();

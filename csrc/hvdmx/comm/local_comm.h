@@ -39,6 +39,11 @@ class LocalWorld {
   std::string Take(int src, int dst);
   // Takes one if there is one.
   bool TryTake(int src, int dst, std::string* out);
+  // From now on, every Take and TryTake throws PeerGone with `why`, as a
+  // rank's transport does when its peer's process ends: for the tests of
+  // what a runtime does when its peers go (every rank's next receive fails,
+  // so that no rank goes on to wait for the others).
+  void Cut(const std::string& why);
 
  private:
   int size_;
@@ -46,6 +51,7 @@ class LocalWorld {
   std::condition_variable cv_;
   std::vector<std::deque<std::string>> boxes_;  // index src * size + dst
   std::vector<bool> linked_;                    // index a * size + b; empty: every pair
+  std::string cut_;                             // Cut's reason; empty: not cut
 };
 
 class LocalComm : public P2PComm {

@@ -188,13 +188,14 @@ void Executor::Run(const std::vector<Response>& responses, TensorQueue* queue) {
   std::vector<TensorEntry> entries(responses.size());
   try {
     RunEntries(responses, queue, entries);
-  } catch (const PeerGone& gone) {
+  } catch (const PeerGone&) {
     // A peer stopped in the middle (Note [A peer that stops] in
     // shm_region.h), or its connection failed (comm/tcp_comm.h): what this
-    // round took and has not finished fails
-    // here; the runtime stops and fails the rest.
+    // round took and has not finished is kept for the runtime, which
+    // records why it stopped before it fails them with the rest, so that a
+    // rank that reads a failed output finds the reason already there.
     for (TensorEntry& entry : entries) {
-      if (entry.callback) Fire(entry, Status::PeerGone(gone.what()));
+      if (entry.callback) unfinished_.push_back(std::move(entry));
     }
     throw;
   }

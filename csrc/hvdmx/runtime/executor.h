@@ -10,6 +10,7 @@
 #ifndef HVDMX_EXECUTOR_H_
 #define HVDMX_EXECUTOR_H_
 
+#include <utility>
 #include <vector>
 
 #include "algorithms/adasum.h"
@@ -51,9 +52,14 @@ class Executor {
   // callbacks.
   void FinishReduced(const std::vector<ReducedUnit>& units, TensorQueue* queue);
 
-  // Throws PeerGone, having failed the round's entries that had not
-  // completed, when a peer stops in the middle (Note [A peer that stops]).
+  // Throws PeerGone when a peer stops in the middle (Note [A peer that
+  // stops]), keeping the round's entries that had not completed for
+  // TakeUnfinished.
   void Run(const std::vector<Response>& responses, TensorQueue* queue);
+
+  // The entries a Run that threw had taken and not completed, their
+  // callbacks not fired: the runtime fails them once its stop status is set.
+  std::vector<TensorEntry> TakeUnfinished() { return std::exchange(unfinished_, {}); }
 
   // In-place allreduce of one buffer with the configured algorithm, each
   // rank's operand multiplied by `scale.pre` first, in the dtype, and the
@@ -108,6 +114,7 @@ class Executor {
   // ranks write into each other's outputs.)
   bool ShmMoves(CollectiveType type, int64_t bytes) const;
   static constexpr int64_t kShmAllgatherMaxBytes = int64_t{32} << 20;
+  std::vector<TensorEntry> unfinished_;  // see TakeUnfinished
   // Whether an allreduce of `bytes` in all takes shared memory (then a
   // fused group needs no fusion buffer).
   bool ShmReduces(int64_t bytes) const;

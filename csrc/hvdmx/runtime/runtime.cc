@@ -349,7 +349,11 @@ bool Runtime::Stop(const Status& why) {
   stopped_ = true;
   // See Note [A peer that stops] in shm_region.h.
   if (shm_) shm_->MarkStopped();
-  FailAll(StoppedStatus());
+  const Status status = StoppedStatus();
+  // The round's entries that a peer's stop cut short, failed only now that
+  // the stop status says why (Python decides on it when it reads the error).
+  for (TensorEntry& entry : executor_.TakeUnfinished()) entry.callback(status);
+  FailAll(status);
   return false;
 }
 

@@ -280,7 +280,7 @@ class LocalJob {
     Config config;
     ThrowIfError(LoadConfig(MapLookup(env), &config));
     auto control = std::make_shared<LocalWorld>(size);
-    auto data = std::make_shared<LocalWorld>(size);
+    data_ = std::make_shared<LocalWorld>(size);
     const PlainShmRegions host(shm ? size : 0, config.shm_chunk_bytes);
     for (int r = 0; r < size; ++r) {
       std::unique_ptr<ShmHost> local;
@@ -289,7 +289,7 @@ class LocalJob {
             std::make_unique<ShmHost>(r, size, host.regions, config.shm_chunk_bytes, host.memory);
       }
       runtimes_.push_back(std::make_unique<Runtime>(std::make_unique<LocalComm>(control, r),
-                                                    std::make_unique<LocalComm>(data, r), config,
+                                                    std::make_unique<LocalComm>(data_, r), config,
                                                     std::move(local)));
       runtimes_.back()->Start();
     }
@@ -325,9 +325,13 @@ class LocalJob {
     }
     entry.request = MakeRequest(call, rank);
     const int64_t ticket = next_ticket_++;
-    entry.callback = [this, ticket](const Status& status) {
+    entry.callback = [this, ticket, &rt](const Status& status) {
+      // What the runtime says of its stop while the callback fires: what a
+      // rank that reads the failed output finds (Runtime::Stop).
+      const Status::Code stop = rt.stop_status().code();
       std::lock_guard<std::mutex> lock(mu_);
       done_[ticket] = status.ok() ? std::string() : "E:" + status.message();
+      stop_at_callback_[ticket] = static_cast<int>(stop);
       cv_.notify_all();
     };
     ThrowIfError(rt.Enqueue(std::move(entry)));
@@ -353,6 +357,17 @@ class LocalJob {
     return py::str(result.substr(2));
   }
 
+  // The code of the runtime's stop status when the ticket's callback fired
+  // (call after wait() has returned for it).
+  int StopAtCallback(int64_t ticket) {
+    std::lock_guard<std::mutex> lock(mu_);
+    return stop_at_callback_.at(ticket);
+  }
+
+  // Every rank's data transfers that wait for a message from now on fail
+  // as if the peer's process had ended (LocalWorld::Cut).
+  void CutData(const std::string& why) { data_->Cut(why); }
+
   void Shutdown() {
     py::gil_scoped_release release;
     std::vector<std::thread> threads;
@@ -365,6 +380,8 @@ class LocalJob {
   std::mutex mu_;
   std::condition_variable cv_;
   std::map<int64_t, std::string> done_;
+  std::map<int64_t, int> stop_at_callback_;
+  std::shared_ptr<LocalWorld> data_;  // the ranks' data comms' world
   int64_t next_ticket_ = 0;
 };
 
@@ -439,6 +456,8 @@ void DefineTestingBindings(py::module_& m) {
       .def(py::init<int, const std::map<std::string, std::string>&, bool>(), py::arg("size"),
            py::arg("env"), py::arg("shm") = false)
       .def("negotiation", &LocalJob::Negotiation)
+      .def("cut_data", &LocalJob::CutData, py::arg("why"))
+      .def("stop_at_callback", &LocalJob::StopAtCallback, py::arg("ticket"))
       .def(
           "submit",
           [](LocalJob& job, int rank, const std::string& kind, const std::string& name,
