@@ -28,7 +28,8 @@ BUILD_REQUIRES = $(shell $(PY) -c 'import re, shlex, sys; t = open("pyproject.to
 	re.search(r"^requires\s*=\s*\[(.*?)\]", t, re.S | re.M).group(1)); \
 	print(" ".join(map(shlex.quote, r)))')
 
-.PHONY: venv build demo test lint-cxx lint-py typecheck horovod-programs other-mpi clean distclean
+.PHONY: venv build demo test lint-cxx lint-py typecheck scikit-learn horovod-programs other-mpi clean \
+	distclean
 
 venv: $(INSTALLED)
 
@@ -93,7 +94,17 @@ other-mpi: $(OTHER_MPI)/.installed
 $(OTHER_MPI)/.installed: tests/other_mpi.txt | $(INSTALLED)
 	$(call install_apart,$(OTHER_MPI),--prefix,$<)
 
-demo: venv build
+# scikit-learn and SciPy for the digits examples, which find them there
+# (examples/mnist_gluon.py's sklearn_digits): in site-packages, every
+# `import mxnet` of the suite would import them too.
+SKLEARN := $(VENV)/scikit-learn
+
+scikit-learn: $(SKLEARN)/.installed
+
+$(SKLEARN)/.installed: tests/scikit_learn.txt | $(INSTALLED)
+	$(call install_apart,$(SKLEARN),--target,$<)
+
+demo: venv build scikit-learn
 	$(MPIEXEC) $(MPIEXEC_FLAGS) -n 2 $(PY) examples/mnist_gluon.py
 
 # The Python lint: ruff (from the test extra) with pyproject.toml's rules; any
@@ -106,7 +117,7 @@ lint-py: venv
 typecheck: venv
 	$(VENV)/bin/mypy
 
-test: venv build horovod-programs other-mpi lint-py typecheck
+test: venv build scikit-learn horovod-programs other-mpi lint-py typecheck
 	$(MAKE) --no-print-directory lint-cxx
 	PYTHON=$(PY) MPIEXEC=$(MPIEXEC) MPIEXEC_FLAGS='$(MPIEXEC_FLAGS)' tests/run_all.sh
 

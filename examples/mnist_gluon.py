@@ -27,6 +27,7 @@ and t10k-labels-idx1-ubyte, each optionally gzipped.
 import argparse
 import gzip
 import hashlib
+import importlib
 import logging
 import os
 import sys
@@ -129,10 +130,30 @@ def load_mnist(data_dir):
             (images("t10k-images-idx3-ubyte"), labels("t10k-labels-idx1-ubyte")))
 
 
+# Where hvdmx's own venv (`make venv`) puts scikit-learn and SciPy: apart from
+# site-packages, because MXNet imports both at `import mxnet` whenever it can
+# (for mxnet.model's scikit-learn base class, and scipy.sparse), which costs
+# 0.7 s of every process's start and most of hvdmx's test suite's processes
+# need neither. Anywhere else, scikit-learn is simply installed.
+SKLEARN_APART = os.path.join(sys.prefix, "scikit-learn")
+
+
+def sklearn_digits():
+    """scikit-learn's load_digits(): where Python finds scikit-learn, or in
+    SKLEARN_APART."""
+    try:
+        from sklearn.datasets import load_digits as sklearn_load
+    except ImportError:
+        if not os.path.isdir(SKLEARN_APART):
+            sys.exit("the digits come with scikit-learn, which this Python cannot import: "
+                     "pip install scikit-learn, or pass --data-dir with MNIST's files")
+        sys.path.append(SKLEARN_APART)
+        sklearn_load = importlib.import_module("sklearn.datasets").load_digits
+    return sklearn_load()
+
+
 def load_digits(seed):
     """scikit-learn's 8x8 digits, split 80/20 the same way on every rank."""
-    from sklearn.datasets import load_digits as sklearn_digits
-
     digits = sklearn_digits()
     x = (digits.images.astype(np.float32) / 16.0)[:, None]  # (n, 1, 8, 8) in [0, 1]
     y = digits.target.astype(np.float32)

@@ -14,12 +14,16 @@ rank holds bitwise-identical parameters (exit status 1 when they differ).
 import argparse
 import hashlib
 import logging
+import os
 import sys
 
 import mxnet as mx
 import numpy as np
 
 import hvdmx as hvd
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from mnist_gluon import load_digits  # noqa: E402  (the same data, split the same way)
 
 
 def parse_args(argv=None):
@@ -39,19 +43,6 @@ def parse_args(argv=None):
     if args.epochs < 1 or args.batch_size < 1 or args.log_interval < 1:
         parser.error("--epochs, --batch-size and --log-interval must be >= 1")
     return args
-
-
-def load_digits(seed):
-    """scikit-learn's 8x8 digits, split 80/20 the same way on every rank."""
-    from sklearn.datasets import load_digits as sklearn_digits
-
-    digits = sklearn_digits()
-    x = (digits.images.astype(np.float32) / 16.0)[:, None]  # (n, 1, 8, 8) in [0, 1]
-    y = digits.target.astype(np.float32)
-    order = np.random.RandomState(seed).permutation(len(x))
-    x, y = x[order], y[order]
-    n_test = len(x) // 5
-    return (x[n_test:], y[n_test:]), (x[:n_test], y[:n_test])
 
 
 def rank_shard(x, y, rank, size):

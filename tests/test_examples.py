@@ -65,6 +65,32 @@ def test_mnist_gluon_default_batch_keeps_the_steps():
     assert example.default_batch_size(5) == 1
 
 
+DIGITS_WITHOUT = """
+import sys
+sys.path.insert(0, sys.argv[1])
+import mnist_gluon
+mnist_gluon.SKLEARN_APART = sys.argv[2]
+print(len(mnist_gluon.sklearn_digits().images))
+"""
+
+
+@pytest.mark.parametrize("apart", ["venv", "missing"])
+def test_the_digits_come_from_scikit_learn_apart_or_a_clear_exit(apart, tmp_path):
+    # `make venv` keeps scikit-learn out of site-packages (tests/scikit_learn.txt):
+    # the examples find it in SKLEARN_APART, and without it say what to install.
+    where = os.path.join(sys.prefix, "scikit-learn") if apart == "venv" \
+        else str(tmp_path / "nowhere")
+    result = subprocess.run([sys.executable, "-c", DIGITS_WITHOUT,
+                             os.path.join(ROOT, "examples"), where],
+                            env=ENV, capture_output=True, text=True, timeout=60)
+    if apart == "venv":
+        assert (result.returncode, result.stdout) == (0, "1797\n"), result.stderr
+    else:
+        assert result.returncode == 1 and result.stderr.strip().endswith(
+            "the digits come with scikit-learn, which this Python cannot import: pip install "
+            "scikit-learn, or pass --data-dir with MNIST's files"), result.stderr
+
+
 def test_module_mnist():
     result = run_example("module_mnist.py", "--epochs", "3")
     assert result.returncode == 0, result.stderr
