@@ -14,18 +14,20 @@ _cache = collections.OrderedDict()
 _cached_bytes = 0
 
 
-def mixed(rank, count, salt=0, modulus=11):
+def mixed(rank, count, salt=0, modulus=11, start=0):
     """Integers in [0, modulus) that depend on rank, index and ``salt`` with
     no period: a 64-bit mix (splitmix64's finalizer) of (rank, salt, index).
     Data with a period (``(i * 7 + rank * 3) % 11`` repeats every 11
     elements) lets a block misplaced by a multiple of the period pass.
     With the default modulus, sums stay <= 10 * size: exact in float16 up
-    to 204 ranks. Returns a new int64 array (the caller may change it)."""
+    to 204 ranks. Returns a new int64 array (the caller may change it) of
+    the values at indices ``start`` to ``count - 1`` (each value depends on
+    its index only, not on ``count``)."""
     global _cached_bytes
-    key = (rank, count, salt, modulus)
+    key = (rank, count, salt, modulus, start)
     values = _cache.get(key)
     if values is None:
-        values = _mix(rank, count, salt, modulus)
+        values = _mix(rank, start, count, salt, modulus)
         _cache[key] = values
         _cached_bytes += values.nbytes
         while _cached_bytes > _CACHE_BYTES and len(_cache) > 1:
@@ -35,8 +37,8 @@ def mixed(rank, count, salt=0, modulus=11):
     return values.astype(np.int64)
 
 
-def _mix(rank, count, salt, modulus):
-    x = np.arange(count, dtype=np.uint64) * np.uint64(0x9E3779B97F4A7C15)
+def _mix(rank, start, count, salt, modulus):
+    x = np.arange(start, count, dtype=np.uint64) * np.uint64(0x9E3779B97F4A7C15)
     # The same sum, wrapped around 2**64 in Python integers (numpy warns).
     x += np.uint64(((rank + 1) * 0xBF58476D1CE4E5B9 + salt * 0x632BE59BD9B4E019) % 2**64)
     x ^= x >> np.uint64(31)

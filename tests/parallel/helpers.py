@@ -11,7 +11,7 @@ import contextlib
 import numpy as np
 
 import hvdmx as hvd
-from conftest import restart
+from conftest import all_equal_across_ranks, restart
 from rank_data import mixed  # noqa: F401 (tests import it from here too)
 
 # The dtypes the collectives take, as the core lists them (csrc/hvdmx/python/bindings.cc).
@@ -24,11 +24,13 @@ def counts_for(size):
     return sorted({0, 1, max(size - 1, 0), size + 1, 100_003 * size + 1})
 
 
-def rank_input(rank, count, dtype, op):
+def rank_input(rank, count, dtype, op, start=0):
+    """Rank ``rank``'s operand of ``count`` elements for ``op`` (from index
+    ``start`` on, when given)."""
     if op == hvd.Product:
-        values = 1 + mixed(rank, count, modulus=2)  # products stay <= 2**size
+        values = 1 + mixed(rank, count, modulus=2, start=start)  # products stay <= 2**size
     else:
-        values = mixed(rank, count)  # sums stay <= 10 * size
+        values = mixed(rank, count, start=start)  # sums stay <= 10 * size
     return values.astype(dtype)
 
 
@@ -58,6 +60,24 @@ def expected(size, count, dtype, op, prescale=1.0, postscale=1.0):
     while _expected_bytes > _EXPECTED_BYTES and len(_expected) > 1:
         _expected_bytes -= _expected.popitem(last=False)[1].nbytes
     return want
+
+
+def check_my_share(out, rank, size, count, dtype, op):
+    """Checks the allreduce of rank_input(r, count, dtype, op) over `size`
+    ranks, each rank its own share of the elements (my_rows) against the
+    reference of that share alone, and every rank's whole result against
+    the others' bytes: every element is compared with the reference once,
+    and every rank holds the same. A large count's reference computed on
+    every rank took most of the time of the jobs of 10 and 16 ranks (each
+    rank reducing every rank's input on two shared cores); a wrong share
+    fails its rank, which aborts the job (conftest)."""
+    got = out.asnumpy()
+    assert got.dtype == np.dtype(dtype) and got.shape == (count,), (got.dtype, got.shape)
+    start, end = my_rows(count, size, rank)
+    want = reduced([rank_input(r, end, dtype, op, start=start) for r in range(size)], dtype, op)
+    assert np.array_equal(got[start:end], want), \
+        f"elements {start}..{end - 1}: got {got[start:start + 8]} want {want[:8]}"
+    assert all_equal_across_ranks(got)
 
 
 def reduced(arrays, dtype, op, postscale=1.0):

@@ -9,7 +9,7 @@ import hvdmx as hvd
 from hvdmx import _core
 from conftest import all_equal_across_ranks, host_names, restart, shm_exchanges, \
     world_allgather
-from helpers import DTYPES, OPS, counts_for, expected, rank_input, restarted
+from helpers import DTYPES, OPS, check_my_share, counts_for, expected, rank_input, restarted
 
 
 def check(out, want):
@@ -95,8 +95,8 @@ def test_every_dtype_op_and_count(world, shm, dtype):
     for op in OPS:
         for count in counts_for(size) + [17, 257, big]:
             x = mx.nd.array(rank_input(rank, count, dtype, op), dtype=dtype)
-            check(hvd.allreduce(x, op=op, name=f"shm.{dtype}.{op}.{count}"),
-                  expected(size, count, dtype, op))
+            check_my_share(hvd.allreduce(x, op=op, name=f"shm.{dtype}.{op}.{count}"), rank, size,
+                           count, dtype, op)
 
 
 def test_fused_groups_and_scale_factors(world, shm):
@@ -539,7 +539,7 @@ def test_hierarchical_on_the_hosts(world):
             for o, op in enumerate([hvd.Sum, hvd.Max, hvd.Product]):
                 for count in small + [17] + ([large] if d == o else []):
                     x = mx.nd.array(rank_input(rank, count, dtype, op), dtype=dtype)
-                    check(hvd.allreduce(x, op=op), expected(size, count, dtype, op))
+                    check_my_share(hvd.allreduce(x, op=op), rank, size, count, dtype, op)
         if info is not None:
             assert _core.stats()["shm"]["calls"] > calls
     finally:
