@@ -7,7 +7,9 @@ under other settings.
 """
 import collections
 import contextlib
+import ctypes
 
+import mxnet as mx
 import numpy as np
 
 import hvdmx as hvd
@@ -17,6 +19,23 @@ from rank_data import mixed  # noqa: F401 (tests import it from here too)
 # The dtypes the collectives take, as the core lists them (csrc/hvdmx/python/bindings.cc).
 DTYPES = list(hvd._core.ARRAY_DTYPES)
 OPS = [hvd.Sum, hvd.Min, hvd.Max, hvd.Product, hvd.Average]
+
+
+def data_pointer(array) -> int:
+    """The address of `array`'s first element in MXNet's memory."""
+    ptr = ctypes.c_void_p()
+    mx.base.check_call(mx.base._LIB.MXNDArrayGetData(array.handle, ctypes.byref(ptr)))
+    return ptr.value
+
+
+def numpy_view(array):
+    """`array`'s memory as a one-dimensional numpy array, without a copy:
+    for checking arrays of gigabytes, which asnumpy() would copy first. It is
+    valid while `array` lives and nothing writes to it."""
+    array.wait_to_read()
+    dtype = np.dtype(array.dtype)
+    raw = (ctypes.c_uint8 * (array.size * dtype.itemsize)).from_address(data_pointer(array))
+    return np.frombuffer(raw, dtype=dtype)
 
 
 def counts_for(size):

@@ -4,8 +4,6 @@ each whole 2 MiB page of the buffer is asked about once, results are
 unchanged, and HVDMX_HUGE_PAGES=0 asks about none. Every rank of these runs
 is on this host, so a peer shares it whenever there are two ranks or more.
 HVDMX_ALLREDUCE_ALGO=ring or mpi keeps every call off shared memory."""
-import ctypes
-
 import mxnet as mx
 import numpy as np
 import pytest
@@ -13,7 +11,7 @@ import pytest
 import hvdmx as hvd
 from hvdmx import _core
 from conftest import all_equal_across_ranks, restart
-from helpers import expected, my_rows, rank_input, restarted
+from helpers import data_pointer, expected, my_rows, rank_input, restarted
 
 HUGE = 2 << 20
 ROWS = 3 << 20  # float32 elements: 12 MiB, five or six whole huge pages
@@ -22,10 +20,9 @@ ROWS = 3 << 20  # float32 elements: 12 MiB, five or six whole huge pages
 def whole_huge_pages(array):
     """The 2 MiB pages that lie wholly inside `array`'s memory."""
     array.wait_to_read()
-    start = ctypes.c_void_p()
-    mx.base.check_call(mx.base._LIB.MXNDArrayGetData(array.handle, ctypes.byref(start)))
-    end = start.value + array.size * array.dtype(0).itemsize
-    return max(0, end // HUGE - (start.value + HUGE - 1) // HUGE)
+    start = data_pointer(array)
+    end = start + array.size * array.dtype(0).itemsize
+    return max(0, end // HUGE - (start + HUGE - 1) // HUGE)
 
 
 def asked():

@@ -3,7 +3,6 @@ pool] in csrc/hvdmx/platform/output_pool.h): memory is handed out again once the
 NDArray over it is gone, never while one is alive, and only up to
 HVDMX_OUTPUT_POOL_BYTES is kept.
 """
-import ctypes
 import pickle
 import time
 
@@ -15,14 +14,9 @@ import hvdmx as hvd
 import _hvdmx_testing
 from hvdmx import _core
 from conftest import all_equal_across_ranks, restart
+from helpers import data_pointer
 
 ROWS = 64 * 1024  # float32 rows of 4 bytes per rank: 256 KiB, above the pool's minimum
-
-
-def data_pointer(array) -> int:
-    ptr = ctypes.c_void_p()
-    mx.base.check_call(mx.base._LIB.MXNDArrayGetData(array.handle, ctypes.byref(ptr)))
-    return ptr.value
 
 
 def wait_for(condition, seconds=10.0):
