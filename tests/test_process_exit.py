@@ -119,12 +119,15 @@ def assert_killed_rank_ended_the_job(result, n):
     """The job of a script whose ranks print "rank R pid P started" and whose
     rank 1 is then killed (SIGKILL) while the others wait for it in a
     collective that never ends otherwise: every rank started, the launcher
-    reports rank 1's death and ends the job, and no other rank got to its
-    end without its collective failing first."""
+    reports a rank killed and ends the job, and no other rank got to its end
+    without its collective failing first. The rank Hydra names is the first
+    whose end its proxy saw: rank 1, or, on a loaded machine, a rank the
+    proxy had already killed (SIGKILL too) in ending the job."""
     output = result.stdout + result.stderr  # the launcher's report goes to stdout
     pids = dict(re.findall(r"^rank (\d+) pid (\d+) started$", result.stderr, re.M))
     assert sorted(pids) == [str(r) for r in range(n)], result.stderr
-    assert re.search(rf"PID {pids['1']} RUNNING AT .*\n=\s+EXIT CODE: 9", output), output
+    named = re.search(r"PID (\d+) RUNNING AT .*\n=\s+EXIT CODE: 9", output)
+    assert named and named.group(1) in pids.values(), output
     assert result.returncode != 0
     for r in range(n):
         if f"rank {r} at the end" in result.stderr:
@@ -271,8 +274,10 @@ def test_a_rank_stopped_by_the_stall_shutdown_lets_every_rank_exit(n, algo):
     """, timeout=90, HVDMX_STALL_SHUTDOWN_TIME_SECONDS="2", HVDMX_ALLREDUCE_ALGO=algo)
     # The job ended (run_job's timeout did not fire). Its status may be 1:
     # rank 0, whose peers stopped taking part, gives MPI_Finalize 5 s to
-    # meet them (docs/errors.md, "A rank that stops").
-    assert result.returncode in (0, 1), result.stderr
+    # meet them (docs/errors.md, "A rank that stops"); or 9, when the others,
+    # started late on a loaded machine, were still waiting in their shutdown
+    # then, and the launcher ended them (SIGKILL) for rank 0's status.
+    assert result.returncode in (0, 1, 9), result.stderr
     assert "rank 0 failed: hvdmx: the other ranks have not taken part" in result.stderr
     for r in range(n):
         assert f"rank {r} at the end" in result.stderr
