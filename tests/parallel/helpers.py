@@ -30,8 +30,8 @@ def data_pointer(array) -> int:
 
 def numpy_view(array):
     """`array`'s memory as a one-dimensional numpy array, without a copy:
-    for checking arrays of gigabytes, which asnumpy() would copy first. It is
-    valid while `array` lives and nothing writes to it."""
+    for checking arrays of gigabytes, which asnumpy() would copy first. It
+    is valid while `array` lives, and shows what is later written to it."""
     array.wait_to_read()
     dtype = np.dtype(array.dtype)
     raw = (ctypes.c_uint8 * (array.size * dtype.itemsize)).from_address(data_pointer(array))
