@@ -120,9 +120,9 @@ def assert_killed_rank_ended_the_job(result, n):
     rank 1 is then killed (SIGKILL) while the others wait for it in a
     collective that never ends otherwise: every rank started, the launcher
     reports a rank killed and ends the job, and no other rank got to its end
-    without its collective failing first. The rank Hydra names is the first
-    whose end its proxy saw: rank 1, or, on a loaded machine, a rank the
-    proxy had already killed (SIGKILL too) in ending the job."""
+    without its collective failing first. Hydra's report names one rank that
+    ended by signal 9: rank 1, or (seen on a loaded machine) a rank that
+    Hydra itself had killed in ending the job."""
     output = result.stdout + result.stderr  # the launcher's report goes to stdout
     pids = dict(re.findall(r"^rank (\d+) pid (\d+) started$", result.stderr, re.M))
     assert sorted(pids) == [str(r) for r in range(n)], result.stderr
