@@ -133,17 +133,32 @@ def _on_mxnet_memory(array, keep: list):
     MPI's buffers then sit on the memory hvdmx's own inputs have: numpy asks
     the kernel for huge pages for arrays of 4 MiB and up, MXNet does not,
     and copies between processes run at about half the speed on 4 KiB pages."""
-    import ctypes
     import mxnet as mx
     if array.size == 0:
         return array
     nd = mx.nd.array(array.reshape(-1), dtype=array.dtype)
-    nd.wait_to_read()
     keep.append(nd)
+    return mxnet_memory(nd).reshape(array.shape)
+
+
+def mxnet_address(nd) -> int:
+    """The address of the first element of the MXNet array `nd`."""
+    import ctypes
+    import mxnet as mx
     ptr = ctypes.c_void_p()
     mx.base.check_call(mx.base._LIB.MXNDArrayGetData(nd.handle, ctypes.byref(ptr)))
-    raw = (ctypes.c_uint8 * array.nbytes).from_address(ptr.value)
-    return np.frombuffer(raw, dtype=array.dtype).reshape(array.shape)
+    return ptr.value or 0  # None for no memory (an empty array)
+
+
+def mxnet_memory(nd) -> np.ndarray:
+    """The memory of the MXNet array `nd` (once written) as a flat numpy
+    array, without a copy: valid while `nd` lives, and showing what is
+    later written to it."""
+    import ctypes
+    nd.wait_to_read()
+    dtype = np.dtype(nd.dtype)
+    raw = (ctypes.c_uint8 * (nd.size * dtype.itemsize)).from_address(mxnet_address(nd))
+    return np.frombuffer(raw, dtype=dtype)
 
 
 def _outputs(result) -> list:

@@ -7,12 +7,13 @@ under other settings.
 """
 import collections
 import contextlib
-import ctypes
 
-import mxnet as mx
 import numpy as np
 
 import hvdmx as hvd
+# Where an MXNet array's memory is, and that memory seen from numpy without a
+# copy (for checking arrays of gigabytes, which asnumpy() would copy first).
+from hvdmx.bench.collectives import mxnet_address, mxnet_memory  # noqa: F401
 from conftest import all_equal_across_ranks, restart
 from rank_data import mixed  # noqa: F401 (tests import it from here too)
 
@@ -21,31 +22,14 @@ DTYPES = list(hvd._core.ARRAY_DTYPES)
 OPS = [hvd.Sum, hvd.Min, hvd.Max, hvd.Product, hvd.Average]
 
 
-def data_pointer(array) -> int:
-    """The address of `array`'s first element in MXNet's memory."""
-    ptr = ctypes.c_void_p()
-    mx.base.check_call(mx.base._LIB.MXNDArrayGetData(array.handle, ctypes.byref(ptr)))
-    return ptr.value
-
-
-def numpy_view(array):
-    """`array`'s memory as a one-dimensional numpy array, without a copy:
-    for checking arrays of gigabytes, which asnumpy() would copy first. It
-    is valid while `array` lives, and shows what is later written to it."""
-    array.wait_to_read()
-    dtype = np.dtype(array.dtype)
-    raw = (ctypes.c_uint8 * (array.size * dtype.itemsize)).from_address(data_pointer(array))
-    return np.frombuffer(raw, dtype=dtype)
-
-
 def counts_for(size):
     """0, 1, size-1, size+1 and a large count not divisible by size."""
     return sorted({0, 1, max(size - 1, 0), size + 1, 100_003 * size + 1})
 
 
 def rank_input(rank, count, dtype, op, start=0):
-    """Rank ``rank``'s operand of ``count`` elements for ``op`` (from index
-    ``start`` on, when given)."""
+    """Rank ``rank``'s operand of ``count`` elements for ``op``, or, with
+    ``start``, its elements at indices ``start`` to ``count - 1``."""
     if op == hvd.Product:
         values = 1 + mixed(rank, count, modulus=2, start=start)  # products stay <= 2**size
     else:
@@ -61,17 +45,17 @@ _expected = collections.OrderedDict()
 _expected_bytes = 0
 
 
-def expected(size, count, dtype, op, prescale=1.0, postscale=1.0):
-    """The reduction of every rank's rank_input, as the core computes it;
-    read-only (a test that changes it fails loudly instead of changing the
-    next test's reference)."""
+def expected(size, count, dtype, op, prescale=1.0, postscale=1.0, start=0):
+    """The reduction of every rank's rank_input (from index ``start`` on,
+    when given), as the core computes it; read-only (a test that changes it
+    fails loudly instead of changing the next test's reference)."""
     global _expected_bytes
-    key = (size, count, np.dtype(dtype).str, op, prescale, postscale)
+    key = (size, count, np.dtype(dtype).str, op, prescale, postscale, start)
     want = _expected.get(key)
     if want is not None:
         _expected.move_to_end(key)
         return want
-    want = reduced([rank_input(r, count, dtype, op).astype(np.float64) * prescale
+    want = reduced([rank_input(r, count, dtype, op, start).astype(np.float64) * prescale
                     for r in range(size)], dtype, op, postscale)
     want.setflags(write=False)
     _expected[key] = want
@@ -93,7 +77,7 @@ def check_my_share(out, rank, size, count, dtype, op):
     got = out.asnumpy()
     assert got.dtype == np.dtype(dtype) and got.shape == (count,), (got.dtype, got.shape)
     start, end = my_rows(count, size, rank)
-    want = reduced([rank_input(r, end, dtype, op, start=start) for r in range(size)], dtype, op)
+    want = expected(size, end, dtype, op, start=start)
     assert np.array_equal(got[start:end], want), \
         f"elements {start}..{end - 1}: got {got[start:start + 8]} want {want[:8]}"
     assert all_equal_across_ranks(got)

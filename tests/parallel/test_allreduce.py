@@ -8,7 +8,7 @@ import hvdmx as hvd
 from hvdmx import _core
 from conftest import all_equal_across_ranks, restart
 from helpers import (DTYPES, OPS, check_my_share, counts_for, expected, half_expected, half_input,
-                     hashed_half_expected, hashed_half_input, numpy_view, rank_input, reduced,
+                     hashed_half_expected, hashed_half_input, mxnet_memory, rank_input, reduced,
                      restarted)
 
 
@@ -392,14 +392,14 @@ def test_mkldnn_layout_weight(world):
 def test_over_two_gib(world):
     # 2**29 + 5 float32 elements: over 2**31 bytes (MXNet's wheel caps a tensor
     # at 2**31 elements, not bytes).
-    # Checked in place (numpy_view): a copy of 2 GiB, and the temporaries of
+    # Checked in place (mxnet_memory): a copy of 2 GiB, and the temporaries of
     # `got != total`, took most of the test's time.
     rank, size = world
     count = 2**29 + 5
     x = mx.nd.full((count,), rank + 1, dtype="float32")
     x[count - 5:] = 100 + rank
     hvd.allreduce_(x, op=hvd.Sum, name="huge")
-    got = numpy_view(x)
+    got = mxnet_memory(x)
     total = size * (size + 1) // 2
     body = got[:count - 5]
     assert body.min() == total and body.max() == total

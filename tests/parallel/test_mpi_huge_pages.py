@@ -11,7 +11,7 @@ import pytest
 import hvdmx as hvd
 from hvdmx import _core
 from conftest import all_equal_across_ranks, restart
-from helpers import data_pointer, expected, my_rows, rank_input, restarted
+from helpers import expected, mxnet_address, my_rows, rank_input, restarted
 
 HUGE = 2 << 20
 ROWS = 3 << 20  # float32 elements: 12 MiB, five or six whole huge pages
@@ -20,7 +20,7 @@ ROWS = 3 << 20  # float32 elements: 12 MiB, five or six whole huge pages
 def whole_huge_pages(array):
     """The 2 MiB pages that lie wholly inside `array`'s memory."""
     array.wait_to_read()
-    start = data_pointer(array)
+    start = mxnet_address(array)
     end = start + array.size * array.dtype(0).itemsize
     return max(0, end // HUGE - (start + HUGE - 1) // HUGE)
 

@@ -14,7 +14,7 @@ import hvdmx as hvd
 import _hvdmx_testing
 from hvdmx import _core
 from conftest import all_equal_across_ranks, restart
-from helpers import data_pointer
+from helpers import mxnet_address
 
 ROWS = 64 * 1024  # float32 rows of 4 bytes per rank: 256 KiB, above the pool's minimum
 
@@ -71,14 +71,14 @@ def test_a_dropped_output_is_handed_out_again(world, which):
     name, call, want = calls(rank, size)[which]
     first = call(1)
     first.wait_to_read()
-    where = data_pointer(first)
+    where = mxnet_address(first)
     assert np.array_equal(first.asnumpy(), want(1)), name
     before = pool()
     del first  # back at once: see the next test
     assert pool()["kept_blocks"] > before["kept_blocks"]
     second = call(2)
     got = second.asnumpy()
-    assert data_pointer(second) == where, f"{name}: the dropped output's block was not reused"
+    assert mxnet_address(second) == where, f"{name}: the dropped output's block was not reused"
     assert pool()["reused"] > before["reused"]
     assert np.array_equal(got, want(2)), name
     if name in ("allreduce", "broadcast", "allgather"):  # the same result everywhere
@@ -114,7 +114,7 @@ def test_a_live_output_is_never_handed_out(world, which):
     rank, size = world
     name, call, want = calls(rank, size)[which]
     alive = [call(salt) for salt in range(4)]
-    pointers = {data_pointer(a) for a in alive}
+    pointers = {mxnet_address(a) for a in alive}
     assert len(pointers) == 4, f"{name}: two live outputs share memory"
     for salt, a in enumerate(alive):
         assert np.array_equal(a.asnumpy(), want(salt)), name
