@@ -19,6 +19,8 @@
 #                           the tests hold at any count, e.g. "5 8" (slower: oversubscribed)
 #   HVDMX_TEST_NOMPI_RANKS  ranks of the run of tests/parallel under hvdmxrun --no-mpi
 #                           (default: 2; empty: no such run)
+#   HVDMX_TEST_KEEP_LOGS    1: keep the logs and JUnit reports (each test's time) also
+#                           when everything passed (their directory is printed at the end)
 set -uo pipefail
 
 cd "$(dirname "$0")/.."
@@ -74,36 +76,18 @@ finish_run() {
   fi
 }
 
-# Runs tests/parallel on N ranks under a launcher and records the run as LABEL.
-# Each rank: rank 0 prints, the others log; each writes its own JUnit report.
-# The thread timeout method ends a stuck rank even inside a C call, and the
-# launcher then ends the job; the outer timeout bounds the run whatever happens.
-# A fixed Hypothesis seed keeps generated inputs the same on every rank.
+# Runs tests/parallel on N ranks under a launcher and records the run as LABEL:
+# tests/run_parallel.py, which starts the job again after the test a failure
+# stopped it at, so that a failing test hides no other (see that file).
 # Usage: run_parallel LABEL N LAUNCHER-WORDS... (the launcher takes a command).
 run_parallel() {
   local label=$1 n=$2
   shift 2
   echo "== $*: pytest tests/parallel"
   started=$SECONDS
-  # shellcheck disable=SC2016
-  timeout -k 10 "$run_timeout" "$@" bash -c '
-    rank=${PMI_RANK:-${OMPI_COMM_WORLD_RANK:-${PMIX_RANK:-${HVDMX_RANK:-0}}}}
-    logs=$1; label=$2; shift 2
-    if [[ $rank == 0 ]]; then
-      exec "$@" --junitxml="$logs/$label.rank$rank.xml"
-    fi
-    exec "$@" --junitxml="$logs/$label.rank$rank.xml" >"$logs/$label.rank$rank.log" 2>&1
-  ' rank-wrapper "$logs" "$label" \
-    "$PYTHON" -m pytest -q -x -p no:cacheprovider --timeout="$test_timeout" \
-    --timeout-method=thread --hypothesis-seed=0 tests/parallel
-  local rc=$?
-  finish_run "$label" "$n" "$rc"
-  if ((rc != 0)); then
-    for ((r = 1; r < n; r++)); do
-      echo "---- $*, rank $r: $logs/$label.rank$r.log"
-      tail -n 60 "$logs/$label.rank$r.log" 2>/dev/null || echo "(no log)"
-    done
-  fi
+  "$PYTHON" tests/run_parallel.py --label "$label" --ranks "$n" --logs "$logs" \
+    --python "$PYTHON" --test-timeout "$test_timeout" --run-timeout "$run_timeout" -- "$@"
+  finish_run "$label" "$n" $?
 }
 
 # The single-process tests run as two pytest processes at once, because
@@ -163,16 +147,18 @@ fi
 
 if ((status != 0)); then
   printf '\nhvdmx tests: FAILED; JUnit reports and the logs of ranks > 0 are in %s\n' "$logs"
+elif [[ ${HVDMX_TEST_KEEP_LOGS:-} == 1 ]]; then
+  printf '\nhvdmx tests: JUnit reports and the logs of ranks > 0 are in %s\n' "$logs"
 fi
 
-# Adds up the JUnit reports. Per run, a test is failed if it failed or errored on
-# any rank; passed or skipped only if every rank reported it (a rank killed by a
-# timeout or a crash writes no report), and skipped if every rank skipped it. A run
-# that ended badly without a failing test on record counts as one failure.
+# Adds up the results. A multi-rank run's are tests/run_parallel.py's
+# LABEL.results.json; a single-process run's its JUnit report, where a test is
+# failed if it failed or errored. A run that ended badly without a failing
+# test on record counts as one failure.
 # Each run's line ends with its time; then the whole suite's time; the last
 # line printed is the total.
 "$PYTHON" - "$logs" "$SECONDS" "${runs[@]}" <<'EOF'
-import glob
+import json
 import os
 import sys
 import xml.etree.ElementTree as ET
@@ -181,41 +167,46 @@ logs, elapsed = sys.argv[1], int(sys.argv[2])
 runs = [run.split(":") for run in sys.argv[3:]]
 total = {"passed": 0, "failed": 0, "skipped": 0}
 notes = {5: " (no tests collected)", 124: " (timed out)", 137: " (killed)"}
-for label, nranks, rc, seconds in runs:
-    nranks, rc = int(nranks), int(rc)
-    results = {}  # test -> one result per rank that reported it
-    for report in glob.glob(os.path.join(logs, f"{label}.rank*.xml")):
-        try:
-            cases = list(ET.parse(report).getroot().iter("testcase"))
-        except ET.ParseError:  # cut off by a rank that was killed while writing it
-            cases = []
-        for case in cases:
-            if case.find("failure") is not None or case.find("error") is not None:
-                result = "failed"
-            elif case.find("skipped") is not None:
-                result = "skipped"
-            else:
-                result = "passed"
-            key = (case.get("classname"), case.get("name"))
-            results.setdefault(key, {})[report] = result
+
+
+def junit_counts(label):
     counts = dict.fromkeys(total, 0)
-    unfinished = 0
-    for by_rank in results.values():
-        outcomes = set(by_rank.values())
-        if "failed" in outcomes:
+    try:
+        cases = list(ET.parse(os.path.join(logs, f"{label}.rank0.xml")).getroot()
+                     .iter("testcase"))
+    except (OSError, ET.ParseError):  # none, or cut off by a kill while writing it
+        cases = []
+    for case in cases:
+        if case.find("failure") is not None or case.find("error") is not None:
             counts["failed"] += 1
-        elif len(by_rank) < nranks:
-            unfinished += 1
-        elif outcomes == {"skipped"}:
+        elif case.find("skipped") is not None:
             counts["skipped"] += 1
         else:
             counts["passed"] += 1
+    return counts
+
+
+for label, nranks, rc, seconds in runs:
+    rc = int(rc)
+    try:
+        with open(os.path.join(logs, f"{label}.results.json")) as f:
+            results = json.load(f)
+    except FileNotFoundError:
+        results = dict(junit_counts(label), unfinished=0, not_run=0, stops=[],
+                       failed_tests=[])
+    counts = {k: results[k] for k in total}
     if rc != 0 and counts["failed"] == 0:
         counts["failed"] = 1
     line = ", ".join(f"{counts[k]} {k}" for k in ("passed", "failed", "skipped"))
-    if unfinished:
-        line += f", {unfinished} not reported by every rank"
+    if results["unfinished"]:
+        line += f", {results['unfinished']} not reported by every rank"
+    if results["not_run"]:
+        line += f", {results['not_run']} not run"
     print(f"{label:>7}: {line}; exit {rc}{notes.get(rc, '')}; {seconds}s")
+    for note in results["stops"]:
+        print(f"{'':>9}{note}")
+    for nodeid in results["failed_tests"]:
+        print(f"{'':>9}FAILED {nodeid}")
     for k in total:
         total[k] += counts[k]
 print(f"{'all':>7}: {elapsed}s (serial-a and serial-b side by side, n1 beside serial-b once "
@@ -224,5 +215,5 @@ print(f"{total['passed']} passed, {total['failed']} failed")
 EOF
 (($? == 0)) || status=1
 
-((status != 0)) || rm -rf "$logs"
+[[ ${HVDMX_TEST_KEEP_LOGS:-} == 1 ]] || ((status != 0)) || rm -rf "$logs"
 exit "$status"

@@ -1,8 +1,11 @@
 """The multi-rank test harness itself (tests/parallel/conftest.py): a rank
 that fails ends the whole job at once, even when the failure passes through
 a `finally` that restarts hvdmx while the other ranks wait in a collective;
-and run_all.sh's check of the rank counts it is given, and its count of a run
-that collects no test as a failure."""
+tests/run_parallel.py's restart after the test a job stopped at, so that a
+failure or a hang hides no other test; and run_all.sh's check of the rank
+counts it is given, and its count of a run that collects no test as a
+failure."""
+import json
 import os
 import re
 import shutil
@@ -16,6 +19,9 @@ MPIEXEC = os.path.join(os.path.dirname(sys.executable), "mpiexec")
 ENV = dict(os.environ, OMP_NUM_THREADS="1", MXNET_CPU_WORKER_NTHREADS="1",
            PYTHONPATH=os.pathsep.join([os.path.abspath(ROOT)]
                                       + os.environ.get("PYTHONPATH", "").split(os.pathsep)))
+
+# The files of tests/ that a copy of tests/parallel's harness needs.
+HARNESS = ("parallel/conftest.py", "parallel/helpers.py", "parallel/progress.py", "rank_data.py")
 
 FAILS_MID_LOOP = '''
 import mxnet as mx
@@ -52,7 +58,7 @@ def test_rank_1_fails_while_rank_0_waits():
 
 @pytest.mark.parametrize("test", [FAILS_MID_LOOP, FAILS_MID_LOOP_WITH], ids=["finally", "with"])
 def test_a_failure_in_a_restarting_finally_aborts_the_job(tmp_path, test):
-    for name in ("parallel/conftest.py", "parallel/helpers.py", "rank_data.py"):
+    for name in HARNESS:
         shutil.copy(os.path.join(ROOT, "tests", name), tmp_path)
     (tmp_path / "test_fails.py").write_text(test)
     # Without the abort, rank 1 would wait in restart()'s barrier and rank 0
@@ -66,6 +72,64 @@ def test_a_failure_in_a_restarting_finally_aborts_the_job(tmp_path, test):
     assert "[rank 1] failed before restart()" in output, output
     assert "rank 1 gives up at step 1" in output
     assert "[rank 1] aborting the job" in output
+
+
+# Five tests: the second fails on rank 1 (which aborts the job), the fourth
+# hangs on rank 0 until the test timeout ends that rank (while rank 1 goes on
+# into the fifth, which the next job must run again).
+STOPS_TWICE = '''
+import time
+
+import hvdmx as hvd
+
+
+def test_1():
+    pass
+
+
+def test_2():
+    assert hvd.rank() != 1, "rank 1 fails test_2"
+
+
+def test_3():
+    pass
+
+
+def test_4():
+    if hvd.rank() == 0:
+        time.sleep(60)
+
+
+def test_5():
+    pass
+'''
+
+
+def test_run_parallel_runs_every_test_after_a_failure_and_a_hang(tmp_path):
+    tests = tmp_path / "tests"
+    tests.mkdir()
+    for name in HARNESS:
+        shutil.copy(os.path.join(ROOT, "tests", name), tests)
+    (tests / "test_stops.py").write_text(STOPS_TWICE)
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    result = subprocess.run([sys.executable, os.path.join(ROOT, "tests", "run_parallel.py"),
+                             "--label", "n2", "--ranks", "2", "--logs", str(logs),
+                             "--tests", str(tests), "--test-timeout", "4",
+                             "--run-timeout", "100", "--", MPIEXEC, "-n", "2"],
+                            env=ENV, cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    assert result.returncode != 0, result.stdout
+    results = json.loads((logs / "n2.results.json").read_text())
+    test = "test_stops.py::test_"
+    assert {k: results[k] for k in ("passed", "failed", "skipped", "unfinished", "not_run",
+                                    "collected")} == \
+        {"passed": 3, "failed": 2, "skipped": 0, "unfinished": 0, "not_run": 0,
+         "collected": 5}, results
+    assert [t.rsplit("/", 1)[-1] for t in results["failed_tests"]] == [test + "2", test + "4"]
+    assert [re.sub(r"\(.*\)", "", stop) for stop in results["stops"]] == \
+        ["stopped at test 2 of 5 ", "stopped at test 4 of 5 "], results["stops"]
+    assert "the job starts again with the 3 after it" in result.stdout
+    assert "the job starts again with the 1 after it" in result.stdout
 
 
 def test_run_all_rejects_bad_rank_counts():

@@ -31,6 +31,7 @@ os.environ.setdefault("MPIR_CVAR_CH4_PROGRESS_THROTTLE", "1")
 os.environ.setdefault("MPIR_CVAR_CH4_PROGRESS_THROTTLE_NO_PROGRESS_COUNT", "64")
 
 import hvdmx as hvd  # noqa: E402
+import progress  # noqa: E402
 from hvdmx import _core, _job  # noqa: E402 (before mpi4py.MPI: see hvdmx/basics.py)
 from mpi4py import MPI  # noqa: E402
 
@@ -48,14 +49,16 @@ MPI_JOB = hvd.mpi_enabled()
 needs_mpi = pytest.mark.skipif(not MPI_JOB, reason="tests what hvdmx does with MPI "
                                "communicators; this job was started without MPI")
 _oob = None  # without MPI: the tests' own group at the rendezvous
+_progress = None  # what this rank has run, for tests/run_parallel.py (progress.py)
 
 
 def pytest_configure(config):
-    global _config, _oob
+    global _config, _oob, _progress
     _config = config
     hvd.init()
     if not MPI_JOB:
         _oob = _job.group.split(0, hvd.rank())
+    _progress = progress.register(config, world_rank())
 
 
 def world_rank() -> int:
@@ -101,6 +104,9 @@ def pytest_runtest_makereport(item, call):
 
 def _abort(why):
     rank = world_rank()
+    if _progress is not None:
+        # "NODEID (call)": the test running now, which the job ends with.
+        _progress.failing(os.environ.get("PYTEST_CURRENT_TEST", "?").rsplit(" ", 1)[0])
     # Inside a test pytest captures stderr, and MPI_Abort would lose it.
     capture = _config.pluginmanager.getplugin("capturemanager")
     if capture is not None:
