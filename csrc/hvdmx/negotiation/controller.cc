@@ -117,7 +117,12 @@ RoundResult Controller::RunRound(std::vector<Request> new_requests, bool want_sh
 
   // Step 3: slots ready everywhere, in ascending order.
   std::map<int64_t, std::string> reduced;
-  if (combining) reduced = reduction_.Records(partial_.combined);
+  if (combining) {
+    // The comm checked each peer's partial as it came (Note [Peer input]).
+    const PeerSender combined{comm_.rank(),
+                              "the round's bit-and, combined on rank " + std::to_string(comm_.rank())};
+    reduced = reduction_.Records(partial_.combined, combined);
+  }
   for (auto it = cache_hits_.begin(); it != cache_hits_.end();) {
     int64_t slot = it->first;
     if (SlotBit(bits, slot)) {
