@@ -166,8 +166,9 @@ class Controller {
   // gives up on the exchange.
   void SlowPath(const std::vector<uint64_t>& bits, std::vector<Request> misses,
                 RoundResult* result);
-  // Rank 0 only: adds `requests` to the table; appends completed units'
-  // responses to *out.
+  // Rank 0 only: adds `requests` (parsed: each request's rank is in range)
+  // to the table; appends completed units' responses to *out. A rank that
+  // joins twice or sends a name twice throws PeerProtocolError naming it.
   void Coordinate(const std::vector<Request>& requests, std::vector<Response>* out);
   // Rank 0 only: appends the responses of units that became complete
   // because ranks joined (see Note [Join]), and the join's own response once
