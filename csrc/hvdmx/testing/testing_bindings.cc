@@ -452,6 +452,7 @@ void DefineTestingBindings(py::module_& m) {
   DefineTestingShmBindings(m);
   DefineTestingTcpBindings(m);
   DefineTestingCommBindings(m);
+  DefineTestingNegotiationBindings(m);
   py::class_<LocalJob>(m, "LocalJob")
       .def(py::init<int, const std::map<std::string, std::string>&, bool>(), py::arg("size"),
            py::arg("env"), py::arg("shm") = false)
