@@ -122,8 +122,8 @@ RoundResult Controller::RunRound(std::vector<Request> new_requests, bool want_sh
   std::map<int64_t, std::string> reduced;
   if (combining) {
     // The comm checked each peer's partial as it came (Note [Peer input]).
-    const PeerSender combined{comm_.rank(),
-                              "the round's bit-and, combined on rank " + std::to_string(comm_.rank())};
+    const PeerSender combined{
+        comm_.rank(), "the round's bit-and, combined on rank " + std::to_string(comm_.rank())};
     reduced = reduction_.Records(partial_.combined, combined);
   }
   for (auto it = cache_hits_.begin(); it != cache_hits_.end();) {

@@ -70,8 +70,7 @@ class RoundReduction : public BitAndReduction {
   void Append(int64_t slot, const std::vector<const void*>& inputs, std::string* partial) const;
   // The operands of a combination, by slot (Check'ed already, or combined
   // here from partials that were; `from` as Combine's).
-  std::map<int64_t, std::string> Records(const std::string& combined,
-                                         const PeerSender& from) const;
+  std::map<int64_t, std::string> Records(const std::string& combined, const PeerSender& from) const;
   // Writes a unit's reduced operands to its outputs, postscaled by `post`
   // (Average's 1/size included), in each tensor's dtype.
   static void WriteOut(const Response& response, const std::string& reduced, double post,

@@ -78,8 +78,8 @@ std::string HostTreeComm::FoldHost() {
   for (int j = 0; j < local_size_; ++j) {
     std::string theirs = j == local_rank_ ? partial_->mine : shm_->BitAndPayload(j);
     if (j != local_rank_) CheckFrom(j, theirs);
-    folded = j == 0 ? std::move(theirs)
-                    : partial_->reduction->Combine(folded, theirs, LocalSender(j));
+    folded =
+        j == 0 ? std::move(theirs) : partial_->reduction->Combine(folded, theirs, LocalSender(j));
   }
   return folded;
 }
@@ -136,17 +136,10 @@ bool HostTreeComm::TestBitAnd() {
     std::memcpy(words_, ones_.data(), static_cast<size_t>(n_) * 8);
     // The leader's hops, then the combination: input, as any peer's.
     const std::string got = shm_->BitAndPayload(0);
-    uint64_t h = 0;
-    if (got.size() >= 8) std::memcpy(&h, got.data(), 8);
-    if (got.size() < 8 || h >= static_cast<uint64_t>(size_)) {
-      throw PeerProtocolError(0, "hvdmx: local rank 0 gave a bit-and result of " +
-                                     std::to_string(got.size()) + " bytes saying " +
-                                     std::to_string(h) + " hops among " + std::to_string(size_) +
-                                     " ranks, which the protocol does not allow");
-    }
-    hops_ = static_cast<int>(h);
+    PeerInput in(got, LocalSender(0), "a bit-and result");
+    hops_ = static_cast<int>(in.Int64In("hops", 0, size_ - 1));
     if (partial_ != nullptr) {
-      partial_->combined = got.substr(8);
+      partial_->combined = in.Bytes(in.remaining(), "partial");
       CheckFrom(0, partial_->combined);
     }
   }
@@ -195,8 +188,8 @@ std::vector<std::string> HostTreeComm::Gather(const std::string& mine, int root)
     for (auto& record : records) {
       const uint32_t r = record.first;
       if (seen[r]) {
-        leaders_->FailProtocol(leader, "a host's gather record for rank " + std::to_string(r) +
-                                           ", which came twice");
+        leaders_->FailProtocol(
+            leader, "a host's gather record for rank " + std::to_string(r) + ", which came twice");
       }
       seen[r] = true;
       out[r] = std::move(record.second);

@@ -124,15 +124,15 @@ py::bytes SerializeRequestDicts(const std::vector<py::dict>& dicts, py::object s
 
 // Without `cache_capacity` (None): a request list; with it, the list with
 // cache slots, returned as (requests, slots).
-py::object ParseRequestBytes(const py::bytes& data, int sender, int size, py::object cache_capacity) {
+py::object ParseRequestBytes(const py::bytes& data, int sender, int size,
+                             py::object cache_capacity) {
   const std::string bytes = data;
   return RaisingPeerErrors([&]() -> py::object {
     std::vector<int64_t> slots;
     const std::vector<Request> requests =
-        cache_capacity.is_none()
-            ? ParseRequests(bytes, PeerSender::Rank(sender), size)
-            : ParseRequests(bytes, PeerSender::Rank(sender), size,
-                            cache_capacity.cast<int64_t>(), &slots);
+        cache_capacity.is_none() ? ParseRequests(bytes, PeerSender::Rank(sender), size)
+                                 : ParseRequests(bytes, PeerSender::Rank(sender), size,
+                                                 cache_capacity.cast<int64_t>(), &slots);
     py::list out;
     for (const Request& q : requests) out.append(RequestDict(q));
     if (cache_capacity.is_none()) return std::move(out);
@@ -230,7 +230,7 @@ std::vector<py::dict> NegotiationLiar(int size, int liar, const std::string& how
         return;
       }
       std::vector<uint64_t> bits(Controller::BitWords(kCapacity), ~uint64_t{0});
-      bits[0] &= ~uint64_t{1};  // something for the coordinator
+      bits[0] &= ~uint64_t{1};                       // something for the coordinator
       if (how == "gather") bits[0] &= ~uint64_t{4};  // nothing sent with the bit-and
       comm.StartBitAndWithPayload(bits.data(), static_cast<int>(bits.size()),
                                   how == "payload" ? lie : std::string());
@@ -270,11 +270,12 @@ void DefineTestingNegotiationBindings(py::module_& m) {
   m.def("parse_requests", &ParseRequestBytes, py::arg("data"), py::arg("sender"), py::arg("size"),
         py::arg("cache_capacity") = py::none());
   m.def("serialize_responses", &SerializeResponseDicts, py::arg("responses"));
-  m.def("serialize_peer_failure",
-        [](int rank, const std::string& message) {
-          return py::bytes(SerializePeerFailure(rank, message));
-        },
-        py::arg("rank"), py::arg("message"));
+  m.def(
+      "serialize_peer_failure",
+      [](int rank, const std::string& message) {
+        return py::bytes(SerializePeerFailure(rank, message));
+      },
+      py::arg("rank"), py::arg("message"));
   m.def("parse_responses", &ParseResponseBytes, py::arg("data"), py::arg("sender"),
         py::arg("size"));
   m.def("parse_round_partial", &ParseRoundPartial, py::arg("data"), py::arg("sender"),
