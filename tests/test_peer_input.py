@@ -9,6 +9,7 @@ import re
 import struct
 import time
 
+import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -371,3 +372,28 @@ def test_a_rank_that_sends_bad_requests_fails_every_rank_naming_it(size, how, li
         assert not result["abandoned"], (r, results)
         assert result["peer"] == liar, (r, results)
         assert f"rank {liar} sent a request list" in result["error"], (r, results)
+
+
+@pytest.mark.parametrize("size", [2, 3, 4])
+def test_a_job_whose_rank_sends_bad_requests_stops_every_rank_naming_it(size):
+    # Whole runtimes, one a rank: rank size-1's first requests reach rank 0 as a count
+    # of 2^62; every rank's collective fails with the error naming it, none waits.
+    from hvdmx import _core
+
+    liar = size - 1
+    job = t.LocalJob(size, {}, False, liar=liar, lie=struct.pack("<q", 2**62))
+    keep, tickets = [], []
+    try:
+        for r in range(size):
+            x = np.arange(4, dtype=np.float32) + r
+            out = np.empty_like(x)
+            keep.append((x, out))
+            tickets.append(job.submit(rank=r, kind="allreduce", name="t", inputs=[x],
+                                      outputs=[out], dtype=0, op=1))
+        for r, ticket in enumerate(tickets):
+            error = job.wait(ticket, 20.0)
+            assert error is not None and f"rank {liar} sent a request list" in error, (r, error)
+            assert "count of requests of 4611686018427387904" in error, (r, error)
+            assert job.stop_at_callback(ticket) == _core.STATUS_PEER_GONE, r
+    finally:
+        job.shutdown()
