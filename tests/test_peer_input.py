@@ -374,6 +374,22 @@ def test_a_rank_that_sends_bad_requests_fails_every_rank_naming_it(size, how, li
         assert f"rank {liar} sent a request list" in result["error"], (r, results)
 
 
+# Gather messages whose records break the framing: cut short, a length of 2^62, a rank
+# out of range, no record at all.
+FRAMES = [b"\x01\x02\x03", struct.pack("<iq", 1, 2**62), struct.pack("<iq", 7, 0), b""]
+
+
+@pytest.mark.parametrize("size", [2, 3, 4])
+@pytest.mark.parametrize("frame", FRAMES)
+def test_a_rank_whose_gather_breaks_its_framing_fails_every_rank_naming_it(size, frame):
+    start = time.monotonic()
+    results = t.negotiation_liar(size, 1, "frame", frame, timeout=20.0)
+    assert time.monotonic() - start < 10, "the ranks waited instead of failing"
+    for r, result in enumerate(results):
+        assert not result["abandoned"] and result["peer"] == 1, (r, results)
+        assert "rank 1 sent a gather" in result["error"], (r, results)
+
+
 @pytest.mark.parametrize("size", [2, 3, 4])
 def test_a_job_whose_rank_sends_bad_requests_stops_every_rank_naming_it(size):
     # Whole runtimes, one a rank: rank size-1's first requests reach rank 0 as a count

@@ -166,18 +166,26 @@ void Controller::SlowPath(const std::vector<uint64_t>& bits, std::vector<Request
   cache_hits_.clear();
   for (const Request& q : misses) at_coordinator_.emplace(q.name, q);
   const bool with_bit_and = (bits[0] & kSentWithBitAnd) != 0;
+  // Rank 0: what a rank sent that breaks the protocol, if anything. It
+  // fails the job on every rank, naming that rank: the broadcast carries
+  // this finding instead of the responses, and every rank's ParseResponses
+  // throws it.
+  std::string finding;
   std::vector<std::string> gathered;
   if (with_bit_and) {
     sent_with_bit_and_.fetch_add(1, std::memory_order_relaxed);
   } else {
-    gathered = comm_.Gather(SerializeRequests(misses), 0);
+    try {
+      gathered = comm_.Gather(SerializeRequests(misses), 0);
+    } catch (const PeerProtocolError& e) {
+      // The root has received all it waits for: it can still broadcast.
+      if (comm_.rank() != 0) throw;
+      finding = SerializePeerFailure(e.peer(), e.what());
+    }
     gathered_.fetch_add(1, std::memory_order_relaxed);
   }
-  std::string wire;
-  if (comm_.rank() == 0) {
-    // A rank's requests that break the protocol fail the job on every
-    // rank, naming it: the broadcast carries the finding instead of the
-    // responses, and every rank's ParseResponses throws it.
+  std::string wire = finding;
+  if (comm_.rank() == 0 && finding.empty()) {
     try {
       std::vector<Response> fresh;
       const int n = comm_.size();

@@ -197,14 +197,21 @@ std::vector<std::pair<uint32_t, py::bytes>> ParseGatherBytes(const py::bytes& da
 // bit-ands direct: every rank but `liar` runs a Controller (cache capacity
 // 16) and submits a float32 allreduce "t"; rank `liar` takes part in the
 // round by hand and sends the coordinator `lie` as its request list, in
-// the gather (how == "gather") or with the bit-and ("payload"). Each
-// thread gives up after `timeout` seconds. Per rank: "error" (what it
+// the gather (how == "gather") or with the bit-and ("payload"), or sends
+// `lie` as its whole gather message, records and all ("frame"; rank 0 must
+// be the liar's parent in the gather's tree: a power of two). Each thread
+// gives up after `timeout` seconds. Per rank: "error" (what it
 // threw, "" if nothing), "peer" (the rank its PeerProtocolError named, -1
 // if none) and "abandoned" (its round gave up waiting).
 std::vector<py::dict> NegotiationLiar(int size, int liar, const std::string& how,
                                       const py::bytes& lie_bytes, double timeout) {
-  if (how != "gather" && how != "payload") throw py::value_error("how: 'gather' or 'payload'");
+  if (how != "gather" && how != "payload" && how != "frame") {
+    throw py::value_error("how: 'gather', 'payload' or 'frame'");
+  }
   if (liar < 0 || liar >= size) throw py::value_error("liar: a rank");
+  if (how == "frame" && (liar == 0 || (liar & (liar - 1)) != 0)) {
+    throw py::value_error("frame: the liar's parent must be rank 0");
+  }
   const std::string lie = lie_bytes;
   constexpr int64_t kCapacity = 16;
   auto world = std::make_shared<LocalWorld>(size);
@@ -230,8 +237,8 @@ std::vector<py::dict> NegotiationLiar(int size, int liar, const std::string& how
         return;
       }
       std::vector<uint64_t> bits(Controller::BitWords(kCapacity), ~uint64_t{0});
-      bits[0] &= ~uint64_t{1};                       // something for the coordinator
-      if (how == "gather") bits[0] &= ~uint64_t{4};  // nothing sent with the bit-and
+      bits[0] &= ~uint64_t{1};                        // something for the coordinator
+      if (how != "payload") bits[0] &= ~uint64_t{4};  // nothing sent with the bit-and
       comm.StartBitAndWithPayload(bits.data(), static_cast<int>(bits.size()),
                                   how == "payload" ? lie : std::string());
       for (int64_t i = 0; !comm.TestBitAnd(); ++i) {
@@ -240,7 +247,11 @@ std::vector<py::dict> NegotiationLiar(int size, int liar, const std::string& how
           return;
         }
       }
-      if ((bits[0] & 4) == 0) comm.Gather(how == "gather" ? lie : SerializeRequests({}), 0);
+      if (how == "frame") {
+        comm.Wait(comm.ISend(lie.data(), static_cast<int64_t>(lie.size()), 0));
+      } else if ((bits[0] & 4) == 0) {
+        comm.Gather(how == "gather" ? lie : SerializeRequests({}), 0);
+      }
       std::string wire;
       comm.BcastString(&wire, 0);
       ParseResponses(wire, PeerSender::Rank(0), size);
