@@ -36,7 +36,11 @@
 //    a response, or an error response naming the ranks and values that
 //    differ. The new responses are broadcast; every
 //    rank appends them after the cached ones and puts the successful ones
-//    into its cache, in broadcast order, so caches stay identical.
+//    into its cache, in broadcast order, so caches stay identical. When
+//    what a rank sent rank 0 breaks the protocol (its requests, or its
+//    gather's records), rank 0 broadcasts that finding instead of the
+//    responses and every rank fails the round naming that rank
+//    (PeerProtocolError; Note [Peer input] in comm/peer_input.h).
 // 5. If some rank cleared word 0 bit 1, everyone runs this round's responses
 //    and then stops.
 //
