@@ -75,8 +75,9 @@ class PeerInput {
   int64_t Count(const char* field, size_t min_element_bytes, int64_t most = INT64_MAX);
   // An int64 length, then that many bytes (at most `most`).
   std::string String(const char* field, int64_t most = INT64_MAX);
-  // The next `n` bytes as they are (n already checked by the caller's
-  // format, e.g. a size that follows from this rank's own state).
+  // The next `n` bytes as they are (`n` a length already read and bounded,
+  // or one that follows from this rank's own state); `field` names them if
+  // fewer remain.
   std::string Bytes(size_t n, const char* field);
   // The same, passed over where the caller reads them in place.
   void Skip(size_t n, const char* field);
