@@ -24,7 +24,7 @@ PeerProtocolError = t.PeerProtocolError
 DTYPES = [0, 1, 2, 3, 4, 5, 6, 12]
 ALLGATHER, ALLTOALL = 2, 3
 # Hypothesis examples per fuzz test (seven tests in all, 1400 examples); they run in
-# about 13 s here, the rest of the file in about 5 s.
+# 6 to 13 s here as the shared machine's load varies, the rest of the file in 1 to 5 s.
 EXAMPLES = 200
 FUZZ = settings(max_examples=EXAMPLES, deadline=None,
                 suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
