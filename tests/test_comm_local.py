@@ -102,18 +102,18 @@ def test_a_slot_one_rank_leaves_out_is_reduced_nowhere(hosts, per_host, direct):
 
 
 @pytest.mark.parametrize("lie, why", [
-    (_record([1.0, 2.0])[:-1], "has 7 bytes where 8 were expected"),
-    ((5).to_bytes(8, "little") + bytes(8), "a record for cache slot 5, which holds no allreduce"),
+    (_record([1.0, 2.0])[:-1], "record's operands cut short: 8 bytes needed, 7 left"),
+    ((5).to_bytes(8, "little") + bytes(8), "record's cache slot 5, outside [0, 0]"),
     (_record([1.0, 2.0]) * 2, "cache slot 0 after slot 0, where slots must ascend"),
-    (b"\1\2\3", "a record of 3 bytes, shorter than its slot"),
+    (b"\1\2\3", "record's cache slot cut short: 8 bytes needed, 3 left"),
 ])
 def test_a_partial_that_does_not_parse_fails_the_bit_and_naming_the_peer(lie, why):
     # Two hosts of one rank: rank 1 sends rank 0 a partial it cannot read.
     values = [[1.0, 2.0], [3.0, 4.0]]
     results = _hvdmx_testing.round_bit_and(2, 1, 4, values, liar=1, lie=lie)
-    assert "rank 1 sent a bit-and partial that does not parse" in results[0]["error"], results
+    assert "rank 1 sent a bit-and partial" in results[0]["error"], results
     assert why in results[0]["error"], results
     # One host of two ranks: local rank 1 gives it through shared memory.
     results = _hvdmx_testing.round_bit_and(1, 2, 4, values, liar=1, lie=lie)
-    assert "local rank 1 gave a bit-and partial that does not parse" in results[0]["error"]
+    assert "local rank 1 sent a bit-and partial" in results[0]["error"], results
     assert why in results[0]["error"], results

@@ -348,11 +348,11 @@ def frame(length, body=b""):
     ("recv", 16, frame(17, b"x" * 17), "a message of 17 bytes where 16 were expected"),
     ("recv", 16, frame(2 ** 63), "where 16 were expected"),
     ("gather", 0, frame(2 ** 40), "bytes where at most 1073741824 were expected"),
-    ("gather", 0, frame(5, b"abcde"), "a gather whose last record is cut short (5 bytes)"),
+    ("gather", 0, frame(5, b"abcde"), "a gather of 5 bytes with record's rank 1684234849, outside"),
     ("gather", 0, frame(12, struct.pack("<IQ", 0, 0)),
      "a gather record for rank 0, which is not of its subtree or came twice"),
     ("gather", 0, frame(12, struct.pack("<IQ", 1, 9)),
-     "a gather record of 9 bytes where 0 remain in its message"),
+     "a count of record's bytes of 9, outside [0, 0]"),
     ("bit_and", 0, frame(3, b"abc"), "a bit-and of 3 bytes where 16 were expected"),
     # Rank 0 takes, with each rank's word, its partial's length and up to 24 KiB
     # of partial, and a payload of up to 64 MiB.

@@ -52,6 +52,18 @@ class PeerGone : public std::runtime_error {
   int peer_;
 };
 
+// A peer sent what the protocol does not allow (a message of another size
+// than the one posted, a length over the limit, a bit-and shorter than its
+// words, a negotiation message that does not parse: Note [Peer input] in
+// comm/peer_input.h): the comm cannot go on. The message names the peer and
+// what it sent.
+class PeerProtocolError : public PeerGone {
+ public:
+  using PeerGone::PeerGone;
+};
+
+struct PeerSender;  // comm/peer_input.h
+
 // A reduction that travels with a bit-and (Note [Small tensors in the
 // round] in negotiation/round_reduction.h): each rank starts with a
 // partial of its own, and the comm combines partials as the bit-and's
@@ -63,22 +75,15 @@ class BitAndReduction {
   virtual ~BitAndReduction() = default;
   // The combination of two partials over disjoint sets of ranks; wherever
   // the order of operands matters, `low` is the partial of the lower rank
-  // of the two that meet, so that both compute the same bytes. Throws
-  // std::invalid_argument saying what is wrong when either is not a
-  // partial this reduction could have made (one came from a peer).
-  virtual std::string Combine(const std::string& low, const std::string& high) const = 0;
-  // Throws std::invalid_argument, as Combine, for a partial received
-  // whole (a combination another rank finished).
-  virtual void Check(const std::string& partial) const = 0;
-  // What Check finds wrong with a partial a peer gave; empty when nothing.
-  std::string Problem(const std::string& partial) const {
-    try {
-      Check(partial);
-    } catch (const std::invalid_argument& e) {
-      return e.what();
-    }
-    return std::string();
-  }
+  // of the two that meet, so that both compute the same bytes. Both have
+  // passed Check or were combined here from partials that have; `from` is
+  // the peer whose partial is one of them, named should one not parse after
+  // all (PeerProtocolError, Note [Peer input] in comm/peer_input.h).
+  virtual std::string Combine(const std::string& low, const std::string& high,
+                              const PeerSender& from) const = 0;
+  // Throws PeerProtocolError naming `from` when `partial`, which `from`
+  // gave, is not a partial this reduction could have made.
+  virtual void Check(const std::string& partial, const PeerSender& from) const = 0;
 };
 
 // One rank's side of a combining bit-and: its partial, how to combine, and,

@@ -81,9 +81,6 @@ void P2PComm::BcastString(std::string* data, int root) {
 // message and name a rank of that child's subtree, once; the child of
 // relative rank c, whose lowest set bit is m, holds the ranks c .. c+m-1.
 // Anything else fails the comm naming the child.
-namespace {
-constexpr size_t kRecordHeaderBytes = 12;
-}  // namespace
 
 void AppendGatherRecord(int rank, const std::string& s, std::string* out) {
   const uint32_t r = static_cast<uint32_t>(rank);
@@ -93,27 +90,15 @@ void AppendGatherRecord(int rank, const std::string& s, std::string* out) {
   out->append(s);
 }
 
-std::string ParseGatherRecords(const std::string& message,
-                               std::vector<std::pair<uint32_t, std::string>>* out) {
+void ParseGatherRecords(const std::string& message, const PeerSender& from, int size,
+                        std::vector<std::pair<uint32_t, std::string>>* out) {
   out->clear();
-  for (size_t at = 0; at < message.size();) {
-    if (message.size() - at < kRecordHeaderBytes) {
-      return "a gather whose last record is cut short (" + std::to_string(message.size() - at) +
-             " bytes)";
-    }
-    uint32_t r = 0;
-    uint64_t len = 0;
-    std::memcpy(&r, message.data() + at, 4);
-    std::memcpy(&len, message.data() + at + 4, 8);
-    at += kRecordHeaderBytes;
-    if (len > message.size() - at) {
-      return "a gather record of " + std::to_string(len) + " bytes where " +
-             std::to_string(message.size() - at) + " remain in its message";
-    }
-    out->emplace_back(r, message.substr(at, len));
-    at += len;
+  PeerInput in(message, from, "a gather");
+  while (!in.done()) {
+    const int64_t r = in.Int32In("record's rank", 0, size - 1);
+    const int64_t len = in.Count("record's bytes", 1);
+    out->emplace_back(static_cast<uint32_t>(r), in.Bytes(static_cast<size_t>(len), "record"));
   }
-  return "";
 }
 
 std::vector<std::string> P2PComm::Gather(const std::string& mine, int root) {
@@ -140,11 +125,10 @@ std::vector<std::string> P2PComm::Gather(const std::string& mine, int root) {
     const int c = (child - root + n) % n;
     const int span = std::min(c & -c, n - c);  // the child's subtree: c .. c+span-1
     std::vector<std::pair<uint32_t, std::string>> records;
-    const std::string why = ParseGatherRecords(in[i], &records);
-    if (!why.empty()) FailProtocol(child, why);
+    ParseGatherRecords(in[i], Sender(child), n, &records);
     for (const auto& record : records) {
       const uint32_t r = record.first;
-      const int v = r < static_cast<uint32_t>(n) ? (static_cast<int>(r) - root + n) % n : -1;
+      const int v = (static_cast<int>(r) - root + n) % n;
       if (v < c || v >= c + span || seen[r]) {
         FailProtocol(child, "a gather record for rank " + std::to_string(r) +
                                 ", which is not of its subtree or came twice");
@@ -379,8 +363,7 @@ size_t P2PComm::AndIn(int peer, const std::string& message, std::string* partial
 }
 
 void P2PComm::CheckPartial(int peer, const std::string& theirs) {
-  const std::string problem = bit_partial_->reduction->Problem(theirs);
-  if (!problem.empty()) FailProtocol(peer, "a bit-and partial that does not parse: " + problem);
+  bit_partial_->reduction->Check(theirs, Sender(peer));
 }
 
 void P2PComm::CombineIn(int peer, const std::string& theirs) {
@@ -390,9 +373,9 @@ void P2PComm::CombineIn(int peer, const std::string& theirs) {
   if (bit_extra_) {
     partial_ = theirs;  // the finished combination, from v - p
   } else if (peer < rank()) {
-    partial_ = reduction.Combine(theirs, partial_);
+    partial_ = reduction.Combine(theirs, partial_, Sender(peer));
   } else {
-    partial_ = reduction.Combine(partial_, theirs);
+    partial_ = reduction.Combine(partial_, theirs, Sender(peer));
   }
 }
 
@@ -416,7 +399,7 @@ bool P2PComm::TestBitAnd() {
       if (bit_partial_ != nullptr) {
         partial_ = partials[0];
         for (int j = 1; j < size(); ++j) {
-          partial_ = bit_partial_->reduction->Combine(partial_, partials[j]);
+          partial_ = bit_partial_->reduction->Combine(partial_, partials[j], Sender(j));
         }
       }
     } else {

@@ -18,17 +18,9 @@
 #include <vector>
 
 #include "comm/comm.h"
+#include "comm/peer_input.h"
 
 namespace hvdmx {
-
-// A peer sent what the protocol does not allow (a message of another size
-// than the one posted, a length over the limit, a bit-and shorter than its
-// words): the comm cannot go on. The message names the peer and what it
-// sent.
-class PeerProtocolError : public PeerGone {
- public:
-  using PeerGone::PeerGone;
-};
 
 // A send or receive posted to a rank this one has no link with (TcpOptions::
 // peers, LocalComm's links): our bug, not the user's, but one that fails the
@@ -51,11 +43,12 @@ struct Traffic {
 
 // A gather's messages are lists of records, a rank and its string (Note
 // [The tree gather] in comm/p2p_collectives.cc). ParseGatherRecords reads
-// one, which came from a peer: it returns "" with the records in *out, or
-// what is wrong with it (a record cut short, or longer than what remains).
+// one, which `from` sent, into *out; a record cut short, longer than what
+// remains or for a rank outside [0, size) throws PeerProtocolError naming
+// `from` (Note [Peer input] in comm/peer_input.h).
 void AppendGatherRecord(int rank, const std::string& s, std::string* out);
-std::string ParseGatherRecords(const std::string& message,
-                               std::vector<std::pair<uint32_t, std::string>>* out);
+void ParseGatherRecords(const std::string& message, const PeerSender& from, int size,
+                        std::vector<std::pair<uint32_t, std::string>>* out);
 
 class P2PComm : public Comm {
  public:
@@ -83,6 +76,9 @@ class P2PComm : public Comm {
   virtual void WaitAll(const std::vector<Request>& requests, Waiting waiting) = 0;
   // Throws PeerProtocolError saying that `peer` sent `what`.
   [[noreturn]] virtual void FailProtocol(int peer, const std::string& what) = 0;
+  // How an error about what `peer` sent names it (Note [Peer input] in
+  // comm/peer_input.h); a transport that knows more than the rank says it.
+  virtual PeerSender Sender(int peer) const { return PeerSender::Rank(peer); }
 
   // The collectives, written once over the above (comm/p2p_collectives.cc).
   // Bcast, BcastString and Gather go along the binomial tree from or to

@@ -157,6 +157,7 @@ class TcpComm : public P2PComm {
   void WaitAll(const std::vector<Request>& requests, Waiting waiting) override;
   // A frame of another size than posted, or over the limit: PeerProtocolError.
   [[noreturn]] void FailProtocol(int peer, const std::string& what) override;
+  PeerSender Sender(int peer) const override { return PeerSender{peer, Describe(peer)}; }
   bool NativeAllreduce(void*, int64_t, DataType, ReduceOp) override { return false; }
   bool WakesOnArrival() const override { return true; }
   bool LinksEveryPair() const override { return links_every_pair_; }

@@ -19,10 +19,13 @@ bool SlotBit(const std::vector<uint64_t>& bits, int64_t s) {
 // coordinator, now that the AND came out as `bits`: its misses, and each
 // hit whose slot is not ready everywhere (step 3 answered a ready one from
 // the cache). See Note [Requests with the bit-and].
-std::vector<Request> ForCoordinator(const std::string& payload, const std::vector<uint64_t>& bits) {
+// `from` sent `payload`, in a comm of `size` ranks whose caches hold
+// `cache_capacity` (Note [Peer input] in comm/peer_input.h).
+std::vector<Request> ForCoordinator(const std::string& payload, const std::vector<uint64_t>& bits,
+                                    const PeerSender& from, int size, int64_t cache_capacity) {
   if (payload.empty()) return {};  // a rank with nothing for it
   std::vector<int64_t> slots;
-  std::vector<Request> sent = ParseRequests(payload, &slots);
+  std::vector<Request> sent = ParseRequests(payload, from, size, cache_capacity, &slots);
   std::vector<Request> out;
   for (size_t i = 0; i < sent.size(); ++i) {
     if (slots[i] < 0 || !SlotBit(bits, slots[i])) out.push_back(std::move(sent[i]));
@@ -117,7 +120,12 @@ RoundResult Controller::RunRound(std::vector<Request> new_requests, bool want_sh
 
   // Step 3: slots ready everywhere, in ascending order.
   std::map<int64_t, std::string> reduced;
-  if (combining) reduced = reduction_.Records(partial_.combined);
+  if (combining) {
+    // The comm checked each peer's partial as it came (Note [Peer input]).
+    const PeerSender combined{
+        comm_.rank(), "the round's bit-and, combined on rank " + std::to_string(comm_.rank())};
+    reduced = reduction_.Records(partial_.combined, combined);
+  }
   for (auto it = cache_hits_.begin(); it != cache_hits_.end();) {
     int64_t slot = it->first;
     if (SlotBit(bits, slot)) {
@@ -158,27 +166,45 @@ void Controller::SlowPath(const std::vector<uint64_t>& bits, std::vector<Request
   cache_hits_.clear();
   for (const Request& q : misses) at_coordinator_.emplace(q.name, q);
   const bool with_bit_and = (bits[0] & kSentWithBitAnd) != 0;
+  // Rank 0: what a rank sent that breaks the protocol, if anything. It
+  // fails the job on every rank, naming that rank: the broadcast carries
+  // this finding instead of the responses, and every rank's ParseResponses
+  // throws it.
+  std::string finding;
   std::vector<std::string> gathered;
   if (with_bit_and) {
     sent_with_bit_and_.fetch_add(1, std::memory_order_relaxed);
   } else {
-    gathered = comm_.Gather(SerializeRequests(misses), 0);
+    try {
+      gathered = comm_.Gather(SerializeRequests(misses), 0);
+    } catch (const PeerProtocolError& e) {
+      // The root has received all it waits for: it can still broadcast.
+      if (comm_.rank() != 0) throw;
+      finding = SerializePeerFailure(e.peer(), e.what());
+    }
     gathered_.fetch_add(1, std::memory_order_relaxed);
   }
-  std::string wire;
-  if (comm_.rank() == 0) {
-    std::vector<Response> fresh;
-    for (int j = 0; j < comm_.size(); ++j) {
-      Coordinate(
-          with_bit_and ? ForCoordinator(comm_.BitAndPayload(j), bits) : ParseRequests(gathered[j]),
-          &fresh);
+  std::string wire = finding;
+  if (comm_.rank() == 0 && finding.empty()) {
+    try {
+      std::vector<Response> fresh;
+      const int n = comm_.size();
+      for (int j = 0; j < n; ++j) {
+        const PeerSender from = PeerSender::Rank(j);
+        Coordinate(with_bit_and
+                       ? ForCoordinator(comm_.BitAndPayload(j), bits, from, n, cache_.capacity())
+                       : ParseRequests(gathered[j], from, n),
+                   &fresh);
+      }
+      CompleteForJoined(&fresh);
+      FailStalled(&fresh);
+      wire = SerializeResponses(fresh);
+    } catch (const PeerProtocolError& e) {
+      wire = SerializePeerFailure(e.peer(), e.what());
     }
-    CompleteForJoined(&fresh);
-    FailStalled(&fresh);
-    wire = SerializeResponses(fresh);
   }
   comm_.BcastString(&wire, 0);
-  for (Response& response : ParseResponses(wire)) {
+  for (Response& response : ParseResponses(wire, PeerSender::Rank(0), comm_.size())) {
     auto mine = at_coordinator_.find(response.name);
     if (mine == at_coordinator_.end() && !response.error.empty()) {
       // A unit failed by the stall shutdown that this rank never
@@ -190,7 +216,11 @@ void Controller::SlowPath(const std::vector<uint64_t>& bits, std::vector<Request
       // A unit this rank joined through (see Note [Join]). Every rank must
       // put it into its cache, in the same order; ours gets a request no
       // real one can equal (device -2), so it never hits here.
-      HVDMX_CHECK(joined_, "response for a name this rank did not send: " + response.name);
+      if (!joined_) {
+        FailPeerInput(PeerSender::Rank(0),
+                      "a response for '" + response.name +
+                          "', which this rank neither requested nor joined through");
+      }
       Request phantom;
       phantom.type = response.type;
       phantom.name = response.name;
@@ -231,7 +261,9 @@ void Controller::Coordinate(const std::vector<Request>& requests, std::vector<Re
   const int n = comm_.size();
   for (const Request& q : requests) {
     if (q.type == CollectiveType::kJoin) {
-      HVDMX_CHECK(!joined_ranks_[q.rank], "rank joined twice");
+      if (joined_ranks_[q.rank]) {
+        FailPeerInput(PeerSender::Rank(q.rank), "a second join request while its first is pending");
+      }
       joined_ranks_[q.rank] = true;
       ++joined_count_;
       join_request_ = q;
@@ -244,7 +276,10 @@ void Controller::Coordinate(const std::vector<Request>& requests, std::vector<Re
       entry.received.assign(n, false);
       entry.first_seen = std::chrono::steady_clock::now();
     }
-    HVDMX_CHECK(!entry.received[q.rank], "rank sent the same name twice: " + q.name);
+    if (entry.received[q.rank]) {
+      FailPeerInput(PeerSender::Rank(q.rank),
+                    "a second request for '" + q.name + "' while its first is pending");
+    }
     entry.requests[q.rank] = q;
     entry.received[q.rank] = true;
     ProcessTimeline().Mark(q.name, "rank " + std::to_string(q.rank) + " ready",

@@ -36,7 +36,11 @@
 //    a response, or an error response naming the ranks and values that
 //    differ. The new responses are broadcast; every
 //    rank appends them after the cached ones and puts the successful ones
-//    into its cache, in broadcast order, so caches stay identical.
+//    into its cache, in broadcast order, so caches stay identical. When
+//    what a rank sent rank 0 breaks the protocol (its requests, or its
+//    gather's records), rank 0 broadcasts that finding instead of the
+//    responses and every rank fails the round naming that rank
+//    (PeerProtocolError; Note [Peer input] in comm/peer_input.h).
 // 5. If some rank cleared word 0 bit 1, everyone runs this round's responses
 //    and then stops.
 //
@@ -166,8 +170,9 @@ class Controller {
   // gives up on the exchange.
   void SlowPath(const std::vector<uint64_t>& bits, std::vector<Request> misses,
                 RoundResult* result);
-  // Rank 0 only: adds `requests` to the table; appends completed units'
-  // responses to *out.
+  // Rank 0 only: adds `requests` (parsed: each request's rank is in range)
+  // to the table; appends completed units' responses to *out. A rank that
+  // joins twice or sends a name twice throws PeerProtocolError naming it.
   void Coordinate(const std::vector<Request>& requests, std::vector<Response>* out);
   // Rank 0 only: appends the responses of units that became complete
   // because ranks joined (see Note [Join]), and the join's own response once

@@ -1,6 +1,6 @@
 #include "negotiation/message.h"
 
-#include <cstring>
+#include <cassert>
 #include <sstream>
 
 namespace hvdmx {
@@ -20,31 +20,6 @@ class Writer {
 
  private:
   std::string out_;
-};
-
-class Reader {
- public:
-  explicit Reader(const std::string& in) : in_(in) {}
-  template <typename T>
-  T Pod() {
-    HVDMX_CHECK(pos_ + sizeof(T) <= in_.size(), "truncated negotiation message");
-    T value;
-    std::memcpy(&value, in_.data() + pos_, sizeof(T));
-    pos_ += sizeof(T);
-    return value;
-  }
-  std::string Str() {
-    int64_t len = Pod<int64_t>();
-    HVDMX_CHECK(len >= 0 && pos_ + len <= in_.size(), "truncated negotiation message");
-    std::string s = in_.substr(pos_, len);
-    pos_ += len;
-    return s;
-  }
-  bool done() const { return pos_ == in_.size(); }
-
- private:
-  const std::string& in_;
-  size_t pos_ = 0;
 };
 
 std::string JoinTypes(const std::vector<DataType>& dtypes) {
@@ -243,29 +218,75 @@ void WriteRequests(Writer* w, const std::vector<Request>& requests) {
   }
 }
 
-std::vector<Request> ReadRequests(Reader* r) {
-  std::vector<Request> out(r->Pod<int64_t>());
+// The fewest bytes a request and a response take on the wire (every
+// vector and string empty), which caps a list's count by the bytes left.
+constexpr size_t kMinRequestBytes = 4 + 4 + 8 + 8 + 8 + 4 + 4 + 8 + 8 + 4 + 1 + 8 + 1 + 8;
+constexpr size_t kMinResponseBytes = 4 + 8 + 8 + 8 + 4 + 4 + 8 + 8 + 1 + 8 + 8;
+constexpr int64_t kLastCollective = static_cast<int64_t>(CollectiveType::kJoin);
+constexpr int64_t kLastReduceOp = static_cast<int64_t>(ReduceOp::kProduct);
+constexpr int64_t kMaxDevice = INT32_MAX;
+
+DataType ReadDataType(PeerInput* in) {
+  const int32_t code = in->Raw<int32_t>("dtype");
+  if (!IsSupportedDataType(code)) {
+    in->Fail("dtype code " + std::to_string(code) + ", which is none that hvdmx knows");
+  }
+  return static_cast<DataType>(code);
+}
+
+// Adds `elements` to a unit's running total, which must stay within
+// kMaxWireElements.
+void CountElements(PeerInput* in, int64_t elements, int64_t* total) {
+  if (elements > kMaxWireElements - *total) {
+    in->Fail("more than " + std::to_string(kMaxWireElements) + " elements in one unit");
+  }
+  *total += elements;
+}
+
+std::vector<Request> ReadRequests(PeerInput* in, int size) {
+  std::vector<Request> out(static_cast<size_t>(in->Count("requests", kMinRequestBytes)));
   for (Request& q : out) {
-    q.rank = r->Pod<int32_t>();
-    q.type = r->Pod<CollectiveType>();
-    q.name = r->Str();
-    q.dtypes.resize(r->Pod<int64_t>());
-    for (DataType& d : q.dtypes) d = r->Pod<DataType>();
-    q.shapes.resize(r->Pod<int64_t>());
-    for (auto& shape : q.shapes) {
-      shape.resize(r->Pod<int64_t>());
-      for (int64_t& d : shape) d = r->Pod<int64_t>();
+    q.rank = static_cast<int32_t>(in->Int32In("rank", 0, size - 1));
+    if (q.rank != in->from().rank) {
+      in->Fail("a request of rank " + std::to_string(q.rank) + ", where a rank sends only its own");
     }
-    q.op = r->Pod<ReduceOp>();
-    q.root = r->Pod<int32_t>();
-    q.scale.pre = r->Pod<double>();
-    q.scale.post = r->Pod<double>();
-    q.device = r->Pod<int32_t>();
-    q.sizes_only = r->Pod<bool>();
-    q.splits.resize(r->Pod<int64_t>());
-    for (int64_t& v : q.splits) v = r->Pod<int64_t>();
-    q.stalled = r->Pod<bool>();
-    q.error = r->Str();
+    q.type = static_cast<CollectiveType>(in->Int32In("collective type", 0, kLastCollective));
+    q.name = in->String("name");
+    q.dtypes.resize(static_cast<size_t>(in->Count("dtypes", sizeof(int32_t))));
+    for (DataType& d : q.dtypes) d = ReadDataType(in);
+    q.shapes.resize(static_cast<size_t>(in->Count("shapes", sizeof(int64_t))));
+    if (q.shapes.size() != q.dtypes.size()) {
+      in->Fail(std::to_string(q.shapes.size()) + " shapes for " + std::to_string(q.dtypes.size()) +
+               " dtypes, where a request has one of each per tensor");
+    }
+    int64_t total = 0;
+    for (auto& shape : q.shapes) {
+      shape.resize(static_cast<size_t>(in->Count("dimensions", sizeof(int64_t))));
+      int64_t elements = 1;
+      for (int64_t& d : shape) {
+        d = in->Int64In("dimension", 0, kMaxWireElements);
+        if (d != 0 && elements > kMaxWireElements / d) {
+          in->Fail("a shape of more than " + std::to_string(kMaxWireElements) + " elements");
+        }
+        elements *= d;
+      }
+      CountElements(in, elements, &total);
+    }
+    q.op = static_cast<ReduceOp>(in->Int32In("reduce op", 0, kLastReduceOp));
+    q.root = static_cast<int32_t>(in->Int32In("root", 0, size - 1));
+    q.scale.pre = in->Raw<double>("prescale factor");
+    q.scale.post = in->Raw<double>("postscale factor");
+    q.device = static_cast<int32_t>(in->Int32In("device", -1, kMaxDevice));
+    q.sizes_only = in->Flag("sizes_only");
+    q.splits.resize(static_cast<size_t>(in->Count("splits", sizeof(int64_t))));
+    if (q.type == CollectiveType::kAlltoall && q.sizes_only &&
+        q.splits.size() != static_cast<size_t>(size)) {
+      in->Fail("an alltoall's sizes with " + std::to_string(q.splits.size()) + " splits among " +
+               std::to_string(size) + " ranks, where it has one per rank");
+    }
+    for (int64_t& v : q.splits) v = in->Int64In("split", 0, kMaxWireElements);
+    q.stalled = in->Flag("stalled");
+    q.error = in->String("error");
   }
   return out;
 }
@@ -278,33 +299,35 @@ std::string SerializeRequests(const std::vector<Request>& requests) {
   return w.Take();
 }
 
-std::vector<Request> ParseRequests(const std::string& bytes) {
-  Reader r(bytes);
-  std::vector<Request> out = ReadRequests(&r);
-  HVDMX_CHECK(r.done(), "trailing bytes in request list");
+std::vector<Request> ParseRequests(const std::string& bytes, const PeerSender& from, int size) {
+  PeerInput in(bytes, from, "a request list");
+  std::vector<Request> out = ReadRequests(&in, size);
+  in.End();
   return out;
 }
 
 std::string SerializeRequests(const std::vector<Request>& requests,
                               const std::vector<int64_t>& slots) {
-  HVDMX_CHECK(slots.size() == requests.size(), "one cache slot per request");
+  assert(slots.size() == requests.size() && "one cache slot per request");
   Writer w;
   WriteRequests(&w, requests);
   for (int64_t slot : slots) w.Pod(slot);
   return w.Take();
 }
 
-std::vector<Request> ParseRequests(const std::string& bytes, std::vector<int64_t>* slots) {
-  Reader r(bytes);
-  std::vector<Request> out = ReadRequests(&r);
+std::vector<Request> ParseRequests(const std::string& bytes, const PeerSender& from, int size,
+                                   int64_t cache_capacity, std::vector<int64_t>* slots) {
+  PeerInput in(bytes, from, "a request list with cache slots");
+  std::vector<Request> out = ReadRequests(&in, size);
   slots->resize(out.size());
-  for (int64_t& slot : *slots) slot = r.Pod<int64_t>();
-  HVDMX_CHECK(r.done(), "trailing bytes in request list");
+  for (int64_t& slot : *slots) slot = in.Int64In("cache slot", -1, cache_capacity - 1);
+  in.End();
   return out;
 }
 
 std::string SerializeResponses(const std::vector<Response>& responses) {
   Writer w;
+  w.Pod(false);  // a response list, not a failure
   w.Pod<int64_t>(static_cast<int64_t>(responses.size()));
   for (const Response& p : responses) {
     w.Pod(p.type);
@@ -325,26 +348,60 @@ std::string SerializeResponses(const std::vector<Response>& responses) {
   return w.Take();
 }
 
-std::vector<Response> ParseResponses(const std::string& bytes) {
-  Reader r(bytes);
-  std::vector<Response> out(r.Pod<int64_t>());
-  for (Response& p : out) {
-    p.type = r.Pod<CollectiveType>();
-    p.name = r.Str();
-    p.dtypes.resize(r.Pod<int64_t>());
-    for (DataType& d : p.dtypes) d = r.Pod<DataType>();
-    p.counts.resize(r.Pod<int64_t>());
-    for (int64_t& c : p.counts) c = r.Pod<int64_t>();
-    p.op = r.Pod<ReduceOp>();
-    p.root = r.Pod<int32_t>();
-    p.scale.pre = r.Pod<double>();
-    p.scale.post = r.Pod<double>();
-    p.sizes_only = r.Pod<bool>();
-    p.splits.resize(r.Pod<int64_t>());
-    for (int64_t& v : p.splits) v = r.Pod<int64_t>();
-    p.error = r.Str();
+std::string SerializePeerFailure(int rank, const std::string& message) {
+  Writer w;
+  w.Pod(true);
+  w.Pod<int32_t>(rank);
+  w.Str(message);
+  return w.Take();
+}
+
+std::vector<Response> ParseResponses(const std::string& bytes, const PeerSender& from, int size) {
+  PeerInput in(bytes, from, "a response list");
+  if (in.Flag("failure")) {
+    const int rank = static_cast<int>(in.Int32In("failed rank", 0, size - 1));
+    const std::string message = in.String("failure's message");
+    in.End();
+    throw PeerProtocolError(rank, message);
   }
-  HVDMX_CHECK(r.done(), "trailing bytes in response list");
+  std::vector<Response> out(static_cast<size_t>(in.Count("responses", kMinResponseBytes)));
+  for (Response& p : out) {
+    p.type = static_cast<CollectiveType>(in.Int32In("collective type", 0, kLastCollective));
+    p.name = in.String("name");
+    p.dtypes.resize(static_cast<size_t>(in.Count("dtypes", sizeof(int32_t))));
+    for (DataType& d : p.dtypes) d = ReadDataType(&in);
+    p.counts.resize(static_cast<size_t>(in.Count("counts", sizeof(int64_t))));
+    if (p.counts.size() != p.dtypes.size()) {
+      in.Fail(std::to_string(p.counts.size()) + " counts for " + std::to_string(p.dtypes.size()) +
+              " dtypes, where a response has one of each per tensor");
+    }
+    int64_t total = 0;
+    for (int64_t& c : p.counts) {
+      c = in.Int64In("count", 0, kMaxWireElements);
+      CountElements(&in, c, &total);
+    }
+    p.op = static_cast<ReduceOp>(in.Int32In("reduce op", 0, kLastReduceOp));
+    p.root = static_cast<int32_t>(in.Int32In("root", 0, size - 1));
+    p.scale.pre = in.Raw<double>("prescale factor");
+    p.scale.post = in.Raw<double>("postscale factor");
+    p.sizes_only = in.Flag("sizes_only");
+    p.splits.resize(static_cast<size_t>(in.Count("splits", sizeof(int64_t))));
+    for (int64_t& v : p.splits) v = in.Int64In("split", 0, kMaxWireElements);
+    p.error = in.String("error");
+    // What Response::splits says each collective reads; an error carries none.
+    size_t want = 0;
+    if (p.error.empty() && p.type == CollectiveType::kAllgather) {
+      want = p.counts.size() * static_cast<size_t>(size);
+    } else if (p.error.empty() && p.type == CollectiveType::kAlltoall) {
+      want = static_cast<size_t>(size) * static_cast<size_t>(size);
+    }
+    if (p.splits.size() != want) {
+      in.Fail("a " + CollectiveTypeName(p.type) + " response with " +
+              std::to_string(p.splits.size()) + " splits among " + std::to_string(size) +
+              " ranks, where " + std::to_string(want) + " were expected");
+    }
+  }
+  in.End();
   return out;
 }
 

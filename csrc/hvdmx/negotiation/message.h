@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "base/common.h"
+#include "comm/peer_input.h"
 
 namespace hvdmx {
 
@@ -74,15 +75,34 @@ Response MakeResponse(const std::vector<Request>& requests);
 // An error response for `request`'s unit with `message`.
 Response ErrorResponse(const Request& request, std::string message);
 
+// The wire form. What a Parse reads came from a peer, `from`, in a comm of
+// `size` ranks: each field is checked before it is used (Note [Peer input]
+// in comm/peer_input.h) and the first that fails throws PeerProtocolError
+// naming `from`, the field, its value and its bound. The bounds that no
+// field states are these: a request list holds its sender's requests only
+// (rank == from.rank); ranks and roots lie in [0, size); a unit has as many
+// dtypes as shapes (requests) or counts (responses); a tensor's dimensions,
+// a unit's elements in all, and every split lie in [0, kMaxWireElements];
+// an alltoall's sizes request has `size` splits; a response's splits are
+// the ones its collective reads (Response::splits), none for the others.
+constexpr int64_t kMaxWireElements = int64_t{1} << 56;
+
 std::string SerializeRequests(const std::vector<Request>& requests);
-std::vector<Request> ParseRequests(const std::string& bytes);
-// The same, each request with a cache slot (-1: none), for requests sent
-// with the bit-and (Note [Requests with the bit-and] in controller.h).
+std::vector<Request> ParseRequests(const std::string& bytes, const PeerSender& from, int size);
+// The same, each request with a cache slot (-1: none, else below
+// `cache_capacity`), for requests sent with the bit-and (Note [Requests
+// with the bit-and] in controller.h). `slots` has one per request.
 std::string SerializeRequests(const std::vector<Request>& requests,
                               const std::vector<int64_t>& slots);
-std::vector<Request> ParseRequests(const std::string& bytes, std::vector<int64_t>* slots);
+std::vector<Request> ParseRequests(const std::string& bytes, const PeerSender& from, int size,
+                                   int64_t cache_capacity, std::vector<int64_t>* slots);
+// A response list, or instead the coordinator's finding that rank `rank`
+// sent what the protocol does not allow (`message`, the PeerProtocolError
+// rank 0 raised): ParseResponses then throws that error, naming `rank`, on
+// every rank that reads it.
 std::string SerializeResponses(const std::vector<Response>& responses);
-std::vector<Response> ParseResponses(const std::string& bytes);
+std::string SerializePeerFailure(int rank, const std::string& message);
+std::vector<Response> ParseResponses(const std::string& bytes, const PeerSender& from, int size);
 
 }  // namespace hvdmx
 

@@ -2,7 +2,6 @@
 #include "negotiation/round_reduction.h"
 
 #include <cstring>
-#include <stdexcept>
 
 #include "algorithms/reduce_kernels.h"
 
@@ -62,42 +61,37 @@ void RoundReduction::Append(int64_t slot, const std::vector<const void*>& inputs
   }
 }
 
-std::vector<RoundReduction::Record> RoundReduction::Parse(const std::string& partial) const {
+std::vector<RoundReduction::Record> RoundReduction::Parse(const std::string& partial,
+                                                          const PeerSender& from) const {
+  // See Note [Small tensors in the round] for the format.
   std::vector<Record> records;
-  for (size_t at = 0; at < partial.size();) {
-    if (partial.size() - at < 8) {
-      throw std::invalid_argument("a record of " + std::to_string(partial.size() - at) +
-                                  " bytes, shorter than its slot");
-    }
-    uint64_t s = 0;
-    std::memcpy(&s, partial.data() + at, 8);
-    const int64_t slot = static_cast<int64_t>(s);
-    if (s >= static_cast<uint64_t>(cache_.slots()) || !Carries(slot)) {
-      throw std::invalid_argument("a record for cache slot " + std::to_string(s) +
-                                  ", which holds no allreduce the round carries");
+  PeerInput in(partial, from, "a bit-and partial");
+  while (!in.done()) {
+    const int64_t slot = in.Int64In("record's cache slot", 0, cache_.slots() - 1);
+    if (!Carries(slot)) {
+      in.Fail("a record for cache slot " + std::to_string(slot) +
+              ", which holds no allreduce the round carries");
     }
     if (!records.empty() && slot <= records.back().slot) {
-      throw std::invalid_argument("cache slot " + std::to_string(slot) + " after slot " +
-                                  std::to_string(records.back().slot) +
-                                  ", where slots must ascend");
+      in.Fail("cache slot " + std::to_string(slot) + " after slot " +
+              std::to_string(records.back().slot) + ", where slots must ascend");
     }
     const size_t bytes = OperandBytes(cache_.response(slot));
-    if (partial.size() - at - 8 < bytes) {
-      throw std::invalid_argument("the record of cache slot " + std::to_string(slot) + " has " +
-                                  std::to_string(partial.size() - at - 8) + " bytes where " +
-                                  std::to_string(bytes) + " were expected");
-    }
-    records.push_back(Record{slot, at + 8, bytes});
-    at += 8 + bytes;
+    const size_t at = in.position();
+    in.Skip(bytes, "record's operands");
+    records.push_back(Record{slot, at, bytes});
   }
   return records;
 }
 
-void RoundReduction::Check(const std::string& partial) const { Parse(partial); }
+void RoundReduction::Check(const std::string& partial, const PeerSender& from) const {
+  Parse(partial, from);
+}
 
-std::string RoundReduction::Combine(const std::string& low, const std::string& high) const {
-  const std::vector<Record> a = Parse(low);
-  const std::vector<Record> b = Parse(high);
+std::string RoundReduction::Combine(const std::string& low, const std::string& high,
+                                    const PeerSender& from) const {
+  const std::vector<Record> a = Parse(low, from);
+  const std::vector<Record> b = Parse(high, from);
   std::string out;
   for (size_t i = 0, j = 0; i < a.size() && j < b.size();) {
     if (a[i].slot < b[j].slot) {
@@ -123,9 +117,10 @@ std::string RoundReduction::Combine(const std::string& low, const std::string& h
   return out;
 }
 
-std::map<int64_t, std::string> RoundReduction::Records(const std::string& combined) const {
+std::map<int64_t, std::string> RoundReduction::Records(const std::string& combined,
+                                                       const PeerSender& from) const {
   std::map<int64_t, std::string> out;
-  for (const Record& r : Parse(combined)) out.emplace(r.slot, combined.substr(r.at, r.bytes));
+  for (const Record& r : Parse(combined, from)) out.emplace(r.slot, combined.substr(r.at, r.bytes));
   return out;
 }
 

@@ -42,6 +42,7 @@
 #include <vector>
 
 #include "comm/comm.h"
+#include "comm/peer_input.h"
 #include "negotiation/response_cache.h"
 
 namespace hvdmx {
@@ -67,15 +68,17 @@ class RoundReduction : public BitAndReduction {
   // Appends the record of the unit cached at `slot`, which Takes, to
   // *partial, reading its tensors at `inputs` (one per tensor).
   void Append(int64_t slot, const std::vector<const void*>& inputs, std::string* partial) const;
-  // The operands of a combination, by slot (Check'ed already).
-  std::map<int64_t, std::string> Records(const std::string& combined) const;
+  // The operands of a combination, by slot (Check'ed already, or combined
+  // here from partials that were; `from` as Combine's).
+  std::map<int64_t, std::string> Records(const std::string& combined, const PeerSender& from) const;
   // Writes a unit's reduced operands to its outputs, postscaled by `post`
   // (Average's 1/size included), in each tensor's dtype.
   static void WriteOut(const Response& response, const std::string& reduced, double post,
                        const std::vector<void*>& outputs);
 
-  std::string Combine(const std::string& low, const std::string& high) const override;
-  void Check(const std::string& partial) const override;
+  std::string Combine(const std::string& low, const std::string& high,
+                      const PeerSender& from) const override;
+  void Check(const std::string& partial, const PeerSender& from) const override;
 
  private:
   struct Record {
@@ -86,10 +89,10 @@ class RoundReduction : public BitAndReduction {
   // Whether the response at `slot` is an allreduce the round can carry,
   // whatever its size: the same answer on every rank.
   bool Carries(int64_t slot) const;
-  // The records of `partial`; throws std::invalid_argument saying what is
-  // wrong (a slot out of order, not cached, not an allreduce the round
-  // carries, or cut short).
-  std::vector<Record> Parse(const std::string& partial) const;
+  // The records of `partial`, which `from` sent; throws PeerProtocolError
+  // naming it and what is wrong (a slot out of order, not cached, not an
+  // allreduce the round carries, or a record cut short).
+  std::vector<Record> Parse(const std::string& partial, const PeerSender& from) const;
   // The bytes a record's operands take, padding included.
   size_t OperandBytes(const Response& response) const;
 

@@ -65,12 +65,12 @@ void HostTreeComm::StartBitAndCombining(uint64_t* words, int n, const std::strin
   phase_ = Phase::kHost;
 }
 
+PeerSender HostTreeComm::LocalSender(int j) {
+  return PeerSender{j, "local rank " + std::to_string(j)};
+}
+
 void HostTreeComm::CheckFrom(int j, const std::string& partial) const {
-  const std::string problem = partial_->reduction->Problem(partial);
-  if (!problem.empty()) {
-    throw PeerProtocolError(j, "hvdmx: local rank " + std::to_string(j) +
-                                   " gave a bit-and partial that does not parse: " + problem);
-  }
+  partial_->reduction->Check(partial, LocalSender(j));
 }
 
 std::string HostTreeComm::FoldHost() {
@@ -78,7 +78,8 @@ std::string HostTreeComm::FoldHost() {
   for (int j = 0; j < local_size_; ++j) {
     std::string theirs = j == local_rank_ ? partial_->mine : shm_->BitAndPayload(j);
     if (j != local_rank_) CheckFrom(j, theirs);
-    folded = j == 0 ? std::move(theirs) : partial_->reduction->Combine(folded, theirs);
+    folded =
+        j == 0 ? std::move(theirs) : partial_->reduction->Combine(folded, theirs, LocalSender(j));
   }
   return folded;
 }
@@ -135,17 +136,10 @@ bool HostTreeComm::TestBitAnd() {
     std::memcpy(words_, ones_.data(), static_cast<size_t>(n_) * 8);
     // The leader's hops, then the combination: input, as any peer's.
     const std::string got = shm_->BitAndPayload(0);
-    uint64_t h = 0;
-    if (got.size() >= 8) std::memcpy(&h, got.data(), 8);
-    if (got.size() < 8 || h >= static_cast<uint64_t>(size_)) {
-      throw PeerProtocolError(0, "hvdmx: local rank 0 gave a bit-and result of " +
-                                     std::to_string(got.size()) + " bytes saying " +
-                                     std::to_string(h) + " hops among " + std::to_string(size_) +
-                                     " ranks, which the protocol does not allow");
-    }
-    hops_ = static_cast<int>(h);
+    PeerInput in(got, LocalSender(0), "a bit-and result");
+    hops_ = static_cast<int>(in.Int64In("hops", 0, size_ - 1));
     if (partial_ != nullptr) {
-      partial_->combined = got.substr(8);
+      partial_->combined = in.Bytes(in.remaining(), "partial");
       CheckFrom(0, partial_->combined);
     }
   }
@@ -173,15 +167,9 @@ std::vector<std::string> HostTreeComm::Gather(const std::string& mine, int root)
   if (!leader()) return {};
   std::string bundle;
   for (int j = 0; j < local_size_; ++j) {
-    const std::string& s = host[j];
-    if (s.size() < 4) {
-      throw PeerProtocolError(j, "hvdmx: local rank " + std::to_string(j) + " sent a gather of " +
-                                     std::to_string(s.size()) +
-                                     " bytes, without its rank, which the protocol does not allow");
-    }
-    int32_t r = 0;
-    std::memcpy(&r, s.data(), 4);
-    AppendGatherRecord(r, s.substr(4), &bundle);
+    PeerInput in(host[j], LocalSender(j), "a gather");
+    const int64_t r = in.Int32In("rank", 0, size_ - 1);
+    AppendGatherRecord(static_cast<int>(r), in.Bytes(in.remaining(), "string"), &bundle);
   }
   in_network_ = true;
   std::vector<std::string> bundles = leaders_->Gather(bundle, 0);
@@ -191,22 +179,21 @@ std::vector<std::string> HostTreeComm::Gather(const std::string& mine, int root)
   std::vector<bool> seen(size_, false);
   for (int leader = 0; leader < leaders_->size(); ++leader) {
     std::vector<std::pair<uint32_t, std::string>> records;
-    std::string why = ParseGatherRecords(bundles[leader], &records);
-    if (why.empty() && static_cast<int>(records.size()) != local_size_) {
-      why = "a host's gather of " + std::to_string(records.size()) +
-            " records where its host has " + std::to_string(local_size_) + " ranks";
+    ParseGatherRecords(bundles[leader], leaders_->Sender(leader), size_, &records);
+    if (static_cast<int>(records.size()) != local_size_) {
+      leaders_->FailProtocol(leader, "a host's gather of " + std::to_string(records.size()) +
+                                         " records where its host has " +
+                                         std::to_string(local_size_) + " ranks");
     }
-    for (size_t i = 0; i < records.size() && why.empty(); ++i) {
-      const uint32_t r = records[i].first;
-      if (r >= static_cast<uint32_t>(size_) || seen[r]) {
-        why = "a host's gather record for rank " + std::to_string(r) +
-              ", which is out of range or came twice";
-      } else {
-        seen[r] = true;
-        out[r] = std::move(records[i].second);
+    for (auto& record : records) {
+      const uint32_t r = record.first;
+      if (seen[r]) {
+        leaders_->FailProtocol(
+            leader, "a host's gather record for rank " + std::to_string(r) + ", which came twice");
       }
+      seen[r] = true;
+      out[r] = std::move(record.second);
     }
-    if (!why.empty()) leaders_->FailProtocol(leader, why);
   }
   return out;
 }

@@ -102,6 +102,8 @@ class HostTreeComm : public Comm {
   // Throws PeerProtocolError naming local rank `j` when `partial`, which it
   // gave, does not parse.
   void CheckFrom(int j, const std::string& partial) const;
+  // How errors name local rank `j` (Note [Peer input] in comm/peer_input.h).
+  static PeerSender LocalSender(int j);
   bool leader() const { return local_rank_ == 0; }
 
   ShmControl* shm_;

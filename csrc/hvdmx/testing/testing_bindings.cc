@@ -268,15 +268,50 @@ py::dict TestingAutotune(const std::map<std::string, std::string>& env, py::func
   return d;
 }
 
+// The control comm of a LocalJob's rank that breaks the protocol: the first
+// bit-and message it sends rank 0 with requests (a payload, Note [Requests
+// with the bit-and] in negotiation/controller.h) carries `lie` in their
+// place. `bit_words`: the words of the job's bit-ands.
+class LyingLocalComm : public LocalComm {
+ public:
+  LyingLocalComm(std::shared_ptr<LocalWorld> world, int rank, int bit_words, std::string lie)
+      : LocalComm(std::move(world), rank), bit_words_(bit_words), lie_(std::move(lie)) {}
+
+  Request ISend(const void* buf, int64_t bytes, int peer) override {
+    // A direct bit-and's message: its words, its partial's length and the
+    // partial, then the payload.
+    const size_t header = static_cast<size_t>(bit_words_) * 8 + 8;
+    if (lied_ || peer != 0 || static_cast<size_t>(bytes) <= header) {
+      return LocalComm::ISend(buf, bytes, peer);
+    }
+    std::string message(static_cast<const char*>(buf), static_cast<size_t>(bytes));
+    uint64_t partial = 0;
+    std::memcpy(&partial, message.data() + header - 8, 8);
+    if (partial >= message.size() - header) return LocalComm::ISend(buf, bytes, peer);
+    message.resize(header + static_cast<size_t>(partial));
+    message += lie_;
+    lied_ = true;
+    return LocalComm::ISend(message.data(), static_cast<int64_t>(message.size()), peer);
+  }
+
+ private:
+  int bit_words_;
+  std::string lie_;
+  bool lied_ = false;
+};
+
 // A whole job in one process: `size` runtimes over LocalComm, for testing
 // negotiation, the cache and fusion without MPI. With `shm`, the ranks also
 // share a ShmHost over plain memory, as ranks on one host do, so the
 // control comm is a ShmControlComm (shm_control_comm.h) and allreduces go
-// through shared memory. Arrays passed to submit must stay alive until
-// wait() has returned for that ticket.
+// through shared memory. Rank `liar` (-1: none) sends rank 0 `lie` in place
+// of its first requests (LyingLocalComm; without `shm`, up to 4 ranks).
+// Arrays passed to submit must stay alive until wait() has returned for
+// that ticket.
 class LocalJob {
  public:
-  LocalJob(int size, const std::map<std::string, std::string>& env, bool shm) {
+  LocalJob(int size, const std::map<std::string, std::string>& env, bool shm, int liar,
+           const std::string& lie) {
     Config config;
     ThrowIfError(LoadConfig(MapLookup(env), &config));
     auto control = std::make_shared<LocalWorld>(size);
@@ -288,9 +323,12 @@ class LocalJob {
         local =
             std::make_unique<ShmHost>(r, size, host.regions, config.shm_chunk_bytes, host.memory);
       }
-      runtimes_.push_back(std::make_unique<Runtime>(std::make_unique<LocalComm>(control, r),
-                                                    std::make_unique<LocalComm>(data_, r), config,
-                                                    std::move(local)));
+      std::unique_ptr<LocalComm> comm =
+          r == liar ? std::make_unique<LyingLocalComm>(
+                          control, r, Controller::BitWords(config.cache_capacity), lie)
+                    : std::make_unique<LocalComm>(control, r);
+      runtimes_.push_back(std::make_unique<Runtime>(
+          std::move(comm), std::make_unique<LocalComm>(data_, r), config, std::move(local)));
       runtimes_.back()->Start();
     }
   }
@@ -452,9 +490,14 @@ void DefineTestingBindings(py::module_& m) {
   DefineTestingShmBindings(m);
   DefineTestingTcpBindings(m);
   DefineTestingCommBindings(m);
+  DefineTestingNegotiationBindings(m);
   py::class_<LocalJob>(m, "LocalJob")
-      .def(py::init<int, const std::map<std::string, std::string>&, bool>(), py::arg("size"),
-           py::arg("env"), py::arg("shm") = false)
+      .def(py::init([](int size, const std::map<std::string, std::string>& env, bool shm, int liar,
+                       const py::bytes& lie) {
+             return std::make_unique<LocalJob>(size, env, shm, liar, std::string(lie));
+           }),
+           py::arg("size"), py::arg("env"), py::arg("shm") = false, py::arg("liar") = -1,
+           py::arg("lie") = py::bytes())
       .def("negotiation", &LocalJob::Negotiation)
       .def("cut_data", &LocalJob::CutData, py::arg("why"))
       .def("stop_at_callback", &LocalJob::StopAtCallback, py::arg("ticket"))

@@ -31,6 +31,9 @@ void DefineTestingShmBindings(pybind11::module_& m);
 void DefineTestingTcpBindings(pybind11::module_& m);
 // testing_comm_bindings.cc: the collectives over LocalComm.
 void DefineTestingCommBindings(pybind11::module_& m);
+// testing_negotiation_bindings.cc: the negotiation's wire format parsed in
+// process, and a round with a rank that breaks the protocol.
+void DefineTestingNegotiationBindings(pybind11::module_& m);
 
 // Runs body(rank, &result) on n threads (the GIL released); returns each
 // rank's result with "error": what it threw ("" if nothing).

@@ -417,7 +417,8 @@ std::vector<py::dict> TestingRoundBitAnd(int hosts, int per_host, int direct_bit
     uint64_t word = ~uint64_t{0};
     comm->StartBitAndCombining(&word, 1, "", &partial);
     while (!comm->TestBitAnd()) std::this_thread::yield();
-    const std::map<int64_t, std::string> records = reduction.Records(partial.combined);
+    const std::map<int64_t, std::string> records =
+        reduction.Records(partial.combined, PeerSender::Rank(r));
     py::gil_scoped_acquire gil;
     auto it = records.find(0);
     (*result)["reduced"] =
