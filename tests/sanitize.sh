@@ -97,7 +97,7 @@ else
   run=(setarch "$(uname -m)" -R .venv/bin/python -m pytest -q -p no:cacheprovider
     --timeout="$HVDMX_TEST_TIMEOUT" tests/test_negotiation_local.py tests/test_ring_local.py
     tests/test_shm_local.py tests/test_comm_local.py tests/test_tcp_comm.py
-    tests/test_tcp_handshake.py tests/test_host_tree.py)
+    tests/test_tcp_handshake.py tests/test_host_tree.py tests/test_peer_input.py)
 fi
 
 # The tests must load the instrumented build, not another hvdmx on the path.

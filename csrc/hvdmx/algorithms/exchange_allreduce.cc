@@ -31,6 +31,7 @@ void ExchangeAllreduce(Comm& comm, void* buf, int64_t count, DataType dtype, Red
     if (bytes > 0) std::memcpy(slots + static_cast<size_t>(bytes) * me, buf, bytes);
     BruckAllgather(comm, slots, bytes);
   }
+  if (bytes == 0) return;  // an empty tensor's pointers may be null, which memcpy must not see
   std::memcpy(acc, operand(0), bytes);
   for (int j = 1; j < n; ++j) ReduceInto(acc, operand(j), count, dtype, op);
   std::memcpy(buf, acc, bytes);

@@ -54,7 +54,8 @@ void RoundReduction::Append(int64_t slot, const std::vector<const void*>& inputs
     if (HalfReducesWide(dtype)) {
       WidenScaled(reinterpret_cast<float*>(out), inputs[t], count, dtype, r.scale.pre);
     } else {
-      std::memcpy(out, inputs[t], static_cast<size_t>(count) * DataTypeSize(dtype));
+      // An empty tensor's pointer may be null, which memcpy must never see.
+      if (count > 0) std::memcpy(out, inputs[t], static_cast<size_t>(count) * DataTypeSize(dtype));
       ScaleBuffer(out, count, dtype, r.scale.pre);
     }
     at += Padded(static_cast<size_t>(count) * DataTypeSize(PartialType(dtype)));
@@ -134,7 +135,7 @@ void RoundReduction::WriteOut(const Response& response, const std::string& reduc
     if (HalfReducesWide(dtype)) {
       NarrowScaled(outputs[t], reinterpret_cast<const float*>(in), count, dtype, post);
     } else {
-      std::memcpy(outputs[t], in, static_cast<size_t>(count) * DataTypeSize(dtype));
+      if (count > 0) std::memcpy(outputs[t], in, static_cast<size_t>(count) * DataTypeSize(dtype));
       ScaleBuffer(outputs[t], count, dtype, post);
     }
     at += Padded(static_cast<size_t>(count) * DataTypeSize(PartialType(dtype)));
