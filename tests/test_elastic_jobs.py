@@ -37,7 +37,9 @@ def th():
     reason = testhosts.unavailable()
     if reason:
         pytest.skip(reason)
-    with testhosts.hosts(3, prefix="hvdmx-elastic") as instance:
+    # The default prefix (hvdmx-pPID): another run of the suite on this machine
+    # (a sanitizer run, a developer beside CI) has hosts of its own.
+    with testhosts.hosts(3) as instance:
         yield instance
 
 
