@@ -64,16 +64,8 @@ def main(argv=None):
     net = digits.build_net(x_train.shape[-1])
     net.initialize(mx.init.Xavier(magnitude=2.24), ctx=ctx)
     net(mx.nd.array(x_train[:1], ctx=ctx))  # shapes known: the state can hold them
-    # The trainer as mnist_gluon.main builds it, from the same flags.
-    compression = getattr(hvd.Compression, "fp16" if args.fp16_allreduce else args.compression)
-    adasum = args.op == "adasum"
-    trainer = hvd.DistributedTrainer(net.collect_params(), "sgd",
-                                     {"learning_rate": args.lr, "momentum": args.momentum},
-                                     compression=compression,
-                                     local_sgd_steps=args.local_sgd_steps,
-                                     hierarchical_local_sgd=args.hierarchical_local_sgd,
-                                     easgd_beta=args.easgd_beta,
-                                     op=hvd.Adasum if adasum else hvd.Average)
+    # The trainer of the same flags as mnist_gluon.main's (the rate is set at every step).
+    trainer = digits.build_trainer(net.collect_params(), args, args.lr)
     loss_fn = gluon.loss.SoftmaxCrossEntropyLoss()
     state = hvd.elastic.GluonState(net.collect_params(), trainer, epoch=0, batch=0)
 
@@ -91,8 +83,7 @@ def main(argv=None):
         batch_size = args.batch_size or digits.default_batch_size(len(x_local))
         steps = len(x_local) // batch_size
         rank_lr = args.lr * batch_size / 32
-        # Adasum's step has one rank's size: one rank's rate, nothing to warm up to.
-        lr_ranks = 1 if adasum else size
+        lr_ranks = digits.lr_ranks(args, size)
         warmup_steps = round(args.warmup_epochs * steps)
         while state.epoch < args.epochs:
             order = np.random.RandomState(args.seed * 1000 + state.epoch * size + rank) \
