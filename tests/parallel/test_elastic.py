@@ -567,3 +567,42 @@ def test_module_state_bad_arguments_name_the_argument():
     mod = mx.mod.Module(mx.sym.Variable("data"), data_names=["data"], label_names=None)
     with pytest.raises(ValueError, match=r"argument 'module' is not ready .* call module.bind"):
         hvd.elastic.ModuleState(mod)
+
+
+def test_module_state_under_run_ends_where_the_uninterrupted_run_ends(monkeypatch):
+    monkeypatch.setattr(_elastic_driver, "resumed", lambda: None)
+    xs, ys = batches(STEPS)
+
+    def build():
+        return module_with_aux(0, hvd.DistributedOptimizer(sgd_for(B),
+                                                           compression=hvd.Compression.onebit))
+    ref = build()
+    for step in range(STEPS):
+        module_step(ref, local(xs[step]), local(ys[step]))
+    mod = build()
+    state = hvd.elastic.ModuleState(mod, step=0)
+    calls = []
+
+    @hvd.elastic.run
+    def train(state):
+        calls.append(state.step)
+        while state.step < STEPS:
+            module_step(mod, local(xs[state.step]), local(ys[state.step]))
+            state.step += 1
+            if state.step % 2 == 0:
+                state.commit()
+            if state.step == FAIL_AT and len(calls) == 1:
+                raise hvd.elastic.HorovodInternalError("a peer is gone (simulated)")
+
+    train(state)
+    assert calls == [0, 4]
+    got, want = module_numpy(mod), module_numpy(ref)
+    # BatchNorm's moving statistics are each rank's own in the uninterrupted
+    # run; the sync after the reset gave every rank rank 0's, as it gives
+    # every parameter. The arg params are the same on every rank anyway.
+    compared = set(mod.get_params()[0]) if hvd.rank() else set(want)
+    assert_same({k: got[k] for k in compared}, {k: want[k] for k in compared},
+                "params vs the uninterrupted run")
+    assert_same(module_states(mod), module_states(ref), "optimizer states")
+    assert_same({i: r.asnumpy() for i, r in mod._optimizer._residuals.items()},
+                {i: r.asnumpy() for i, r in ref._optimizer._residuals.items()}, "residuals")
