@@ -5,9 +5,11 @@ join while it trains, and it goes on (docs/elastic.md).
     hvdmxrun -np 2 --max-np 4 --host-discovery-script ./hosts.sh --slots-per-host 1 \\
         python examples/elastic_mnist.py --epochs 10
 
-It takes mnist_gluon.py's flags and trains the same model the same way,
-inside ``hvd.elastic.run``: the parameters, the optimizer's state and the
-place in the training (epoch, batch) are a ``hvd.elastic.GluonState``,
+It takes mnist_gluon.py's flags (--compression, --local-sgd-steps,
+--easgd-beta, --op, ... and their defaults) and trains the same model the
+same way, inside ``hvd.elastic.run``: the parameters, the optimizer's state,
+one-bit compression's residuals, the EASGD center and the place in the
+training (epoch, batch) are a ``hvd.elastic.GluonState``,
 committed every --commit-every batches and at the end of each epoch. When a
 host fails, the survivors' collectives fail, hvdmx restarts in the same
 processes with the ranks that are left, the state goes back to the last
@@ -62,8 +64,8 @@ def main(argv=None):
     net = digits.build_net(x_train.shape[-1])
     net.initialize(mx.init.Xavier(magnitude=2.24), ctx=ctx)
     net(mx.nd.array(x_train[:1], ctx=ctx))  # shapes known: the state can hold them
-    trainer = hvd.DistributedTrainer(net.collect_params(), "sgd",
-                                     {"learning_rate": args.lr, "momentum": args.momentum})
+    # The trainer of the same flags as mnist_gluon.main's (the rate is set at every step).
+    trainer = digits.build_trainer(net.collect_params(), args, args.lr)
     loss_fn = gluon.loss.SoftmaxCrossEntropyLoss()
     state = hvd.elastic.GluonState(net.collect_params(), trainer, epoch=0, batch=0)
 
@@ -81,6 +83,7 @@ def main(argv=None):
         batch_size = args.batch_size or digits.default_batch_size(len(x_local))
         steps = len(x_local) // batch_size
         rank_lr = args.lr * batch_size / 32
+        lr_ranks = digits.lr_ranks(args, size)
         warmup_steps = round(args.warmup_epochs * steps)
         while state.epoch < args.epochs:
             order = np.random.RandomState(args.seed * 1000 + state.epoch * size + rank) \
@@ -88,7 +91,7 @@ def main(argv=None):
             tic = time.time()
             for nbatch in range(min(state.batch, steps), steps):
                 trainer.set_learning_rate(digits.warmup_lr(state.epoch * steps + nbatch,
-                                                           warmup_steps, rank_lr, size))
+                                                           warmup_steps, rank_lr, lr_ranks))
                 idx = order[nbatch * batch_size:(nbatch + 1) * batch_size]
                 data = mx.nd.array(x_local[idx], ctx=ctx)
                 label = mx.nd.array(y_local[idx], ctx=ctx)
@@ -108,6 +111,9 @@ def main(argv=None):
 
     start = time.time()
     train(state)
+    # Under local SGD the replicas differ between averages: average once more
+    # (under EASGD: every rank takes the center).
+    trainer.average_parameters()
     rank, size = hvd.rank(), hvd.size()
     correct, total = digits.evaluate(net, x_test[rank::size], y_test[rank::size], 256, ctx)
     counts = hvd.allreduce(mx.nd.array([correct, total], dtype="int64"), op=hvd.Sum,

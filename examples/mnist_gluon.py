@@ -257,6 +257,28 @@ def check_replicas(net, rank, name):
                              f"(digest {digest:012x})")
 
 
+def lr_ranks(args, size):
+    """The ranks the job's learning rate scales with: one under --op adasum
+    (Adasum's step has one rank's size: one rank's rate, nothing to warm up
+    to), else all of them."""
+    return 1 if args.op == "adasum" else size
+
+
+def build_trainer(params, args, learning_rate):
+    """The DistributedTrainer that the flags ask for: SGD with --momentum,
+    --compression (or --fp16-allreduce), --local-sgd-steps,
+    --hierarchical-local-sgd, --easgd-beta and --op (elastic_mnist.py builds
+    its trainer here too)."""
+    compression = getattr(hvd.Compression, "fp16" if args.fp16_allreduce else args.compression)
+    return hvd.DistributedTrainer(params, "sgd",
+                                  {"learning_rate": learning_rate, "momentum": args.momentum},
+                                  compression=compression,
+                                  local_sgd_steps=args.local_sgd_steps,
+                                  hierarchical_local_sgd=args.hierarchical_local_sgd,
+                                  easgd_beta=args.easgd_beta,
+                                  op=hvd.Adasum if args.op == "adasum" else hvd.Average)
+
+
 def main(argv=None):
     """Trains, evaluates and checks the replicas; returns the test accuracy.
     Raises ReplicasDiffer (a RuntimeError) when the ranks' parameters are not identical."""
@@ -295,18 +317,8 @@ def main(argv=None):
 
     # One rank's learning rate for its batch; the job's is size times that.
     rank_lr = args.lr * batch_size / 32
-    compression = getattr(hvd.Compression, "fp16" if args.fp16_allreduce else args.compression)
-    adasum = args.op == "adasum"
-    # Adasum's step has one rank's size: one rank's rate, nothing to warm up to.
-    lr_ranks = 1 if adasum else size
-    trainer = hvd.DistributedTrainer(net.collect_params(), "sgd",
-                                     {"learning_rate": rank_lr * lr_ranks,
-                                      "momentum": args.momentum},
-                                     compression=compression,
-                                     local_sgd_steps=args.local_sgd_steps,
-                                     hierarchical_local_sgd=args.hierarchical_local_sgd,
-                                     easgd_beta=args.easgd_beta,
-                                     op=hvd.Adasum if adasum else hvd.Average)
+    ranks_lr = lr_ranks(args, size)
+    trainer = build_trainer(net.collect_params(), args, rank_lr * ranks_lr)
     loss_fn = gluon.loss.SoftmaxCrossEntropyLoss()
     metric = mx.metric.Accuracy()
     speedometer = mx.callback.Speedometer(batch_size * size, args.log_interval)
@@ -320,7 +332,7 @@ def main(argv=None):
             .permutation(len(x_local))
         for nbatch in range(steps):
             trainer.set_learning_rate(warmup_lr(epoch * steps + nbatch, warmup_steps, rank_lr,
-                                                lr_ranks))
+                                                ranks_lr))
             idx = order[nbatch * batch_size:(nbatch + 1) * batch_size]
             data = mx.nd.array(x_local[idx], ctx=ctx)
             label = mx.nd.array(y_local[idx], ctx=ctx)

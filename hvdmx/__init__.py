@@ -43,8 +43,9 @@ programs below it use hvdmx through it, as a user's script does.
     kvstore         KVStore, registered with MXNet as 'dist_sync_hvdmx' at import
     checkpoint_residuals  each rank's compression residuals in a checkpoint
     checkpoint      save_checkpoint, load_checkpoint
+    elastic_arrays  hvd.elastic's snapshots of arrays, optimizer states' layouts
     _elastic_driver  the seam of hvd.elastic to the launch: reset, hosts_updated
-    elastic         hvd.elastic: State, ObjectState, GluonState, run
+    elastic         hvd.elastic: State, ObjectState, GluonState, ModuleState, run
     function_job    run_function (Horovod's horovod.run): a function on every rank
     hvdmx           this facade
     build_report    hvdmxrun --check-build's checklist

@@ -26,20 +26,24 @@ from hvdmx.ops import broadcast_
 from hvdmx.optimizer import DistributedOptimizer
 from hvdmx.trainer import DistributedTrainer
 
-__all__ = ["gather_residuals", "scatter_residuals", "without_residuals"]
+__all__ = ["gather_residuals", "residual_holders", "scatter_residuals", "without_residuals"]
 
 
-def _residual_holders(trainer) -> Dict[str, dict]:
-    """The residual dicts (by parameter index) that ``trainer`` trains with:
+def residual_holders(trainer=None, optimizer=None, kvstore=None) -> Dict[str, dict]:
+    """The residual dicts (by parameter index) that a Gluon ``trainer``, or
+    a Module's ``optimizer`` and ``kvstore``, train with:
     DistributedTrainer's and DistributedOptimizer's Compression.onebit, and
-    hvd.KVStore's set_gradient_compression."""
+    hvd.KVStore's set_gradient_compression. Checkpoints and hvd.elastic's
+    states find them here."""
     holders = {}
-    if isinstance(trainer, DistributedTrainer) and trainer._compression is Compression.onebit:
-        holders["trainer"] = trainer._residuals
-    optimizer = trainer._optimizer
+    if trainer is not None:
+        if isinstance(trainer, DistributedTrainer) and \
+                trainer._compression is Compression.onebit:
+            holders["trainer"] = trainer._residuals
+        optimizer = trainer._optimizer
+        kvstore = trainer._kvstore if trainer._kv_initialized else None
     if isinstance(optimizer, DistributedOptimizer) and optimizer._compression is Compression.onebit:
         holders["optimizer"] = optimizer._residuals
-    kvstore = trainer._kvstore if trainer._kv_initialized else None
     if isinstance(kvstore, KVStore) and kvstore._gradient_compression is not None:
         holders["kvstore"] = kvstore._residuals
     return holders
@@ -73,7 +77,7 @@ def gather_residuals(trainer, keys) -> Tuple[List[tuple], Dict[str, mx.nd.NDArra
     trainer keeps, the same on every rank, and on rank 0 every rank's
     residuals as ``residual:<holder>:<key>:<rank>`` (elsewhere empty)."""
     found = sorted((holder, keys[index], value)
-                   for holder, residuals in _residual_holders(trainer).items()
+                   for holder, residuals in residual_holders(trainer).items()
                    for index, value in residuals.items())
     if not found:
         return [], {}
@@ -114,7 +118,7 @@ def scatter_residuals(trainer, keys, saved, arrays, root: int, path: str) -> Non
         received = broadcast_(buffer, root, name=f"load_checkpoint.residuals.{r}")
         if r == rank():
             own = received
-    holders, index_of = _residual_holders(trainer), {k: i for i, k in enumerate(keys)}
+    holders, index_of = residual_holders(trainer), {k: i for i, k in enumerate(keys)}
     unused = set()
     for (holder, key, _), piece in _pieces(own, layout):
         if holder in holders:

@@ -30,27 +30,29 @@ launch.
 from __future__ import annotations
 
 import copy
-import ctypes
 import functools
 import os
 from typing import Any, Callable, Dict, Iterable, List, Optional, Tuple, TypeVar
 
 import mxnet as mx
 import numpy as np
-from mxnet.base import _LIB, MXNetError, check_call
+from mxnet.base import MXNetError
 from mxnet.gluon.parameter import Parameter, ParameterDict
 
 from hvdmx import _elastic_driver, _job, process_sets as _process_sets
 from hvdmx.elastic_launch import RESET_LIMIT_VARIABLE
 from hvdmx.basics import rank
+from hvdmx.checkpoint_residuals import residual_holders
+from hvdmx.elastic_arrays import _arrays, _build, _count_arrays, _cpu_array, _from_numpy, \
+    _inner, _layout, _optimizer_fields, _portable_fields, _Snapshot, _take_fields
 from hvdmx.errors import HorovodInternalError, HostsUpdatedInterrupt, ResetLimitError
 from hvdmx.objects import broadcast_object
 from hvdmx.ops import Max, allreduce, broadcast_
-from hvdmx.optimizer import DistributedOptimizer, broadcast_parameters
+from hvdmx.optimizer import broadcast_parameters
 from hvdmx.trainer import DistributedTrainer
 
-__all__ = ["GluonState", "HorovodInternalError", "HostsUpdatedInterrupt", "ObjectState",
-           "ResetLimitError", "State", "reset_limit", "run"]
+__all__ = ["GluonState", "HorovodInternalError", "HostsUpdatedInterrupt", "ModuleState",
+           "ObjectState", "ResetLimitError", "State", "reset_limit", "run"]
 
 # The resets one run() may do (hvdmxrun --reset-limit sets it for the
 # workers; Horovod's horovodrun --reset-limit); unset: no limit. The
@@ -300,204 +302,71 @@ def _check_states_in_trainer(trainer) -> None:
                          "states out of the state's reach; use hvd.DistributedTrainer")
 
 
-def _inner(optimizer):
-    """The optimizer that holds the counts and hyperparameters."""
-    return optimizer._optimizer if isinstance(optimizer, DistributedOptimizer) else optimizer
+class _TrainingState(ObjectState):
+    """What GluonState and ModuleState share: the arrays of training (the
+    parameters, the optimizer's states, Compression.onebit's residuals and
+    DistributedTrainer's EASGD center) saved into two _Snapshots, put back
+    and synced; the optimizer's fields and counters beside them. A subclass
+    says where its arrays and its optimizer are (the methods that raise
+    NotImplementedError here)."""
 
-
-# The optimizer's fields that are not its state: the trainer's parameters
-# (and names of them), set by the trainer and the same after a restore.
-_NOT_OPTIMIZER_STATE = frozenset({"param_dict", "idx2name", "sym_info"})
-
-
-def _optimizer_fields(optimizer) -> Dict[str, Any]:
-    """The optimizer's state (update counts, learning rate and its
-    schedule, hyperparameters), copied; one deepcopy, so that its aliases
-    (_index_update_count into _all_index_update_counts) stay aliases."""
-    return copy.deepcopy({k: v for k, v in vars(_inner(optimizer)).items()
-                          if k not in _NOT_OPTIMIZER_STATE})
-
-
-def _portable_fields(trainer) -> Dict[str, Any]:
-    """The optimizer's fields as rank 0 sends them at a sync: its update
-    counts by the position of the trainer's context, not by device id
-    (rank 0 trains on cpu(0), rank 1 on cpu(1), ...)."""
-    fields = _optimizer_fields(trainer._optimizer)
-    counts = fields.pop("_all_index_update_counts", None)
-    fields.pop("_index_update_count", None)
-    if counts is not None:
-        fields["_counts_by_context"] = [counts.get(ctx.device_id, {})
-                                        for ctx in trainer._contexts]
-    return fields
-
-
-def _take_fields(trainer, fields: Dict[str, Any]) -> None:
-    """Rank 0's fields (_portable_fields) into this rank's optimizer, the
-    counts under this rank's device ids."""
-    optimizer = _inner(trainer._optimizer)
-    fields = dict(fields)
-    by_context = fields.pop("_counts_by_context", None)
-    vars(optimizer).update(fields)
-    if by_context is not None:
-        counts = {ctx.device_id: dict(c) for ctx, c in zip(trainer._contexts, by_context)}
-        first = trainer._contexts[0].device_id
-        optimizer._all_index_update_counts = counts
-        optimizer._index_update_count = counts[first]
-
-
-def _layout(state):
-    """How an optimizer state nests: arrays by (shape, dtype), other values
-    as they are. Equal layouts take each other's arrays in place."""
-    if isinstance(state, mx.nd.NDArray):
-        return ("array", tuple(state.shape), np.dtype(state.dtype).name)
-    if isinstance(state, (tuple, list)):
-        return (type(state).__name__, tuple(_layout(s) for s in state))
-    return ("value", state)
-
-
-def _arrays(state) -> List[mx.nd.NDArray]:
-    if isinstance(state, mx.nd.NDArray):
-        return [state]
-    if isinstance(state, (tuple, list)):
-        return [a for s in state for a in _arrays(s)]
-    return []
-
-
-def _count_arrays(layout) -> int:
-    kind = layout[0]
-    if kind == "array":
-        return 1
-    if kind in ("tuple", "list"):
-        return sum(_count_arrays(child) for child in layout[1])
-    return 0
-
-
-def _build(layout, make: Callable[[tuple, str], mx.nd.NDArray]):
-    kind, body = layout[0], layout[1:]
-    if kind == "array":
-        return make(*body)
-    if kind in ("tuple", "list"):
-        items = [_build(child, make) for child in body[0]]
-        return tuple(items) if kind == "tuple" else items
-    return copy.deepcopy(body[0])
-
-
-def _cpu_array(shape: tuple, dtype: str) -> mx.nd.NDArray:
-    return mx.nd.empty(shape, ctx=mx.cpu(), dtype=dtype)
-
-
-def _from_numpy(arrays: List[np.ndarray]) -> Callable[[tuple, str], mx.nd.NDArray]:
-    """For _build: each call a new CPU NDArray holding the next of ``arrays``."""
-    sources = iter(arrays)
-    return lambda shape, dtype: mx.nd.array(next(sources), ctx=mx.cpu(), dtype=dtype)
-
-
-class _Snapshot:
-    """Copies of a list of arrays in this process's memory: one NumPy buffer
-    per dtype, allocated when the arrays change (not at every save), filled
-    by MXNet's synchronous copy to CPU (what ``asnumpy`` does, without its
-    allocation), one C call an array. Measured on the digits model
-    (benchmarks/elastic_commit.py), a tenth of what one engine copy an array
-    cost, and a fifth of one concat into a flat buffer: on a busy CPU each
-    engine operation costs a wake-up of its worker. It waits for the arrays'
-    pending writes (the step's update), which the step needs done anyway."""
-
-    def __init__(self) -> None:
-        self.sources: List[mx.nd.NDArray] = []
-        # What the arrays are (GluonState's): the parameters' positions, and
-        # by updater the states' (index, number of arrays) and (index, layout).
-        self.present: List[int] = []
-        self.counts: List[List[tuple]] = []
-        self.layouts: List[List[tuple]] = []
-        self._buffers: List[np.ndarray] = []
-        self._copies: List[Tuple[Any, ctypes.c_void_p, ctypes.c_size_t]] = []
-        self._views: List[np.ndarray] = []
-
-    def take(self, arrays: List[mx.nd.NDArray]) -> None:
-        if len(arrays) != len(self.sources) or \
-                any(a is not b for a, b in zip(arrays, self.sources)):
-            self._plan(arrays)
-        copy_to_cpu = _LIB.MXNDArraySyncCopyToCPU
-        for handle, address, size in self._copies:
-            check_call(copy_to_cpu(handle, address, size))
-
-    def _plan(self, arrays: List[mx.nd.NDArray]) -> None:
-        self.sources = list(arrays)
-        shapes = [(tuple(a.shape), np.dtype(a.dtype)) for a in arrays]
-        totals: Dict[np.dtype, int] = {}
-        for shape, dtype in shapes:
-            totals[dtype] = totals.get(dtype, 0) + int(np.prod(shape))
-        buffers = {dtype: np.empty(total, dtype=dtype) for dtype, total in totals.items()}
-        used = dict.fromkeys(totals, 0)
-        self._buffers, self._copies, self._views = list(buffers.values()), [], []
-        for a, (shape, dtype) in zip(arrays, shapes):
-            size, start = int(np.prod(shape)), used[dtype]
-            used[dtype] += size
-            view = buffers[dtype][start:start + size].reshape(shape)
-            self._views.append(view)
-            if size:
-                self._copies.append((a.handle, ctypes.c_void_p(view.ctypes.data),
-                                     ctypes.c_size_t(size)))
-
-    def copy_of(self, i: int) -> np.ndarray:
-        """The saved copy of array ``i`` (a view of the buffer: read only)."""
-        return self._views[i]
-
-
-class GluonState(ObjectState):
-    """The state of Gluon training: the parameters ``params`` (a Block, or
-    ``net.collect_params()``), the optimizer of ``trainer`` (its states:
-    momentum, Adam's moments, ...; its update counts, learning rate and
-    schedule), and keyword values such as ``epoch`` and ``batch`` (as
-    ObjectState's).
-
-    ``save()`` copies the parameters and optimizer states into CPU buffers
-    that it keeps (allocated at the first save, reused after), as engine
-    copies that do not wait for the step before; ``restore()`` copies them
-    back; ``sync()`` broadcasts rank 0's parameters, optimizer states and
-    values to every rank and saves them. A parameter whose shape is still
-    deferred at a save is left as it is by the restore; commit after the
-    first forward pass. After a reset, a DistributedTrainer's gradient
-    averaging follows the new number of ranks.
-    """
-
-    def __init__(self, params, trainer: Optional[mx.gluon.Trainer] = None,
-                 **kwargs: Any) -> None:
-        _check_attribute_names(type(self), kwargs)
-        self._params = _check_params(params)
-        self._trainer = _check_trainer(trainer, self._params)
+    def __init__(self, **kwargs: Any) -> None:
         # Two snapshots, the last commit's and the one the next save fills.
         self._snapshots = (_Snapshot(), _Snapshot())
         self._current = 1  # the last commit's; the first save fills the other
         self._saved_optimizer: Optional[Dict[str, Any]] = None
+        self._saved_local_steps: Optional[int] = None
         super().__init__(**kwargs)
 
-    @property
-    def params(self) -> Dict[str, Parameter]:
-        """The parameters, by key."""
-        return dict(self._params)
+    # -- where the arrays are (the subclass's)
 
-    @property
-    def trainer(self) -> Optional[mx.gluon.Trainer]:
-        return self._trainer
+    def _param_copies(self) -> List[Optional[List[mx.nd.NDArray]]]:
+        """Each parameter's arrays, one per context (None: not allocated yet)."""
+        raise NotImplementedError
+
+    def _optimizer_and_updaters(self) -> Tuple[Any, List[Any], List[mx.Context]]:
+        """(the optimizer, its updaters, one per context, the contexts), or
+        (None, [], []) without one; raises when the states are out of reach."""
+        raise NotImplementedError
+
+    def _residual_holders(self) -> Dict[str, dict]:
+        """Compression.onebit's residual dicts, by holder."""
+        raise NotImplementedError
+
+    def _sync_params(self) -> None:
+        """Rank 0's parameters into every rank's. Collective."""
+        raise NotImplementedError
+
+    def _params_changed(self) -> None:
+        """Called after the parameters' arrays were written."""
+
+    def _easgd(self) -> Optional[DistributedTrainer]:
+        """The DistributedTrainer whose EASGD center and local steps the
+        state keeps, or None."""
+        return None
 
     # -- save and restore: this process's copies
 
     def save(self) -> None:
-        # None: the shape is still deferred, nothing to save yet.
-        present = [i for i, (_, p) in enumerate(self._params) if p._data is not None]
-        arrays = [self._params[i][1]._data[0] for i in present]
+        copies = self._param_copies()
+        present = [i for i, c in enumerate(copies) if c is not None]
+        arrays = [copies[i][0] for i in present]  # type: ignore[index]
+        optimizer, updaters, _ = self._optimizer_and_updaters()
         counts: List[List[tuple]] = []
-        trainer = self._trainer
-        if trainer is not None:
-            _check_states_in_trainer(trainer)
-            for updater in trainer._updaters:
-                mine = []
-                for index, state in updater.states.items():
-                    parts = _arrays(state)
-                    arrays.extend(parts)
-                    mine.append((index, len(parts)))
-                counts.append(mine)
+        for updater in updaters:
+            mine = []
+            for index, state in updater.states.items():
+                parts = _arrays(state)
+                arrays.extend(parts)
+                mine.append((index, len(parts)))
+            counts.append(mine)
+        # Each rank's own residuals, and the EASGD center (the same on every rank).
+        holders = self._residual_holders()
+        residuals = [(holder, index) for holder in sorted(holders) for index in holders[holder]]
+        arrays.extend(holders[holder][index] for holder, index in residuals)
+        trainer = self._easgd()
+        center = trainer._center if trainer is not None else None
+        arrays.extend(center or [])
         # Into the other snapshot: if the copy raises (the step before it
         # failed, its arrays hold the error), the last commit stays whole.
         target = self._snapshots[1 - self._current]
@@ -506,30 +375,43 @@ class GluonState(ObjectState):
         if target.sources is not planned or counts != target.counts:
             # New arrays or states: their layouts (the same arrays keep theirs).
             target.layouts = [[(index, _layout(updater.states[index])) for index, _ in mine]
-                              for updater, mine in zip(trainer._updaters, counts)] \
-                if trainer is not None else []
+                              for updater, mine in zip(updaters, counts)]
         target.present, target.counts = present, counts
+        target.residuals, target.center = residuals, None if center is None else len(center)
         self._current = 1 - self._current
-        if trainer is not None:
-            self._saved_optimizer = _optimizer_fields(trainer._optimizer)
+        if optimizer is not None:
+            self._saved_optimizer = _optimizer_fields(optimizer)
+        self._saved_local_steps = trainer._local_steps_done if trainer is not None else None
         super().save()
 
     def restore(self) -> None:
         snapshot = self._snapshots[self._current]
         copies = iter(range(len(snapshot.sources)))
+        params = self._param_copies()
         for i in snapshot.present:
             value = snapshot.copy_of(next(copies))
-            for data in self._params[i][1]._data:
+            for data in params[i] or []:
                 data[:] = value
-        trainer = self._trainer
-        if trainer is not None and self._saved_optimizer is not None:
-            vars(_inner(trainer._optimizer)).update(copy.deepcopy(self._saved_optimizer))
-            for updater, layouts in zip(trainer._updaters, snapshot.layouts):
+        if snapshot.present:
+            self._params_changed()
+        optimizer, updaters, _ = self._optimizer_and_updaters()
+        if optimizer is not None and self._saved_optimizer is not None:
+            vars(_inner(optimizer)).update(copy.deepcopy(self._saved_optimizer))
+            for updater, layouts in zip(updaters, snapshot.layouts):
                 saved: Dict[Any, Tuple[tuple, List[np.ndarray]]] = {}
                 for index, layout in layouts:
                     saved[index] = (layout, [snapshot.copy_of(next(copies))
                                              for _ in range(_count_arrays(layout))])
                 self._put_states(updater, saved)
+        self._put_residuals([(holder, index, snapshot.copy_of(next(copies)))
+                             for holder, index in snapshot.residuals])
+        trainer = self._easgd()
+        if trainer is not None:
+            center = None if snapshot.center is None else \
+                [snapshot.copy_of(next(copies)) for _ in range(snapshot.center)]
+            self._put_center(trainer, center)
+            if self._saved_local_steps is not None:
+                trainer._local_steps_done = self._saved_local_steps
         super().restore()
 
     @staticmethod
@@ -551,37 +433,72 @@ class GluonState(ObjectState):
                 updater.states[index] = _build(layout, _from_numpy(arrays))
                 updater.states_synced[index] = False
 
+    def _put_residuals(self, saved: List[Tuple[str, Any, np.ndarray]]) -> None:
+        """The residuals become copies of ``saved`` ((holder, index, value)):
+        in place where they exist, new where not; residuals made since the
+        commit are dropped (the next exchange starts them at zero, as they
+        were then)."""
+        by_holder: Dict[str, Dict[Any, np.ndarray]] = {}
+        for holder, index, value in saved:
+            by_holder.setdefault(holder, {})[index] = value
+        for holder, residuals in self._residual_holders().items():
+            mine = by_holder.get(holder, {})
+            for index in [i for i in residuals if i not in mine]:
+                del residuals[index]
+            for index, value in mine.items():
+                current = residuals.get(index)
+                if current is not None and tuple(current.shape) == value.shape:
+                    current[:] = value
+                else:
+                    residuals[index] = mx.nd.array(value, dtype=value.dtype)
+
+    def _put_center(self, trainer: DistributedTrainer,
+                    saved: Optional[List[np.ndarray]]) -> None:
+        if saved is None:
+            trainer._center = None
+            return
+        center = trainer._center
+        if center is not None and [tuple(c.shape) for c in center] == [v.shape for v in saved]:
+            for target, value in zip(center, saved):
+                target[:] = value
+        else:
+            trainer._center = [mx.nd.array(value, ctx=p.list_data()[0].context, dtype=value.dtype)
+                               for value, p in zip(saved, trainer._params)]
+
     # -- sync: rank 0's state on every rank
 
     def sync(self) -> None:
-        broadcast_parameters({i: param for i, (_, param) in enumerate(self._params)},
-                             root_rank=0, prefix=_NAME + "param.")
-        trainer = self._trainer
+        self._sync_params()
         root = self._rank() == 0
+        optimizer, updaters, contexts = self._optimizer_and_updaters()
+        trainer = self._easgd()
         mine: Dict[str, Any] = {"values": self._values()}
-        if trainer is not None:
-            _check_states_in_trainer(trainer)
-            states = trainer._updaters[0].states
-            mine["optimizer"] = _portable_fields(trainer) if root else None
+        if optimizer is not None:
+            states = updaters[0].states
+            mine["optimizer"] = _portable_fields(optimizer, contexts) if root else None
             mine["states"] = sorted((index, _layout(state)) for index, state in states.items())
-            mine["local_steps"] = getattr(trainer, "_local_steps_done", None)
-        theirs = broadcast_object(mine, root_rank=0, name=_NAME + "GluonState")
         if trainer is not None:
-            self._sync_states(trainer, theirs["states"])
+            mine["local_steps"] = trainer._local_steps_done
+            mine["center"] = trainer._center is not None
+        theirs = broadcast_object(mine, root_rank=0, name=_NAME + type(self).__name__)
+        if optimizer is not None:
+            self._sync_states(updaters, theirs["states"])
             if not root:
-                _take_fields(trainer, theirs["optimizer"])
-                if theirs["local_steps"] is not None and \
-                        hasattr(trainer, "_local_steps_done"):
-                    trainer._local_steps_done = theirs["local_steps"]
+                _take_fields(optimizer, contexts, theirs["optimizer"])
+        if trainer is not None:
+            trainer._local_steps_done = theirs["local_steps"]
+            self._sync_center(trainer, theirs["center"])
+        # Each rank keeps its own residuals (docs/elastic.md, "What a reset
+        # keeps"): they are not synced.
         self._set(theirs["values"])
         self.save()
 
     @staticmethod
-    def _sync_states(trainer, layouts) -> None:
+    def _sync_states(updaters, layouts) -> None:
         """Rank 0's optimizer states (``layouts``: its (index, layout) list)
         into every updater: broadcast into this rank's arrays where they fit
         rank 0's, into new ones elsewhere."""
-        first = trainer._updaters[0]
+        first = updaters[0]
         wanted = dict(layouts)
         for index in [i for i in first.states if i not in wanted]:
             del first.states[index]
@@ -594,14 +511,166 @@ class GluonState(ObjectState):
                 first.states_synced[index] = False
             for j, array in enumerate(_arrays(current)):
                 broadcast_(array, 0, name=f"{_NAME}state.{index}.{j}")
-        for other in trainer._updaters[1:]:  # this rank's other contexts
-            GluonState._put_states(other, {index: (_layout(state),
-                                                   [a.asnumpy() for a in _arrays(state)])
-                                           for index, state in first.states.items()})
+        for other in updaters[1:]:  # this rank's other contexts
+            _TrainingState._put_states(other, {index: (_layout(state),
+                                                       [a.asnumpy() for a in _arrays(state)])
+                                               for index, state in first.states.items()})
+
+    @staticmethod
+    def _sync_center(trainer: DistributedTrainer, present: bool) -> None:
+        """Rank 0's EASGD center on every rank (None where rank 0 has none)."""
+        if not present:
+            trainer._center = None
+            return
+        if trainer._center is None:  # a worker that just joined
+            trainer._center = [mx.nd.empty(p.shape, ctx=p.list_data()[0].context,
+                                           dtype=p.dtype) for p in trainer._params]
+        for i, center in enumerate(trainer._center):
+            broadcast_(center, 0, name=f"{_NAME}center.{i}")
+
+
+class GluonState(_TrainingState):
+    """The state of Gluon training: the parameters ``params`` (a Block, or
+    ``net.collect_params()``), the optimizer of ``trainer`` (its states:
+    momentum, Adam's moments, ...; its update counts, learning rate and
+    schedule), and keyword values such as ``epoch`` and ``batch`` (as
+    ObjectState's). With a DistributedTrainer it also keeps the trainer's
+    Compression.onebit residuals (this rank's own) and, under
+    ``easgd_beta``, the EASGD center and the count of local steps.
+
+    ``save()`` copies the parameters, optimizer states, residuals and center
+    into CPU buffers that it keeps (allocated at the first save, reused
+    after); ``restore()`` copies them back; ``sync()`` broadcasts rank 0's
+    parameters, optimizer states, center and values to every rank and saves
+    them; each rank keeps its own residuals (a worker that joins starts
+    with none, that is zeros). A parameter whose shape is still deferred at
+    a save is left as it is by the restore; commit after the first forward
+    pass. After a reset, a DistributedTrainer's gradient averaging follows
+    the new number of ranks.
+    """
+
+    def __init__(self, params, trainer: Optional[mx.gluon.Trainer] = None,
+                 **kwargs: Any) -> None:
+        _check_attribute_names(type(self), kwargs)
+        self._params = _check_params(params)
+        self._trainer = _check_trainer(trainer, self._params)
+        super().__init__(**kwargs)
+
+    @property
+    def params(self) -> Dict[str, Parameter]:
+        """The parameters, by key."""
+        return dict(self._params)
+
+    @property
+    def trainer(self) -> Optional[mx.gluon.Trainer]:
+        return self._trainer
+
+    def _param_copies(self) -> List[Optional[List[mx.nd.NDArray]]]:
+        return [p._data for _, p in self._params]
+
+    def _optimizer_and_updaters(self) -> Tuple[Any, List[Any], List[mx.Context]]:
+        trainer = self._trainer
+        if trainer is None:
+            return None, [], []
+        _check_states_in_trainer(trainer)
+        return trainer._optimizer, trainer._updaters, trainer._contexts
+
+    def _residual_holders(self) -> Dict[str, dict]:
+        return residual_holders(self._trainer) if self._trainer is not None else {}
+
+    def _sync_params(self) -> None:
+        broadcast_parameters({i: param for i, (_, param) in enumerate(self._params)},
+                             root_rank=0, prefix=_NAME + "param.")
+
+    def _easgd(self) -> Optional[DistributedTrainer]:
+        trainer = self._trainer
+        return trainer if isinstance(trainer, DistributedTrainer) and \
+            trainer._local_sgd_steps > 1 else None
 
     def reset(self) -> None:
         if isinstance(self._trainer, DistributedTrainer):
             self._trainer._elastic_reset()
+
+
+def _check_module(module) -> mx.module.Module:
+    fn = "hvdmx.elastic.ModuleState"
+    if not isinstance(module, mx.module.Module):
+        raise TypeError(f"{fn}: argument 'module' must be an mx.mod.Module, got "
+                        f"{type(module).__name__} ({module!r:.80}); for Gluon use "
+                        "hvd.elastic.GluonState")
+    if not (module.binded and module.params_initialized):
+        raise ValueError(f"{fn}: argument 'module' is not ready (binded={module.binded}, "
+                         f"params_initialized={module.params_initialized}); call "
+                         "module.bind(...) and module.init_params(...) first")
+    return module
+
+
+class ModuleState(_TrainingState):
+    """The state of Module training (the Module API's GluonState): the
+    module's parameters (arg and aux params, on each of its contexts), its
+    optimizer (``hvd.DistributedOptimizer``, its states on the module's
+    updater, its update counts, learning rate and schedule; Compression.onebit's
+    residuals, this rank's own) once ``module.init_optimizer`` has run, and
+    keyword values such as ``epoch`` and ``batch`` (as ObjectState's).
+    ``save``, ``restore`` and ``sync`` work as GluonState's; the module must
+    be bound with its parameters initialized, and must keep its optimizer
+    states itself (``init_optimizer(kvstore=None, ...)``, or a kvstore that
+    does not update on the kvstore).
+    """
+
+    def __init__(self, module: mx.module.Module, **kwargs: Any) -> None:
+        _check_attribute_names(type(self), kwargs)
+        self._module = _check_module(module)
+        super().__init__(**kwargs)
+
+    @property
+    def module(self) -> mx.module.Module:
+        return self._module
+
+    def _arrays_by_param(self) -> List[List[mx.nd.NDArray]]:
+        """Each arg param's arrays, then each aux param's, one per context."""
+        group = self._module._exec_group
+        return [list(arrays) for arrays in group.param_arrays + group.aux_arrays]
+
+    def _param_copies(self) -> List[Optional[List[mx.nd.NDArray]]]:
+        return list(self._arrays_by_param())
+
+    def _optimizer_and_updaters(self) -> Tuple[Any, List[Any], List[mx.Context]]:
+        module = self._module
+        if not module.optimizer_initialized:
+            return None, [], []
+        if module._update_on_kvstore:
+            raise ValueError("hvdmx.elastic.ModuleState: the module updates its parameters "
+                             f"on its kvstore ({module._kvstore.type}), which holds the "
+                             "optimizer states out of the state's reach; call "
+                             "module.init_optimizer(kvstore=None, optimizer="
+                             "hvd.DistributedOptimizer(...))")
+        return module._optimizer, [module._updater], module._context
+
+    def _residual_holders(self) -> Dict[str, dict]:
+        module = self._module
+        if not module.optimizer_initialized:
+            return {}
+        return residual_holders(optimizer=module._optimizer, kvstore=module._kvstore)
+
+    def save(self) -> None:
+        if self._module._exec_group.aux_arrays:
+            # BatchNorm's moving mean and variance (MXNet 1.9.1, CPU), read
+            # right after a step, were seen to hold the value before it
+            # (tests/parallel/test_elastic.py, ModuleState's tests): the copy
+            # does not wait for their update, so wait for every operation.
+            mx.nd.waitall()
+        super().save()
+
+    def _sync_params(self) -> None:
+        for i, arrays in enumerate(self._arrays_by_param()):
+            first = broadcast_(arrays[0], 0, name=f"{_NAME}module.{i}")
+            for other in arrays[1:]:
+                first.copyto(other)
+        self._params_changed()
+
+    def _params_changed(self) -> None:
+        self._module._params_dirty = True  # get_params() reads the arrays again
 
 
 # --- run ---------------------------------------------------------------------

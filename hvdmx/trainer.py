@@ -286,14 +286,13 @@ class DistributedTrainer(mx.gluon.Trainer):
         """After hvd.elastic reset hvdmx over a new membership (the job's size
         may have changed): ``_scale`` divides by the new number of ranks, the
         ranks check their parameters again at the next collective (together,
-        newcomers included), and EASGD's center is formed again from rank 0's
-        parameters at the next step."""
+        newcomers included). EASGD's center is kept: hvd.elastic's states
+        restore and sync it (rank 0's reaches a worker that joins)."""
         if self._averaged:
             # As __init__ computes it, to the bit.
             self._scale = self._unscaled * (self._gradient_predivide_factor /
                                             self._process_set.size())
         self._hvdmx_checked = False
-        self._center = None
 
     def step(self, batch_size: int, ignore_stale_grad: bool = False) -> None:
         super().step(batch_size, ignore_stale_grad)

@@ -398,3 +398,36 @@ def test_interleave_script():
         ("1", "allreduce", "65536"), ("1", "allreduce", "4194304"),
         ("1", "alltoall", "65536"), ("1", "alltoall", "4194304")]
     assert all(float(c) > 0 for r in rows for c in r[3:])
+
+
+ELASTIC_TRAINER = """
+import sys
+sys.path.insert(0, "examples")
+import hvdmx as hvd
+import mnist_gluon
+import elastic_mnist
+
+built = []
+real = mnist_gluon.build_trainer
+mnist_gluon.build_trainer = lambda *a: built.append(real(*a)) or built[-1]
+elastic_mnist.main(sys.argv[2:] + ["--epochs", "1"])
+t = built[0]
+print("BUILT", t._compression is getattr(hvd.Compression, sys.argv[1]), t._local_sgd_steps,
+      t._easgd_beta, t._op == hvd.Adasum)
+"""
+
+
+@pytest.mark.parametrize("flags, want", [
+    (["onebit"], "BUILT True 1 None False"),
+    (["fp16", "--fp16-allreduce", "--op", "adasum"], "BUILT True 1 None True"),
+    (["none", "--local-sgd-steps", "4", "--easgd-beta", "0.9"], "BUILT True 4 0.9 False"),
+], ids=["onebit", "fp16-adasum", "easgd"])
+def test_elastic_mnist_builds_the_trainer_its_flags_ask_for(flags, want):
+    # It once parsed mnist_gluon's flags and built a plain trainer: asked for
+    # 1-bit compression, it silently trained without. One rank, one epoch.
+    compression, *rest = flags
+    argv = [compression] + (["--compression", compression] if compression != "fp16" else [])
+    result = subprocess.run([sys.executable, "-c", ELASTIC_TRAINER, *argv, *rest], cwd=ROOT,
+                            env=ENV, capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert want in result.stdout, result.stdout + result.stderr[-3000:]

@@ -110,8 +110,8 @@ def compressed_trainer(net, holder, prefix):
 
 
 def residuals_of(trainer):
-    from hvdmx.checkpoint_residuals import _residual_holders
-    (holder,) = _residual_holders(trainer).values()
+    from hvdmx.checkpoint_residuals import residual_holders
+    (holder,) = residual_holders(trainer).values()
     return holder
 
 

@@ -318,3 +318,291 @@ def test_the_reset_limit_ends_the_run(monkeypatch):
         train(state)
     assert len(calls) == 1
     assert hvd.is_initialized()
+
+
+# --- what else a commit keeps: onebit's residuals, the EASGD center, Module --
+
+def residuals_numpy(trainer):
+    return {i: r.asnumpy() for i, r in trainer._residuals.items()}
+
+
+def center_numpy(trainer):
+    return {i: c.asnumpy() for i, c in enumerate(trainer._center or [])}
+
+
+def test_commit_then_restore_gives_back_this_ranks_onebit_residuals_bitwise():
+    if hvd.size() == 1:
+        pytest.skip("Compression.onebit exchanges nothing on one rank: no residuals")
+    xs, ys = batches(6)
+    net = make_net("elonebit_", seed=0)
+    trainer = hvd.DistributedTrainer(net.collect_params(), "sgd",
+                                     {"learning_rate": 0.1, "momentum": 0.9},
+                                     compression=hvd.Compression.onebit, prefix="elonebit_")
+    state = hvd.elastic.GluonState(net, trainer)  # no residuals yet
+    train_step(net, trainer, local(xs[0]), local(ys[0]), B)
+    assert trainer._residuals
+    state.restore()
+    assert trainer._residuals == {}, "residuals made after the commit are dropped"
+    for step in range(2):
+        train_step(net, trainer, local(xs[step]), local(ys[step]), B)
+    state.commit()
+    residuals, params = residuals_numpy(trainer), params_numpy(net)
+    # Each rank's own: they differ between ranks (the test would not see a swap otherwise).
+    assert not all(all_equal_across_ranks(r) for r in residuals.values())
+    for step in range(2, 4):
+        train_step(net, trainer, local(xs[step]), local(ys[step]), B)
+    after, later = params_numpy(net), residuals_numpy(trainer)
+    assert any(a.tobytes() != b.tobytes() for a, b in zip(later.values(), residuals.values()))
+    state.restore()
+    assert_same(residuals_numpy(trainer), residuals, "residuals")
+    assert_same(params_numpy(net), params, "parameters")
+    for step in range(2, 4):
+        train_step(net, trainer, local(xs[step]), local(ys[step]), B)
+    assert_same(params_numpy(net), after, "parameters after the same steps again")
+    assert_same(residuals_numpy(trainer), later, "residuals after the same steps again")
+
+
+def easgd(prefix):
+    net = make_net(prefix)  # each rank its own initial parameters
+    return net, hvd.DistributedTrainer(net.collect_params(), "sgd",
+                                       {"learning_rate": 0.1, "momentum": 0.9},
+                                       local_sgd_steps=2, easgd_beta=0.9, prefix=prefix)
+
+
+def test_commit_restore_and_sync_give_back_the_easgd_center_bitwise():
+    xs, ys = batches(8)
+    net, trainer = easgd("eleasgd_")
+    state = hvd.elastic.GluonState(net, trainer)  # before the center exists
+    train_step(net, trainer, local(xs[0]), local(ys[0]), B)
+    assert trainer._center is not None
+    state.restore()
+    assert trainer._center is None and trainer._local_steps_done == 0
+    for step in range(3):  # the center moved at step 2; step 3 is a local one
+        train_step(net, trainer, local(xs[step]), local(ys[step]), B)
+    state.commit()
+    center, params = center_numpy(trainer), params_numpy(net)
+    assert all(all_equal_across_ranks(c) for c in center.values())
+    for step in range(3, 6):
+        train_step(net, trainer, local(xs[step]), local(ys[step]), B)
+    after, later = params_numpy(net), center_numpy(trainer)
+    assert any(a.tobytes() != b.tobytes() for a, b in zip(later.values(), center.values()))
+    state.restore()
+    assert_same(center_numpy(trainer), center, "center")
+    assert_same(params_numpy(net), params, "parameters")
+    assert trainer._local_steps_done == 3
+    for step in range(3, 6):
+        train_step(net, trainer, local(xs[step]), local(ys[step]), B)
+    assert_same(params_numpy(net), after, "parameters after the same steps again")
+    assert_same(center_numpy(trainer), later, "center after the same steps again")
+    # A reset keeps it, and a rank without one (a worker that joins) gets rank 0's.
+    state.on_reset()
+    assert_same(center_numpy(trainer), later, "center after a reset")
+    if hvd.rank() % 2:
+        trainer._center, trainer._local_steps_done = None, 0
+    state.sync()
+    assert_same(center_numpy(trainer), later, "center after a sync")
+    assert world_bcast(trainer._local_steps_done) == trainer._local_steps_done == 6
+    assert_identical_across_ranks(net)
+
+
+@pytest.mark.parametrize("kind", ["onebit", "easgd"])
+def test_run_resumes_with_the_committed_residuals_and_center(kind, monkeypatch):
+    monkeypatch.setattr(_elastic_driver, "resumed", lambda: None)
+    xs, ys = batches(STEPS)
+    if kind == "onebit":
+        def build(prefix):
+            net = make_net(prefix, seed=0)
+            return net, hvd.DistributedTrainer(net.collect_params(), "sgd",
+                                               {"learning_rate": 0.1, "momentum": 0.9},
+                                               compression=hvd.Compression.onebit,
+                                               prefix=prefix)
+    else:
+        build = easgd
+    ref, ref_trainer = build(f"elrunref{kind}_")
+    for step in range(STEPS):
+        train_step(ref, ref_trainer, local(xs[step]), local(ys[step]), B)
+    net, trainer = build(f"elrun{kind}_")
+    state = hvd.elastic.GluonState(net, trainer, step=0)
+    committed, resumed = {}, {}
+
+    @hvd.elastic.run
+    def train(state):
+        if state.step:
+            resumed.update(residuals=residuals_numpy(trainer), center=center_numpy(trainer),
+                           local_steps=trainer._local_steps_done)
+        while state.step < STEPS:
+            train_step(net, trainer, local(xs[state.step]), local(ys[state.step]), B)
+            state.step += 1
+            if state.step == FAIL_AT - 2:
+                state.commit()
+                committed.update(residuals=residuals_numpy(trainer),
+                                 center=center_numpy(trainer),
+                                 local_steps=trainer._local_steps_done)
+            if state.step == FAIL_AT and not resumed:
+                raise hvd.elastic.HorovodInternalError("a peer is gone (simulated)")
+
+    train(state)
+    assert resumed["local_steps"] == committed["local_steps"] == \
+        (FAIL_AT - 2 if kind == "easgd" else 0)
+    assert_same(resumed["residuals"], committed["residuals"], "residuals at the resumption")
+    assert_same(resumed["center"], committed["center"], "center at the resumption")
+    if kind == "onebit":
+        assert committed["residuals"] or hvd.size() == 1
+        # Synchronous training: the interrupted run ends where the other ends.
+        assert_same(params_numpy(net), params_numpy(ref), "parameters vs the uninterrupted run")
+        assert_same(residuals_numpy(trainer), residuals_numpy(ref_trainer), "residuals")
+        assert_identical_across_ranks(net)
+    else:
+        assert committed["center"]
+        for c in center_numpy(trainer).values():
+            assert all_equal_across_ranks(c)
+
+
+def module_with_aux(seed, optimizer):
+    """A bound Module with arg and aux params (BatchNorm's moving mean and
+    variance), initialized from ``seed``, and its optimizer initialized."""
+    data = mx.sym.Variable("data")
+    h = mx.sym.FullyConnected(data, num_hidden=8, name="fc1")
+    h = mx.sym.Activation(mx.sym.BatchNorm(h, name="bn", fix_gamma=False), act_type="tanh")
+    out = mx.sym.FullyConnected(h, num_hidden=3, name="fc2")
+    sym = mx.sym.LinearRegressionOutput(out, mx.sym.Variable("label"), name="out")
+    mod = mx.mod.Module(sym, data_names=["data"], label_names=["label"])
+    mod.bind(data_shapes=[("data", (B, 6))], label_shapes=[("label", (B, 3))])
+    mx.random.seed(2000 + seed)
+    mod.init_params(mx.init.Uniform(0.5))
+    mod.init_optimizer(kvstore=None, optimizer=optimizer)
+    return mod
+
+
+def module_step(mod, x, y):
+    mod.forward_backward(mx.io.DataBatch(data=[mx.nd.array(x)], label=[mx.nd.array(y)]))
+    mod.update()
+
+
+def module_numpy(mod):
+    # A read of BatchNorm's moving mean and variance right after a step may
+    # see the value before it (MXNet 1.9.1 on CPU): wait for the step first.
+    mx.nd.waitall()
+    arg, aux = mod.get_params()
+    return {k: v.asnumpy() for k, v in {**arg, **aux}.items()}
+
+
+def module_states(mod):
+    out = {}
+    for index, state in mod._updater.states.items():
+        parts = state if isinstance(state, (tuple, list)) else [state]
+        out[index] = [p.asnumpy() for p in parts if p is not None]
+    return out
+
+
+def sgd_for(batch):
+    return mx.optimizer.create("sgd", learning_rate=0.1, momentum=0.9, rescale_grad=1.0 / batch,
+                               lr_scheduler=mx.lr_scheduler.FactorScheduler(step=3, factor=0.5))
+
+
+@pytest.mark.parametrize("compression", ["none", "onebit"])
+def test_module_state_commit_then_restore_gives_back_the_commit_bitwise(compression):
+    xs, ys = batches(6)
+    xs, ys = xs[:, :, :6], ys[:, :, :3]
+    opt = hvd.DistributedOptimizer(sgd_for(B), compression=getattr(hvd.Compression, compression))
+    mod = module_with_aux(0, opt)
+    state = hvd.elastic.ModuleState(mod, epoch=0)
+    for step in range(2):
+        module_step(mod, local(xs[step]), local(ys[step]))
+    state.epoch = 2
+    state.commit()
+    params, states = module_numpy(mod), module_states(mod)
+    counts = (opt.num_update, dict(opt._index_update_count), opt.learning_rate)
+    residuals = {i: r.asnumpy() for i, r in opt._residuals.items()}
+    assert bool(residuals) == (compression == "onebit" and hvd.size() > 1)
+    assert any(k.startswith("bn_moving") for k in params)
+    for step in range(2, 5):
+        module_step(mod, local(xs[step]), local(ys[step]))
+    after = module_numpy(mod)
+    assert any(after[k].tobytes() != params[k].tobytes() for k in params if "moving" in k)
+    state.epoch = 5
+    state.restore()
+    assert state.epoch == 2
+    assert_same(module_numpy(mod), params, "arg and aux params")
+    assert_same(module_states(mod), states, "optimizer states")
+    assert (opt.num_update, dict(opt._index_update_count), opt.learning_rate) == counts
+    assert_same({i: r.asnumpy() for i, r in opt._residuals.items()}, residuals, "residuals")
+    for step in range(2, 5):
+        module_step(mod, local(xs[step]), local(ys[step]))
+    assert_same(module_numpy(mod), after, "parameters after the same steps again")
+    for key in mod.get_params()[0]:  # the arg params (BatchNorm's statistics are each rank's)
+        assert all_equal_across_ranks(after[key])
+
+
+def test_module_state_sync_gives_every_rank_rank_0s_state_bitwise():
+    r = hvd.rank()
+    xs, ys = batches(4)
+    xs, ys = xs[:, :, :6], ys[:, :, :3]
+    # Each rank its own parameters and a local optimizer; odd ranks never step.
+    mod = module_with_aux(r, sgd_for(B))
+    for step in range(0 if r % 2 else r + 1):
+        module_step(mod, local(xs[step]), local(ys[step]))
+    state = hvd.elastic.ModuleState(mod, epoch=r)
+    opt = mod._optimizer
+    root = world_bcast((module_numpy(mod), module_states(mod), opt.num_update,
+                        opt.learning_rate))
+    state.sync()
+    assert state.epoch == 0
+    assert_same(module_numpy(mod), root[0], "arg and aux params")
+    assert_same(module_states(mod), root[1], "optimizer states")
+    assert (opt.num_update, opt.learning_rate) == root[2:]
+    state.epoch = 3
+    state.restore()  # what sync gave is also the commit
+    assert state.epoch == 0
+    assert_same(module_numpy(mod), root[0], "arg and aux params after a restore")
+    module_step(mod, xs[3][:B], ys[3][:B])  # the same next step everywhere
+    for value in module_numpy(mod).values():
+        assert all_equal_across_ranks(value)
+    assert all(all_equal_across_ranks(a) for s in module_states(mod).values() for a in s)
+
+
+def test_module_state_bad_arguments_name_the_argument():
+    with pytest.raises(TypeError, match="argument 'module' must be an mx.mod.Module"):
+        hvd.elastic.ModuleState(make_net("elbadmod_"))
+    mod = mx.mod.Module(mx.sym.Variable("data"), data_names=["data"], label_names=None)
+    with pytest.raises(ValueError, match=r"argument 'module' is not ready .* call module.bind"):
+        hvd.elastic.ModuleState(mod)
+
+
+def test_module_state_under_run_ends_where_the_uninterrupted_run_ends(monkeypatch):
+    monkeypatch.setattr(_elastic_driver, "resumed", lambda: None)
+    xs, ys = batches(STEPS)
+
+    def build():
+        return module_with_aux(0, hvd.DistributedOptimizer(sgd_for(B),
+                                                           compression=hvd.Compression.onebit))
+    ref = build()
+    for step in range(STEPS):
+        module_step(ref, local(xs[step]), local(ys[step]))
+    mod = build()
+    state = hvd.elastic.ModuleState(mod, step=0)
+    calls = []
+
+    @hvd.elastic.run
+    def train(state):
+        calls.append(state.step)
+        while state.step < STEPS:
+            module_step(mod, local(xs[state.step]), local(ys[state.step]))
+            state.step += 1
+            if state.step % 2 == 0:
+                state.commit()
+            if state.step == FAIL_AT and len(calls) == 1:
+                raise hvd.elastic.HorovodInternalError("a peer is gone (simulated)")
+
+    train(state)
+    assert calls == [0, 4]
+    got, want = module_numpy(mod), module_numpy(ref)
+    # BatchNorm's moving statistics are each rank's own in the uninterrupted
+    # run; the sync after the reset gave every rank rank 0's, as it gives
+    # every parameter. The arg params are the same on every rank anyway.
+    compared = set(mod.get_params()[0]) if hvd.rank() else set(want)
+    assert_same({k: got[k] for k in compared}, {k: want[k] for k in compared},
+                "params vs the uninterrupted run")
+    assert_same(module_states(mod), module_states(ref), "optimizer states")
+    assert_same({i: r.asnumpy() for i, r in mod._optimizer._residuals.items()},
+                {i: r.asnumpy() for i, r in ref._optimizer._residuals.items()}, "residuals")

@@ -42,6 +42,11 @@ class CommAbandoned : public std::runtime_error {
 // connection that closed or went silent). The message says which peer and
 // what was seen. Note [A peer that stops] in shm/shm_region.h says what
 // the runtime does with it.
+//
+// The transports' messages end with what to do next, from kPeerGoneAdvice
+// on; an elastic job, which goes on without the peer, logs the message
+// without it (Runtime::StopAfterPeer).
+inline constexpr char kPeerGoneAdvice[] = "hvdmx has stopped on this rank";
 class PeerGone : public std::runtime_error {
  public:
   PeerGone(int peer, const std::string& what) : std::runtime_error(what), peer_(peer) {}

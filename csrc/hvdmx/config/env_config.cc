@@ -181,6 +181,7 @@ Status LoadConfig(const EnvLookup& lookup, Config* out) {
     }
   }
   if (auto value = Find(lookup, "AUTOTUNE_LOG", &name)) config.autotune_log = *value;
+  config.elastic = Find(lookup, "ELASTIC_SLOT", &name).has_value();
   if (auto value = Find(lookup, "TIMELINE", &name)) config.timeline_path = *value;
   if (auto value = Find(lookup, "TIMELINE_MARK_CYCLES", &name)) {
     if (*value == "1" || *value == "true") {
@@ -279,9 +280,9 @@ std::string Config::ToString() const {
       << " tcp_iface='" << tcp_iface << "'"
       << " testing_ranks_per_host=" << testing_ranks_per_host
       << " stall_check_seconds=" << stall_check_seconds
-      << " stall_shutdown_seconds=" << stall_shutdown_seconds << " timeline='" << timeline_path
-      << "' timeline_mark_cycles=" << timeline_mark_cycles << " autotune=" << autotune
-      << " autotune_log='" << autotune_log << "'";
+      << " stall_shutdown_seconds=" << stall_shutdown_seconds << " elastic=" << elastic
+      << " timeline='" << timeline_path << "' timeline_mark_cycles=" << timeline_mark_cycles
+      << " autotune=" << autotune << " autotune_log='" << autotune_log << "'";
   return out.str();
 }
 

@@ -155,6 +155,10 @@ struct Config {
   // collectives fail on every rank with the stall report instead of waiting
   // on. 0: never.
   double stall_shutdown_seconds = 0.0;
+  // HVDMX_ELASTIC_SLOT set (hvdmxrun sets it for an elastic job's workers,
+  // docs/elastic.md): the job goes on when a peer is lost, so the loss is
+  // logged as a warning, not an error (Runtime::StopAfterPeer).
+  bool elastic = false;
   // HVDMX_TIMELINE: path of the Chrome trace rank 0 writes; empty: none.
   std::string timeline_path;
   // HVDMX_TIMELINE_MARK_CYCLES: 1 marks every negotiation round in it.

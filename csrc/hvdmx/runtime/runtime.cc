@@ -358,8 +358,18 @@ bool Runtime::Stop(const Status& why) {
 }
 
 bool Runtime::StopAfterPeer(const PeerGone& gone) {
-  HVDMX_LOG(kError) << gone.what();
-  return Stop(Status::PeerGone(gone.what()));
+  const std::string what = gone.what();
+  if (config_.elastic) {
+    // A host of an elastic job may fail: one warning, without the advice to
+    // end the job (hvd.elastic.run resets and goes on; the Python error keeps
+    // the whole message).
+    const size_t advice = what.find(kPeerGoneAdvice);
+    HVDMX_LOG(kWarning) << what.substr(0, advice == std::string::npos ? what.size() : advice)
+                        << "hvd.elastic.run goes on with the ranks left, from the last commit";
+  } else {
+    HVDMX_LOG(kError) << what;
+  }
+  return Stop(Status::PeerGone(what));
 }
 
 void Runtime::Loop() {
