@@ -201,6 +201,22 @@ def _finalize_grace() -> float:
     return max(_FINALIZE_GRACE_SECONDS, _core.stall_shutdown_seconds())
 
 
+def _exit_deadline() -> float:
+    """How long the exit of a rank whose peers stopped taking part waits in
+    MPI_Finalize before it ends without it: the finalize grace for the other
+    ranks to come to their exit, plus the stall shutdown time that each of
+    them then waits in its own hvd.shutdown() for this rank. Over MPI a peer
+    cannot see that hvdmx stopped here (only shared memory shows it, Note [A
+    peer that stops] in csrc/hvdmx/shm/shm_region.h): its shutdown round
+    meets the round this rank abandoned, and gives up on it only after
+    HVDMX_STALL_SHUTDOWN_TIME_SECONDS. Without that term a peer arriving
+    within the grace could still be waiting when the timer fired, and this
+    rank's status 1 made Hydra kill it (issue 60, item 6: the ring-3 case of
+    tests/test_process_exit.py ended with mpiexec's 9 on a loaded machine;
+    with a stall shutdown time of 5 s or more, every peer lost that race)."""
+    return _finalize_grace() + _core.stall_shutdown_seconds()
+
+
 def _exit_if_peers_are_gone() -> None:
     """At exit, after hvdmx stopped because the peers it waited for stopped
     taking part (one died, its host cannot be reached, or it stopped hvdmx
@@ -209,7 +225,7 @@ def _exit_if_peers_are_gone() -> None:
     that is dead or cut off (seen across hosts with MPICH's Hydra: a killed
     rank under -disable-auto-cleanup, or a host's link taken down). A timer
     ends the process with status 1 if the exit has not finished within
-    _finalize_grace() seconds; until then the other ranks may still finish
+    _exit_deadline() seconds; until then the other ranks may still finish
     their scripts and finalize with this one (a rank that ended at once
     would make the launcher kill them). Not MPI_Abort: that would kill the
     other survivors, and with a host's link down it did not return either
@@ -217,7 +233,7 @@ def _exit_if_peers_are_gone() -> None:
     if not (_peers_gone or _job.peers_gone(_job.stop_status()[0])) or \
             not MPI.Is_initialized() or MPI.Is_finalized():
         return
-    grace = _finalize_grace()
+    grace = _exit_deadline()
     # A thread of the core's, not a Python timer: when mpi4py finalizes MPI,
     # it does so after the interpreter has stopped running Python code.
     _core.exit_after(grace, f"hvdmx: rank {MPI.COMM_WORLD.Get_rank()} exits with status 1 "
