@@ -100,6 +100,10 @@ else
     tests/test_tcp_handshake.py tests/test_host_tree.py tests/test_peer_input.py)
 fi
 
+# The sanitizer's options hold from here on: the check below is a process under
+# it too (with AddressSanitizer's default leak check, Python's own memory at exit
+# would fill the log).
+export "$options=$value"
 # The tests must load the instrumented build, not another hvdmx on the path.
 core=$(.venv/bin/python -c 'from hvdmx import _core; print(_core.__file__)')
 if [[ $core != "$src"/hvdmx/* ]]; then
@@ -108,7 +112,6 @@ if [[ $core != "$src"/hvdmx/* ]]; then
   exit 1
 fi
 
-export "$options=$value"
 "${run[@]}"
 rc=$?
 unset LD_PRELOAD
