@@ -27,24 +27,23 @@ void PeerInput::Need(size_t n, const char* field) const {
   }
 }
 
-int64_t PeerInput::Int32In(const char* field, int64_t lo, int64_t hi) {
-  const int64_t v = Raw<int32_t>(field);
+template <typename Wire>
+int64_t PeerInput::IntIn(const char* field, int64_t lo, int64_t hi) {
+  const int64_t v = Raw<Wire>(field);
   if (v < lo || v > hi) {
-    pos_ -= sizeof(int32_t);
+    pos_ -= sizeof(Wire);
     Fail(std::string(field) + " " + std::to_string(v) + ", outside [" + std::to_string(lo) + ", " +
          std::to_string(hi) + "]");
   }
   return v;
 }
 
+int64_t PeerInput::Int32In(const char* field, int64_t lo, int64_t hi) {
+  return IntIn<int32_t>(field, lo, hi);
+}
+
 int64_t PeerInput::Int64In(const char* field, int64_t lo, int64_t hi) {
-  const int64_t v = Raw<int64_t>(field);
-  if (v < lo || v > hi) {
-    pos_ -= sizeof(int64_t);
-    Fail(std::string(field) + " " + std::to_string(v) + ", outside [" + std::to_string(lo) + ", " +
-         std::to_string(hi) + "]");
-  }
-  return v;
+  return IntIn<int64_t>(field, lo, hi);
 }
 
 bool PeerInput::Flag(const char* field) {

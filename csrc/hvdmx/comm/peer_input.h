@@ -90,6 +90,9 @@ class PeerInput {
 
  private:
   void Need(size_t n, const char* field) const;
+  // Int32In and Int64In: a `Wire` integer in [lo, hi].
+  template <typename Wire>
+  int64_t IntIn(const char* field, int64_t lo, int64_t hi);
 
   const std::string& in_;
   size_t pos_ = 0;
