@@ -413,3 +413,26 @@ def test_a_job_whose_rank_sends_bad_requests_stops_every_rank_naming_it(size):
             assert job.stop_at_callback(ticket) == _core.STATUS_PEER_GONE, r
     finally:
         job.shutdown()
+
+
+@pytest.mark.parametrize("changes, field", [
+    (dict(type=ALLGATHER), "collective allgather, where this rank asked for allreduce"),
+    (dict(dtypes=[1]), "dtype "),
+    (dict(counts=[4, 4]), "tensors 2, where this rank asked for 1"),
+    (dict(counts=[5]), "tensor 0's elements 5, where this rank asked for 4"),
+])
+def test_a_response_that_does_not_fit_this_ranks_request_names_the_coordinator(changes, field):
+    # The executor sizes this rank's buffers by the response: a count from rank 0
+    # that is not this rank's would move bytes past its tensors.
+    p = dict(type=0, name=b"w", dtypes=[0], counts=[4], op=1, root=0, pre=1.0, post=1.0,
+             sizes_only=False, splits=[], error=b"")
+    t.check_response_fits(_request(), p)
+    message, peer = _error(lambda r: t.check_response_fits(_request(), r), dict(p, **changes))
+    assert peer == 0 and "rank 0 sent a response for 'w' with " + field in message, message
+
+
+def test_an_allgather_response_may_count_another_ranks_first_dimension():
+    request = _request(type=ALLGATHER, shapes=[[3, 2]])
+    p = dict(type=ALLGATHER, name=b"w", dtypes=[0], counts=[10], op=1, root=0, pre=1.0,
+             post=1.0, sizes_only=False, splits=[5, 3, 1, 1], error=b"")
+    t.check_response_fits(request, p)

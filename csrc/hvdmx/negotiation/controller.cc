@@ -230,6 +230,7 @@ void Controller::SlowPath(const std::vector<uint64_t>& bits, std::vector<Request
       if (response.type == CollectiveType::kJoin) {
         joined_ = false;
       } else if (response.error.empty()) {
+        CheckResponseFits(mine->second, response, PeerSender::Rank(0));
         cache_.Put(mine->second, response);
       }
       at_coordinator_.erase(mine);

@@ -405,4 +405,29 @@ std::vector<Response> ParseResponses(const std::string& bytes, const PeerSender&
   return out;
 }
 
+void CheckResponseFits(const Request& mine, const Response& response, const PeerSender& from) {
+  const auto fail = [&](const std::string& what, const std::string& theirs,
+                        const std::string& ours) {
+    FailPeerInput(from, "a response for '" + response.name + "' with " + what + " " + theirs +
+                            ", where this rank asked for " + ours);
+  };
+  if (response.type != mine.type) {
+    fail("collective", CollectiveTypeName(response.type), CollectiveTypeName(mine.type));
+  }
+  if (response.dtypes != mine.dtypes) {
+    fail("dtype", JoinTypes(response.dtypes), JoinTypes(mine.dtypes));
+  }
+  if (response.counts.size() != mine.shapes.size()) {
+    fail("tensors", std::to_string(response.counts.size()), std::to_string(mine.shapes.size()));
+  }
+  if (mine.type == CollectiveType::kAllgather || mine.type == CollectiveType::kAlltoall) return;
+  for (size_t t = 0; t < mine.shapes.size(); ++t) {
+    const int64_t want = ElementCount(mine.shapes[t]);
+    if (response.counts[t] != want) {
+      fail("tensor " + std::to_string(t) + "'s elements", std::to_string(response.counts[t]),
+           std::to_string(want));
+    }
+  }
+}
+
 }  // namespace hvdmx

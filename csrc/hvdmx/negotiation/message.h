@@ -103,6 +103,12 @@ std::vector<Request> ParseRequests(const std::string& bytes, const PeerSender& f
 std::string SerializeResponses(const std::vector<Response>& responses);
 std::string SerializePeerFailure(int rank, const std::string& message);
 std::vector<Response> ParseResponses(const std::string& bytes, const PeerSender& from, int size);
+// Throws PeerProtocolError naming `from` (the coordinator) when `response`,
+// a successful one for this rank's `mine`, does not fit it: another
+// collective, other dtypes, another number of tensors, or, where every
+// rank's tensors have one shape (all but allgather and alltoall), other
+// element counts. The executor sizes this rank's buffers by the response.
+void CheckResponseFits(const Request& mine, const Response& response, const PeerSender& from);
 
 }  // namespace hvdmx
 

@@ -157,6 +157,14 @@ py::list ParseResponseBytes(const py::bytes& data, int sender, int size) {
   });
 }
 
+// CheckResponseFits of `response` (from rank 0) for this rank's `request`.
+void CheckResponseFitsDicts(const py::dict& request, const py::dict& response) {
+  RaisingPeerErrors([&]() {
+    CheckResponseFits(RequestFrom(request), ResponseFrom(response), PeerSender::Rank(0));
+    return 0;
+  });
+}
+
 // A cache of float32 Sum allreduces of counts[s] elements at slot s, and
 // the records that `data`, a bit-and partial from `sender`, holds for it:
 // [(slot, operand bytes)].
@@ -289,6 +297,7 @@ void DefineTestingNegotiationBindings(py::module_& m) {
       py::arg("rank"), py::arg("message"));
   m.def("parse_responses", &ParseResponseBytes, py::arg("data"), py::arg("sender"),
         py::arg("size"));
+  m.def("check_response_fits", &CheckResponseFitsDicts, py::arg("request"), py::arg("response"));
   m.def("parse_round_partial", &ParseRoundPartial, py::arg("data"), py::arg("sender"),
         py::arg("counts"));
   m.def("parse_gather", &ParseGatherBytes, py::arg("data"), py::arg("sender"), py::arg("size"));
