@@ -118,7 +118,8 @@ class Tally:
             first = events.get(0) or next(iter(events.values()), [])
             self.order = [nodeid for event, nodeid in first if event == "item"]
         index = {nodeid: i for i, nodeid in enumerate(self.order)}
-        failed, started, cut_short = [], [], []
+        failed, cut_short = [], []
+        last_started = -1
         job = {}
         for rank, lines in events.items():
             running = None
@@ -126,7 +127,7 @@ class Tally:
                 if nodeid not in index:
                     continue
                 if event == "start":
-                    started.append(index[nodeid])
+                    last_started = max(last_started, index[nodeid])
                     running = index[nodeid]
                 elif event in ("passed", "failed", "skipped"):
                     job.setdefault(nodeid, {})[rank] = event
@@ -135,7 +136,7 @@ class Tally:
                         failed.append(index[nodeid])
             if running is not None:
                 cut_short.append(running)
-        stop = min(failed or cut_short or [max(started, default=-1)])
+        stop = min(failed or cut_short or [last_started])
         stop = None if stop < 0 else stop
         for nodeid, by_rank in job.items():
             # Tests after the stop that some rank ran run again in the next job.
@@ -194,7 +195,7 @@ def main(argv=None):
         nodeid = tally.order[stop]
         if not set(tally.outcomes.get(nodeid, {}).values()) & {"failed"}:
             tally.died_in.add(nodeid)  # a hang the timeout ended, or a crash
-        note = (f"stopped at test {stop + 1} of {len(tally.order)} ({nodeid}; exit {rc})")
+        note = f"stopped at test {stop + 1} of {len(tally.order)} ({nodeid}; exit {rc})"
         tally.stops.append(note)
         left = len(tally.order) - stop - 1
         if left == 0:

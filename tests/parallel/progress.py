@@ -16,11 +16,14 @@ import os
 
 import pytest
 
+# A test's outcome over its phases (setup, call, teardown): the worst of them.
+WORSE = ("passed", "skipped", "failed")
+
 
 class Progress:
     def __init__(self, prefix, rank):
         self._file = open(f"{prefix}.rank{rank}.progress", "a", buffering=1)
-        self._outcome = {}  # nodeid -> the worst outcome of its phases so far
+        self._outcome = {}  # nodeid -> the worst outcome of its phases so far (WORSE)
 
     def _write(self, event, nodeid):
         self._file.write(f"{event}\t{nodeid}\n")
@@ -46,9 +49,8 @@ class Progress:
 
     def pytest_runtest_logreport(self, report):
         outcome = "failed" if report.failed else "skipped" if report.skipped else "passed"
-        if self._outcome.get(report.nodeid) != "failed":
-            if outcome != "passed" or report.nodeid not in self._outcome:
-                self._outcome[report.nodeid] = outcome
+        worst = self._outcome.get(report.nodeid, "passed")
+        self._outcome[report.nodeid] = max(worst, outcome, key=WORSE.index)
 
     def pytest_runtest_logfinish(self, nodeid):
         self._write(self._outcome.pop(nodeid, "passed"), nodeid)
