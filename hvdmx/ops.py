@@ -9,6 +9,10 @@ mismatch between ranks raises ``MXNetError`` at that read, on every rank.
 
 Argument errors are ``hvdmx.errors`` classes, which are ``MXNetError`` as
 well as ``ValueError``/``TypeError`` (see that module and docs/errors.md).
+
+A call's checked parts (``_Common``, ``_Reduction``, ``_Checked``) make one
+``_Call``, whose ``push`` is the one way from here to ``_core.push_async``;
+hvdmx/_core.pyi types the core's side.
 """
 from __future__ import annotations
 
@@ -163,7 +167,7 @@ class _Call(NamedTuple):
     outputs: Sequence[mx.nd.NDArray]
     checked: Sequence[_Checked]
     device: _Device
-    reduction: _Reduction = _Reduction(_core.REDUCE_OPS["Sum"])
+    reduction: _Reduction = _Reduction(Sum)
     root: int = 0
     splits: Sequence[int] = ()
 
