@@ -36,6 +36,18 @@ def test_the_checkers_names_are_the_lazy_names():
     assert type_checking_imports() == expected
 
 
+def mypy(tmp_path, code):
+    """mypy's result on ``code``, as `make typecheck` configures it."""
+    pytest.importorskip("mypy")
+    snippet = tmp_path / "snippet.py"
+    snippet.write_text(code)
+    return subprocess.run(
+        [sys.executable, "-m", "mypy", "--config-file", os.path.join(ROOT, "pyproject.toml"),
+         "--no-incremental", "--cache-dir", os.devnull, str(snippet)],
+        capture_output=True, text=True, timeout=300, cwd=ROOT,
+        env=dict(os.environ, MYPYPATH=ROOT))
+
+
 SNIPPET = """
 import hvdmx as hvd
 reveal_type(hvd.allreduce)
@@ -46,14 +58,7 @@ reveal_type(hvd.size())
 
 
 def test_reveal_type_of_the_public_names_is_not_any(tmp_path):
-    pytest.importorskip("mypy")
-    snippet = tmp_path / "snippet.py"
-    snippet.write_text(SNIPPET)
-    result = subprocess.run(
-        [sys.executable, "-m", "mypy", "--config-file", os.path.join(ROOT, "pyproject.toml"),
-         "--no-incremental", "--cache-dir", os.devnull, str(snippet)],
-        capture_output=True, text=True, timeout=300, cwd=ROOT,
-        env=dict(os.environ, MYPYPATH=ROOT))
+    result = mypy(tmp_path, SNIPPET)
     revealed = [line for line in result.stdout.splitlines() if "Revealed type" in line]
     assert len(revealed) == 4, result.stdout + result.stderr
     types = [line.split("Revealed type is ", 1)[1].strip('"') for line in revealed]
@@ -82,14 +87,7 @@ _core.push_async(set_id=0, collective=_core.ALLREDUCE, name=1, inputs=[], output
 
 
 def test_the_checker_sees_the_cores_types(tmp_path):
-    pytest.importorskip("mypy")
-    snippet = tmp_path / "core_snippet.py"
-    snippet.write_text(CORE_SNIPPET)
-    result = subprocess.run(
-        [sys.executable, "-m", "mypy", "--config-file", os.path.join(ROOT, "pyproject.toml"),
-         "--no-incremental", "--cache-dir", os.devnull, str(snippet)],
-        capture_output=True, text=True, timeout=300, cwd=ROOT,
-        env=dict(os.environ, MYPYPATH=ROOT))
+    result = mypy(tmp_path, CORE_SNIPPET)
     revealed = [line.split("Revealed type is ", 1)[1].strip('"')
                 for line in result.stdout.splitlines() if "Revealed type" in line]
     assert revealed[:2] == ["tuple[int, int, int, int, int, int, bool]", "tuple[int, ...]"], \
