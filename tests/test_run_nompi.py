@@ -1,4 +1,4 @@
-"""hvdmxrun --no-mpi (hvdmx/run_nompi.py): ranks started without MPI meet at
+"""hvdmxrun --no-mpi (hvdmx/runner/nompi.py): ranks started without MPI meet at
 the launcher's rendezvous and see each other; their environment, their
 tagged output; a failing or killed rank, or a signal to hvdmxrun, ends the
 job with no process left behind; ranks on "other hosts" through a remote
@@ -31,7 +31,7 @@ OTHER_HOST = "198.51.100.7"  # TEST-NET-2: not this machine, routed like any far
 # whether the key is in its environment but on no command line it can see.
 PROGRAM = r"""
 import hashlib, json, os, socket, sys, time
-from hvdmx.rendezvous import group_from_environment
+from hvdmx.rendezvous.client import group_from_environment
 group = group_from_environment()
 seen = group.allgather(json.dumps([group.rank, socket.gethostname()]).encode())
 key = os.environ["HVDMX_SECRET_KEY"]
@@ -358,7 +358,7 @@ def test_unused_hosts_are_warned_about(tmp_path):
 
 
 def test_the_remote_command_is_one_line_any_shell_can_take():
-    from hvdmx import run_nompi
+    from hvdmx.runner import nompi as run_nompi
     place = run_nompi.Placement(1, "far", False, 0, 1, 1, 2)
     cmd = run_nompi.rank_command(place, {"A": "x y", "B": "it's"}, ["python", "train.py"],
                                  ["ssh", "-x"], "/usr/bin/python3", "/home/u/my job")

@@ -1,5 +1,5 @@
 """hvdmxrun --no-mpi: starts the ranks itself, without MPI's launcher, and
-serves their rendezvous (hvdmx/rendezvous.py) from this process.
+serves their rendezvous (hvdmx/rendezvous/server.py) from this process.
 
     hvdmxrun --no-mpi -np 4 -H a:2,b:2 [--ssh-exec PATH] python train.py
 
@@ -40,12 +40,12 @@ import time
 from dataclasses import dataclass
 from typing import IO, Dict, List, Mapping, Optional, Sequence, Tuple
 
-from .rendezvous_server import RendezvousServer
-from .rendezvous_wire import ADDRESS_VARIABLE, KEY_VARIABLES, TIMEOUT_VARIABLE, parse_key, \
+from hvdmx.rendezvous.server import RendezvousServer
+from hvdmx.rendezvous.wire import ADDRESS_VARIABLE, KEY_VARIABLES, TIMEOUT_VARIABLE, parse_key, \
     parse_timeout
-from .run_hosts import Host, UsageError, check_remote_starts, format_hosts, is_this_host, \
+from hvdmx.runner.hosts import Host, UsageError, check_remote_starts, format_hosts, is_this_host, \
     unused_hosts
-from .run_launcher import FORWARDED_NAMES, FORWARDED_PREFIXES, PROG
+from hvdmx.runner.mpi import FORWARDED_NAMES, FORWARDED_PREFIXES, PROG
 
 STOP_GRACE_SECONDS = 10.0  # after SIGTERM to the ranks, before SIGKILL
 DEFAULT_SHELL = ("ssh", "-x", "-o", "BatchMode=yes", "-o", "ConnectTimeout=20")
