@@ -35,6 +35,7 @@ The launcher:
     runner.flags    hvdmxrun's tuning flags and the variables they set
     runner.hosts    hvdmxrun's hosts: -H, the hostfile, the checks of each host
     runner.mpi      hvdmxrun's MPI launcher: which, its command and environment
+    runner.bootstrap  what each rank of hvdmxrun --no-mpi runs first, on its host
     runner.nompi    hvdmxrun --no-mpi: starts the ranks itself, serves the rendezvous
     runner.elastic  the launcher's side of elastic, its package
     runner.elastic.hosts  an elastic job's hosts: discovery, blacklist, numbering of ranks

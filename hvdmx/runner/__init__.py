@@ -8,6 +8,7 @@ ops, trainer, ...); the rank API never imports this package
     hosts         -H, the hostfile, the checks of each host
     mpi           the MPI launcher: which one, its command and environment
     nompi         --no-mpi: starts the ranks itself, serves the rendezvous
+    bootstrap     what each rank of --no-mpi runs first (python -m hvdmx.runner.bootstrap)
     function_job  run_function (Horovod's horovod.run): a function on every rank
     elastic/      the launcher's side of elastic: hosts, membership, service, loop, job
 """
