@@ -60,9 +60,9 @@ def _forwarder(name: str, target: str) -> types.ModuleType:
 
 
 def run(*args, **kwargs):
-    """horovod.run: hvdmx.run_function (hvdmx/function_job.py), with
+    """horovod.run: hvdmx.run_function (hvdmx/runner/function_job.py), with
     Horovod's arguments."""
-    from hvdmx.function_job import run_function
+    from hvdmx.runner.function_job import run_function
     return run_function(*args, **kwargs)
 
 
