@@ -1,0 +1,374 @@
+"""hvdmx.spark.run on a real Spark (pyspark from `make spark`, Java from
+Debian): in local[2] mode on this host, and on a standalone cluster on test
+hosts (tools/testhosts.py; the master and a worker on host 1, a worker on
+host 2, one core each, the driver on host 1). One driver process per Spark
+(tests/spark_jobs.py) runs every scenario of its tests, so the JVMs start
+once. Failures: a rank that raises, a Spark job that cannot place every rank,
+an executor killed mid-run; after each, no process of the run is left on
+any host (every process of a run has the test's mark in its environment, and
+the hosts share this machine's /proc). The digits example trains at 2 ranks
+over the 2 workers."""
+import json
+import os
+import queue
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import uuid
+
+import pytest
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(REPO, "tools"))
+import testhosts  # noqa: E402
+
+PYTHON = sys.executable
+SPARK_DIR = os.path.join(sys.prefix, "spark")  # `make spark` (tests/spark.txt)
+SPARK_HOME = os.path.join(SPARK_DIR, "pyspark")
+JOBS = os.path.join(REPO, "tests", "spark_jobs.py")
+# Small JVMs: Spark's floor for an executor is 450 MB of heap, mostly never touched.
+JVM_FLAGS = "-XX:+UseSerialGC -XX:TieredStopAtLevel=1 -Xss1m"
+ENV = dict(os.environ, PYTHONPATH=os.pathsep.join([REPO, SPARK_DIR]), PYSPARK_PYTHON=PYTHON,
+           SPARK_HOME=SPARK_HOME, OMP_NUM_THREADS="1", MXNET_CPU_WORKER_NTHREADS="1",
+           MXNET_ENGINE_TYPE="ThreadedEnginePerDevice", SPARK_DAEMON_MEMORY="256m",
+           SPARK_DAEMON_JAVA_OPTS=JVM_FLAGS, PYTHONUNBUFFERED="1")
+SPARK_CONF = ["spark.ui.enabled=false", "spark.driver.memory=512m",
+              f"spark.driver.extraJavaOptions={JVM_FLAGS}",
+              "spark.executor.memory=512m", f"spark.executor.extraJavaOptions={JVM_FLAGS}",
+              f"spark.pyspark.python={PYTHON}",
+              f"spark.executorEnv.PYTHONPATH={ENV['PYTHONPATH']}",
+              "spark.executorEnv.OMP_NUM_THREADS=1",
+              "spark.executorEnv.MXNET_CPU_WORKER_NTHREADS=1",
+              "spark.executorEnv.MXNET_ENGINE_TYPE=ThreadedEnginePerDevice",
+              "spark.sql.shuffle.partitions=2", "spark.default.parallelism=2"]
+pytestmark = pytest.mark.timeout(300)
+
+
+def spark_missing():
+    if not os.path.isdir(SPARK_HOME):
+        return (f"pyspark is not in {SPARK_DIR}: run `make spark` (it installs "
+                "tests/spark.txt there)")
+    if subprocess.run(["sh", "-c", "command -v java"], capture_output=True).returncode:
+        return "no java on PATH: apt-get install openjdk-17-jre-headless (or `make java`)"
+    return None
+
+
+class Driver:
+    """tests/spark_jobs.py in a process of its own (in a test host, with
+    `command`): ask() sends it a scenario and returns its answer."""
+
+    def __init__(self, argv, cwd):
+        self.proc = subprocess.Popen(argv, cwd=cwd, env=ENV, stdin=subprocess.PIPE,
+                                     stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                     text=True, start_new_session=True)
+        self.lines = []
+        self.results = queue.Queue()
+        threading.Thread(target=self._read, daemon=True).start()
+        ready = self._result(180)
+        assert ready == {"ready": True}, self.output()
+
+    def _read(self):
+        for line in self.proc.stdout:
+            self.lines.append(line)
+            if line.startswith("RESULT "):
+                self.results.put(json.loads(line[len("RESULT "):]))
+        self.results.put(None)
+
+    def _result(self, timeout):
+        try:
+            answer = self.results.get(timeout=timeout)
+        except queue.Empty:
+            raise AssertionError(f"the driver gave no answer within {timeout} s:\n"
+                                 + self.output()) from None
+        assert answer is not None, "the driver ended:\n" + self.output()
+        return answer
+
+    def send(self, **request):
+        self.proc.stdin.write(json.dumps(request) + "\n")
+        self.proc.stdin.flush()
+
+    def ask(self, timeout=120, **request):
+        self.send(**request)
+        return self._result(timeout)
+
+    def output(self):
+        return "".join(self.lines[-200:])
+
+    def stop(self):
+        try:
+            self.proc.stdin.close()
+            self.proc.wait(30)
+        except (OSError, subprocess.TimeoutExpired):
+            pass
+        try:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        self.proc.wait()
+
+
+def marked(mark):
+    """Processes whose environment holds the test's mark."""
+    found = []
+    needle = f"HVDMX_SPARK_TEST_MARK={mark}".encode()
+    for pid in os.listdir("/proc"):
+        if not pid.isdigit():
+            continue
+        try:
+            with open(f"/proc/{pid}/environ", "rb") as f:
+                if needle in f.read().split(b"\0"):
+                    with open(f"/proc/{pid}/cmdline", "rb") as c:
+                        found.append((int(pid), c.read().replace(b"\0", b" ")[:120]))
+        except OSError:
+            pass
+    return found
+
+
+def assert_none_left(mark):
+    """No process of the run is left: polled, as a killed process needs a
+    moment to be reaped (a rank is stopped with SIGTERM, then SIGKILL 10 s later)."""
+    deadline = time.monotonic() + 60
+    while marked(mark) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert marked(mark) == [], "processes of the run are left"
+
+
+def new_mark():
+    return uuid.uuid4().hex
+
+
+# ---- without pyspark ------------------------------------------------------------
+
+def test_import_without_pyspark_and_a_clear_error_at_run():
+    code = ("import sys, hvdmx.spark\n"
+            "assert 'pyspark' not in sys.modules and 'mxnet' not in sys.modules\n"
+            "try:\n"
+            "    hvdmx.spark.run(print, num_proc=1)\n"
+            "except ImportError as error:\n"
+            "    print(error)\n")
+    result = subprocess.run([PYTHON, "-c", code], cwd=REPO, capture_output=True, text=True,
+                            env=dict(os.environ, PYTHONPATH=REPO), timeout=60)
+    assert result.returncode == 0, result.stderr
+    assert "hvdmx.spark.run needs pyspark" in result.stdout
+    assert "pip install pyspark" in result.stdout
+
+
+def test_bad_arguments_are_named():
+    import hvdmx.spark
+    with pytest.raises(ValueError, match="num_proc=0"):
+        hvdmx.spark.run(print, num_proc=0)
+    with pytest.raises(ValueError, match="start_timeout=-1"):
+        hvdmx.spark.run(print, start_timeout=-1)
+    with pytest.raises(TypeError, match="env must map"):
+        hvdmx.spark.run(print, env={"A": 1})
+    with pytest.raises(TypeError, match="data must be a pyspark.sql.DataFrame"):
+        hvdmx.spark.run(print, data=[1, 2])
+
+
+def test_placements_keep_a_hosts_ranks_together():
+    from hvdmx.spark.task import placements
+    places = placements(["a:1", "b:2", "a:3", "b:4", "c:5"])
+    # Partition order a, b, a, b, c -> ranks 0, 2, 1, 3, 4 (a's first).
+    assert [p.rank for p in places] == [0, 2, 1, 3, 4]
+    assert [(p.local_rank, p.local_size) for p in places] == [(0, 2), (0, 2), (1, 2),
+                                                              (1, 2), (0, 1)]
+    assert [(p.cross_rank, p.cross_size) for p in places] == [(0, 3), (1, 3), (0, 2),
+                                                              (1, 2), (2, 3)]
+
+
+# ---- local[2] on this host -----------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def local_driver():
+    reason = spark_missing()
+    if reason:
+        pytest.fail(reason)
+    conf = SPARK_CONF + ["spark.driver.host=127.0.0.1", "spark.driver.bindAddress=127.0.0.1"]
+    driver = Driver([PYTHON, JOBS, "local[2]", *conf], REPO)
+    try:
+        yield driver
+    finally:
+        driver.stop()
+
+
+def test_local_ranks_under_horovod_spark_run(local_driver):
+    # horovod.spark.run under hvdmx.as_horovod: the function uses horovod.mxnet.
+    ranks = local_driver.ask(scenario="horovod", num_proc=2).get("value")
+    assert ranks, local_driver.output()
+    assert [r["rank"] for r in ranks] == [0, 1]
+    assert [r["local_rank"] for r in ranks] == [0, 1]
+    assert {(r["size"], r["local_size"], r["cross_rank"], r["cross_size"], r["sum"], r["hvd"])
+            for r in ranks} == {(2, 2, 0, 1, 3.0, "horovod.mxnet")}
+
+
+def test_local_rank_that_raises(local_driver):
+    mark = new_mark()
+    answer = local_driver.ask(scenario="raises", rank=1, num_proc=2, mark=mark)
+    assert answer.get("error") == "ValueError", answer
+    assert answer["message"] == "rank 1 fails on purpose"
+    assert "rank 1 raised this" in answer["cause"]
+    # The rank's own traceback: the function (pickled by value from the
+    # driver's __main__) and the exception's line.
+    assert ", in raise_on\n" in answer["cause"]
+    assert "ValueError: rank 1 fails on purpose" in answer["cause"]
+    assert_none_left(mark)
+
+
+# ---- a standalone cluster on two test hosts ---------------------------------------------
+
+class Cluster:
+    def __init__(self, hosts, workdir):
+        self.hosts, self.workdir = hosts, workdir
+        self.master_address = hosts.address("h1")
+        self.daemons = []
+        self.driver = None
+
+    def daemon(self, host, argv, name):
+        log = open(os.path.join(self.workdir, f"{name}.log"), "w")
+        env = dict(ENV, SPARK_LOCAL_IP=self.hosts.address(host),
+                   SPARK_WORKER_DIR=os.path.join(self.workdir, f"{name}-work"),
+                   SPARK_LOCAL_DIRS=self.workdir, SPARK_LOG_DIR=self.workdir)
+        proc = subprocess.Popen(self.hosts.command(host, argv), cwd=self.workdir, env=env,
+                                stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+                                start_new_session=True)
+        self.daemons.append(proc)
+
+    def start(self):
+        spark_class = os.path.join(SPARK_HOME, "bin", "spark-class")
+        url = f"spark://{self.master_address}:7077"
+        self.daemon("h1", [spark_class, "org.apache.spark.deploy.master.Master", "--host",
+                           self.master_address, "--port", "7077", "--webui-port", "8080"],
+                    "master")
+        for host in ("h1", "h2"):
+            self.daemon(host, [spark_class, "org.apache.spark.deploy.worker.Worker", "--host",
+                               self.hosts.address(host), "--cores", "1", "--memory", "768m",
+                               "--webui-port", "8081", url], f"worker-{host}")
+        conf = SPARK_CONF + [f"spark.driver.host={self.master_address}",
+                             f"spark.driver.bindAddress={self.master_address}",
+                             "spark.cores.max=2", "spark.executor.cores=1"]
+        self.driver = Driver(self.hosts.command("h1", [PYTHON, JOBS, url, *conf]), REPO)
+        self.wait_for_executors()
+
+    def wait_for_executors(self):
+        """Until both workers' executors have registered with the driver."""
+        deadline = time.monotonic() + 120
+        while self.driver.ask(scenario="executors")["value"] < 2:
+            assert time.monotonic() < deadline, "executors did not register:\n" + self.logs()
+            time.sleep(0.5)
+
+    def logs(self):
+        out = []
+        for name in sorted(os.listdir(self.workdir)):
+            if name.endswith(".log"):
+                with open(os.path.join(self.workdir, name), errors="replace") as f:
+                    out.append(f"--- {name}\n{f.read()[-3000:]}")
+        return "\n".join(out) + "\n--- driver\n" + (self.driver.output() if self.driver else "")
+
+    def stop(self):
+        if self.driver is not None:
+            self.driver.stop()
+        for proc in self.daemons:
+            try:
+                os.killpg(proc.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            proc.wait()
+
+    def executor_pids(self, host):
+        """The executor JVMs started by `host`'s worker."""
+        needle = f"--hostname\0{self.hosts.address(host)}\0".encode()
+        pids = []
+        for pid in filter(str.isdigit, os.listdir("/proc")):
+            try:
+                with open(f"/proc/{pid}/cmdline", "rb") as f:
+                    cmdline = f.read()
+            except OSError:
+                continue
+            if b"CoarseGrainedExecutorBackend" in cmdline and needle in cmdline:
+                pids.append(int(pid))
+        return pids
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    reason = spark_missing() or testhosts.unavailable()
+    if reason:
+        pytest.fail(reason)
+    with testhosts.hosts(2) as hosts, tempfile.TemporaryDirectory(prefix="hvdmx-spark-") as d:
+        instance = Cluster(hosts, d)
+        try:
+            instance.start()
+            yield instance
+        finally:
+            instance.stop()
+
+
+def test_cluster_places_a_rank_on_each_worker(cluster):
+    # The ranks' variables (hvd.init reads them; the digits test runs it here).
+    ranks = cluster.driver.ask(scenario="environment", num_proc=2).get("value")
+    assert ranks, cluster.logs()
+    hosts = [r["host"] for r in ranks]
+    assert sorted(hosts) == sorted(cluster.hosts.hosts)  # one rank on each host
+    for r in ranks:
+        assert (r["size"], r["local_rank"], r["local_size"], r["cross_size"]) == (2, 0, 1, 2)
+        assert r["key_in_env"]  # put there by the bootstrap, from its standard input
+    assert [(r["rank"], r["cross_rank"]) for r in ranks] == [(0, 0), (1, 1)]
+
+
+def test_cluster_shares_of_a_dataframe(cluster):
+    shares = cluster.driver.ask(scenario="share", num_proc=2, rows=101).get("value")
+    assert shares, cluster.logs()
+    ids = sorted(i for s in shares for i in s["ids"])
+    assert ids == list(range(101))  # every row once, none at two ranks
+    for s in shares:
+        assert s["columns"] == ["id", "pair"] and s["pairs_ok"]
+        assert s["pair_shape"] == [len(s["ids"]), 2]
+
+
+def test_digits_example_over_two_workers(cluster):
+    answer = cluster.driver.ask(scenario="digits", timeout=240,
+                                argv=["--num-proc", "2", "--epochs", "8"])
+    assert answer.get("value", {}).get("code") == 0, cluster.logs()
+    out = answer["value"]["stdout"]
+    accuracy = float(out.split("test accuracy ")[1].split()[0])
+    assert accuracy >= 0.95, out
+    assert "parameters bitwise identical on all 2 ranks" in out
+
+
+def test_cluster_rank_that_raises(cluster):
+    mark = new_mark()
+    answer = cluster.driver.ask(scenario="raises", rank=1, num_proc=2, mark=mark)
+    assert answer.get("error") == "ValueError", answer
+    assert "rank 1 raised this" in answer["cause"]
+    assert_none_left(mark)
+
+
+def test_cluster_cannot_place_every_rank(cluster):
+    mark = new_mark()
+    answer = cluster.driver.ask(scenario="unplaceable", num_proc=3, start_timeout=5, mark=mark)
+    assert answer.get("error") == "TimeoutError", answer
+    assert "0 of 3 ranks were placed in Spark tasks" in answer["message"]
+    assert "start_timeout=5 s" in answer["message"]
+    assert_none_left(mark)
+
+
+def test_cluster_lost_executor_fails_the_run(cluster):
+    cluster.wait_for_executors()
+    mark = new_mark()
+    markers = tempfile.mkdtemp(prefix="hvdmx-spark-markers-")
+    cluster.driver.send(scenario="lost", num_proc=2, marker_dir=markers, mark=mark)
+    deadline = time.monotonic() + 120
+    while len(os.listdir(markers)) < 2:
+        assert time.monotonic() < deadline, "the ranks did not start:\n" + cluster.logs()
+        time.sleep(0.2)
+    pids = cluster.executor_pids("h2")
+    assert pids, "no executor on host 2:\n" + cluster.logs()
+    for pid in pids:
+        os.kill(pid, signal.SIGKILL)
+    answer = cluster.driver._result(120)
+    assert answer.get("error") == "RuntimeError", answer
+    assert "ended without returning" in answer["message"], answer
+    assert_none_left(mark)
