@@ -47,6 +47,7 @@ programs below it use hvdmx through it, as a user's script does.
     _elastic_driver  the seam of hvd.elastic to the launch: reset, hosts_updated
     elastic         hvd.elastic: State, ObjectState, GluonState, ModuleState, run
     function_job    run_function (Horovod's horovod.run): a function on every rank
+    spark           hvdmx.spark.run (horovod.spark.run): ranks in Spark's barrier tasks
     hvdmx           this facade
     build_report    hvdmxrun --check-build's checklist
     run             hvdmxrun, the launcher

@@ -42,7 +42,7 @@ def _import_pyspark() -> Any:
         import pyspark
     except ImportError as error:
         raise ImportError(f"{PROG} needs pyspark (Spark's Python API), which this Python "
-                          f"cannot import ({error}): pip install pyspark (3.4 or later), or "
+                          f"cannot import ({error}): pip install pyspark (3.1 or later), or "
                           "put its directory on PYTHONPATH") from error
     return pyspark
 
