@@ -10,7 +10,9 @@ host 2, one core each, the driver on host 1), then, in turns, each round:
 examples/spark_digits.py through that driver (the seconds from the call of
 hvdmx.spark.run to the end of the first allreduce, and rank 0's epoch
 times), and examples/mnist_gluon.py under hvdmxrun --no-mpi started on host
-1 (rank 0's epoch times). Prints every round and the medians; epoch 0 is
+1 (rank 0's epoch times); and, first, a run of a function that returns at
+once (no MXNet, no data: the cost of Spark's job, the bootstrap and the
+function job). Prints every round and the medians; epoch 0 is
 left out of the epoch medians (it holds MXNet's first-call costs).
 Needs root (the test hosts) and `make spark`.
 """
@@ -39,6 +41,14 @@ def spark_round(cluster, epochs):
     return first, epochs_s, accuracy, answer["seconds"]
 
 
+def trivial_round(cluster):
+    """Seconds of a run whose ranks return at once (no MXNet, no data): what
+    Spark, the bootstrap and the function job cost before any training."""
+    answer = cluster.driver.ask(scenario="environment", num_proc=2)
+    assert "value" in answer, answer
+    return answer["seconds"]
+
+
 def nompi_round(hosts, epochs):
     argv = [PYTHON, "-m", "hvdmx.run", "--no-mpi", "-np", "2", "-H",
             f"{hosts.hosts[0]}:1,{hosts.hosts[1]}:1", "--ssh-exec", hosts.launcher,
@@ -62,12 +72,15 @@ def main():
     reason = spark_missing() or testhosts.unavailable()
     if reason:
         sys.exit(reason)
-    firsts, spark_epochs, nompi_epochs = [], [], []
+    firsts, trivials, spark_epochs, nompi_epochs = [], [], [], []
     with testhosts.hosts(2) as hosts, tempfile.TemporaryDirectory(prefix="hvdmx-spark-") as d:
         cluster = Cluster(hosts, d)
         try:
             cluster.start()
             for index in range(args.rounds):
+                trivials.append(trivial_round(cluster))
+                print(f"round {index} spark: a run of a function that returns at once "
+                      f"{trivials[-1]:.2f} s", flush=True)
                 first, epochs, accuracy, seconds = spark_round(cluster, args.epochs)
                 firsts.append(first)
                 spark_epochs += epochs[1:]
@@ -81,7 +94,8 @@ def main():
                       flush=True)
         finally:
             cluster.stop()
-    print(f"median: first allreduce {statistics.median(firsts):.2f} s after hvdmx.spark.run; "
+    print(f"median: a run returning at once {statistics.median(trivials):.2f} s; "
+          f"first allreduce {statistics.median(firsts):.2f} s after hvdmx.spark.run; "
           f"epoch {statistics.median(spark_epochs):.3f} s under Spark, "
           f"{statistics.median(nompi_epochs):.3f} s under hvdmxrun --no-mpi")
 

@@ -137,9 +137,11 @@ def test_local_rank_that_raises(local_driver):
 
 @pytest.fixture(scope="module")
 def cluster():
-    reason = spark_missing() or testhosts.unavailable()
+    reason = spark_missing()
     if reason:
         pytest.fail(reason)
+    if testhosts.unavailable():  # as every test of the test hosts: not root
+        pytest.skip(testhosts.unavailable())
     with testhosts.hosts(2) as hosts, tempfile.TemporaryDirectory(prefix="hvdmx-spark-") as d:
         instance = Cluster(hosts, d)
         try:
@@ -179,6 +181,7 @@ def test_digits_example_over_two_workers(cluster):
     accuracy = float(out.split("test accuracy ")[1].split()[0])
     assert accuracy >= 0.95, out
     assert "parameters bitwise identical on all 2 ranks" in out
+    assert "[0]<stdout>:epoch 0: " in out  # rank 0's lines, forwarded to the driver
 
 
 def test_cluster_rank_that_raises(cluster):
@@ -207,6 +210,9 @@ def test_cluster_lost_executor_fails_the_run(cluster):
     while len(os.listdir(markers)) < 2:
         assert time.monotonic() < deadline, "the ranks did not start:\n" + cluster.logs()
         time.sleep(0.2)
+    # The ranks have the mark (env= reaches them): the checks for what is
+    # left after each failure look for something that is there while it runs.
+    assert len(marked(mark)) >= 2, marked(mark)
     pids = cluster.executor_pids("h2")
     assert pids, "no executor on host 2:\n" + cluster.logs()
     for pid in pids:
