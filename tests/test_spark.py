@@ -59,8 +59,11 @@ def new_mark():
 # ---- without pyspark ------------------------------------------------------------
 
 def test_import_without_pyspark_and_a_clear_error_at_run():
+    # pyspark is not on this PYTHONPATH, and None in sys.modules makes its
+    # import fail even where it is installed in site-packages.
     code = ("import sys, hvdmx.spark\n"
             "assert 'pyspark' not in sys.modules and 'mxnet' not in sys.modules\n"
+            "sys.modules['pyspark'] = None\n"
             "try:\n"
             "    hvdmx.spark.run(print, num_proc=1)\n"
             "except ImportError as error:\n"
