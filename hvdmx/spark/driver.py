@@ -47,36 +47,16 @@ def _import_pyspark() -> Any:
     return pyspark
 
 
-class _TaskServer:
+class _TaskServer(_Server):
     """The driver's end of the tasks' channels (See Note [The task's
-    channel]): a listener, a thread per connection; messages go to `events`
-    as ("task", message), output lines straight to `write`."""
+    channel]): the function job's listener and its thread per connection
+    (hvdmx/function_job.py), serving another conversation: messages go to
+    `events` as ("task", message), output lines straight to `write`;
+    close() closes every channel."""
 
     def __init__(self, key: bytes, num_proc: int, write: Callable[[int, str, bytes], None]):
-        self.key, self.num_proc, self.write = key, num_proc, write
-        self.events: "queue.Queue[tuple]" = queue.Queue()
-        self.listener = socket.create_server(("0.0.0.0", 0))
-        self.listener.settimeout(0.2)
-        self.port = self.listener.getsockname()[1]
-        self.closed = threading.Event()
-        self.connections: List[socket.socket] = []
-        self.lock = threading.Lock()
-        self.acceptor = threading.Thread(target=self._accept, name="hvdmx-spark-tasks",
-                                         daemon=True)
-        self.acceptor.start()
-
-    def _accept(self) -> None:
-        while not self.closed.is_set():
-            try:
-                connection, _ = self.listener.accept()
-            except socket.timeout:
-                continue
-            except OSError:
-                return
-            connection.setblocking(True)
-            with self.lock:
-                self.connections.append(connection)
-            threading.Thread(target=self._serve, args=(connection,), daemon=True).start()
+        self.num_proc, self.write = num_proc, write  # before the acceptor starts
+        super().__init__("0.0.0.0", key)
 
     def _check(self, message: Any, peer: str) -> Optional[tuple]:
         """The message if it is well formed, else None (and a note)."""
@@ -122,15 +102,6 @@ class _TaskServer:
         except Exception:
             pass  # the task ended (or sent garbage): its rank's outcome says more
         connection.close()
-
-    def close(self) -> None:
-        """Closes every channel: the tasks stop their ranks."""
-        self.closed.set()
-        self.acceptor.join()
-        self.listener.close()
-        with self.lock:
-            for connection in self.connections:
-                _Server.drop(connection)
 
 
 def _receive_frame_bounded(sock: socket.socket, peer: str) -> bytes:

@@ -31,7 +31,6 @@ from __future__ import annotations
 import os
 import pickle
 import shutil
-import signal
 import socket
 import subprocess
 import sys
@@ -40,10 +39,10 @@ import threading
 from typing import Any, Dict, Iterable, Iterator, List, Mapping, Optional, Sequence, Tuple
 
 from hvdmx.spark._runner import _BOOTSTRAP_LINE, ADDRESS_VARIABLE, ADDRESSES_VARIABLE, \
-    KEY_VARIABLES, Placement, _connect, _send_frame, rank_env
+    KEY_VARIABLES, Placement, _connect, _send_frame, _stop_launcher, rank_env
 from hvdmx.spark.data import DATA_VARIABLE, write_share
 
-STOP_SECONDS = 10.0  # after SIGTERM to the rank, before SIGKILL to its group
+STOP_SECONDS = 10.0  # for the rank's output to be read after it ended
 
 
 def placements(addresses: Sequence[str]) -> List[Placement]:
@@ -100,26 +99,14 @@ class _Channel:
 
 def _stop(process: subprocess.Popen) -> None:
     """Ends the rank: its bootstrap stops the rank's group when its standard
-    input ends or on SIGTERM; SIGKILL to the group after STOP_SECONDS."""
-    if process.poll() is None:
+    input ends, and on the SIGTERM that the function job's _stop sends
+    before it kills the group."""
+    if process.poll() is None and process.stdin is not None:
         try:
-            assert process.stdin is not None
             process.stdin.close()
         except OSError:
             pass
-        try:
-            process.send_signal(signal.SIGTERM)
-        except OSError:
-            pass
-        try:
-            process.wait(STOP_SECONDS)
-        except subprocess.TimeoutExpired:
-            pass
-    try:
-        os.killpg(process.pid, signal.SIGKILL)
-    except (ProcessLookupError, PermissionError):
-        pass
-    process.wait()
+    _stop_launcher(process)
 
 
 def _stop_when_closed(channel: _Channel, process: subprocess.Popen) -> None:
