@@ -96,6 +96,9 @@ def run_scenario(spark, request):
     if name == "share":
         frame = spark.range(request["rows"]).selectExpr("id", "array(id, id * 2) as pair")
         return hvdmx.spark.run(share, num_proc=num_proc, env=env, data=frame)
+    if name == "ragged":
+        frame = spark.range(request["rows"]).selectExpr("id", "sequence(0, id) as ragged")
+        return hvdmx.spark.run(share, num_proc=num_proc, env=env, data=frame)
     if name == "raises":
         return hvdmx.spark.run(raise_on, args=(request["rank"],), num_proc=num_proc, env=env)
     if name == "unplaceable":

@@ -98,6 +98,38 @@ def test_placements_keep_a_hosts_ranks_together():
                                                               (1, 2), (2, 3)]
 
 
+def test_a_share_round_trips_and_bad_columns_are_named(tmp_path, monkeypatch):
+    import numpy as np
+
+    import hvdmx.spark
+    from hvdmx.spark.data import write_share
+
+    class Vector:  # as pyspark.ml.linalg's vectors: toArray()
+        def __init__(self, values):
+            self.values = values
+
+        def toArray(self):
+            return np.asarray(self.values, dtype=np.float64)
+
+    rows = [{"x": Vector([i, i + 0.5]), "y": i, "z": [i, 2 * i, 3 * i]} for i in range(5)]
+    path = str(tmp_path / "share.npz")
+    assert write_share(iter(rows), ["y", "x", "z"], path) == 5
+    monkeypatch.setenv(hvdmx.spark.DATA_VARIABLE, path)
+    share = hvdmx.spark.rank_data()
+    assert list(share) == ["y", "x", "z"]  # the DataFrame's order, not the file's
+    assert share["x"].shape == (5, 2) and share["x"][3, 1] == 3.5
+    assert share["z"].tolist()[4] == [4, 8, 12] and share["y"].tolist() == list(range(5))
+    x, = hvdmx.spark.rank_arrays("x")
+    assert x.shape == (5, 2)
+    with pytest.raises(KeyError, match="no column 'w' in data"):
+        hvdmx.spark.rank_arrays("w")
+    with pytest.raises(ValueError, match="column 'z' of data holds arrays of different"):
+        write_share(iter([{"z": [1, 2]}, {"z": [1]}]), ["z"], path)
+    monkeypatch.delenv(hvdmx.spark.DATA_VARIABLE)
+    with pytest.raises(RuntimeError, match="not a rank of hvdmx.spark.run"):
+        hvdmx.spark.rank_data()
+
+
 # ---- local[2] on this host -----------------------------------------------------------
 
 @pytest.fixture(scope="module")
@@ -174,6 +206,16 @@ def test_cluster_shares_of_a_dataframe(cluster):
     for s in shares:
         assert s["columns"] == ["id", "pair"] and s["pairs_ok"]
         assert s["pair_shape"] == [len(s["ids"]), 2]
+
+
+def test_cluster_a_share_that_cannot_be_written(cluster):
+    # Arrays of different lengths: the task says why, and the run fails at once.
+    mark = new_mark()
+    answer = cluster.driver.ask(scenario="ragged", num_proc=2, rows=20, mark=mark)
+    assert answer.get("error") == "RuntimeError", answer
+    assert "could not start it: ValueError: hvdmx.spark.run: column 'ragged' of data holds " \
+        "arrays of different lengths" in answer["message"], answer
+    assert_none_left(mark)
 
 
 def test_digits_example_over_two_workers(cluster):

@@ -19,6 +19,7 @@ many steps to run (docs/spark.md, "Unequal shares").
 from __future__ import annotations
 
 import os
+import warnings
 from typing import Any, Dict, Iterable, List, Sequence, Tuple
 
 import numpy as np
@@ -43,16 +44,19 @@ def write_share(rows: Iterable[Any], columns: Sequence[str], path: str) -> int:
         count += 1
     arrays: Dict[str, np.ndarray] = {}
     for name, column in zip(columns, values):
-        try:
-            arrays[name] = np.asarray(column)
-        except ValueError as error:  # ragged arrays
-            raise ValueError(f"hvdmx.spark.run: column {name!r} of data holds arrays of "
-                             f"different lengths ({error}); give every row's array the "
-                             "same length") from None
+        with warnings.catch_warnings():
+            # numpy < 1.24 makes ragged rows an object array, with this warning.
+            warnings.simplefilter("error", np.VisibleDeprecationWarning)
+            try:
+                arrays[name] = np.asarray(column)
+            except (ValueError, np.VisibleDeprecationWarning):
+                raise ValueError(f"hvdmx.spark.run: column {name!r} of data holds arrays of "
+                                 "different lengths; give every row's array the same length "
+                                 "(or select other columns)") from None
         if arrays[name].dtype == object:
-            raise TypeError(f"hvdmx.spark.run: column {name!r} of data holds values NumPy "
-                            "cannot stack into one array (arrays of different lengths, or "
-                            "non-numbers); select numeric or fixed-length array columns")
+            raise ValueError(f"hvdmx.spark.run: column {name!r} of data holds values that "
+                             "are not numbers (or arrays of numbers); select numeric or "
+                             "array columns")
     with open(path, "wb") as f:
         np.savez(f, **{_ORDER: np.asarray(list(columns))}, **arrays)
     return count

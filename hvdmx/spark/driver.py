@@ -69,6 +69,8 @@ class _TaskServer(_Server):
             ok = len(message) == 5 and isinstance(message[3], str)
         elif ok and message[0] == "exit":
             ok = isinstance(message[2], int)
+        elif ok and message[0] == "setup":
+            ok = isinstance(message[2], str)
         else:
             ok = False
         if not ok:
@@ -314,6 +316,7 @@ class _Collect:
         self.lost: Dict[int, float] = {}      # rank -> when its connection ended unanswered
         self.placed: Dict[int, str] = {}      # rank -> host of its task
         self.exits: Dict[int, int] = {}
+        self.setup: Dict[int, str] = {}       # rank -> why its task could not start it
 
     def _take_function_event(self, event: tuple) -> None:
         if event[0] == "hello":
@@ -357,6 +360,8 @@ class _Collect:
                 self.say(f"{self.num_proc} ranks placed in Spark tasks (rank:host) {where}")
         elif message[0] == "exit":
             self.exits[message[1]] = message[2]
+        elif message[0] == "setup":
+            self.setup.setdefault(message[1], message[2])
 
     def _drain(self) -> None:
         for source, take in ((self.functions.events, self._take_function_event),
@@ -391,6 +396,11 @@ class _Collect:
             now = time.monotonic()
             if self.failures:
                 self._fail_with_exception()
+            if self.setup:
+                rank = min(self.setup)
+                self._end_job()
+                raise RuntimeError(f"{PROG}: the Spark task of {self._describe(rank)} could "
+                                   f"not start it: {self.setup[rank]}")
             if len(self.values) == self.num_proc:
                 self.job.done.wait(_END_SECONDS)
                 self._drain()

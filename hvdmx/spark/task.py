@@ -19,7 +19,9 @@ Note [The task's channel]
 The task connects to the driver's task server, both proving the job's key
 (the function job's handshake, hvdmx/function_job.py), and sends pickled
 tuples: ("placed", rank, partition, host, pid), then ("out", rank, stream,
-bytes) for each line of the rank's output, then ("exit", rank, status).
+bytes) for each line of the rank's output, then ("exit", rank, status); or,
+when the rank cannot be started (its share of the data cannot be written,
+say), ("setup", rank, why).
 The driver never sends anything; when it closes the connection (it is
 done, or the run failed), the task stops its rank: that ends the rank even
 before Spark has killed the task. The key reaches the task inside the
@@ -38,8 +40,8 @@ import tempfile
 import threading
 from typing import Any, Dict, Iterable, Iterator, List, Mapping, Optional, Sequence, Tuple
 
-from hvdmx.spark._runner import _BOOTSTRAP_LINE, ADDRESS_VARIABLE, ADDRESSES_VARIABLE, \
-    KEY_VARIABLES, Placement, _connect, _send_frame, _stop_launcher, rank_env
+from hvdmx.spark._runner import _BOOTSTRAP_LINE, ADDRESSES_VARIABLE, KEY_VARIABLES, \
+    Placement, _connect, _send_frame, _stop_launcher, rank_env
 from hvdmx.spark.data import DATA_VARIABLE, write_share
 
 STOP_SECONDS = 10.0  # for the rank's output to be read after it ended
@@ -140,20 +142,23 @@ def run_task(plan: Mapping[str, Any], rows: Iterable[Any]) -> Iterator[int]:
         env.update(plan["env"])
         env.update(rank_env(place, len(places), plan["rendezvous"], {}))
         env[ADDRESSES_VARIABLE] = plan["function_addresses"]
-        if plan["columns"] is not None:
-            workdir = tempfile.mkdtemp(prefix="hvdmx-spark-")
-            path = os.path.join(workdir, f"rank{place.rank}.npz")
-            write_share(rows, plan["columns"], path)
-            env[DATA_VARIABLE] = path
-        else:
-            for _ in rows:
-                pass
-        assert ADDRESS_VARIABLE in env
         python = sys.executable
         command = [python, "-c", _BOOTSTRAP_LINE, python, *plan["module"]]
-        process = subprocess.Popen(command, env=env, stdin=subprocess.PIPE,
-                                   stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                   start_new_session=True)
+        try:
+            if plan["columns"] is not None:
+                workdir = tempfile.mkdtemp(prefix="hvdmx-spark-")
+                path = os.path.join(workdir, f"rank{place.rank}.npz")
+                write_share(rows, plan["columns"], path)
+                env[DATA_VARIABLE] = path
+            else:
+                for _ in rows:
+                    pass
+            process = subprocess.Popen(command, env=env, stdin=subprocess.PIPE,
+                                       stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                       start_new_session=True)
+        except Exception as error:  # the driver says why at once
+            channel.send(("setup", place.rank, f"{type(error).__name__}: {error}"))
+            raise
         assert process.stdin is not None
         try:
             process.stdin.write(f"HVDMX_SECRET_KEY={key}\n".encode())
