@@ -60,6 +60,12 @@ def raise_on(rank_that_raises):
     return rank
 
 
+def returns_then_fails():
+    import atexit
+    atexit.register(os._exit, 3)  # after the value is sent: the rank's status is 3
+    return int(os.environ["HVDMX_RANK"])
+
+
 def wait_forever(marker_dir):
     rank = int(os.environ["HVDMX_RANK"])
     with open(os.path.join(marker_dir, f"rank{rank}"), "w") as f:
@@ -99,6 +105,8 @@ def run_scenario(spark, request):
     if name == "ragged":
         frame = spark.range(request["rows"]).selectExpr("id", "sequence(0, id) as ragged")
         return hvdmx.spark.run(share, num_proc=num_proc, env=env, data=frame)
+    if name == "returns_then_fails":
+        return hvdmx.spark.run(returns_then_fails, num_proc=num_proc, env=env)
     if name == "raises":
         return hvdmx.spark.run(raise_on, args=(request["rank"],), num_proc=num_proc, env=env)
     if name == "unplaceable":

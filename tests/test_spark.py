@@ -9,6 +9,7 @@ any host (every process of a run has the test's mark in its environment, and
 the hosts share this machine's /proc). The digits example trains at 2 ranks
 over the 2 workers."""
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -165,6 +166,21 @@ def test_local_rank_that_raises(local_driver):
     # driver's __main__) and the exception's line.
     assert ", in raise_on\n" in answer["cause"]
     assert "ValueError: rank 1 fails on purpose" in answer["cause"]
+    assert_none_left(mark)
+
+
+def test_local_ranks_that_return_then_fail(local_driver):
+    # As run_function when its launcher fails: the values are not returned.
+    mark = new_mark()
+    answer = local_driver.ask(scenario="returns_then_fails", num_proc=2, mark=mark)
+    assert answer.get("error") == "RuntimeError", answer
+    # The first task to fail fails the barrier stage, and Spark kills the
+    # other: which statuses reached the driver first varies; the task's own
+    # error, in Spark's, names the status.
+    assert re.search(r"every rank returned, but then (ranks \[(0, 1|0|1)\] exited with a "
+                     r"status other than 0 and )?the Spark job failed", answer["message"]), answer
+    assert re.search(r"hvdmx.spark: rank [01] \(partition [01], host .*\) exited with status 3",
+                     answer["message"]), answer
     assert_none_left(mark)
 
 

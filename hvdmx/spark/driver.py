@@ -155,9 +155,11 @@ def _validate(fn: Any, args: Any, kwargs: Any, num_proc: Any, start_timeout: Any
 
 
 def _spark_summary(error: BaseException) -> str:
-    """The lines of a Spark job's error that say why (not the JVM's stack)."""
+    """The lines of a Spark job's error that say why (not the JVM's stack):
+    its first lines, and those of a task's own error (hvdmx.spark: ...)."""
     lines = [line.strip() for line in str(error).splitlines() if line.strip()]
     keep = [line for line in lines if not line.startswith("at ")][:6]
+    keep += [line for line in lines if "hvdmx.spark: rank" in line and line not in keep][:3]
     return "\n  ".join(keep) if keep else type(error).__name__
 
 
@@ -404,6 +406,12 @@ class _Collect:
             if len(self.values) == self.num_proc:
                 self.job.done.wait(_END_SECONDS)
                 self._drain()
+                if self.job.error is not None:  # as run_function when its launcher fails
+                    bad = sorted(r for r, code in self.exits.items() if code != 0)
+                    after = f"ranks {bad} exited with a status other than 0 and " if bad \
+                        else ""
+                    raise RuntimeError(f"{PROG}: every rank returned, but then {after}the "
+                                       f"Spark job failed:\n  {_spark_summary(self.job.error)}")
                 return [self.values[rank] for rank in range(self.num_proc)]
             lost = [r for r, when in self.lost.items() if now > when + _LOST_GRACE_SECONDS
                     or r in self.exits or self.job.done.is_set()]
