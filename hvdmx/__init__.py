@@ -45,6 +45,11 @@ The launcher:
     runner.elastic.job  hvdmxrun's elastic job: the service, the workers, the loop
     runner.function_job  run_function (Horovod's horovod.run): a function on every rank
     runner.launch   hvdmxrun, the launcher's command line
+    spark._runner   what hvdmx.spark takes of the launcher's modules, in one place
+    spark.data      a rank's share of a DataFrame: written by its task, read by the rank
+    spark.task      a Spark barrier task: places and starts its rank, forwards its output
+    spark.driver    hvdmx.spark.run: the barrier job, the servers, the ranks' outcomes
+    spark           hvdmx.spark.run (horovod.spark.run): ranks in Spark's barrier tasks
 The rank API:
     errors          exception classes (MXNetError and ValueError/TypeError)
     timeline        reads and plots the timeline's Chrome trace

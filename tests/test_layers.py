@@ -126,7 +126,7 @@ def test_the_check_sees_an_upward_import(tmp_path, monkeypatch):
 
 # The launcher's rooms: what starts a job (hvdmx/runner/) and the rendezvous
 # it serves (hvdmx/rendezvous/, which the ranks join).
-LAUNCHER = ("runner", "rendezvous")
+LAUNCHER = ("runner", "rendezvous", "spark")
 # What the launcher may import of hvdmx besides its rooms: MPI's identity
 # (which MPI hvdmx was built with, for the launcher-mismatch warning), not
 # the rank API; neither loads MXNet.
@@ -143,6 +143,14 @@ DOORS = {("hvdmx", "runner.function_job")}
 # (loaded without MPI_Init, for MPI's identity) and cloudpickle (for
 # run_function's function and results). Never MXNet or numpy.
 LAUNCHER_PACKAGES = {"mpi4py", "cloudpickle"}
+# hvdmx.spark, the launcher of a Spark job, may also import pyspark (in a
+# function: it is not installed everywhere) and numpy (a rank's share of a
+# DataFrame travels as arrays); never MXNet (imported in the rank's own
+# process, by rank_dataset) nor the rank API.
+SPARK_PACKAGES = {"pyspark", "numpy"}
+# The one module of hvdmx.spark that a rank calls: rank_dataset imports MXNet
+# in its body (the rank has loaded it), never at the module's import.
+RANK_SIDE_OF_SPARK = {"spark.data": {"mxnet"}}
 
 
 def in_rooms(layer: str, rooms) -> bool:
@@ -186,7 +194,9 @@ def launcher_imports_of_the_rank_side():
                 yield f"{where}:{line} ({layer}) imports hvdmx.{imported}"
         for line, name in other_imports(path):
             if name not in sys.stdlib_module_names and \
-                    not (rooms == LAUNCHER and name in LAUNCHER_PACKAGES):
+                    not (rooms == LAUNCHER and name in LAUNCHER_PACKAGES) and \
+                    not (in_rooms(layer, ("spark",)) and name in SPARK_PACKAGES) and \
+                    name not in RANK_SIDE_OF_SPARK.get(layer, ()):
                 yield f"{where}:{line} ({layer}) imports {name}"
 
 
@@ -226,7 +236,8 @@ def test_the_launcher_loads_no_mxnet_and_the_rank_api_no_launcher():
     # Every module of the launcher's rooms in one fresh interpreter: MXNet
     # and the rank API stay out. Then the rank API's modules (the facade's
     # names, hvd.elastic's): the launcher stays out.
-    launcher = [m for m in SUBMODULES if in_rooms(m.removeprefix("hvdmx."), LAUNCHER)]
+    launcher = [m for m in SUBMODULES if in_rooms(m.removeprefix("hvdmx."), LAUNCHER)
+                and not in_rooms(m.removeprefix("hvdmx."), ("spark",))]
     assert "hvdmx.runner.launch" in launcher and "hvdmx.rendezvous.client" in launcher
     code = (f"import sys\nfor m in {launcher!r}: __import__(m)\n"
             "print(sorted(m for m in sys.modules if m.split('.')[0] in ('mxnet', 'numpy') or "
@@ -246,6 +257,21 @@ def test_the_launcher_loads_no_mxnet_and_the_rank_api_no_launcher():
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip().splitlines()[-1] == "[]", result.stdout
 
+
+
+def test_spark_loads_no_mxnet_nor_the_rank_api():
+    # hvdmx.spark runs in the Spark driver and in its tasks' Python workers:
+    # numpy may come (a share of a DataFrame), MXNet and the rank API may not.
+    spark = [m for m in SUBMODULES if in_rooms(m.removeprefix("hvdmx."), ("spark",))]
+    assert "hvdmx.spark.driver" in spark and "hvdmx.spark.task" in spark
+    code = (f"import sys\nfor m in {spark!r}: __import__(m)\n"
+            "print(sorted(m for m in sys.modules if m.split('.')[0] == 'mxnet' or "
+            "m.startswith('hvdmx.') and m.split('.')[1] not in "
+            f"{LAUNCHER + tuple(MPI_IDENTITY)!r}))")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                            timeout=120, env=dict(os.environ, OMP_NUM_THREADS="1"))
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "[]", result.stdout
 
 # A smell detector, not a design rule (issue 50): a file past it is read for
 # whether it owns more than one concept, and split by concept if it does.
