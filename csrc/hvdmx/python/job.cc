@@ -176,6 +176,7 @@ std::shared_ptr<Runtime> StartRuntime(Group& group) {
   std::unique_ptr<ShmHost> shm = CreateNodeShm(group, config);
   const bool busy = config.transport == Transport::kTcp && HostRanksOutnumberCpus(group);
   std::unique_ptr<Comm> control = NegotiationComm(group, config, busy, shm.get());
+  if (G().wrap_negotiation) control = G().wrap_negotiation(std::move(control));
   std::unique_ptr<Comm> data =
       CommOver(group, config, busy, CommUse::kData, AdasumPeers(group, config));
   auto runtime = std::make_shared<Runtime>(std::move(control), std::move(data), config,
@@ -330,6 +331,11 @@ Status StartLocked(std::unique_ptr<Group> world, int thread_level) {
 }
 
 }  // namespace
+
+void SetNegotiationCommWrapper(NegotiationCommWrapper wrap) {
+  std::lock_guard<std::mutex> lock(G().mu);
+  G().wrap_negotiation = std::move(wrap);
+}
 
 Status Init(uintptr_t comm_address) {
   std::lock_guard<std::mutex> lock(G().mu);

@@ -11,6 +11,7 @@
 
 #include <mpi.h>
 
+#include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -28,6 +29,10 @@ struct Topology {
 
 // The process-wide state. Set 0 is the global set; every rank knows every
 // set's ranks, but holds a runtime only for the sets it belongs to.
+// What a runtime negotiates over, given the comm init made for it (see
+// SetNegotiationCommWrapper).
+using NegotiationCommWrapper = std::function<std::unique_ptr<Comm>(std::unique_ptr<Comm>)>;
+
 struct Global {
   std::mutex mu;
   std::shared_ptr<Runtime> runtime;  // the global set's
@@ -39,6 +44,7 @@ struct Global {
   std::map<int, std::shared_ptr<Runtime>> sets;  // ids >= 1 this rank belongs to
   std::map<int, std::vector<int>> set_ranks;     // ids >= 1, every rank
   int next_set_id = 1;
+  NegotiationCommWrapper wrap_negotiation;  // empty unless the tests' module set it
 };
 Global& G();
 
@@ -71,6 +77,13 @@ Status Init(uintptr_t comm_address);
 // The same over `world`, in a job started without MPI (hvdmxrun --no-mpi:
 // the launcher's rendezvous), which never calls MPI. Collective over `world`.
 Status InitOver(std::unique_ptr<Group> world);
+
+// A seam for the test suite's own module (tests/_hvdmx_testing), which hvdmx
+// itself never sets: every runtime this process starts after the call
+// negotiates over wrap(the comm init made for it) instead. The tests wrap
+// one rank's comm of a real job across hosts so that it sends its peers bad
+// negotiation bytes (tests/test_peer_input_tcp.py). An empty `wrap` undoes it.
+void SetNegotiationCommWrapper(NegotiationCommWrapper wrap);
 void Shutdown();
 
 // Collective over the whole job; sets *id to the new set's id. With
