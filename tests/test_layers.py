@@ -273,6 +273,55 @@ def test_spark_loads_no_mxnet_nor_the_rank_api():
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == "[]", result.stdout
 
+
+# ---- a Gluon trainer's state: one module -----------------------------------------
+
+# The private fields of MXNet's Trainer, Module and their Updaters (with the
+# updaters' states), which hvdmx/trainer_state.py alone reads and writes. A
+# class's own code on ``self`` (DistributedTrainer is a Trainer) is not a
+# reader from outside, nor a call of trainer_state's own functions.
+MXNET_FIELDS = {"_params", "_optimizer", "_updaters", "_updater", "_kvstore",
+                "_update_on_kvstore", "_kv_initialized", "_init_kvstore", "_contexts", "_context",
+                "_param2idx", "_params_to_init", "_scale", "states", "states_synced",
+                "aggregate_updates"}
+# hvd.DistributedOptimizer's own field of that name (the optimizer it wraps),
+# read right after an isinstance check names the object one.
+OWN_FIELDS = {("optimizer.py", "optimizer._optimizer"), ("trainer.py", "optimizer._optimizer"),
+              ("elastic/arrays.py", "optimizer._optimizer")}
+
+
+def mxnet_field_accesses():
+    for path in sorted(module_files()):
+        where = os.path.relpath(path, PACKAGE)
+        if where == "trainer_state.py":
+            continue
+        for node in ast.walk(ast.parse(open(path).read(), path)):
+            if isinstance(node, ast.Attribute) and node.attr in MXNET_FIELDS and \
+                    not (isinstance(node.value, ast.Name) and
+                         node.value.id in ("self", "trainer_state")) and \
+                    (where, ast.unparse(node)) not in OWN_FIELDS:
+                yield f"{where}:{node.lineno} {ast.unparse(node)}"
+
+
+def test_only_trainer_state_touches_mxnets_private_training_fields():
+    found = list(mxnet_field_accesses())
+    assert not found, "use hvdmx/trainer_state.py:\n" + "\n".join(found)
+
+
+def test_the_field_check_sees_an_access(tmp_path, monkeypatch):
+    fake = tmp_path / "hvdmx"
+    fake.mkdir()
+    (fake / "__init__.py").write_text("")
+    (fake / "trainer_state.py").write_text("def f(trainer):\n    return trainer._optimizer\n")
+    (fake / "checkpoint.py").write_text(
+        "def f(trainer, updater):\n    trainer._updaters[0].states[1] = 2\n"
+        "    return self._kvstore, updater.states_synced, trainer_state.states(updater)\n")
+    monkeypatch.setattr(sys.modules[__name__], "PACKAGE", str(fake))
+    assert sorted(mxnet_field_accesses()) == [
+        "checkpoint.py:2 trainer._updaters", "checkpoint.py:2 trainer._updaters[0].states",
+        "checkpoint.py:3 updater.states_synced"]
+
+
 # A smell detector, not a design rule (issue 50): a file past it is read for
 # whether it owns more than one concept, and split by concept if it does.
 MAX_LINES = 800
