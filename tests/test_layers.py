@@ -274,6 +274,67 @@ def test_spark_loads_no_mxnet_nor_the_rank_api():
     assert result.stdout.strip() == "[]", result.stdout
 
 
+def _declared_hook(function) -> bool:
+    """Whether the function has no behaviour of its own, past its docstring:
+    nothing, ``pass``, ``return None``, or raise NotImplementedError."""
+    body = [s for s in function.body if not (isinstance(s, ast.Expr) and
+                                             isinstance(s.value, ast.Constant))]
+    if not body:
+        return True
+    if len(body) != 1:
+        return False
+    only = body[0]
+    return isinstance(only, ast.Pass) or \
+        (isinstance(only, ast.Return) and (only.value is None or ast.unparse(only.value) ==
+                                           "None")) or \
+        (isinstance(only, ast.Raise) and only.exc is not None and
+         "NotImplementedError" in ast.unparse(only.exc))
+
+
+def private_overrides():
+    """(subclass, method) where a class of hvdmx overrides a private method
+    (one underscore, not a dunder) of another class of hvdmx that has a body
+    of its own: a door that only one side knows is there (issue 61:
+    ElasticService overrode the rendezvous server's hooks; it now serves its
+    connections through the server's public Service interface). A method
+    with no behaviour of its own is the base's declared hook (elastic's
+    _TrainingState), there to be overridden."""
+    classes = {}
+    for path in sorted(module_files()):
+        for node in ast.walk(ast.parse(open(path).read(), path)):
+            if isinstance(node, ast.ClassDef):
+                methods = {f.name: _declared_hook(f) for f in node.body
+                           if isinstance(f, (ast.FunctionDef, ast.AsyncFunctionDef))}
+                bases = [b.id if isinstance(b, ast.Name) else b.attr if
+                         isinstance(b, ast.Attribute) else "" for b in node.bases]
+                classes.setdefault(node.name, []).append((bases, methods))
+    for name, defs in sorted(classes.items()):
+        for bases, methods in defs:
+            for base in bases:
+                for _, inherited in classes.get(base, []):
+                    for method in sorted(set(methods) & set(inherited)):
+                        if method.startswith("_") and not method.endswith("__") and \
+                                not inherited[method]:
+                            yield f"{name}.{method} overrides {base}.{method}"
+
+
+def test_no_class_overrides_another_classes_private_method(tmp_path, monkeypatch):
+    found = list(private_overrides())
+    assert not found, "\n".join(found)
+    fake = tmp_path / "hvdmx"
+    fake.mkdir()
+    (fake / "__init__.py").write_text("")
+    (fake / "server.py").write_text("class Server:\n    def _post(self): return 1\n"
+                                    "    def close(self): pass\n"
+                                    "    def _hook(self):\n        raise NotImplementedError\n")
+    (fake / "service.py").write_text("from hvdmx.server import Server\n"
+                                     "class Service(Server):\n    def _post(self): pass\n"
+                                     "    def close(self): pass\n    def __init__(self): pass\n"
+                                     "    def _hook(self): pass\n")
+    monkeypatch.setattr(sys.modules[__name__], "PACKAGE", str(fake))
+    assert list(private_overrides()) == ["Service._post overrides Server._post"]
+
+
 # ---- a Gluon trainer's state: one module -----------------------------------------
 
 # The private fields of MXNet's Trainer, Module and their Updaters (with the
