@@ -65,6 +65,7 @@ The rank API:
     optimizer       DistributedOptimizer, broadcast_parameters, gradient reduction
     trainer         DistributedTrainer
     kvstore         KVStore, registered with MXNet as 'dist_sync_hvdmx' at import
+    trainer_state   a Gluon trainer's (and a Module's) state: MXNet's private fields, read here only
     checkpoint_residuals  each rank's compression residuals in a checkpoint
     checkpoint      save_checkpoint, load_checkpoint
     elastic.arrays  hvd.elastic's snapshots of arrays, optimizer states' layouts

@@ -44,6 +44,7 @@ from mxnet.gluon.parameter import Parameter, ParameterDict
 from hvdmx.basics import rank, size
 from hvdmx.checkpoint_residuals import gather_residuals, scatter_residuals, without_residuals
 from hvdmx.ops import Sum, _check_root, allreduce, broadcast_
+from hvdmx import trainer_state
 
 __all__ = ["load_checkpoint", "save_checkpoint"]
 
@@ -77,9 +78,10 @@ def _check_trainer(fn: str, trainer) -> None:
         raise TypeError(f"hvdmx.{fn}: argument 'trainer' must be a gluon.Trainer (an "
                         "hvd.DistributedTrainer, or a Trainer with kvstore=hvd.KVStore()) or "
                         f"None, got {type(trainer).__name__}")
-    if trainer._kvstore is not None and trainer._update_on_kvstore:
+    kvstore = trainer_state.kvstore_updating(trainer)
+    if kvstore is not None:
         raise ValueError(f"hvdmx.{fn}: the trainer updates its parameters on its kvstore "
-                         f"({trainer._kvstore.type}), which holds the optimizer states; use "
+                         f"({kvstore}), which holds the optimizer states; use "
                          "hvd.DistributedTrainer or kvstore=hvd.KVStore(), whose states "
                          "live in the trainer")
 
@@ -88,7 +90,7 @@ def _trainer_keys(fn: str, trainer, named) -> List[str]:
     """The key of each of the trainer's parameters, by position."""
     key_of = {id(p): k for k, p in named.items() if isinstance(p, Parameter)}
     keys = []
-    for p in trainer._params:
+    for p in trainer_state.parameters(trainer):
         if id(p) not in key_of:
             raise ValueError(f"hvdmx.{fn}: the trainer's parameter '{p.name}' is not among "
                              "argument 'params'; pass the model whose parameters the trainer "
@@ -160,11 +162,11 @@ def save_checkpoint(path: str, params: Params, trainer: Optional[mx.gluon.Traine
     meta: Dict[str, Any] = {"format": _FORMAT, "params": sorted(named), "trainer": None,
                             "extra": extra}
     if trainer is not None:
-        updater = trainer._updaters[0]
+        updater = trainer_state.updaters(trainer)[0]
         states = {}
-        for index, state in updater.states.items():
+        for index, state in trainer_state.states(updater).items():
             states[keys[index]] = _flatten(state, f"state:{keys[index]}", arrays)
-        meta["trainer"] = {"optimizer": without_residuals(trainer._optimizer),
+        meta["trainer"] = {"optimizer": without_residuals(trainer_state.optimizer(trainer)),
                            "states": states}
         if layout:
             meta["residuals"] = {"ranks": size(), "layout": layout}
@@ -372,23 +374,6 @@ def load_checkpoint(path: str, params: Params, trainer: Optional[mx.gluon.Traine
 def _restore_trainer(trainer, named, saved, arrays) -> None:
     keys = _trainer_keys("load_checkpoint", trainer, named)
     index_of = {k: i for i, k in enumerate(keys)}
-    optimizer = saved["optimizer"]
     # As Trainer.load_states: the saved optimizer, with this trainer's parameters.
-    optimizer.param_dict = dict(enumerate(trainer._params))
-    trainer._optimizer = optimizer
-    for n, updater in enumerate(trainer._updaters):
-        states = {index_of[k]: _rebuild(layout, arrays) for k, layout in saved["states"].items()}
-        if n > 0:  # each context's updater owns its arrays
-            states = {i: _copy_state(s) for i, s in states.items()}
-        updater.optimizer = optimizer
-        updater.aggregate_updates = optimizer.aggregate_num > 0
-        updater.states = states
-        updater.states_synced = dict.fromkeys(states, False)  # moved to the weight's context
-
-
-def _copy_state(state):
-    if isinstance(state, mx.nd.NDArray):
-        return state.copy()
-    if isinstance(state, (tuple, list)):
-        return type(state)(_copy_state(s) for s in state)
-    return state
+    states = {index_of[k]: _rebuild(layout, arrays) for k, layout in saved["states"].items()}
+    trainer_state.replace_optimizer(trainer, saved["optimizer"], states)

@@ -25,6 +25,7 @@ from hvdmx.kvstore import KVStore
 from hvdmx.ops import broadcast_
 from hvdmx.optimizer import DistributedOptimizer
 from hvdmx.trainer import DistributedTrainer
+from hvdmx import trainer_state
 
 __all__ = ["gather_residuals", "residual_holders", "scatter_residuals", "without_residuals"]
 
@@ -40,8 +41,8 @@ def residual_holders(trainer=None, optimizer=None, kvstore=None) -> Dict[str, di
         if isinstance(trainer, DistributedTrainer) and \
                 trainer._compression is Compression.onebit:
             holders["trainer"] = trainer._residuals
-        optimizer = trainer._optimizer
-        kvstore = trainer._kvstore if trainer._kv_initialized else None
+        optimizer = trainer_state.optimizer(trainer)
+        kvstore = trainer_state.kvstore(trainer)
     if isinstance(optimizer, DistributedOptimizer) and optimizer._compression is Compression.onebit:
         holders["optimizer"] = optimizer._residuals
     if isinstance(kvstore, KVStore) and kvstore._gradient_compression is not None:
@@ -106,8 +107,7 @@ def scatter_residuals(trainer, keys, saved, arrays, root: int, path: str) -> Non
                       f"{size()}; they were not loaded, so compression starts again from "
                       "zero residuals", stacklevel=3)
         return
-    if not trainer._kv_initialized:  # as Trainer.load_states: the kvstore holds some
-        trainer._init_kvstore()
+    trainer_state.init_kvstore(trainer)  # as Trainer.load_states: the kvstore holds some
     layout = saved["layout"]
     count = sum(int(np.prod(shape)) for _, _, shape in layout)
     for r in range(size()):

@@ -273,6 +273,116 @@ def test_spark_loads_no_mxnet_nor_the_rank_api():
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == "[]", result.stdout
 
+
+def _declared_hook(function) -> bool:
+    """Whether the function has no behaviour of its own, past its docstring:
+    nothing, ``pass``, ``return None``, or raise NotImplementedError."""
+    body = [s for s in function.body if not (isinstance(s, ast.Expr) and
+                                             isinstance(s.value, ast.Constant))]
+    if not body:
+        return True
+    if len(body) != 1:
+        return False
+    only = body[0]
+    return isinstance(only, ast.Pass) or \
+        (isinstance(only, ast.Return) and (only.value is None or ast.unparse(only.value) ==
+                                           "None")) or \
+        (isinstance(only, ast.Raise) and only.exc is not None and
+         "NotImplementedError" in ast.unparse(only.exc))
+
+
+def private_overrides():
+    """(subclass, method) where a class of hvdmx overrides a private method
+    (one underscore, not a dunder) of another class of hvdmx that has a body
+    of its own: a door that only one side knows is there (issue 61:
+    ElasticService overrode the rendezvous server's hooks; it now serves its
+    connections through the server's public Service interface). A method
+    with no behaviour of its own is the base's declared hook (elastic's
+    _TrainingState), there to be overridden."""
+    classes = {}
+    for path in sorted(module_files()):
+        for node in ast.walk(ast.parse(open(path).read(), path)):
+            if isinstance(node, ast.ClassDef):
+                methods = {f.name: _declared_hook(f) for f in node.body
+                           if isinstance(f, (ast.FunctionDef, ast.AsyncFunctionDef))}
+                bases = [b.id if isinstance(b, ast.Name) else b.attr if
+                         isinstance(b, ast.Attribute) else "" for b in node.bases]
+                classes.setdefault(node.name, []).append((bases, methods))
+    for name, defs in sorted(classes.items()):
+        for bases, methods in defs:
+            for base in bases:
+                for _, inherited in classes.get(base, []):
+                    for method in sorted(set(methods) & set(inherited)):
+                        if method.startswith("_") and not method.endswith("__") and \
+                                not inherited[method]:
+                            yield f"{name}.{method} overrides {base}.{method}"
+
+
+def test_no_class_overrides_another_classes_private_method(tmp_path, monkeypatch):
+    found = list(private_overrides())
+    assert not found, "\n".join(found)
+    fake = tmp_path / "hvdmx"
+    fake.mkdir()
+    (fake / "__init__.py").write_text("")
+    (fake / "server.py").write_text("class Server:\n    def _post(self): return 1\n"
+                                    "    def close(self): pass\n"
+                                    "    def _hook(self):\n        raise NotImplementedError\n")
+    (fake / "service.py").write_text("from hvdmx.server import Server\n"
+                                     "class Service(Server):\n    def _post(self): pass\n"
+                                     "    def close(self): pass\n    def __init__(self): pass\n"
+                                     "    def _hook(self): pass\n")
+    monkeypatch.setattr(sys.modules[__name__], "PACKAGE", str(fake))
+    assert list(private_overrides()) == ["Service._post overrides Server._post"]
+
+
+# ---- a Gluon trainer's state: one module -----------------------------------------
+
+# The private fields of MXNet's Trainer, Module and their Updaters (with the
+# updaters' states), which hvdmx/trainer_state.py alone reads and writes. A
+# class's own code on ``self`` (DistributedTrainer is a Trainer) is not a
+# reader from outside, nor a call of trainer_state's own functions.
+MXNET_FIELDS = {"_params", "_optimizer", "_updaters", "_updater", "_kvstore",
+                "_update_on_kvstore", "_kv_initialized", "_init_kvstore", "_contexts", "_context",
+                "_param2idx", "_params_to_init", "_scale", "states", "states_synced",
+                "aggregate_updates"}
+# hvd.DistributedOptimizer's own field of that name (the optimizer it wraps),
+# read right after an isinstance check names the object one.
+OWN_FIELDS = {("optimizer.py", "optimizer._optimizer"), ("trainer.py", "optimizer._optimizer"),
+              ("elastic/arrays.py", "optimizer._optimizer")}
+
+
+def mxnet_field_accesses():
+    for path in sorted(module_files()):
+        where = os.path.relpath(path, PACKAGE)
+        if where == "trainer_state.py":
+            continue
+        for node in ast.walk(ast.parse(open(path).read(), path)):
+            if isinstance(node, ast.Attribute) and node.attr in MXNET_FIELDS and \
+                    not (isinstance(node.value, ast.Name) and
+                         node.value.id in ("self", "trainer_state")) and \
+                    (where, ast.unparse(node)) not in OWN_FIELDS:
+                yield f"{where}:{node.lineno} {ast.unparse(node)}"
+
+
+def test_only_trainer_state_touches_mxnets_private_training_fields():
+    found = list(mxnet_field_accesses())
+    assert not found, "use hvdmx/trainer_state.py:\n" + "\n".join(found)
+
+
+def test_the_field_check_sees_an_access(tmp_path, monkeypatch):
+    fake = tmp_path / "hvdmx"
+    fake.mkdir()
+    (fake / "__init__.py").write_text("")
+    (fake / "trainer_state.py").write_text("def f(trainer):\n    return trainer._optimizer\n")
+    (fake / "checkpoint.py").write_text(
+        "def f(trainer, updater):\n    trainer._updaters[0].states[1] = 2\n"
+        "    return self._kvstore, updater.states_synced, trainer_state.states(updater)\n")
+    monkeypatch.setattr(sys.modules[__name__], "PACKAGE", str(fake))
+    assert sorted(mxnet_field_accesses()) == [
+        "checkpoint.py:2 trainer._updaters", "checkpoint.py:2 trainer._updaters[0].states",
+        "checkpoint.py:3 updater.states_synced"]
+
+
 # A smell detector, not a design rule (issue 50): a file past it is read for
 # whether it owns more than one concept, and split by concept if it does.
 MAX_LINES = 800

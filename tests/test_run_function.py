@@ -243,7 +243,7 @@ def test_the_handshake_needs_the_key_on_both_sides(rank_key, launcher_key, refus
 
     def launcher_side():
         try:
-            function_job._prove_launcher(launcher, launcher_key)
+            function_job.accept_channel(launcher, launcher_key, 1 << 20, function_job.PROTOCOL)
             outcome["launcher"] = "ok"
         except PermissionError as error:
             outcome["launcher"] = str(error)
@@ -253,7 +253,8 @@ def test_the_handshake_needs_the_key_on_both_sides(rank_key, launcher_key, refus
     thread.start()
     rank.settimeout(10)
     try:
-        function_job._prove_rank(rank, rank_key)
+        function_job.open_channel(rank, rank_key, 1 << 20, "the launcher",
+                                  function_job.PROTOCOL)
         outcome["rank"] = "ok"
     except (PermissionError, ConnectionError) as error:
         outcome["rank"] = str(error)
@@ -261,18 +262,21 @@ def test_the_handshake_needs_the_key_on_both_sides(rank_key, launcher_key, refus
     if refused is None:
         assert outcome == {"launcher": "ok", "rank": "ok"}
     else:
-        assert outcome["launcher"] == "the peer does not hold the job's secret key"
+        assert outcome["launcher"] == "it does not hold the job's secret key"
         assert outcome["rank"] != "ok"
 
 
 def test_a_launcher_without_the_key_is_refused_by_the_rank():
     launcher, rank = socket.socketpair()
+    # A nonce, then "accepted" and a MAC made up.
     thread = threading.Thread(target=lambda: launcher.sendall(
-        function_job._MAGIC + b"n" * 32 + b"m" * 32))  # a nonce, then a MAC made up
+        function_job.PROTOCOL.magic + b"n" * 32 + b"\1" + b"m" * 32))
     thread.start()
     rank.settimeout(10)
-    with pytest.raises(PermissionError, match="the launcher does not hold the job's secret key"):
-        function_job._prove_rank(rank, b"k" * 64)
+    with pytest.raises(PermissionError, match="run_function launcher at the launcher does not "
+                                              "hold the job's secret key"):
+        function_job.open_channel(rank, b"k" * 64, 1 << 20, "the launcher",
+                                  function_job.PROTOCOL)
     thread.join(10)
 
 

@@ -7,7 +7,7 @@ from typing import Any, Dict, List, Optional, Tuple
 import mxnet as mx
 from mxnet.gluon.parameter import Parameter, ParameterDict
 
-from hvdmx import process_sets as _process_sets
+from hvdmx import process_sets as _process_sets, trainer_state
 from hvdmx.checkpoint_residuals import residual_holders
 from hvdmx.optimizer import broadcast_parameters
 from hvdmx.trainer import DistributedTrainer
@@ -48,7 +48,7 @@ def _check_trainer(trainer, params: List[Tuple[str, Parameter]]):
                         "DistributedTrainer) or None, got "
                         f"{type(trainer).__name__} ({trainer!r:.80})")
     mine = {id(p) for _, p in params}
-    for p in trainer._params:
+    for p in trainer_state.parameters(trainer):
         if id(p) not in mine:
             raise ValueError(f"{fn}: the trainer's parameter '{p.name}' is not among argument "
                              "'params'; pass the parameters the trainer trains "
@@ -63,9 +63,10 @@ def _check_trainer(trainer, params: List[Tuple[str, Parameter]]):
 
 
 def _check_states_in_trainer(trainer) -> None:
-    if trainer._kvstore is not None and trainer._update_on_kvstore:
+    kvstore = trainer_state.kvstore_updating(trainer)
+    if kvstore is not None:
         raise ValueError("hvdmx.elastic.GluonState: the trainer updates its parameters on its "
-                         f"kvstore ({trainer._kvstore.type}), which holds the optimizer "
+                         f"kvstore ({kvstore}), which holds the optimizer "
                          "states out of the state's reach; use hvd.DistributedTrainer")
 
 
@@ -115,7 +116,8 @@ class GluonState(_TrainingState):
         if trainer is None:
             return None, [], []
         _check_states_in_trainer(trainer)
-        return trainer._optimizer, trainer._updaters, trainer._contexts
+        return trainer_state.optimizer(trainer), trainer_state.updaters(trainer), \
+            trainer_state.contexts(trainer)
 
     def _residual_holders(self) -> Dict[str, dict]:
         return residual_holders(self._trainer) if self._trainer is not None else {}

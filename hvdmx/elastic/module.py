@@ -7,6 +7,7 @@ from typing import Any, Dict, List, Optional, Tuple
 import mxnet as mx
 
 from hvdmx.checkpoint_residuals import residual_holders
+from hvdmx import trainer_state
 from hvdmx.ops import broadcast_
 from hvdmx.elastic.state import _NAME, _check_attribute_names, _TrainingState
 
@@ -58,19 +59,21 @@ class ModuleState(_TrainingState):
         module = self._module
         if not module.optimizer_initialized:
             return None, [], []
-        if module._update_on_kvstore:
+        kvstore = trainer_state.module_kvstore_updating(module)
+        if kvstore is not None:
             raise ValueError("hvdmx.elastic.ModuleState: the module updates its parameters "
-                             f"on its kvstore ({module._kvstore.type}), which holds the "
+                             f"on its kvstore ({kvstore}), which holds the "
                              "optimizer states out of the state's reach; call "
                              "module.init_optimizer(kvstore=None, optimizer="
                              "hvd.DistributedOptimizer(...))")
-        return module._optimizer, [module._updater], module._context
+        return trainer_state.module_training(module)
 
     def _residual_holders(self) -> Dict[str, dict]:
         module = self._module
         if not module.optimizer_initialized:
             return {}
-        return residual_holders(optimizer=module._optimizer, kvstore=module._kvstore)
+        return residual_holders(optimizer=trainer_state.module_training(module)[0],
+                                kvstore=trainer_state.module_kvstore(module))
 
     def save(self) -> None:
         if self._module._exec_group.aux_arrays:

@@ -18,6 +18,7 @@ from hvdmx.errors import HostsUpdatedInterrupt
 from hvdmx.objects import broadcast_object
 from hvdmx.ops import Max, allreduce, broadcast_
 from hvdmx.trainer import DistributedTrainer
+from hvdmx import trainer_state
 
 # The names of the collectives hvd.elastic makes itself: the same on every
 # rank, whatever unnamed calls a rank made before.
@@ -244,7 +245,7 @@ class _TrainingState(ObjectState):
         counts: List[List[tuple]] = []
         for updater in updaters:
             mine = []
-            for index, state in updater.states.items():
+            for index, state in trainer_state.states(updater).items():
                 parts = _arrays(state)
                 arrays.extend(parts)
                 mine.append((index, len(parts)))
@@ -263,7 +264,8 @@ class _TrainingState(ObjectState):
         target.take(arrays)
         if target.sources is not planned or counts != target.counts:
             # New arrays or states: their layouts (the same arrays keep theirs).
-            target.layouts = [[(index, _layout(updater.states[index])) for index, _ in mine]
+            target.layouts = [[(index, _layout(trainer_state.states(updater)[index]))
+                               for index, _ in mine]
                               for updater, mine in zip(updaters, counts)]
         target.present, target.counts = present, counts
         target.residuals, target.center = residuals, None if center is None else len(center)
@@ -310,17 +312,14 @@ class _TrainingState(ObjectState):
         weight's context at the next update) elsewhere; states created since
         are dropped (the next update creates them anew, as it did after the
         commit)."""
-        for index in [i for i in updater.states if i not in saved]:
-            del updater.states[index]
-            updater.states_synced.pop(index, None)
+        trainer_state.drop_states(updater, saved)
         for index, (layout, arrays) in saved.items():
-            current = updater.states.get(index)
+            current = trainer_state.states(updater).get(index)
             if current is not None and _layout(current) == layout:
                 for source, target in zip(arrays, _arrays(current)):
                     target[:] = source
             else:
-                updater.states[index] = _build(layout, _from_numpy(arrays))
-                updater.states_synced[index] = False
+                trainer_state.put_state(updater, index, _build(layout, _from_numpy(arrays)))
 
     def _put_residuals(self, saved: List[Tuple[str, Any, np.ndarray]]) -> None:
         """The residuals become copies of ``saved`` ((holder, index, value)):
@@ -352,7 +351,7 @@ class _TrainingState(ObjectState):
                 target[:] = value
         else:
             trainer._center = [mx.nd.array(value, ctx=p.list_data()[0].context, dtype=value.dtype)
-                               for value, p in zip(saved, trainer._params)]
+                               for value, p in zip(saved, trainer_state.parameters(trainer))]
 
     # -- sync: rank 0's state on every rank
 
@@ -363,9 +362,9 @@ class _TrainingState(ObjectState):
         trainer = self._easgd()
         mine: Dict[str, Any] = {"values": self._values()}
         if optimizer is not None:
-            states = updaters[0].states
+            held = trainer_state.states(updaters[0])
             mine["optimizer"] = _portable_fields(optimizer, contexts) if root else None
-            mine["states"] = sorted((index, _layout(state)) for index, state in states.items())
+            mine["states"] = sorted((index, _layout(state)) for index, state in held.items())
         if trainer is not None:
             mine["local_steps"] = trainer._local_steps_done
             mine["center"] = trainer._center is not None
@@ -389,21 +388,19 @@ class _TrainingState(ObjectState):
         rank 0's, into new ones elsewhere."""
         first = updaters[0]
         wanted = dict(layouts)
-        for index in [i for i in first.states if i not in wanted]:
-            del first.states[index]
-            first.states_synced.pop(index, None)
+        trainer_state.drop_states(first, wanted)
         for index, layout in layouts:
-            current = first.states.get(index)
+            current = trainer_state.states(first).get(index)
             if current is None or _layout(current) != layout:
                 current = _build(layout, _cpu_array)
-                first.states[index] = current
-                first.states_synced[index] = False
+                trainer_state.put_state(first, index, current)
             for j, array in enumerate(_arrays(current)):
                 broadcast_(array, 0, name=f"{_NAME}state.{index}.{j}")
         for other in updaters[1:]:  # this rank's other contexts
+            held = trainer_state.states(first)
             _TrainingState._put_states(other, {index: (_layout(state),
                                                        [a.asnumpy() for a in _arrays(state)])
-                                               for index, state in first.states.items()})
+                                               for index, state in held.items()})
 
     @staticmethod
     def _sync_center(trainer: DistributedTrainer, present: bool) -> None:
@@ -413,6 +410,7 @@ class _TrainingState(ObjectState):
             return
         if trainer._center is None:  # a worker that just joined
             trainer._center = [mx.nd.empty(p.shape, ctx=p.list_data()[0].context,
-                                           dtype=p.dtype) for p in trainer._params]
+                                           dtype=p.dtype)
+                               for p in trainer_state.parameters(trainer)]
         for i, center in enumerate(trainer._center):
             broadcast_(center, 0, name=f"{_NAME}center.{i}")

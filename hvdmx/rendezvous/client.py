@@ -14,20 +14,17 @@ hvdmx/rendezvous/wire.py (See Note [The rendezvous protocol] there).
 """
 from __future__ import annotations
 
-import hmac
 import os
-import secrets
 import socket
 import struct
 import threading
 import time
 from typing import Dict, List, Mapping, Optional, Tuple
 
-from hvdmx.rendezvous.wire import ADDRESS_VARIABLE, DEFAULT_TIMEOUT, HANDSHAKE_SECONDS, \
-    KEY_BYTES, MAC_BYTES, MAGIC, MAX_HOST_BYTES, MAX_POST_BYTES, MAX_SCOPE_BYTES, NONCE, \
-    TIMEOUT_VARIABLE, Channel, ProtocolError, Reader, RendezvousError, drop, \
-    integer_variable, key_from_environment, mac, pack_bytes, pack_str, parse_address, parse_key, \
-    receive_exactly
+from hvdmx.rendezvous.wire import ADDRESS_VARIABLE, Channel, DEFAULT_TIMEOUT, HANDSHAKE_SECONDS, \
+    KEY_BYTES, MAX_HOST_BYTES, MAX_POST_BYTES, MAX_SCOPE_BYTES, ProtocolError, Reader, \
+    RendezvousError, TIMEOUT_VARIABLE, drop, integer_variable, key_from_environment, \
+    open_channel, pack_bytes, pack_str, parse_address, parse_key
 
 __all__ = ["ADDRESS_VARIABLE", "DEFAULT_TIMEOUT", "TIMEOUT_VARIABLE", "RendezvousError",
            "StoreGroup", "connect", "group_from_environment",
@@ -228,21 +225,7 @@ def connect(address: str, key: bytes, rank: int, size: int, host: Optional[str] 
             time.sleep(0.2)
     try:
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        hello = receive_exactly(sock, len(MAGIC) + NONCE)
-        if hello[:len(MAGIC)] != MAGIC:
-            raise PermissionError(f"{address} is not an hvdmx rendezvous server")
-        theirs, mine = hello[len(MAGIC):], secrets.token_bytes(NONCE)
-        sock.sendall(mine + mac(key, b"hvdmx-rdv client", theirs, mine))
-        status = receive_exactly(sock, 1)
-        if status != b"\1":
-            raise PermissionError(f"the rendezvous server at {address} refused this process: "
-                                  "its HVDMX_SECRET_KEY is not the job's")
-        if not hmac.compare_digest(receive_exactly(sock, MAC_BYTES),
-                                   mac(key, b"hvdmx-rdv server", mine, theirs)):
-            raise PermissionError(f"the server at {address} does not hold the job's secret "
-                                  "key: it is not this job's rendezvous")
-        session = mac(key, b"hvdmx-rdv session", theirs, mine)
-        channel = Channel(sock, session, b"C", b"S", 1 << 31)
+        channel = open_channel(sock, key, 1 << 31, address)
         host = socket.gethostname() if host is None else host
         channel.send(b"H" + struct.pack("!IIII", rank, size, slot, os.getpid() & 0xFFFFFFFF) +
                      pack_str(host[:MAX_HOST_BYTES]))

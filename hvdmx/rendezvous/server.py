@@ -22,10 +22,8 @@ the static job: generation 0, ranks as the launcher gave them.
 """
 from __future__ import annotations
 
-import hmac
 import math
 import os
-import secrets
 import socket
 import struct
 import sys
@@ -33,14 +31,14 @@ import threading
 import time
 from typing import Callable, Dict, List, Optional, Tuple
 
-from hvdmx.rendezvous.wire import FRAME_OVERHEAD, HANDSHAKE_SECONDS, KEY_BYTES, MAC_BYTES, MAGIC, \
-    MAX_HOST_BYTES, MAX_POST_BYTES, MAX_RESULT_BYTES, MAX_SCOPE_BYTES, MAX_STRANGERS, NONCE, \
-    SEND_SECONDS, TIMEOUT_VARIABLE, Channel, ProtocolError, Reader, drop, mac, pack_bytes, \
-    pack_str, parse_timeout, peer_name, receive_exactly
+from hvdmx.rendezvous.wire import Channel, FRAME_OVERHEAD, HANDSHAKE_SECONDS, KEY_BYTES, \
+    MAX_HOST_BYTES, MAX_POST_BYTES, MAX_RESULT_BYTES, MAX_SCOPE_BYTES, MAX_STRANGERS, \
+    ProtocolError, Reader, SEND_SECONDS, TIMEOUT_VARIABLE, accept_channel, drop, pack_bytes, \
+    pack_str, parse_timeout, peer_name
 
 # ---- the server ----------------------------------------------------------------
 
-class _Member:
+class Member:
     """A rank's connection at the server."""
 
     def __init__(self, channel: Channel, peer: str, rank: int, host: str, slot: int, pid: int):
@@ -58,6 +56,28 @@ class _Operation:
         self.kinds: Dict[int, bytes] = {}
 
 
+class Service:
+    """What a service over a RendezvousServer's proven connections does (the
+    server calls these from its connection threads):
+
+    hello(channel, peer) -> Member: reads the connection's first frame
+        (RendezvousServer.read_hello), answers it, and returns its member;
+        raises ConnectionAbortedError after refusing it (server.refuse).
+    request(member, body): serves one frame of a member; ProtocolError for
+        a malformed one drops the connection, naming the peer.
+    leave(member, clean): the member's connection ended (clean: after a
+        goodbye)."""
+
+    def hello(self, channel: Channel, peer: str) -> "Member":
+        raise NotImplementedError
+
+    def request(self, member: "Member", body: bytes) -> None:
+        raise NotImplementedError
+
+    def leave(self, member: "Member", clean: bool) -> None:
+        raise NotImplementedError
+
+
 class RendezvousServer:
     """The rendezvous of one job of `size` ranks, holding `key` (32 bytes).
 
@@ -71,6 +91,12 @@ class RendezvousServer:
     `on_problem` (default: a line on stderr) and in `problems`, naming the
     peer's address; it never ends or stops serving the others because of it.
 
+    With `service`, the connections are another service's (the elastic
+    rendezvous, hvdmx/runner/elastic/service.py): the server still listens,
+    proves each connection and reads its frames, and hands the hello, every
+    request and the end of each connection to `service` (see Service)
+    instead of serving the job's groups.
+
     Thread use: the constructor and close() from the owner; the rest runs
     on the server's threads. State is guarded by one lock; answers are sent
     after it is released.
@@ -81,7 +107,8 @@ class RendezvousServer:
                  on_problem: Optional[Callable[[str], None]] = None,
                  max_post_bytes: int = MAX_POST_BYTES,
                  max_result_bytes: int = MAX_RESULT_BYTES,
-                 handshake_seconds: float = HANDSHAKE_SECONDS):
+                 handshake_seconds: float = HANDSHAKE_SECONDS,
+                 service: Optional["Service"] = None):
         if not isinstance(size, int) or size < 1:
             raise ValueError(f"RendezvousServer: size={size!r} must be an int >= 1")
         if not isinstance(key, bytes) or len(key) != KEY_BYTES:
@@ -93,13 +120,14 @@ class RendezvousServer:
             raise ValueError(f"RendezvousServer: timeout={timeout!r} must be seconds > 0")
         self.max_post_bytes, self.max_result_bytes = max_post_bytes, max_result_bytes
         self.handshake_seconds = handshake_seconds
+        self._service = service
         self.generation = 0
         self.world = f"g{self.generation}"
         self.problems: List[str] = []
         self._on_problem = on_problem or (lambda text: print(
             f"hvdmx rendezvous: {text}", file=sys.stderr, flush=True))
         self._lock = threading.Lock()
-        self._members: Dict[int, _Member] = {}      # connected ranks
+        self._members: Dict[int, Member] = {}      # connected ranks
         self._lost: Dict[int, str] = {}             # ranks that crashed: why
         self._ever: Dict[int, str] = {}             # ranks ever connected: how, for messages
         self._groups: Dict[str, List[int]] = {self.world: list(range(size))}
@@ -156,7 +184,8 @@ class RendezvousServer:
 
     # ---- threads
 
-    def _problem(self, text: str) -> None:
+    def report_problem(self, text: str) -> None:
+        """Reports `text` once: in `problems` and through `on_problem`."""
         with self._lock:
             self.problems.append(text)
             del self.problems[:-1000]
@@ -187,36 +216,22 @@ class RendezvousServer:
             if crowded:
                 peer = peer_name(sock)
                 drop(sock)
-                self._problem(f"refused {peer}: {MAX_STRANGERS} connections are already "
-                              "proving themselves")
+                self.report_problem(f"refused {peer}: {MAX_STRANGERS} connections are "
+                                    "already proving themselves")
                 continue
             threading.Thread(target=self._serve, args=(sock,), name="hvdmx-rdv-conn",
                              daemon=True).start()
 
-    def _handshake(self, sock: socket.socket) -> Channel:
-        mine = secrets.token_bytes(NONCE)
-        sock.sendall(MAGIC + mine)
-        answer = receive_exactly(sock, NONCE + MAC_BYTES)
-        theirs, proof = answer[:NONCE], answer[NONCE:]
-        if not hmac.compare_digest(proof, mac(self.key, b"hvdmx-rdv client", mine, theirs)):
-            try:
-                sock.sendall(b"\0")
-            except OSError:
-                pass
-            raise PermissionError("it does not hold the job's secret key")
-        sock.sendall(b"\1" + mac(self.key, b"hvdmx-rdv server", theirs, mine))
-        session = mac(self.key, b"hvdmx-rdv session", mine, theirs)
-        return Channel(sock, session, b"S", b"C", self.max_post_bytes + FRAME_OVERHEAD)
-
     def _serve(self, sock: socket.socket) -> None:
         peer = peer_name(sock)
-        member: Optional[_Member] = None
+        member: Optional[Member] = None
         proven = False
         clean = False
         try:
             sock.settimeout(self.handshake_seconds)
-            channel = self._handshake(sock)
-            member = self._hello(channel, peer)
+            channel = accept_channel(sock, self.key, self.max_post_bytes + FRAME_OVERHEAD)
+            member = self._service.hello(channel, peer) if self._service else \
+                self._hello(channel, peer)
             proven = True
             with self._lock:
                 self._strangers -= 1
@@ -231,37 +246,43 @@ class RendezvousServer:
                     Reader(body[1:]).end()
                     clean = True
                     return
-                self._post(member, body)
+                if self._service:
+                    self._service.request(member, body)
+                else:
+                    self._post(member, body)
         except ProtocolError as error:
-            self._refuse(member, peer, f"{error}")
+            self.refuse(member, peer, f"{error}")
         except PermissionError as error:
-            self._problem(f"refused {peer}: {error}")
+            self.report_problem(f"refused {peer}: {error}")
         except ConnectionAbortedError:
             pass  # a hello refused: _hello reported it
         except socket.timeout:
             if not proven:
-                self._problem(f"refused {peer}: it did not prove itself within "
-                              f"{self.handshake_seconds:g} s")
+                self.report_problem(f"refused {peer}: it did not prove itself within "
+                                    f"{self.handshake_seconds:g} s")
             else:
-                self._refuse(member, peer, "sending it an answer took too long")
+                self.refuse(member, peer, "sending it an answer took too long")
         except (ConnectionError, OSError) as error:
             if not proven and not self._closed.is_set():
-                self._problem(f"refused {peer}: {error} before it proved itself")
+                self.report_problem(f"refused {peer}: {error} before it proved itself")
         except Exception as error:  # our bug: this connection ends, the server goes on
-            self._problem(f"dropped {member.describe() if member else peer} after an internal "
-                          f"error: {type(error).__name__}: {error}")
+            self.report_problem(f"dropped {member.describe() if member else peer} after an "
+                                f"internal error: {type(error).__name__}: {error}")
         finally:
             with self._lock:
                 if not proven:
                     self._strangers -= 1
                 self._sockets.discard(sock)
             if member is not None:  # first, so that the peer sees the close after it
-                self._leave(member, clean)
+                if self._service:
+                    self._service.leave(member, clean)
+                else:
+                    self._leave(member, clean)
             drop(sock)
 
-    def _refuse(self, member: Optional[_Member], peer: str, why: str) -> None:
+    def refuse(self, member: Optional[Member], peer: str, why: str) -> None:
         who = member.describe() if member is not None else peer
-        self._problem(f"dropped {who}: {why}")
+        self.report_problem(f"dropped {who}: {why}")
         if member is not None:
             try:
                 member.channel.send(b"E" + pack_str("") + struct.pack("!Q", 0) +
@@ -271,7 +292,7 @@ class RendezvousServer:
                 pass
 
     @staticmethod
-    def _read_hello(channel: Channel, peer: str) -> Tuple[_Member, int]:
+    def read_hello(channel: Channel, peer: str) -> Tuple[Member, int]:
         """The connection's first message, a hello: (its member, as it says
         it is, and the job's size it says)."""
         body = channel.receive()
@@ -281,15 +302,15 @@ class RendezvousServer:
         rank, size, slot, pid = r.unpack("IIII")
         host = r.text(MAX_HOST_BYTES, "a host name")
         r.end()
-        return _Member(channel, peer, rank, host, slot, pid), size
+        return Member(channel, peer, rank, host, slot, pid), size
 
-    def _hello(self, channel: Channel, peer: str) -> _Member:
-        member, size = self._read_hello(channel, peer)
+    def _hello(self, channel: Channel, peer: str) -> Member:
+        member, size = self.read_hello(channel, peer)
         rank = member.rank
         if size != self.size or rank >= self.size:
             why = (f"it says it is rank {rank} of {size}, but this job has {self.size} ranks "
                    f"(0 to {self.size - 1}); HVDMX_RANK/HVDMX_SIZE do not belong to this job")
-            self._refuse(member, peer, why)
+            self.refuse(member, peer, why)
             raise ConnectionAbortedError(why)
         with self._lock:
             other = self._members.get(rank)
@@ -301,17 +322,17 @@ class RendezvousServer:
         if other is not None or lost is not None:
             why = (f"rank {rank} is already connected as {other.describe()}" if other else
                    f"rank {rank} was lost ({lost}) and a static job cannot take it back")
-            self._refuse(member, peer, why)
+            self.refuse(member, peer, why)
             raise ConnectionAbortedError(why)
         channel.send(b"W" + struct.pack("!IIIQd", self.generation, rank, self.size,
                                         world_seq, self.timeout) + pack_str(self.world))
         return member
 
-    def _leave(self, member: _Member, clean: bool) -> None:
+    def _leave(self, member: Member, clean: bool) -> None:
         """A member's connection ended: after a goodbye it may come back
         (hvd.shutdown() then hvd.init()), and collectives wait for it; a crash
         fails every operation that waits for it, now and later."""
-        answers: List[Tuple[_Member, bytes]] = []
+        answers: List[Tuple[Member, bytes]] = []
         with self._lock:
             if self._members.get(member.rank) is not member:
                 return
@@ -324,12 +345,12 @@ class RendezvousServer:
                 if member.rank in group and group.index(member.rank) not in op.posts:
                     answers += self._fail(scope, seq, f"{member.describe()} disconnected "
                                           f"before it reached this {_kind_name(op.kind)}")
-        self._send_all(answers)
+        self.send_all(answers)
 
     def _watch_deadlines(self) -> None:
         while not self._closed.wait(0.2):
             now = time.monotonic()
-            answers: List[Tuple[_Member, bytes]] = []
+            answers: List[Tuple[Member, bytes]] = []
             with self._lock:
                 for (scope, seq), op in list(self._pending.items()):
                     if now < op.deadline:
@@ -342,11 +363,11 @@ class RendezvousServer:
                     if never:
                         text += f"; ranks {_ranks(never)} never connected"
                     answers += self._fail(scope, seq, text)
-            self._send_all(answers)
+            self.send_all(answers)
 
     # ---- collectives (See Note [Collectives at the server])
 
-    def _post(self, member: _Member, body: bytes) -> None:
+    def _post(self, member: Member, body: bytes) -> None:
         kind = body[:1]
         if kind not in (b"A", b"P"):
             raise ProtocolError(f"a message of unknown type {kind!r}")
@@ -358,13 +379,13 @@ class RendezvousServer:
         else:
             data = r.unpack("iq")
         r.end()
-        answers: List[Tuple[_Member, bytes]] = []
+        answers: List[Tuple[Member, bytes]] = []
         with self._lock:
             answers = self._post_locked(member, kind, scope, seq, data)
-        self._send_all(answers)
+        self.send_all(answers)
 
-    def _post_locked(self, member: _Member, kind: bytes, scope: str, seq: int,
-                     data: object) -> List[Tuple[_Member, bytes]]:
+    def _post_locked(self, member: Member, kind: bytes, scope: str, seq: int,
+                     data: object) -> List[Tuple[Member, bytes]]:
         what = f"{_kind_name(kind)} #{seq} of group {scope}"
         group = self._groups.get(scope)
         if group is None or member.rank not in group:
@@ -415,7 +436,7 @@ class RendezvousServer:
         return self._split(scope, seq, group, op, members)
 
     def _split(self, scope: str, seq: int, group: List[int], op: _Operation,
-               members: List[Optional[_Member]]) -> List[Tuple[_Member, bytes]]:
+               members: List[Optional[Member]]) -> List[Tuple[Member, bytes]]:
         colors: Dict[int, List[Tuple[int, int, int]]] = {}
         for i, rank in enumerate(group):
             post: Tuple[int, int] = op.posts[i]  # type: ignore[assignment]
@@ -438,7 +459,7 @@ class RendezvousServer:
                             pack_str(child) + struct.pack("!II", new_rank, new_size)))
         return answers
 
-    def _fail(self, scope: str, seq: int, why: str) -> List[Tuple[_Member, bytes]]:
+    def _fail(self, scope: str, seq: int, why: str) -> List[Tuple[Member, bytes]]:
         """Ends operation (scope, seq) with an error to every member that
         posted it, and the group with it."""
         op = self._pending.pop((scope, seq), None)
@@ -449,16 +470,16 @@ class RendezvousServer:
         posted = [self._members.get(group[i]) for i in (op.posts if op else ())]
         return [(m, _error(scope, seq, text)) for m in posted if m is not None]
 
-    def _fail_group(self, scope: str, text: str) -> List[Tuple[_Member, bytes]]:
+    def _fail_group(self, scope: str, text: str) -> List[Tuple[Member, bytes]]:
         self._failed.setdefault(scope, text)
         return []
 
-    def _send_all(self, answers: List[Tuple[_Member, bytes]]) -> None:
+    def send_all(self, answers: List[Tuple[Member, bytes]]) -> None:
         for member, body in answers:
             try:
                 member.channel.send(body)
             except OSError as error:
-                self._problem(f"could not answer {member.describe()}: {error}")
+                self.report_problem(f"could not answer {member.describe()}: {error}")
                 drop(member.channel.sock)
 
 

@@ -1,6 +1,9 @@
 """The rendezvous's bytes on the wire (hvdmx/rendezvous/client.py has the
-overview): the names of its variables, their parsing, and one
-authenticated connection's frames.
+overview): the names of its variables, their parsing, and the one
+authenticated connection of hvdmx's Python side (Channel, made by
+accept_channel and open_channel), which the rendezvous, the elastic
+service and run_function's job (hvdmx/runner/function_job.py) all use,
+each as a Protocol of its own.
 
 Note [The rendezvous protocol]
 Every connection starts with a mutual challenge-response over the job's
@@ -11,7 +14,9 @@ secret key K (HVDMX_SECRET_KEY, 64 hex digits = 32 bytes):
     server -> client: 1, HMAC(K, "hvdmx-rdv server" Nc Ns)     (or 0: refused, closed)
 
 Both then use the session key S = HMAC(K, "hvdmx-rdv session" Ns Nc), new
-for each connection. Every later message is a frame
+for each connection. Another Protocol (run_function's job) has its own
+MAGIC and label in place of "hvdmx-rdv", so that no exchange of one proves
+anything in the other, and a u64 length in its frames. Every later message is a frame
 
     u32 length | body (length bytes) | HMAC(S, direction counter length body)
 
@@ -40,9 +45,11 @@ from __future__ import annotations
 import hashlib
 import hmac
 import math
+import secrets
 import socket
 import struct
 import threading
+from dataclasses import dataclass
 from typing import Mapping, Optional, Tuple
 
 ADDRESS_VARIABLE = "HVDMX_RENDEZVOUS"
@@ -201,22 +208,22 @@ class Channel:
     rendezvous protocol]). send() may be called from any thread."""
 
     def __init__(self, sock: socket.socket, session: bytes, mine: bytes, theirs: bytes,
-                 limit: int):
-        self.sock, self.session, self.limit = sock, session, limit
+                 limit: int, header: struct.Struct = HEADER):
+        self.sock, self.session, self.limit, self.header = sock, session, limit, header
         self.mine, self.theirs = mine, theirs
         self.sent = self.received = 0
         self.send_lock = threading.Lock()
 
     def send(self, body: bytes) -> None:
         with self.send_lock:
-            header = HEADER.pack(len(body))
+            header = self.header.pack(len(body))
             tag = mac(self.session, self.mine, struct.pack("!Q", self.sent), header, body)
             self.sent += 1
             self.sock.sendall(header + body + tag)
 
     def receive(self) -> bytes:
-        header = receive_exactly(self.sock, HEADER.size)
-        (length,) = HEADER.unpack(header)
+        header = receive_exactly(self.sock, self.header.size)
+        (length,) = self.header.unpack(header)
         if length > self.limit:
             raise ProtocolError(f"a frame of {length} bytes announced, over the limit of "
                                 f"{self.limit}")
@@ -228,6 +235,63 @@ class Channel:
                                 "another connection, or out of order)")
         self.received += 1
         return body
+
+
+@dataclass(frozen=True)
+class Protocol:
+    """One use of the handshake and its channel: its MAGIC (16 bytes), the
+    label its MACs start with, the width of its frames' length, and what its
+    errors call the accepting side."""
+    magic: bytes
+    label: bytes
+    server: str
+    header: struct.Struct = HEADER
+
+
+RENDEZVOUS = Protocol(MAGIC, b"hvdmx-rdv", "rendezvous server")
+
+
+def accept_channel(sock: socket.socket, key: bytes, limit: int,
+                   protocol: Protocol = RENDEZVOUS) -> Channel:
+    """The accepting side of the handshake (Note [The rendezvous protocol]):
+    the channel to a peer that has proved it holds `key`; PermissionError
+    (after telling it so) when it does not. Frames of more than `limit`
+    bytes from it are refused."""
+    mine = secrets.token_bytes(NONCE)
+    sock.sendall(protocol.magic + mine)
+    answer = receive_exactly(sock, NONCE + MAC_BYTES)
+    theirs, proof = answer[:NONCE], answer[NONCE:]
+    if not hmac.compare_digest(proof, mac(key, protocol.label + b" client", mine, theirs)):
+        try:
+            sock.sendall(b"\0")
+        except OSError:
+            pass
+        raise PermissionError("it does not hold the job's secret key")
+    sock.sendall(b"\1" + mac(key, protocol.label + b" server", theirs, mine))
+    session = mac(key, protocol.label + b" session", mine, theirs)
+    return Channel(sock, session, b"S", b"C", limit, protocol.header)
+
+
+def open_channel(sock: socket.socket, key: bytes, limit: int, where: str,
+                 protocol: Protocol = RENDEZVOUS) -> Channel:
+    """The connecting side of the handshake: the channel to the server at
+    `where` once each side has proved it holds `key`; PermissionError naming
+    `where` when it is no such server, refuses this process's key, or does
+    not hold the key itself."""
+    hello = receive_exactly(sock, len(protocol.magic) + NONCE)
+    if hello[:len(protocol.magic)] != protocol.magic:
+        raise PermissionError(f"{where} is not an hvdmx {protocol.server}")
+    theirs, mine = hello[len(protocol.magic):], secrets.token_bytes(NONCE)
+    sock.sendall(mine + mac(key, protocol.label + b" client", theirs, mine))
+    if receive_exactly(sock, 1) != b"\1":
+        raise PermissionError(f"the {protocol.server} at {where} refused this process: its "
+                              "HVDMX_SECRET_KEY is not the job's")
+    if not hmac.compare_digest(receive_exactly(sock, MAC_BYTES),
+                               mac(key, protocol.label + b" server", mine, theirs)):
+        raise PermissionError(f"the {protocol.server} at {where} does not hold the job's "
+                              "secret key: it is not this job's")
+    session = mac(key, protocol.label + b" session", theirs, mine)
+    return Channel(sock, session, b"C", b"S", limit, protocol.header)
 
 
 def peer_name(sock: socket.socket) -> str:

@@ -35,12 +35,9 @@ call and collects the outcomes:
 """
 from __future__ import annotations
 
-import hashlib
-import hmac
 import os
 import pickle
 import queue
-import secrets
 import shlex
 import signal
 import socket
@@ -53,6 +50,7 @@ import traceback
 import warnings
 from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple, Union
 
+from hvdmx.rendezvous.wire import Channel, Protocol, accept_channel, open_channel
 from hvdmx.runner.mpi import PROG, job_environ, launcher_environ, mpi_without_init, \
     plan_launch, split_mpi_args
 from hvdmx.runner.hosts import Host, UsageError, format_hosts, is_this_host, parse_hosts, \
@@ -65,7 +63,12 @@ _HANDSHAKE_SECONDS = 10.0  # for a connection to prove itself, either way
 _FAILURE_GRACE_SECONDS = 10.0  # after a rank's error, for the launcher to end the job
 _EXIT_GRACE_SECONDS = 60.0  # after the last value, for the launcher to end
 _STOP_SECONDS = 5.0  # after SIGTERM to the launcher, before SIGKILL
-_MAGIC = b"hvdmx-function-job-1"
+# The channel to the ranks: the rendezvous's (hvdmx/rendezvous/wire.py), as
+# a protocol of its own, with a u64 length: a pickled call or result may be
+# larger than 4 GiB. The peer has proved it holds the key before any frame.
+PROTOCOL = Protocol(b"hvdmx-fnjob-v2\0\0", b"hvdmx-fnjob", "hvdmx.run_function launcher",
+                    struct.Struct("!Q"))
+_MAX_FRAME_BYTES = 1 << 40
 
 # Note [The function job's handshake]
 # The port of the process that calls run_function is open to anyone who can
@@ -73,59 +76,15 @@ _MAGIC = b"hvdmx-function-job-1"
 # rank must not run a stranger's call, and the launcher must not unpickle a
 # stranger's "result". So, before either side unpickles anything, both prove
 # that they hold the job's secret key (HVDMX_SECRET_KEY, which job_environ
-# makes and the launcher gives the ranks in their environment only):
-#   launcher -> rank: _MAGIC, a fresh 32-byte nonce Nl
-#   rank -> launcher: a fresh 32-byte nonce Nr, HMAC-SHA256(key, "rank" Nl Nr)
-#   launcher -> rank: HMAC-SHA256(key, "launcher" Nr Nl)
-# A recorded exchange proves nothing later (each side's nonce is new), and
-# the two MACs differ by their label, so one cannot be replayed as the other.
-# A connection that has not proved itself within _HANDSHAKE_SECONDS is
-# dropped. As with the ranks' own TCP connections (docs/running.md, "Who can
-# join a job"), what follows is neither encrypted nor signed.
-
-
-def _mac(key: bytes, label: bytes, first: bytes, second: bytes) -> bytes:
-    return hmac.new(key, label + first + second, hashlib.sha256).digest()
-
-
-def _receive_exactly(sock: socket.socket, count: int) -> bytes:
-    data = bytearray()
-    while len(data) < count:
-        chunk = sock.recv(min(count - len(data), 1 << 20))
-        if not chunk:
-            raise ConnectionError("the connection closed")
-        data += chunk
-    return bytes(data)
-
-
-def _send_frame(sock: socket.socket, payload: bytes) -> None:
-    sock.sendall(struct.pack("!Q", len(payload)) + payload)
-
-
-def _receive_frame(sock: socket.socket) -> bytes:
-    (length,) = struct.unpack("!Q", _receive_exactly(sock, 8))
-    return _receive_exactly(sock, length)
-
-
-def _prove_launcher(sock: socket.socket, key: bytes) -> None:
-    """The launcher's side of the handshake; raises unless the peer holds the key."""
-    mine = secrets.token_bytes(32)
-    sock.sendall(_MAGIC + mine)
-    theirs = _receive_exactly(sock, 32)
-    if not hmac.compare_digest(_receive_exactly(sock, 32), _mac(key, b"rank", mine, theirs)):
-        raise PermissionError("the peer does not hold the job's secret key")
-    sock.sendall(_mac(key, b"launcher", theirs, mine))
-
-
-def _prove_rank(sock: socket.socket, key: bytes) -> None:
-    """The rank's side of the handshake; raises unless the peer holds the key."""
-    if _receive_exactly(sock, len(_MAGIC)) != _MAGIC:
-        raise PermissionError("the peer is not an hvdmx.run_function launcher")
-    theirs = _receive_exactly(sock, 32)
-    mine = secrets.token_bytes(32)
-    sock.sendall(mine + _mac(key, b"rank", theirs, mine))
-    if not hmac.compare_digest(_receive_exactly(sock, 32), _mac(key, b"launcher", mine, theirs)):
-        raise PermissionError("the launcher does not hold the job's secret key")
+# makes and the launcher gives the ranks in their environment only), by the
+# rendezvous's handshake (Note [The rendezvous protocol]): the launcher
+# accepts, each rank connects, under this protocol's own MAGIC and labels,
+# so that no exchange of the rendezvous proves anything here. Every frame
+# after it carries an HMAC under a key new for the connection and a counter,
+# so a frame altered, replayed or reordered is refused. A connection that
+# has not proved itself within _HANDSHAKE_SECONDS is dropped. As with the
+# ranks' own TCP connections (docs/running.md, "Who can join a job"), what
+# travels is not encrypted.
 
 
 def _secret_key(environ: Mapping[str, str]) -> Optional[bytes]:
@@ -148,7 +107,7 @@ def _world_rank(environ: Mapping[str, str]) -> int:
                        "hvdmx.run_function through a launcher, not by hand")
 
 
-def _connect(addresses: str, key: bytes) -> socket.socket:
+def _connect(addresses: str, key: bytes) -> Channel:
     """A connection to the launcher that has passed the handshake: the
     addresses are tried in order (the first that works on this host wins)."""
     reasons = []
@@ -160,13 +119,13 @@ def _connect(addresses: str, key: bytes) -> socket.socket:
             reasons.append(f"{address}: {error}")
             continue
         try:
-            _prove_rank(sock, key)
+            channel = open_channel(sock, key, _MAX_FRAME_BYTES, address, PROTOCOL)
         except (OSError, PermissionError) as error:
             sock.close()
             reasons.append(f"{address}: {error}")
             continue
         sock.settimeout(None)
-        return sock
+        return channel
     raise ConnectionError("cannot reach the process that called hvdmx.run_function at "
                           + "; ".join(reasons))
 
@@ -198,13 +157,13 @@ def _rank_main() -> int:
         return 2
     try:
         rank = _world_rank(os.environ)
-        sock = _connect(addresses, key)
+        channel = _connect(addresses, key)
     except (RuntimeError, ConnectionError) as error:
         print(f"hvdmx.runner.function_job: {error}", file=sys.stderr)
         return 2
-    with sock:
-        _send_frame(sock, pickle.dumps(("hello", rank, socket.gethostname(), os.getpid())))
-        call = pickle.loads(_receive_frame(sock))
+    with channel.sock:
+        channel.send(pickle.dumps(("hello", rank, socket.gethostname(), os.getpid())))
+        call = pickle.loads(channel.receive())
         # The caller's module path first, so that the function's modules are
         # found as they were there (a script's directory, say).
         sys.path[:] = call["sys_path"] + [p for p in sys.path if p not in call["sys_path"]]
@@ -212,7 +171,7 @@ def _rank_main() -> int:
             fn, args, kwargs = _cloudpickle().loads(call["call"])
             value = fn(*args, **kwargs)
         except BaseException as error:  # the caller gets it, SystemExit included
-            _send_frame(sock, pickle.dumps(_outcome_of_error(error)))
+            channel.send(pickle.dumps(_outcome_of_error(error)))
             return 1
         try:
             pickled = _cloudpickle().dumps(value)
@@ -220,9 +179,9 @@ def _rank_main() -> int:
             problem = TypeError(f"the function's return value, a {type(value).__name__}, "
                                 f"cannot be pickled ({error}); return a value that cloudpickle "
                                 "can serialize")
-            _send_frame(sock, pickle.dumps(_outcome_of_error(problem)))
+            channel.send(pickle.dumps(_outcome_of_error(problem)))
             return 1
-        _send_frame(sock, pickle.dumps(("value", pickled)))
+        channel.send(pickle.dumps(("value", pickled)))
     return 0
 
 
@@ -379,13 +338,18 @@ class _Server:
     ("hello", connection, ("hello", rank, host, pid)), ("outcome", connection, the
     rank's message or None if it ended without one), or ("stranger", reason)."""
 
-    def __init__(self, listen: str, key: bytes):
+    def __init__(self, listen: str, key: bytes,
+                 serve: Optional[Callable[[socket.socket], None]] = None):
+        """`serve`, when given, serves each accepted connection instead of
+        the function job's conversation (hvdmx.spark's task server)."""
         self.key = key
+        self._serve_one = serve or self._serve
         self.events: "queue.Queue[tuple]" = queue.Queue()
         self.listener = socket.create_server((listen, 0))
         self.port = self.listener.getsockname()[1]
         self.threads: List[threading.Thread] = []
         self.connections: List[socket.socket] = []
+        self.channels: Dict[socket.socket, Channel] = {}
         self.closed = threading.Event()
         # accept() wakes up every 0.2 s to see whether the server is closed:
         # closing a socket does not wake a thread blocked in accept() on it.
@@ -403,7 +367,7 @@ class _Server:
             except OSError:
                 return
             connection.setblocking(True)
-            thread = threading.Thread(target=self._serve, args=(connection,), daemon=True)
+            thread = threading.Thread(target=self._serve_one, args=(connection,), daemon=True)
             self.connections.append(connection)
             self.threads.append(thread)
             thread.start()
@@ -411,19 +375,24 @@ class _Server:
     def _serve(self, connection: socket.socket) -> None:
         try:
             connection.settimeout(_HANDSHAKE_SECONDS)
-            _prove_launcher(connection, self.key)
-            hello = pickle.loads(_receive_frame(connection))
+            channel = accept_channel(connection, self.key, _MAX_FRAME_BYTES, PROTOCOL)
+            hello = pickle.loads(channel.receive())
             connection.settimeout(None)
+            self.channels[connection] = channel
         except Exception as error:  # a stranger, or a rank that died at once
             self.events.put(("stranger", str(error)))
             connection.close()
             return
         self.events.put(("hello", connection, hello))
         try:
-            outcome = pickle.loads(_receive_frame(connection))
+            outcome = pickle.loads(channel.receive())
         except Exception:
             outcome = None
         self.events.put(("outcome", connection, outcome))
+
+    def send(self, connection: socket.socket, payload: bytes) -> None:
+        """One frame to a rank that has said hello."""
+        self.channels[connection].send(payload)
 
     def wait_for_connections(self, seconds: float) -> None:
         """Waits up to `seconds` for every connection's thread to end."""
@@ -598,7 +567,7 @@ def _collect(server: _Server, process: subprocess.Popen, num_proc: int, pickled:
                 return
             ranks[connection] = rank
             try:
-                _send_frame(connection, call)
+                server.send(connection, call)
             except OSError:
                 pass  # it ended; it will be missing from the values
         elif event[0] == "outcome" and event[1] in ranks and event[2] is not None:

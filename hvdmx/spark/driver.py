@@ -24,8 +24,8 @@ import threading
 import time
 from typing import IO, Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
-from hvdmx.spark._runner import KEY_VARIABLES, RendezvousServer, _cloudpickle, \
-    _outcome_of_error, _prove_launcher, _raise_for, _receive_frame, _send_frame, _Server
+from hvdmx.spark._runner import KEY_VARIABLES, PROTOCOL, RendezvousServer, _cloudpickle, \
+    _outcome_of_error, _raise_for, _Server, accept_channel
 
 PROG = "hvdmx.spark.run"
 START_TIMEOUT_VARIABLES = ("HVDMX_SPARK_START_TIMEOUT", "HOROVOD_SPARK_START_TIMEOUT")
@@ -47,7 +47,7 @@ def _import_pyspark() -> Any:
     return pyspark
 
 
-class _TaskServer(_Server):
+class _TaskServer:
     """The driver's end of the tasks' channels (See Note [The task's
     channel]): the function job's listener and its thread per connection
     (hvdmx/runner/function_job.py), serving another conversation: messages go to
@@ -55,8 +55,13 @@ class _TaskServer(_Server):
     close() closes every channel."""
 
     def __init__(self, key: bytes, num_proc: int, write: Callable[[int, str, bytes], None]):
-        self.num_proc, self.write = num_proc, write  # before the acceptor starts
-        super().__init__("0.0.0.0", key)
+        self.key, self.num_proc, self.write = key, num_proc, write  # before the acceptor starts
+        self.events: "queue.Queue[tuple]" = queue.Queue()
+        self.server = _Server("0.0.0.0", key, serve=self._serve)
+        self.port = self.server.port
+
+    def close(self) -> None:
+        self.server.close()
 
     def _check(self, message: Any, peer: str) -> Optional[tuple]:
         """The message if it is well formed, else None (and a note)."""
@@ -85,7 +90,7 @@ class _TaskServer(_Server):
             peer = "a peer"
         try:
             connection.settimeout(_HANDSHAKE_SECONDS)
-            _prove_launcher(connection, self.key)
+            channel = accept_channel(connection, self.key, _MAX_FRAME, PROTOCOL)
             connection.settimeout(None)
         except Exception as error:
             self.events.put(("stranger", f"{peer}: {error}"))
@@ -93,8 +98,7 @@ class _TaskServer(_Server):
             return
         try:
             while True:
-                frame = _receive_frame_bounded(connection, peer)
-                message = self._check(pickle.loads(frame), peer)
+                message = self._check(pickle.loads(channel.receive()), peer)
                 if message is None:
                     break
                 if message[0] == "out":
@@ -104,14 +108,6 @@ class _TaskServer(_Server):
         except Exception:
             pass  # the task ended (or sent garbage): its rank's outcome says more
         connection.close()
-
-
-def _receive_frame_bounded(sock: socket.socket, peer: str) -> bytes:
-    header = sock.recv(8, socket.MSG_PEEK | socket.MSG_WAITALL)
-    if len(header) == 8 and int.from_bytes(header, "big") > _MAX_FRAME:
-        raise ValueError(f"{peer} announced a message of {int.from_bytes(header, 'big')} "
-                         f"bytes (at most {_MAX_FRAME})")
-    return _receive_frame(sock)
 
 
 def _validate(fn: Any, args: Any, kwargs: Any, num_proc: Any, start_timeout: Any, env: Any,
@@ -330,7 +326,7 @@ class _Collect:
                 return
             self.ranks[connection] = rank
             try:
-                _send_frame(connection, self.call)
+                self.functions.send(connection, self.call)
             except OSError:
                 pass
         elif event[0] == "outcome" and event[1] in self.ranks:

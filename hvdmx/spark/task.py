@@ -41,7 +41,7 @@ import threading
 from typing import Any, Dict, Iterable, Iterator, List, Mapping, Optional, Sequence, Tuple
 
 from hvdmx.spark._runner import ADDRESSES_VARIABLE, BOOTSTRAP, KEY_VARIABLES, Placement, \
-    _connect, _send_frame, _stop_launcher, rank_env, variables_line
+    _connect, _stop_launcher, rank_env, variables_line
 from hvdmx.spark.data import DATA_VARIABLE, write_share
 
 STOP_SECONDS = 10.0  # for the rank's output to be read after it ended
@@ -70,7 +70,8 @@ class _Channel:
     """The task's connection to the driver (See Note [The task's channel])."""
 
     def __init__(self, addresses: str, key: bytes):
-        self.sock = _connect(addresses, key)
+        self.channel = _connect(addresses, key)
+        self.sock = self.channel.sock
         self.lock = threading.Lock()
         self.broken = False
 
@@ -79,7 +80,7 @@ class _Channel:
             if self.broken:
                 return
             try:
-                _send_frame(self.sock, pickle.dumps(message))
+                self.channel.send(pickle.dumps(message))
             except OSError:
                 self.broken = True
 

@@ -30,28 +30,47 @@ from typing import Callable, Dict, List, Optional
 
 from hvdmx.runner.elastic.hosts import Slot
 from hvdmx.runner.elastic.membership import Membership, MembershipError
-from hvdmx.rendezvous.server import RendezvousServer, _Member
+from hvdmx.rendezvous.server import Member, RendezvousServer, Service
 from hvdmx.rendezvous.elastic_wire import SCOPE
 from hvdmx.rendezvous.wire import MAX_SCOPE_BYTES, Channel, ProtocolError, Reader, pack_str
 
 
 
-class ElasticService(RendezvousServer):
+class ElasticService(Service):
     """The elastic rendezvous of one job, holding `key`; `membership` decides
-    the generations. Listens on (`host`, `port`); each generation's server
-    listens on the same host."""
+    the generations. Listens on (`host`, `port`) through a RendezvousServer
+    that serves its connections to this service (the handshake, the frames,
+    the refusals); each generation's server listens on the same host."""
 
     def __init__(self, key: bytes, membership: Membership, host: str = "", port: int = 0,
                  timeout: Optional[float] = None,
                  on_problem: Optional[Callable[[str], None]] = None):
-        super().__init__(1, key, host=host, port=port, timeout=timeout, on_problem=on_problem)
-        self.membership = membership
+        self.membership, self.key = membership, key
         self._listen_host = host
         self._generations: Dict[int, RendezvousServer] = {}
         self._generations_lock = threading.Lock()
+        # It serves from here on: what hello and request read is set above,
+        # or is the server's own (its timeout).
+        self.server = RendezvousServer(1, key, host=host, port=port, timeout=timeout,
+                                       on_problem=on_problem, service=self)
+        self.timeout, self.port = self.server.timeout, self.server.port
+
+    def address(self, host: Optional[str] = None) -> str:
+        """'host:port' for HVDMX_RENDEZVOUS (`host` default: the listening one)."""
+        return self.server.address(host)
+
+    @property
+    def problems(self) -> List[str]:
+        return self.server.problems
+
+    def __enter__(self) -> "ElasticService":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
 
     def close(self) -> None:
-        super().close()
+        self.server.close()
         with self._generations_lock:
             servers, self._generations = list(self._generations.values()), {}
         for server in servers:
@@ -65,7 +84,8 @@ class ElasticService(RendezvousServer):
             server = self._generations.get(generation)
             if server is None:
                 server = RendezvousServer(size, self.key, host=self._listen_host,
-                                          timeout=self.timeout, on_problem=self._problem)
+                                          timeout=self.server.timeout,
+                                          on_problem=self.server.report_problem)
                 self._generations[generation] = server
                 old = [g for g in self._generations if g < generation]
                 closing = [self._generations.pop(g) for g in old]
@@ -77,25 +97,26 @@ class ElasticService(RendezvousServer):
 
     # ---- the connection of one worker
 
-    def _hello(self, channel: Channel, peer: str) -> _Member:
-        member, size = self._read_hello(channel, peer)
+    def hello(self, channel: Channel, peer: str) -> Member:
+        member, size = self.server.read_hello(channel, peer)
         member.rank = -1  # until a join gives it one
         host, index = member.host, member.slot
         slot: Slot = (host, index)
         if size != 0:
             why = ("it says it is a rank of a static job, but this job is elastic: its workers "
                    "learn their rank here (HVDMX_ELASTIC_SLOT)")
-            self._refuse(member, peer, why)
+            self.server.refuse(member, peer, why)
             raise ConnectionAbortedError(why)
         if not self.membership.started(slot):
             why = (f"no worker of this job runs for slot {host}:{index} (its host failed, or "
                    "it was not started by this hvdmxrun)")
-            self._refuse(member, peer, why)
+            self.server.refuse(member, peer, why)
             raise ConnectionAbortedError(why)
-        channel.send(b"W" + struct.pack("!IIIQd", 0, 0, 0, 0, self.timeout) + pack_str(SCOPE))
+        channel.send(b"W" + struct.pack("!IIIQd", 0, 0, 0, 0, self.server.timeout) +
+                     pack_str(SCOPE))
         return member
 
-    def _post(self, member: _Member, body: bytes) -> None:
+    def request(self, member: Member, body: bytes) -> None:
         kind = body[:1]
         r = Reader(body[1:])
         scope = r.text(MAX_SCOPE_BYTES, "a group scope")
@@ -105,9 +126,9 @@ class ElasticService(RendezvousServer):
         if kind == b"J":
             r.end()
             try:
-                generation, place = self.membership.join(slot, self.timeout)
+                generation, place = self.membership.join(slot, self.server.timeout)
             except MembershipError as error:
-                self._send_all([(member, _error(scope, seq, str(error)))])
+                self.server.send_all([(member, _error(scope, seq, str(error)))])
                 return
             server = self.generation_server(generation, place.size)
             answer = head + struct.pack("!IIIH", generation, place.rank, place.size, server.port)
@@ -121,9 +142,9 @@ class ElasticService(RendezvousServer):
             answer = head
         else:
             raise ProtocolError(f"a message of unknown type {kind!r}")
-        self._send_all([(member, answer)])
+        self.server.send_all([(member, answer)])
 
-    def _leave(self, member: _Member, clean: bool) -> None:
+    def leave(self, member: Member, clean: bool) -> None:
         pass  # a worker's end is the launcher's to see (its process exits)
 
 
