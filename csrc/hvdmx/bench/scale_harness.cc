@@ -96,7 +96,7 @@ ScaleResult RunScale(const ScaleOptions& o) {
     ThreadRank me;
     ShmAllreduce::CrossAllreduce cross;
     if (!ring_exchanges.empty()) {
-      // Linked as the job links its ring between hosts (CommOver, CommUse::kData).
+      // Linked as the job links its ring between hosts (job/shm_wiring.cc).
       TcpOptions ring_options = tcp;
       ring_options.peers = P2PComm::DataPeers(h, hosts);
       ThreadExchange* exchange = ring_exchanges[l].get();

@@ -500,12 +500,7 @@ const char* Executor::RunAdasumGroup(const FusionGroup& group,
   ScaleBuffer(buffer, count, dtype, head.scale.pre);
   const char* algorithm = "ADASUM_ALLREDUCE";
   if (config_.adasum_hierarchical && comm_.size() > 1) {
-    if (!adasum_hosts_found_) {
-      adasum_hosts_ = FindAdasumHosts(comm_, AdasumHostKey(config_, comm_.rank()));
-      adasum_hosts_found_ = true;
-    }
-    HierarchicalAdasumAllreduce(comm_, adasum_hosts_, buffer, adasum_counts_, dtype,
-                                &adasum_scratch_);
+    HierarchicalAdasumAllreduce(comm_, hosts_, buffer, adasum_counts_, dtype, &adasum_scratch_);
     algorithm = "HIERARCHICAL_ADASUM";
   } else {
     AdasumAllreduce(comm_, {}, buffer, adasum_counts_, dtype, &adasum_scratch_);

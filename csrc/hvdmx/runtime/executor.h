@@ -18,6 +18,7 @@
 #include "algorithms/ring.h"
 #include "base/timeline.h"
 #include "comm/comm.h"
+#include "comm/host_map.h"
 #include "config/env_config.h"
 #include "negotiation/message.h"
 #include "negotiation/round_reduction.h"
@@ -35,9 +36,16 @@ class Executor {
   // `shm`, when given, is the shared-memory allreduce over the same ranks as
   // `comm` (all on one host); it must outlive the executor. `peers_on_host`:
   // another rank of `comm` runs on this host, so MPI may copy this rank's
-  // buffers with cross-memory attach (see mpi_pages_).
-  Executor(Comm& comm, const Config& config, ShmHost* shm = nullptr, bool peers_on_host = false)
-      : comm_(comm), config_(config), mpi_pages_(config.huge_pages && peers_on_host), shm_(shm) {}
+  // buffers with cross-memory attach (see mpi_pages_). `hosts`: which ranks
+  // of `comm` share a host, as the hierarchical Adasum groups them (the
+  // job's, found once at init: job/host_split.h).
+  Executor(Comm& comm, const Config& config, ShmHost* shm = nullptr, bool peers_on_host = false,
+           HostMap hosts = HostMap())
+      : comm_(comm),
+        config_(config),
+        mpi_pages_(config.huge_pages && peers_on_host),
+        shm_(shm),
+        hosts_(std::move(hosts)) {}
 
   // Autotune's setting for the rounds from the one being run on: the
   // fusion threshold and the allreduce algorithm (the cycle time is the
@@ -140,10 +148,6 @@ class Executor {
   std::vector<char> exchange_scratch_;  // ExchangeAllreduce
   RingScratch ring_scratch_;
   AdasumScratch adasum_scratch_;
-  // HVDMX_ADASUM_HIERARCHICAL's hosts, found at the first Adasum that needs
-  // them (every rank runs it in the same round).
-  AdasumHosts adasum_hosts_;
-  bool adasum_hosts_found_ = false;
   std::vector<int64_t> adasum_counts_;     // an Adasum group's tensors, reused
   std::vector<int64_t> starts_;            // chunk boundaries, reused
   std::vector<int64_t> tensor_starts_;     // one tensor's blocks (allgather unpacking:
@@ -157,7 +161,8 @@ class Executor {
   // Timeline only: when each response of the round running finished its last
   // step (QUEUE, the copies, the collective), reused.
   std::vector<Timeline::Clock::time_point> step_ends_;
-  ShmHost* shm_;  // null unless ranks share hosts (see shm_segment.h)
+  ShmHost* shm_;   // null unless ranks share hosts (see job/shm_wiring.h)
+  HostMap hosts_;  // which ranks of comm_ share a host
 };
 
 }  // namespace hvdmx

@@ -56,13 +56,13 @@ namespace hvdmx {
 class Runtime {
  public:
   // `control` carries negotiation, `data` the collectives' bytes; both span
-  // the same ranks. `shm`, optional, is shared memory (shm_host.h) over those
-  // ranks when they share one host (shm_segment.h); when it spans all of
-  // them, each round's bit-and and its other exchanges that fit go through
-  // it instead of `control` (shm_control_comm.h).
-  // `peers_on_host`: another of the ranks runs on this host (see Executor).
+  // the same ranks, and the job chose both (job/comm_wiring.h). `shm`,
+  // optional, is shared memory (shm_host.h) over those ranks' hosts; it
+  // outlives `control`, which may use it. `hosts`: which of the ranks share
+  // a host (see Executor); `peers_on_host`: another of the ranks runs on
+  // this host (see Executor).
   Runtime(std::unique_ptr<Comm> control, std::unique_ptr<Comm> data, const Config& config,
-          std::unique_ptr<ShmHost> shm = nullptr, bool peers_on_host = false);
+          std::unique_ptr<ShmHost> shm, HostMap hosts, bool peers_on_host);
   ~Runtime();
 
   // Starts the background thread.

@@ -15,6 +15,7 @@
 
 #include "comm/comm.h"
 #include "shm/shm_control.h"
+#include "shm/shm_host.h"
 
 namespace hvdmx {
 
@@ -59,6 +60,19 @@ class ShmControlComm : public Comm {
   std::unique_ptr<Comm> inner_;
   ShmControl* shm_;
 };
+
+// `control` through `shm`'s control blocks (a ShmControlComm) when `shm`
+// spans all of its ranks, more than one, on one host and its mailboxes hold
+// a round's `bit_words` words; else `control` as it is.
+inline std::unique_ptr<Comm> ControlThroughShm(std::unique_ptr<Comm> control, ShmHost* shm,
+                                               int64_t bit_words) {
+  if (shm == nullptr || shm->hierarchical() || shm->size() != control->size() ||
+      control->size() < 2 || bit_words > ShmControl::kMaxBitAndWords) {
+    return control;
+  }
+  const int rank = shm->rank(), size = shm->size();
+  return std::make_unique<ShmControlComm>(std::move(control), &shm->control(), rank, size);
+}
 
 }  // namespace hvdmx
 
