@@ -11,14 +11,14 @@ namespace hvdmx {
 namespace {
 
 // Sends `send_bytes` from `send` to `peer` while receiving `recv_bytes`
-// from it into `recv`, in messages of at most Comm::kMaxMessageBytes; the
+// from it into `recv`, in messages of at most DataComm::kMaxMessageBytes; the
 // peer makes the mirror call. Either side may be empty.
-void Exchange(Comm& comm, int peer, const void* send, int64_t send_bytes, void* recv,
+void Exchange(DataComm& comm, int peer, const void* send, int64_t send_bytes, void* recv,
               int64_t recv_bytes) {
-  std::vector<Comm::Request> requests;
+  std::vector<DataComm::Request> requests;
   PostRecvPieces(comm, static_cast<char*>(recv), recv_bytes, peer, &requests);
   PostSendPieces(comm, static_cast<const char*>(send), send_bytes, peer, &requests);
-  for (Comm::Request request : requests) comm.Wait(request);
+  for (DataComm::Request request : requests) comm.Wait(request);
 }
 
 // Elements [lo, hi) of the fused buffer.
@@ -71,7 +71,7 @@ class Run {
   using T = typename F::Storage;
   using P = Pairwise<F>;
 
-  Run(Comm& comm, const std::vector<int>& group, T* buf, const std::vector<int64_t>& counts,
+  Run(DataComm& comm, const std::vector<int>& group, T* buf, const std::vector<int64_t>& counts,
       AdasumScratch* scratch)
       : comm_(comm), group_(group), buf_(buf), scratch_(*scratch) {
     std::vector<int64_t>& starts = scratch_.starts;
@@ -185,7 +185,7 @@ class Run {
     }
   }
 
-  Comm& comm_;
+  DataComm& comm_;
   const std::vector<int>& group_;
   T* buf_;
   AdasumScratch& scratch_;
@@ -197,8 +197,8 @@ class Run {
 };
 
 template <typename F>
-void RunOn(Comm& comm, const std::vector<int>& group, void* buf, const std::vector<int64_t>& counts,
-           AdasumScratch* scratch) {
+void RunOn(DataComm& comm, const std::vector<int>& group, void* buf,
+           const std::vector<int64_t>& counts, AdasumScratch* scratch) {
   Run<F>(comm, group, static_cast<typename F::Storage*>(buf), counts, scratch).Execute();
 }
 
@@ -209,7 +209,7 @@ bool AdasumSupports(DataType dtype) {
          dtype == DataType::kFloat32 || dtype == DataType::kFloat64;
 }
 
-void AdasumAllreduce(Comm& comm, const std::vector<int>& group, void* buf,
+void AdasumAllreduce(DataComm& comm, const std::vector<int>& group, void* buf,
                      const std::vector<int64_t>& counts, DataType dtype, AdasumScratch* scratch) {
   std::vector<int> everyone;
   if (group.empty()) {
@@ -242,7 +242,7 @@ std::vector<int> AdasumHierarchicalPeers(const HostMap& hosts, int rank) {
   return peers;
 }
 
-void HierarchicalAdasumAllreduce(Comm& comm, const HostMap& hosts, void* buf,
+void HierarchicalAdasumAllreduce(DataComm& comm, const HostMap& hosts, void* buf,
                                  const std::vector<int64_t>& counts, DataType dtype,
                                  AdasumScratch* scratch) {
   int64_t total = 0;

@@ -69,7 +69,7 @@ bool AdasumSupports(DataType dtype);
 // `dtype` (AdasumSupports). `group` lists the comm ranks taking part, this
 // rank among them; empty means every rank of the comm in rank order. Every
 // rank of the group calls it with the same counts and dtype.
-void AdasumAllreduce(Comm& comm, const std::vector<int>& group, void* buf,
+void AdasumAllreduce(DataComm& comm, const std::vector<int>& group, void* buf,
                      const std::vector<int64_t>& counts, DataType dtype, AdasumScratch* scratch);
 
 // The ranks the hierarchical Adasum makes `rank` talk to, given which
@@ -89,7 +89,7 @@ std::vector<int> AdasumHierarchicalPeers(const HostMap& hosts, int rank);
 // leader sends the result back to its host's ranks. Bitwise identical on
 // every rank as above; with one host it is the average. `hosts` says
 // which ranks of the comm share a host.
-void HierarchicalAdasumAllreduce(Comm& comm, const HostMap& hosts, void* buf,
+void HierarchicalAdasumAllreduce(DataComm& comm, const HostMap& hosts, void* buf,
                                  const std::vector<int64_t>& counts, DataType dtype,
                                  AdasumScratch* scratch);
 

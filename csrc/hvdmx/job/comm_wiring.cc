@@ -46,8 +46,8 @@ bool UseTcp(Group& group, const HostMap& hosts, Transport transport) {
 // The negotiation's comm over `group` (Note [The job's comms]), whose real
 // hosts `hosts` describes, given its shared memory `shm` (or null).
 // Collective over `group`.
-std::unique_ptr<Comm> NegotiationComm(Group& group, const HostMap& hosts, const Config& config,
-                                      bool busy, ShmHost* shm) {
+std::unique_ptr<ControlComm> NegotiationComm(Group& group, const HostMap& hosts,
+                                             const Config& config, bool busy, ShmHost* shm) {
   const int rank = group.rank(), size = group.size();
   const int on_this_host = hosts.local_size(rank);
   const int64_t bit_words = Controller::BitWords(config.cache_capacity);
@@ -93,7 +93,7 @@ std::shared_ptr<Runtime> StartRuntime(Group& group, const HostMap& hosts, Config
   const HostMap algorithm_hosts = HostsForAlgorithms(hosts, config);
   const bool busy = config.transport == Transport::kTcp && HostRanksOutnumberCpus(hosts, rank);
   std::unique_ptr<ShmHost> shm = CreateHostShm(group, algorithm_hosts, config, busy);
-  std::unique_ptr<Comm> control = NegotiationComm(group, hosts, config, busy, shm.get());
+  std::unique_ptr<ControlComm> control = NegotiationComm(group, hosts, config, busy, shm.get());
   std::unique_ptr<Comm> data =
       CommOver(group, config, busy, CommUse::kData, AdasumPeers(algorithm_hosts, rank, config));
   auto runtime =

@@ -342,7 +342,7 @@ void AddRuntimeStats(const Runtime& runtime, py::dict& d) {
       runtime.shm() == nullptr ? -1 : runtime.shm()->stats().strings_broadcast;
   // How rounds reach the other ranks, and the messages this rank has sent
   // and received for them over the network (-1 where MPI carries them).
-  const Comm& control = runtime.control();
+  const ControlComm& control = runtime.control();
   const P2PComm* network = nullptr;
   std::string scheme = "mpi";
   int64_t messages = -1;

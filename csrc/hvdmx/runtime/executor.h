@@ -39,7 +39,7 @@ class Executor {
   // buffers with cross-memory attach (see mpi_pages_). `hosts`: which ranks
   // of `comm` share a host, as the hierarchical Adasum groups them (the
   // job's, found once at init: job/host_split.h).
-  Executor(Comm& comm, const Config& config, ShmHost* shm = nullptr, bool peers_on_host = false,
+  Executor(DataComm& comm, const Config& config, ShmHost* shm = nullptr, bool peers_on_host = false,
            HostMap hosts = HostMap())
       : comm_(comm),
         config_(config),
@@ -105,10 +105,10 @@ class Executor {
   const char* RunAlltoall(const Response& response, TensorEntry& entry);
   // A float16 or bfloat16 allreduce of `buf` with float32 partials, through
   // the wide buffer in pieces of at most kWidePieceElems: on the ring, or,
-  // with `mpi`, MPI's float32 allreduce where the comm has one. Returns the
-  // algorithm's name for the timeline.
+  // with `native`, the comm's own float32 allreduce where it has one (MPI's).
+  // Returns the algorithm's name for the timeline.
   const char* AllreduceWide(void* buf, int64_t count, DataType dtype, ReduceOp op, Scale scale,
-                            bool mpi);
+                            bool native);
   static constexpr int64_t kWidePieceElems = int64_t{8} << 20;
   // Returns the algorithm's name for the timeline.
   const char* RunReducescatter(const Response& response, TensorEntry& entry);
@@ -136,7 +136,7 @@ class Executor {
   // segment.
   int64_t PieceBytes() const;
 
-  Comm& comm_;
+  DataComm& comm_;
   Config config_;  // the runtime's, with autotune's setting (Apply)
   // Collapses the buffers this rank hands to MPI to move (Note [Huge pages
   // under what peers read]): on one host MPICH copies large messages

@@ -37,8 +37,9 @@ constexpr int64_t kSpinMicros = 100;
 
 }  // namespace
 
-Runtime::Runtime(std::unique_ptr<Comm> control, std::unique_ptr<Comm> data, const Config& config,
-                 std::unique_ptr<ShmHost> shm, HostMap hosts, bool peers_on_host)
+Runtime::Runtime(std::unique_ptr<ControlComm> control, std::unique_ptr<DataComm> data,
+                 const Config& config, std::unique_ptr<ShmHost> shm, HostMap hosts,
+                 bool peers_on_host)
     : shm_(std::move(shm)),
       control_(std::move(control)),
       data_(std::move(data)),

@@ -61,8 +61,8 @@ class Runtime {
   // outlives `control`, which may use it. `hosts`: which of the ranks share
   // a host (see Executor); `peers_on_host`: another of the ranks runs on
   // this host (see Executor).
-  Runtime(std::unique_ptr<Comm> control, std::unique_ptr<Comm> data, const Config& config,
-          std::unique_ptr<ShmHost> shm, HostMap hosts, bool peers_on_host);
+  Runtime(std::unique_ptr<ControlComm> control, std::unique_ptr<DataComm> data,
+          const Config& config, std::unique_ptr<ShmHost> shm, HostMap hosts, bool peers_on_host);
   ~Runtime();
 
   // Starts the background thread.
@@ -81,7 +81,7 @@ class Runtime {
   const HugePageCollapser& mpi_pages() const { return executor_.mpi_pages(); }
   const Controller& controller() const { return controller_; }
   // The negotiation's comm (for stats).
-  const Comm& control() const { return *control_; }
+  const ControlComm& control() const { return *control_; }
 
   // Any thread (MXNet engine threads). Refuses, returning the error and
   // leaving the callback unfired, an entry without a turn whose name is
@@ -176,8 +176,8 @@ class Runtime {
   void MaybeWarnStall();
 
   std::unique_ptr<ShmHost> shm_;  // before control_ and executor_, which use it
-  std::unique_ptr<Comm> control_;
-  std::unique_ptr<Comm> data_;
+  std::unique_ptr<ControlComm> control_;
+  std::unique_ptr<DataComm> data_;
   Config config_;
   TensorQueue queue_;
   Controller controller_;

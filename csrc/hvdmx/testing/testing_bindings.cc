@@ -324,7 +324,7 @@ class LocalJob {
         local =
             std::make_unique<ShmHost>(r, size, host.regions, config.shm_chunk_bytes, host.memory);
       }
-      std::unique_ptr<Comm> comm =
+      std::unique_ptr<ControlComm> comm =
           r == liar ? std::make_unique<LyingLocalComm>(
                           control, r, Controller::BitWords(config.cache_capacity), lie)
                     : std::make_unique<LocalComm>(control, r);

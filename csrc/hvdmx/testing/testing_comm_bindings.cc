@@ -406,7 +406,7 @@ std::vector<py::dict> TestingRoundBitAnd(int hosts, int per_host, int direct_bit
     std::unique_ptr<P2PComm> leaders;
     if (l == 0) leaders = std::make_unique<LocalComm>(world, h, direct_bit_and_ranks);
     std::unique_ptr<ShmHost> shm;
-    std::unique_ptr<Comm> comm;
+    std::unique_ptr<ControlComm> comm;
     if (per_host > 1) {
       shm = std::make_unique<ShmHost>(l, per_host, memory[h]->regions, 4096, memory[h]->memory,
                                       nullptr);
