@@ -1,6 +1,9 @@
-// The runtime: owns the communicators, the queue, the controller and the
-// executor, and the background thread that drives them. An object, not a bag
-// of globals; the one process-wide instance lives in the bindings.
+// The runtime of one process set: owns the control and data comms the job
+// wired for it (job/comm_wiring.h), its shared memory, the queue, the
+// controller and the executor, and the background thread that drives them.
+// An object, not a bag of globals: the job (job/job.h) holds one for the
+// global set and one for each process set this rank is in, and builds them
+// again in the same process after a shutdown (elastic).
 //
 // Note [Background loop]
 // ~~~~~~~~~~~~~~~~~~~~~~
@@ -11,9 +14,12 @@
 // requests are still pending after a round that completed none (peers have
 // not submitted them yet), the next round waits a short, growing backoff
 // unless new local work arrives first, so ranks waiting on each other do not
-// spin. The wait for the round's bit-AND polls the transport the same way: a
-// short spin, then sleeps growing to 1 ms. (The collectives themselves poll
-// without sleeping: all ranks are in them together.)
+// spin. The wait for the round's bit-AND blocks in poll(2) where the control
+// comm wakes on arrival (TCP, a host tree's leaders: Note [Waiting for the
+// network] in comm/tcp_comm.h); over MPI or shared memory it polls: a short
+// spin, then sleeps growing to 1 ms (Runtime::Idle). (A collective waits as
+// its transport does: MPI polls without sleeping, TCP blocks in poll(2),
+// shared memory spins, yields, then sleeps briefly: shm/shm_internal.h.)
 //
 // With HVDMX_STALL_SHUTDOWN_TIME_SECONDS = T > 0, stalled collectives fail
 // on every rank after T seconds (Note [Stall shutdown] in controller.h). If a
