@@ -28,7 +28,8 @@ BUILD_REQUIRES = $(shell $(PY) -c 'import re, shlex, sys; t = open("pyproject.to
 	re.search(r"^requires\s*=\s*\[(.*?)\]", t, re.S | re.M).group(1)); \
 	print(" ".join(map(shlex.quote, r)))')
 
-.PHONY: venv build demo test lint-cxx lint-py typecheck scikit-learn horovod-programs other-mpi clean \
+.PHONY: venv build demo test lint-cxx lint-py typecheck scikit-learn spark java horovod-programs other-mpi \
+	clean \
 	distclean
 
 venv: $(INSTALLED)
@@ -104,6 +105,28 @@ scikit-learn: $(SKLEARN)/.installed
 $(SKLEARN)/.installed: tests/scikit_learn.txt | $(INSTALLED)
 	$(call install_apart,$(SKLEARN),--target,$<)
 
+# pyspark (and py4j) for tests/test_spark.py and examples/spark_digits.py,
+# apart from site-packages as scikit-learn is: the tests put the directory on
+# PYTHONPATH, the Spark workers' included. Spark's JVM needs Java: `java`
+# installs Debian's where none is on PATH (as root; otherwise it says what
+# to install, and tests/test_spark.py fails saying the same).
+SPARK := $(VENV)/spark
+
+spark: $(SPARK)/.installed java
+
+$(SPARK)/.installed: tests/spark.txt | $(INSTALLED)
+	$(call install_apart,$(SPARK),--target,$<)
+
+java:
+	@if command -v java >/dev/null 2>&1; then \
+		echo "java: $$(command -v java) is there; nothing to install"; \
+	elif [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+		apt-get install -y openjdk-17-jre-headless; \
+	else \
+		echo "java: skipped: no java on PATH, and this is not root with apt-get; install" \
+			"a Java 17 runtime (Debian: apt-get install openjdk-17-jre-headless) for Spark" >&2; \
+	fi
+
 demo: venv build scikit-learn
 	$(MPIEXEC) $(MPIEXEC_FLAGS) -n 2 $(PY) examples/mnist_gluon.py
 
@@ -117,7 +140,7 @@ lint-py: venv
 typecheck: venv
 	$(VENV)/bin/mypy
 
-test: venv build scikit-learn horovod-programs other-mpi lint-py typecheck
+test: venv build scikit-learn spark horovod-programs other-mpi lint-py typecheck
 	$(MAKE) --no-print-directory lint-cxx
 	PYTHON=$(PY) MPIEXEC=$(MPIEXEC) MPIEXEC_FLAGS='$(MPIEXEC_FLAGS)' tests/run_all.sh
 

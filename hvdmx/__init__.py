@@ -9,29 +9,53 @@ The public names load on first use (PEP 562), so that ``hvdmxrun`` and
 Layers, bottom up. A module imports only modules listed above it (at its top
 or inside a function), so there is no import cycle and ``import hvdmx.<module>``
 works first in any interpreter; tests/test_layers.py checks both against this
-list. This package (``hvdmx``, this file) is the facade: at import it loads
-nothing of hvdmx, and its names load their modules when first used; the
-programs below it use hvdmx through it, as a user's script does.
+list, a module of a subpackage by its dotted name. This package (``hvdmx``,
+this file) is the facade: at import it loads nothing of hvdmx, and its names
+load their modules when first used; the programs below it use hvdmx through
+it, as a user's script does.
 
-    errors          exception classes (MXNetError and ValueError/TypeError)
-    run_flags       hvdmxrun's tuning flags and the variables they set
-    run_hosts       hvdmxrun's hosts: -H, the hostfile, the checks of each host
-    elastic_hosts   an elastic job's hosts: discovery, blacklist, numbering of ranks
-    elastic_membership  who is in an elastic job, generation by generation
-    elastic_launch  hvdmxrun's elastic loop: workers started, watched, hosts failed
-    rendezvous_wire  the rendezvous's variables, handshake and frames
-    rendezvous_server  the rendezvous server of hvdmxrun --no-mpi
-    rendezvous      the rendezvous's client group (StoreGroup), and its server
-    timeline        reads and plots the timeline's Chrome trace
+The package has rooms (hvdmx/README.md): the rendezvous (hvdmx/rendezvous/,
+standard library only) that both sides share, the launcher (hvdmx/runner/),
+which never loads MXNet or the rank API, and the rank API, every module
+from ``errors`` up to this facade, which never imports the runner (the
+facade's lazy ``run_function`` aside: Horovod's ``horovod.run`` is a
+launcher a script calls).
+
+The rendezvous, shared:
+    rendezvous      its package (what each of its modules holds)
+    rendezvous.wire  the rendezvous's variables, handshake and frames
+    rendezvous.server  the rendezvous server of hvdmxrun --no-mpi
+    rendezvous.client  a rank's side: the client group (StoreGroup)
+    rendezvous.elastic_wire  what the elastic service and its workers both know
+MPI's identity, which both sides read:
     _mpi            which MPI is which; loads the extension into mpi4py's MPI
     _core           the C++ extension (csrc/hvdmx), loaded by _mpi
-    run_launcher    hvdmxrun's MPI launcher: which, its command and environment
-    run_nompi       hvdmxrun --no-mpi: starts the ranks itself, serves the rendezvous
-    elastic_service  the elastic rendezvous: a worker's place in each generation
-    elastic_worker  an elastic worker's side of it: join, newcomers, resumed
-    run_elastic     hvdmxrun's elastic job: the service, the workers, the loop
+The launcher:
+    runner          its package (what each of its modules holds)
+    runner.flags    hvdmxrun's tuning flags and the variables they set
+    runner.hosts    hvdmxrun's hosts: -H, the hostfile, the checks of each host
+    runner.mpi      hvdmxrun's MPI launcher: which, its command and environment
+    runner.bootstrap  what each rank of hvdmxrun --no-mpi runs first, on its host
+    runner.nompi    hvdmxrun --no-mpi: starts the ranks itself, serves the rendezvous
+    runner.elastic  the launcher's side of elastic, its package
+    runner.elastic.hosts  an elastic job's hosts: discovery, blacklist, numbering of ranks
+    runner.elastic.membership  who is in an elastic job, generation by generation
+    runner.elastic.loop  hvdmxrun's elastic loop: workers started, watched, hosts failed
+    runner.elastic.service  the elastic rendezvous: a worker's place in each generation
+    runner.elastic.job  hvdmxrun's elastic job: the service, the workers, the loop
+    runner.function_job  run_function (Horovod's horovod.run): a function on every rank
+    runner.launch   hvdmxrun, the launcher's command line
+    spark._runner   what hvdmx.spark takes of the launcher's modules, in one place
+    spark.data      a rank's share of a DataFrame: written by its task, read by the rank
+    spark.task      a Spark barrier task: places and starts its rank, forwards its output
+    spark.driver    hvdmx.spark.run: the barrier job, the servers, the ranks' outcomes
+    spark           hvdmx.spark.run (horovod.spark.run): ranks in Spark's barrier tasks
+The rank API:
+    errors          exception classes (MXNetError and ValueError/TypeError)
+    timeline        reads and plots the timeline's Chrome trace
     _job            whether hvdmx runs, its topology and communicator
     process_sets    ProcessSet, add/remove, names of unnamed calls
+    elastic.worker  an elastic worker's side of the elastic rendezvous: join, newcomers
     basics          init, shutdown, rank, size, ... and the *_built calls
     ops             allreduce, broadcast, barrier, join, the reduce ops, the checks
     gather_scatter  allgather, alltoall, reducescatter
@@ -43,14 +67,25 @@ programs below it use hvdmx through it, as a user's script does.
     kvstore         KVStore, registered with MXNet as 'dist_sync_hvdmx' at import
     checkpoint_residuals  each rank's compression residuals in a checkpoint
     checkpoint      save_checkpoint, load_checkpoint
-    elastic_arrays  hvd.elastic's snapshots of arrays, optimizer states' layouts
-    _elastic_driver  the seam of hvd.elastic to the launch: reset, hosts_updated
-    elastic         hvd.elastic: State, ObjectState, GluonState, ModuleState, run
-    function_job    run_function (Horovod's horovod.run): a function on every rank
+    elastic.arrays  hvd.elastic's snapshots of arrays, optimizer states' layouts
+    elastic.driver  the seam of hvd.elastic to the launch: reset, hosts_updated
+    elastic.state   hvd.elastic's State and ObjectState, the arrays a training state keeps
+    elastic.gluon   hvd.elastic.GluonState
+    elastic.module  hvd.elastic.ModuleState
+    elastic.recovery  hvd.elastic.run, the reset limit
+    elastic         hvd.elastic, its names loaded on first use
     hvdmx           this facade
-    build_report    hvdmxrun --check-build's checklist
-    run             hvdmxrun, the launcher
+The programs on top:
+    build_report    hvdmxrun --check-build's checklist (python -m hvdmx.build_report)
+    run             python -m hvdmx.run, the old path of hvdmxrun
+    bench.timing    the benchmark's timing, sizes and MPI
+    bench.collectives  the benchmark's collectives
+    bench.tables    the benchmark's tables
+    bench.model     the benchmark's model gradients
+    bench.scale     the benchmark's scaling runs
     bench           python -m hvdmx.bench, the benchmark
+    bench.cli       the benchmark's command line
+    bench.__main__  python -m hvdmx.bench
     as_horovod      runs programs written for horovod.mxnet
 """
 import importlib
@@ -113,7 +148,7 @@ _EXPORTS = {
     'add_process_set': 'process_sets',
     'global_process_set': 'process_sets',
     'remove_process_set': 'process_sets',
-    'run_function': 'function_job',
+    'run_function': 'runner.function_job',
 }
 __all__ = sorted(_EXPORTS)
 
@@ -149,7 +184,7 @@ if TYPE_CHECKING:
         broadcast_parameters as broadcast_parameters)
     from hvdmx.process_sets import (ProcessSet as ProcessSet, add_process_set as add_process_set,
         global_process_set as global_process_set, remove_process_set as remove_process_set)
-    from hvdmx.function_job import run_function as run_function
+    from hvdmx.runner.function_job import run_function as run_function
     from hvdmx.trainer import DistributedTrainer as DistributedTrainer
 
 
@@ -158,7 +193,7 @@ def __getattr__(name):
         return importlib.import_module("hvdmx._mpi").load_core()
     if name == "errors":  # the exception classes (hvdmx/errors.py)
         return importlib.import_module("hvdmx.errors")
-    if name == "elastic":  # hvd.elastic (hvdmx/elastic.py), as horovod.torch.elastic
+    if name == "elastic":  # hvd.elastic (hvdmx/elastic/), as horovod.torch.elastic
         importlib.import_module("hvdmx.kvstore")  # as for any other name: see below
         return importlib.import_module("hvdmx.elastic")
     module = _EXPORTS.get(name)
@@ -169,8 +204,8 @@ def __getattr__(name):
     # (mx.kv.create("dist_sync_hvdmx"), kvstore="dist_sync_hvdmx"): imported
     # here as soon as any of hvdmx is used, except run_function, which runs in
     # the process that starts a job and is no rank of it: it loads neither
-    # MXNet nor MPI (hvdmx/function_job.py).
-    if module != "function_job":
+    # MXNet nor MPI (hvdmx/runner/function_job.py).
+    if module != "runner.function_job":
         importlib.import_module("hvdmx.kvstore")
     globals()[name] = value
     return value

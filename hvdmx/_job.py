@@ -18,9 +18,9 @@ from mxnet.base import MXNetError
 # a job started without MPI.
 comm: Optional[MPI.Comm] = None
 if TYPE_CHECKING:
-    from hvdmx.rendezvous import StoreGroup
+    from hvdmx.rendezvous.client import StoreGroup
 # In a job started without MPI: the job's group at the launcher's rendezvous
-# (hvdmx.rendezvous.StoreGroup), from the first init on.
+# (hvdmx.rendezvous.client.StoreGroup), from the first init on.
 group: Optional["StoreGroup"] = None
 
 

@@ -99,7 +99,7 @@ def settle_pmix(environ, libmpi):
 
 
 # Set by hvdmxrun --no-mpi in every rank's environment: where the launcher's
-# rendezvous listens (hvdmx/rendezvous.py). A job started so never starts MPI.
+# rendezvous listens (hvdmx/rendezvous/client.py). A job started so never starts MPI.
 RENDEZVOUS_VARIABLE = "HVDMX_RENDEZVOUS"
 
 

@@ -17,7 +17,8 @@ binding lacks) become modules of those names whose attributes are hvdmx's
 hvdmx, which exports everything Horovod's does), so every form of import
 works. ``horovod`` itself is a package holding ``mxnet``, Horovod's
 launcher function ``horovod.run`` (also ``horovod.runner.run``), which is
-``hvdmx.run_function`` (its ranks run under this alias as well), and
+``hvdmx.run_function`` (its ranks run under this alias as well),
+``horovod.spark.run``, which is ``hvdmx.spark.run`` (the same), and
 ``horovod.common.exceptions`` and ``horovod.common.elastic``, which are
 hvdmx.errors and hvdmx.elastic (HorovodInternalError,
 HostsUpdatedInterrupt; State, ObjectState). Nothing of
@@ -60,10 +61,17 @@ def _forwarder(name: str, target: str) -> types.ModuleType:
 
 
 def run(*args, **kwargs):
-    """horovod.run: hvdmx.run_function (hvdmx/function_job.py), with
+    """horovod.run: hvdmx.run_function (hvdmx/runner/function_job.py), with
     Horovod's arguments."""
-    from hvdmx.function_job import run_function
+    from hvdmx.runner.function_job import run_function
     return run_function(*args, **kwargs)
+
+
+def spark_run(*args, **kwargs):
+    """horovod.spark.run: hvdmx.spark.run (hvdmx/spark/driver.py), with
+    Horovod's arguments; its ranks run under this alias as well."""
+    from hvdmx.spark import run as hvdmx_spark_run
+    return hvdmx_spark_run(*args, **kwargs)
 
 
 def install() -> None:
@@ -101,10 +109,14 @@ def install() -> None:
         setattr(common, sub, module)
         sys.modules[module.__name__] = module
     sys.modules["horovod.common"] = common
+    # horovod.spark: hvdmx.spark.run (pyspark is imported when it is called).
+    spark = types.ModuleType("horovod.spark", "hvdmx standing in for horovod.spark")
+    vars(spark).update(run=spark_run)
+    sys.modules["horovod.spark"] = spark
     horovod = types.ModuleType("horovod", "hvdmx standing in for Horovod")
     horovod.__path__ = []
     vars(horovod).update(_hvdmx_alias=True, mxnet=package, runner=runner, run=run,
-                         common=common)
+                         common=common, spark=spark)
     sys.modules["horovod"] = horovod
 
 

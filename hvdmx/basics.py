@@ -115,8 +115,9 @@ def _check_process_sets_argument(process_sets) -> None:
 
 def _init_without_mpi(comm, process_sets) -> None:
     """init in a job that hvdmxrun started without MPI: over the group the
-    launcher's rendezvous gives (hvdmx/rendezvous.py)."""
-    from hvdmx import elastic_worker, rendezvous
+    launcher's rendezvous gives (hvdmx/rendezvous/client.py)."""
+    from hvdmx.elastic import worker as elastic_worker
+    from hvdmx.rendezvous import client as rendezvous
     if comm is not None:
         raise ValueError("hvdmx.init: argument 'comm' needs MPI, but hvdmxrun started this "
                          "job without MPI (--no-mpi); call hvd.init() without it (process "

@@ -1,5 +1,5 @@
 """What ``hvdmxrun --check-build`` prints: which MPI this hvdmx was built
-against and loads, and checklists of what it can do. run.py finds the
+against and loads, and checklists of what it can do. hvdmx/runner/launch.py finds the
 launcher and reports errors; this module only builds the text."""
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import atexit
 import os
 import sys
 
-from ._mpi import mpi_library
+from hvdmx._mpi import mpi_library
 
 
 def _nccl_version(code: int) -> str:
@@ -79,3 +79,24 @@ def build_report(launcher_line: str) -> str:
     lines += [f"    {box(hasattr(hvdmx, name))} {name}" for name in _COLLECTIVES]
     lines += ["", "Tools:", f"    {box(hasattr(hvdmx, 'start_timeline'))} timeline"]
     return "\n".join(lines) + "\n"
+
+
+def main(argv=None) -> int:
+    """``python -m hvdmx.build_report LAUNCHER_LINE``: the report on stdout,
+    which hvdmxrun --check-build runs in a process of its own (the launcher
+    loads neither MXNet nor the rank API); exit code 1, and why on stderr,
+    when hvdmx cannot load here."""
+    from hvdmx.runner.mpi import mpi_without_init
+    args = sys.argv[1:] if argv is None else list(argv)
+    mpi_without_init()  # as for hvdmxrun itself: no rank, no MPI_Init at load
+    try:
+        report = build_report(args[0] if args else "not given")
+    except ImportError as e:  # hvdmx cannot load here: say why, without a traceback
+        print(f"hvdmxrun --check-build: {e}", file=sys.stderr)
+        return 1
+    sys.stdout.write(report)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -21,9 +21,9 @@ import numpy as np
 
 from hvdmx import _core
 from hvdmx.errors import InvalidArgumentError, InvalidTypeError
-from hvdmx.ops import Average, Sum, _check_common, _check_list, _check_scale, _check_tensor, \
-    _int32_array, _new_array, _one_device, _push, _raise_if
-from hvdmx.process_sets import ProcessSet, _auto_name, _set_for_call, global_process_set
+from hvdmx.ops import Average, _Device, Sum, _Call, _Checked, _check_list, _check_tensor, _Common, \
+    _int32_array, _new_array, _one_device, _raise_if, _Reduction
+from hvdmx.process_sets import ProcessSet, global_process_set
 
 def _check_rows(fn: str, arg: str, shape) -> None:
     if len(shape) == 0:
@@ -31,9 +31,8 @@ def _check_rows(fn: str, arg: str, shape) -> None:
                                    f"works on the first dimension: pass {arg}.reshape((1,))")
 
 
-def _check_row_tensors(fn: str, tensors) -> list:
-    """Validates the tensors of a call that splits or joins along dim 0;
-    returns their _check_tensor triples."""
+def _check_row_tensors(fn: str, tensors) -> List[_Checked]:
+    """Validates the tensors of a call that splits or joins along dim 0."""
     label = "tensor" if len(tensors) == 1 and not fn.startswith("grouped") else "tensors[{}]"
     checked = []
     for i, t in enumerate(tensors):
@@ -42,34 +41,36 @@ def _check_row_tensors(fn: str, tensors) -> list:
     return checked
 
 
-def _sizes_round(set_id, ctype, name, checked, device, splits=()):
+def _sizes_round(call: _Call) -> List[int]:
     """Exchanges sizes with the other ranks' same call (see the module doc)
     and returns the response's splits, or raises its error: a mismatch
     (MismatchError) reaches every rank of the call in this same round, so no
-    rank goes on to push the data exchange while another raises."""
-    error, sizes, _, code = _core.negotiate(set_id=set_id, collective=ctype, name=name + "#sizes",
-                                            dtypes=[c[0] for c in checked],
-                                            shapes=[c[2] for c in checked], splits=list(splits),
-                                            sizes_only=True, dev_type=device[0],
-                                            dev_id=device[1])
+    rank goes on to push the data exchange while another raises. ``call``
+    is the exchange still to push: its splits are what this rank sends
+    (none for allgather), its outputs not made yet."""
+    error, sizes, _, code = _core.negotiate(set_id=call.common.set_id, collective=call.collective,
+                                            name=call.name + "#sizes",
+                                            dtypes=[c.code for c in call.checked],
+                                            shapes=[c.shape for c in call.checked],
+                                            splits=list(call.splits), sizes_only=True,
+                                            dev_type=call.device[0], dev_id=call.device[1])
     _raise_if(error, code)
+    assert sizes is not None  # no error
     return sizes
 
 
-def _allgather(fn, tensors, name, priority, process_set):
-    _check_common(fn, name, priority)
-    set_id, set_ranks, _ = _set_for_call(fn, process_set)
+def _allgather(common: _Common, tensors: List[mx.nd.NDArray]) -> List[mx.nd.NDArray]:
+    fn = common.fn
     checked = _check_row_tensors(fn, tensors)
     device = _one_device(fn, checked)
-    name = name if name is not None else _auto_name(fn, set_id)
-    sizes = _sizes_round(set_id, _core.ALLGATHER, name, checked, device)
+    call = _Call(_core.ALLGATHER, common, common.unit_name(fn), tensors, [], checked, device)
+    sizes = _sizes_round(call)
     if not tensors:  # the sizes round checked that every rank's group is empty too
         return []
-    n = len(set_ranks)
+    n = len(common.set_ranks)
     outputs = [_new_array(t, (sum(sizes[i * n:(i + 1) * n]),) + shape[1:], code, device)
                for i, (t, (code, _, shape)) in enumerate(zip(tensors, checked))]
-    _push(set_id, _core.ALLGATHER, name, tensors, outputs, checked, device, splits=sizes,
-          priority=priority)
+    call._replace(outputs=outputs, splits=sizes).push()
     return outputs
 
 
@@ -78,7 +79,7 @@ def allgather(tensor: mx.nd.NDArray, name: Optional[str] = None, priority: int =
     """Concatenates every rank's ``tensor`` along the first dimension, in rank
     order; the first dimension may differ between ranks, the others must
     match. Returns a new NDArray."""
-    return _allgather("allgather", [tensor], name, priority, process_set)[0]
+    return _allgather(_Common.check("allgather", name, priority, process_set), [tensor])[0]
 
 
 def grouped_allgather(tensors: List[mx.nd.NDArray], name: Optional[str] = None,
@@ -87,7 +88,7 @@ def grouped_allgather(tensors: List[mx.nd.NDArray], name: Optional[str] = None,
     """``allgather`` of each tensor in a list, as one unit; returns the list
     of results."""
     tensors = _check_list("grouped_allgather", tensors)
-    return _allgather("grouped_allgather", tensors, name, priority, process_set)
+    return _allgather(_Common.check("grouped_allgather", name, priority, process_set), tensors)
 
 
 def _check_splits(fn: str, splits, rows: int, n: int) -> List[int]:
@@ -137,11 +138,10 @@ def alltoall(tensor: mx.nd.NDArray,
     ``splits`` was given.
     """
     fn = "alltoall"
-    _check_common(fn, name, priority)
-    set_id, set_ranks, me = _set_for_call(fn, process_set)
+    common = _Common.check(fn, name, priority, process_set)
     checked = _check_row_tensors(fn, [tensor])
     (code, device, shape), = checked
-    n = len(set_ranks)
+    n = len(common.set_ranks)
     rows = shape[0]
     if splits is None:
         if rows % n:
@@ -151,34 +151,32 @@ def alltoall(tensor: mx.nd.NDArray,
         send = [rows // n] * n
     else:
         send = _check_splits(fn, splits, rows, n)
-    name = name if name is not None else _auto_name(fn, set_id)
-    matrix = _sizes_round(set_id, _core.ALLTOALL, name, checked, device, send)
-    recv = [matrix[j * n + me] for j in range(n)]
+    call = _Call(_core.ALLTOALL, common, common.unit_name(fn), [tensor], [], checked, device,
+                 splits=send)
+    matrix = _sizes_round(call)
+    recv = [matrix[j * n + common.me] for j in range(n)]
     output = _new_array(tensor, (sum(recv),) + shape[1:], code, device)
-    _push(set_id, _core.ALLTOALL, name, [tensor], [output], checked, device, splits=matrix,
-          priority=priority)
+    call._replace(outputs=[output], splits=matrix).push()
     return output if splits is None else (output, _int32_array(recv))
 
 
-def _reducescatter(fn, tensors, op, name, priority, process_set, prescale_factor,
-                   postscale_factor):
-    _check_common(fn, name, priority)
-    set_id, set_ranks, me = _set_for_call(fn, process_set)
+def _reducescatter(common: _Common, tensors: List[mx.nd.NDArray], *, op, prescale_factor,
+                   postscale_factor) -> List[mx.nd.NDArray]:
+    """The keywords are the public function's own, unchecked."""
+    fn = common.fn
     checked = _check_row_tensors(fn, tensors)
     if isinstance(op, bool) or op not in (Average, Sum):
         raise InvalidArgumentError(f"hvdmx.{fn}: argument 'op'={op!r} is not supported; "
                                    "reducescatter takes hvd.Average or hvd.Sum")
-    prescale = _check_scale(fn, "prescale_factor", prescale_factor)
-    postscale = _check_scale(fn, "postscale_factor", postscale_factor)
-    device = _one_device(fn, checked)
-    n = len(set_ranks)
+    reduction = _Reduction.check(fn, op, prescale_factor, postscale_factor)
+    device: _Device = _one_device(fn, checked)
+    n, me = len(common.set_ranks), common.me
     outputs = []
     for t, (code, _, shape) in zip(tensors, checked):
         rows = shape[0] // n + (1 if me < shape[0] % n else 0)
         outputs.append(_new_array(t, (rows,) + shape[1:], code, device))
-    _push(set_id, _core.REDUCESCATTER, name if name is not None else _auto_name(fn, set_id),
-          tensors, outputs, checked, device, op=op, prescale=prescale, postscale=postscale,
-          priority=priority)
+    _Call(_core.REDUCESCATTER, common, common.unit_name(fn), tensors, outputs, checked, device,
+          reduction).push()
     return outputs
 
 
@@ -188,8 +186,9 @@ def reducescatter(tensor: mx.nd.NDArray, op: int = Average, name: Optional[str] 
     """Reduces ``tensor`` over the ranks and returns this rank's block of rows
     of the result: the first dimension is split as evenly as possible, the
     first ranks taking one row more when it does not divide."""
-    return _reducescatter("reducescatter", [tensor], op, name, priority, process_set,
-                          prescale_factor, postscale_factor)[0]
+    return _reducescatter(_Common.check("reducescatter", name, priority, process_set), [tensor],
+                          op=op, prescale_factor=prescale_factor,
+                          postscale_factor=postscale_factor)[0]
 
 
 def grouped_reducescatter(tensors: List[mx.nd.NDArray], op: int = Average,
@@ -199,5 +198,6 @@ def grouped_reducescatter(tensors: List[mx.nd.NDArray], op: int = Average,
                           postscale_factor: float = 1.0) -> List[mx.nd.NDArray]:
     """``reducescatter`` of each tensor in a list, as one unit."""
     tensors = _check_list("grouped_reducescatter", tensors)
-    return _reducescatter("grouped_reducescatter", tensors, op, name, priority, process_set,
-                          prescale_factor, postscale_factor)
+    return _reducescatter(_Common.check("grouped_reducescatter", name, priority, process_set),
+                          tensors, op=op, prescale_factor=prescale_factor,
+                          postscale_factor=postscale_factor)

@@ -9,12 +9,16 @@ mismatch between ranks raises ``MXNetError`` at that read, on every rank.
 
 Argument errors are ``hvdmx.errors`` classes, which are ``MXNetError`` as
 well as ``ValueError``/``TypeError`` (see that module and docs/errors.md).
+
+A call's checked parts (``_Common``, ``_Reduction``, ``_Checked``) make one
+``_Call``, whose ``push`` is the one way from here to ``_core.push_async``;
+hvdmx/_core.pyi types the core's side.
 """
 from __future__ import annotations
 
 import numbers
 import warnings
-from typing import List, Optional, Sequence
+from typing import List, NamedTuple, Optional, Sequence, Tuple
 
 import mxnet as mx
 import numpy as np
@@ -39,9 +43,20 @@ _OP_NAMES = {code: name for name, code in _core.REDUCE_OPS.items()}
 _SUPPORTED_NAMES = ", ".join(sorted(_core.ARRAY_DTYPES, key=lambda name: (
     "fui".index(np.dtype(name).kind), np.dtype(name).itemsize)))
 
-def _check_tensor(fn: str, arg: str, tensor):
-    """Validates one NDArray argument; returns (dtype code, device, shape),
-    device being MXNet's (device type id, device id)."""
+# MXNet's (device type id, device id) of an array.
+_Device = Tuple[int, int]
+
+
+class _Checked(NamedTuple):
+    """An NDArray argument that _check_tensor accepted, as the core describes
+    it (and as push_async takes it): its dtype code, device and shape."""
+    code: int
+    device: _Device
+    shape: Tuple[int, ...]
+
+
+def _check_tensor(fn: str, arg: str, tensor) -> _Checked:
+    """Validates one NDArray argument (``arg`` names it in the error)."""
     if not isinstance(tensor, mx.nd.NDArray):
         raise TypeError(f"hvdmx.{fn}: argument '{arg}' must be an mxnet.nd.NDArray, got "
                         f"{type(tensor).__name__}; convert it with mx.nd.array(...)")
@@ -50,10 +65,11 @@ def _check_tensor(fn: str, arg: str, tensor):
     code, _, dev_type, dev_id, shape, problem = _core.describe(tensor.handle.value)
     if problem != _core.ARRAY_OK:
         raise _array_error(fn, arg, tensor, problem, (dev_type, dev_id))
-    return code, (dev_type, dev_id), shape
+    assert shape is not None  # ARRAY_NO_SHAPE otherwise
+    return _Checked(code, (dev_type, dev_id), shape)
 
 
-def _array_error(fn: str, arg: str, tensor, problem: int, device) -> Exception:
+def _array_error(fn: str, arg: str, tensor, problem: int, device: _Device) -> Exception:
     """The error for an NDArray argument that the core's check refused
     (``problem``, one of _core.ARRAY_*); ``device`` is the array's."""
     if problem == _core.ARRAY_SPARSE:
@@ -73,7 +89,7 @@ def _array_error(fn: str, arg: str, tensor, problem: int, device) -> Exception:
                                 "op that produces it first")
 
 
-def _new_array(like, shape, code: int, device):
+def _new_array(like, shape: Sequence[int], code: int, device: _Device):
     """An uninitialized array (allocated when first written) of ``shape``,
     dtype ``code`` and ``device``, of ``like``'s class (mx.nd or mx.np)."""
     handle = mx.base.NDArrayHandle(_core.new_array(shape, code, device[0], device[1]))
@@ -82,7 +98,7 @@ def _new_array(like, shape, code: int, device):
     return mx.nd.NDArray(handle)
 
 
-def _int32_array(values):
+def _int32_array(values: Sequence[int]):
     """A new int32 NDArray on the CPU holding ``values``, written at once
     (mx.nd.array waits for an engine op to copy them in)."""
     return mx.nd.NDArray(mx.base.NDArrayHandle(_core.new_int32_array(values)))
@@ -97,6 +113,84 @@ def _check_common(fn: str, name, priority) -> None:
         return
     if isinstance(priority, bool) or not isinstance(priority, numbers.Integral):
         raise TypeError(f"hvdmx.{fn}: argument 'priority' must be an int, got {priority!r}")
+
+
+class _Common(NamedTuple):
+    """What a collective's call says besides its tensors, checked once
+    (_Common.check): the public function that errors name, the process set
+    (its id, its ranks as ranks of the job, this rank's index in them), the
+    name given (None: generate one) and the priority."""
+    fn: str
+    set_id: int
+    set_ranks: Sequence[int]
+    me: int
+    name: Optional[str]
+    priority: int
+
+    @classmethod
+    def check(cls, fn: str, name, priority, process_set) -> "_Common":
+        _check_common(fn, name, priority)
+        set_id, set_ranks, me = _set_for_call(fn, process_set)
+        return cls(fn, set_id, set_ranks, me, name, int(priority))
+
+    def unit_name(self, kind: str) -> str:
+        """The name given, or the next generated name of ``kind`` on the set
+        (taken only here, once every check has passed)."""
+        return self.name if self.name is not None else _auto_name(kind, self.set_id)
+
+
+class _Reduction(NamedTuple):
+    """How a reducing collective combines: the op (a REDUCE_OPS code) and
+    the factors applied before and after; the defaults reduce nothing."""
+    op: int
+    prescale: float = 1.0
+    postscale: float = 1.0
+
+    @classmethod
+    def check(cls, fn: str, op: int, prescale_factor, postscale_factor) -> "_Reduction":
+        """``op`` already checked (its rules differ by collective); the
+        factors checked here."""
+        return cls(op, _check_scale(fn, "prescale_factor", prescale_factor),
+                   _check_scale(fn, "postscale_factor", postscale_factor))
+
+
+class _Call(NamedTuple):
+    """One collective as the core takes it, built from checked parts once
+    every check of the call has passed, then pushed (``push``): the one path
+    from a public function to _core.push_async. ``inputs`` and ``outputs``
+    are NDArrays (the same list for an in-place call), ``checked`` describes
+    each input, all on ``device``."""
+    collective: int
+    common: _Common
+    name: str
+    inputs: Sequence[mx.nd.NDArray]
+    outputs: Sequence[mx.nd.NDArray]
+    checked: Sequence[_Checked]
+    device: _Device
+    reduction: _Reduction = _Reduction(Sum)
+    root: int = 0
+    splits: Sequence[int] = ()
+
+    def push(self) -> None:
+        handles = [t.handle.value for t in self.inputs]
+        outputs = self.outputs
+        try:
+            _core.push_async(set_id=self.common.set_id, collective=self.collective,
+                             name=self.name, inputs=handles,
+                             outputs=handles if outputs is self.inputs else
+                             [t.handle.value for t in outputs],
+                             dtypes=[c.code for c in self.checked],
+                             shapes=[c.shape for c in self.checked], op=self.reduction.op,
+                             root=self.root, prescale=self.reduction.prescale,
+                             postscale=self.reduction.postscale, splits=list(self.splits),
+                             priority=self.common.priority, dev_type=self.device[0],
+                             dev_id=self.device[1])
+        except RuntimeError:
+            # hvdmx stopped between the call's check and its push (a peer lost,
+            # another rank's shutdown): say why, as the check would have.
+            if not _core.is_initialized():
+                raise _job.not_running() from None
+            raise
 
 
 def _resolve_op(fn: str, average, op) -> int:
@@ -152,7 +246,7 @@ def _check_scale(fn: str, arg: str, value) -> float:
     return value
 
 
-def _check_root(fn: str, root_rank, set_ranks: List[int]) -> int:
+def _check_root(fn: str, root_rank, set_ranks: Sequence[int]) -> int:
     """The root's index in the process set; ``root_rank`` is a rank of the job."""
     if isinstance(root_rank, bool) or not isinstance(root_rank, numbers.Integral):
         raise TypeError(f"hvdmx.{fn}: argument 'root_rank' must be an int, got {root_rank!r}")
@@ -167,9 +261,9 @@ def _check_root(fn: str, root_rank, set_ranks: List[int]) -> int:
     return set_ranks.index(int(root_rank))
 
 
-def _one_device(fn: str, checked):
-    """The one device of the (code, device, shape) triples ``checked``."""
-    device = checked[0][1] if checked else (1, 0)
+def _one_device(fn: str, checked: Sequence[_Checked]) -> _Device:
+    """The one device of the arguments ``checked``."""
+    device = checked[0].device if checked else (1, 0)
     for _, other, _ in checked[1:]:
         if other != device:
             raise InvalidArgumentError(f"hvdmx.{fn}: all tensors must be on one device; got "
@@ -177,7 +271,7 @@ def _one_device(fn: str, checked):
     return device
 
 
-def _device_str(device) -> str:
+def _device_str(device: _Device) -> str:
     return str(mx.Context(mx.Context.devtype2str[device[0]], device[1]))
 
 
@@ -190,49 +284,31 @@ def _check_distinct(fn: str, tensors: Sequence[mx.nd.NDArray]) -> None:
                                    "in-place call needs distinct arrays")
 
 
-def _push(set_id, ctype, name, tensors, outputs, checked, device, op=Sum, root=0,
-          prescale=1.0, postscale=1.0, splits=(), priority=0):
-    """Pushes the collective; ``checked`` holds _check_tensor's triple for
-    each tensor, all on ``device``."""
-    handles = [t.handle.value for t in tensors]
-    try:
-        _core.push_async(set_id=set_id, collective=ctype, name=name, inputs=handles,
-                         outputs=handles if outputs is tensors else
-                         [t.handle.value for t in outputs],
-                         dtypes=[c[0] for c in checked], shapes=[c[2] for c in checked], op=op,
-                         root=root, prescale=prescale, postscale=postscale,
-                         splits=list(splits), priority=int(priority), dev_type=device[0],
-                         dev_id=device[1])
-    except RuntimeError:
-        # hvdmx stopped between the call's check and its push (a peer lost,
-        # another rank's shutdown): say why, as the check would have.
-        if not _core.is_initialized():
-            raise _job.not_running() from None
-        raise
+def _labels(tensors: Sequence[mx.nd.NDArray]) -> List[str]:
+    """How errors name each tensor of an allreduce's call."""
+    return ["tensor"] if len(tensors) == 1 else [f"tensors[{i}]" for i in range(len(tensors))]
 
 
-def _allreduce(fn, tensors, outputs, average, name, priority, prescale_factor,
-               postscale_factor, op, kind, process_set):
-    _check_common(fn, name, priority)
-    set_id, _, _ = _set_for_call(fn, process_set)
-    checked = [_check_tensor(fn, "tensor" if len(tensors) == 1 else f"tensors[{i}]", t)
-               for i, t in enumerate(tensors)]
+def _allreduce(common: _Common, kind: str, tensors: Sequence[mx.nd.NDArray], outputs, *,
+               average, op, prescale_factor, postscale_factor):
+    """The allreduce of ``tensors`` into new arrays when ``outputs`` is None,
+    else into ``outputs``; ``kind`` names its generated name, the keywords
+    are the public function's own, unchecked."""
+    fn = common.fn
+    labels = _labels(tensors)
+    checked = [_check_tensor(fn, label, t) for label, t in zip(labels, tensors)]
     op = _resolve_op(fn, average, op)
     if op == Adasum:
-        _check_adasum(fn, [c[0] for c in checked], set_id,
-                      ["tensor"] if len(tensors) == 1 else [f"tensors[{i}]"
-                                                            for i in range(len(tensors))])
-    prescale = _check_scale(fn, "prescale_factor", prescale_factor)
-    postscale = _check_scale(fn, "postscale_factor", postscale_factor)
+        _check_adasum(fn, [c.code for c in checked], common.set_id, labels)
+    reduction = _Reduction.check(fn, op, prescale_factor, postscale_factor)
     device = _one_device(fn, checked)
     if outputs is None:
         outputs = [_new_array(t, shape, code, device)
                    for t, (code, _, shape) in zip(tensors, checked)]
     else:
         _check_distinct(fn, outputs)
-    _push(set_id, _core.ALLREDUCE, name if name is not None else _auto_name(kind, set_id),
-          tensors, outputs, checked, device, op=op, prescale=prescale, postscale=postscale,
-          priority=priority)
+    _Call(_core.ALLREDUCE, common, common.unit_name(kind), tensors, outputs, checked, device,
+          reduction).push()
     return outputs
 
 
@@ -249,8 +325,9 @@ def allreduce(tensor: mx.nd.NDArray, average: Optional[bool] = None, name: Optio
     ``postscale_factor`` after the reduction. ``name`` must match across
     ranks (one is generated from a per-op counter when omitted).
     """
-    return _allreduce("allreduce", [tensor], None, average, name, priority, prescale_factor,
-                      postscale_factor, op, "allreduce", process_set)[0]
+    common = _Common.check("allreduce", name, priority, process_set)
+    return _allreduce(common, "allreduce", [tensor], None, average=average, op=op,
+                      prescale_factor=prescale_factor, postscale_factor=postscale_factor)[0]
 
 
 def allreduce_(tensor: mx.nd.NDArray, average: Optional[bool] = None, name: Optional[str] = None,
@@ -264,34 +341,36 @@ def allreduce_(tensor: mx.nd.NDArray, average: Optional[bool] = None, name: Opti
     if name is None:
         # The generated name must not be used up by a call that fails its
         # checks: the full path takes it only once they have passed.
-        tensors = [tensor]  # as inputs and outputs: one list, so _push sees it is in place
-        return _allreduce(fn, tensors, tensors, average, name, priority, prescale_factor,
-                          postscale_factor, op, "allreduce", process_set)[0]
+        tensors = [tensor]  # as inputs and outputs: one list, so _Call sees it is in place
+        return _allreduce(_Common.check(fn, name, priority, process_set), "allreduce", tensors,
+                          tensors, average=average, op=op, prescale_factor=prescale_factor,
+                          postscale_factor=postscale_factor)[0]
     # Named (as DistributedTrainer's and the kvstore's are): the core checks
     # and describes the tensor while it pushes, a quarter of the call's cost
     # (docs/benchmark-notes.md, "Small messages: latency through the whole
     # stack").
-    _check_common(fn, name, priority)
-    set_id, _, _ = _set_for_call(fn, process_set)
+    common = _Common.check(fn, name, priority, process_set)
     op = _resolve_op(fn, average, op)
     if op == Adasum:
-        _check_adasum(fn, [_check_tensor(fn, "tensor", tensor)[0]], set_id, ["tensor"])
-    prescale = _check_scale(fn, "prescale_factor", prescale_factor)
-    postscale = _check_scale(fn, "postscale_factor", postscale_factor)
-    _push_each_in_place(fn, set_id, [tensor], [name], [int(priority)], op, prescale, postscale,
-                        "tensor")
+        _check_adasum(fn, [_check_tensor(fn, "tensor", tensor).code], common.set_id, ["tensor"])
+    reduction = _Reduction.check(fn, op, prescale_factor, postscale_factor)
+    _push_each_in_place(common, reduction, [tensor], [name], [common.priority], "tensor")
     return tensor
 
 
-def _push_each_in_place(fn, set_id, tensors, names, priorities, op, prescale, postscale, label):
+def _push_each_in_place(common: _Common, reduction: _Reduction,
+                        tensors: Sequence[mx.nd.NDArray], names: Sequence[str],
+                        priorities: Sequence[int], label: str) -> None:
     """Has the core check every NDArray of ``tensors`` (the check behind
-    _check_tensor), then push an in-place allreduce of each; if it refuses
-    one, nothing is pushed and allreduce_'s own error is raised for it
-    (``label.format(i)`` names the argument)."""
-    bad, problem = _core.push_allreduce_each(set_id=set_id, names=names,
+    _check_tensor), then push an in-place allreduce of each under its name
+    and priority; if it refuses one, nothing is pushed and allreduce_'s own
+    error is raised for it (``label.format(i)`` names the argument)."""
+    fn = common.fn
+    bad, problem = _core.push_allreduce_each(set_id=common.set_id, names=names,
                                              handles=[t.handle.value for t in tensors],
-                                             priorities=priorities, op=op, prescale=prescale,
-                                             postscale=postscale)
+                                             priorities=priorities, op=reduction.op,
+                                             prescale=reduction.prescale,
+                                             postscale=reduction.postscale)
     if bad >= 0:
         _, _, dev_type, dev_id, _, _ = _core.describe(tensors[bad].handle.value)
         raise _array_error(fn, label.format(bad), tensors[bad], problem, (dev_type, dev_id))
@@ -305,19 +384,16 @@ def _allreduce_each_(tensors, names, priorities, op, prescale_factor, postscale_
     allreduce_'s error for the first tensor it would refuse, before any is
     pushed."""
     fn = "allreduce_"
-    _check_common(fn, None, 0)
-    set_id, _, _ = _set_for_call(fn, process_set)
-    prescale = _check_scale(fn, "prescale_factor", prescale_factor)
-    postscale = _check_scale(fn, "postscale_factor", postscale_factor)
+    common = _Common.check(fn, None, 0, process_set)
+    reduction = _Reduction.check(fn, op, prescale_factor, postscale_factor)
     for i, t in enumerate(tensors):
         if not isinstance(t, mx.nd.NDArray):
             _check_tensor(fn, f"tensors[{i}]", t)
     if op == Adasum:
-        _check_adasum(fn, [_check_tensor(fn, f"tensors[{i}]", t)[0]
+        _check_adasum(fn, [_check_tensor(fn, f"tensors[{i}]", t).code
                            for i, t in enumerate(tensors)],
-                      set_id, [f"tensors[{i}]" for i in range(len(tensors))])
-    _push_each_in_place(fn, set_id, tensors, names, priorities, op, prescale, postscale,
-                        "tensors[{}]")
+                      common.set_id, [f"tensors[{i}]" for i in range(len(tensors))])
+    _push_each_in_place(common, reduction, tensors, names, priorities, "tensors[{}]")
     return tensors
 
 
@@ -335,8 +411,9 @@ def grouped_allreduce(tensors: List[mx.nd.NDArray], average: Optional[bool] = No
     """Allreduces a list of tensors as one unit (negotiated and delivered
     together) and returns the list of results."""
     tensors = _check_list("grouped_allreduce", tensors)
-    return _allreduce("grouped_allreduce", tensors, None, average, name, priority,
-                      prescale_factor, postscale_factor, op, "grouped_allreduce", process_set)
+    common = _Common.check("grouped_allreduce", name, priority, process_set)
+    return _allreduce(common, "grouped_allreduce", tensors, None, average=average, op=op,
+                      prescale_factor=prescale_factor, postscale_factor=postscale_factor)
 
 
 def grouped_allreduce_(tensors: List[mx.nd.NDArray], average: Optional[bool] = None,
@@ -344,33 +421,34 @@ def grouped_allreduce_(tensors: List[mx.nd.NDArray], average: Optional[bool] = N
                        postscale_factor: float = 1.0, process_set: ProcessSet = global_process_set,
                        op: Optional[int] = None) -> List[mx.nd.NDArray]:
     """In-place ``grouped_allreduce``; returns ``tensors``."""
-    tensors = _check_list("grouped_allreduce_", tensors)
+    fn = "grouped_allreduce_"
+    tensors = _check_list(fn, tensors)
     for i, t in enumerate(tensors):
-        _check_tensor("grouped_allreduce_", f"tensors[{i}]", t)
-    return _allreduce("grouped_allreduce_", tensors, tensors, average, name, priority,
-                      prescale_factor, postscale_factor, op, "grouped_allreduce", process_set)
+        _check_tensor(fn, f"tensors[{i}]", t)
+    return _allreduce(_Common.check(fn, name, priority, process_set), "grouped_allreduce",
+                      tensors, tensors, average=average, op=op, prescale_factor=prescale_factor,
+                      postscale_factor=postscale_factor)
 
 
-def _broadcast(fn, tensor, output, root_rank, name, priority, process_set):
-    _check_common(fn, name, priority)
-    set_id, set_ranks, _ = _set_for_call(fn, process_set)
+def _broadcast(common: _Common, tensor: mx.nd.NDArray, root_rank, in_place: bool):
+    """The broadcast of ``tensor`` into a new array, or into itself."""
+    fn = common.fn
     checked = _check_tensor(fn, "tensor", tensor)
     code, device, shape = checked
-    root = _check_root(fn, root_rank, set_ranks)
-    if output is None:
-        output = _new_array(tensor, shape, code, device)
+    root = _check_root(fn, root_rank, common.set_ranks)
     tensors = [tensor]
-    _push(set_id, _core.BROADCAST, name if name is not None else _auto_name("broadcast", set_id),
-          tensors, tensors if output is tensor else [output], [checked], device, root=root,
-          priority=priority)
-    return output
+    outputs = tensors if in_place else [_new_array(tensor, shape, code, device)]
+    _Call(_core.BROADCAST, common, common.unit_name("broadcast"), tensors, outputs, [checked],
+          device, root=root).push()
+    return outputs[0]
 
 
 def broadcast(tensor: mx.nd.NDArray, root_rank: int, name: Optional[str] = None, priority: int = 0,
               process_set: ProcessSet = global_process_set) -> mx.nd.NDArray:
     """Returns a new NDArray holding ``root_rank``'s ``tensor`` on every rank
     (``root_rank`` is a rank of the whole job, in ``process_set``)."""
-    return _broadcast("broadcast", tensor, None, root_rank, name, priority, process_set)
+    return _broadcast(_Common.check("broadcast", name, priority, process_set), tensor, root_rank,
+                      in_place=False)
 
 
 def broadcast_(tensor: mx.nd.NDArray, root_rank: int, name: Optional[str] = None, priority: int = 0,
@@ -378,7 +456,8 @@ def broadcast_(tensor: mx.nd.NDArray, root_rank: int, name: Optional[str] = None
     """In-place ``broadcast``: ``tensor`` takes ``root_rank``'s value; returned."""
     if not isinstance(tensor, mx.nd.NDArray):  # before the checks that assume one
         _check_tensor("broadcast_", "tensor", tensor)
-    return _broadcast("broadcast_", tensor, tensor, root_rank, name, priority, process_set)
+    return _broadcast(_Common.check("broadcast_", name, priority, process_set), tensor,
+                      root_rank, in_place=True)
 
 
 # ---- barrier and join ---------------------------------------------------------
@@ -394,10 +473,9 @@ def _raise_if(error, code) -> None:
 def barrier(process_set: ProcessSet = global_process_set) -> None:
     """Returns once every rank of ``process_set`` has called ``barrier``.
     Collectives submitted before it are not waited for."""
-    _check_common("barrier", None, 0)
-    set_id, _, _ = _set_for_call("barrier", process_set)
-    error, _, _, code = _core.negotiate(set_id=set_id, collective=_core.BARRIER,
-                                        name=_auto_name("barrier", set_id))
+    common = _Common.check("barrier", None, 0, process_set)
+    error, _, _, code = _core.negotiate(set_id=common.set_id, collective=_core.BARRIER,
+                                        name=common.unit_name("barrier"))
     _raise_if(error, code)
 
 

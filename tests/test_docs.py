@@ -97,3 +97,70 @@ def missing_paths(text, former=()):
                                   or p.startswith(("csrc/", "hvdmx/"))])
 def test_every_path_written_exists(path):
     assert sorted(missing_paths(SOURCES[path], FORMER_NAMES.get(path, ()))) == [], path
+
+
+# ---- the docs' rooms (docs/README.md) and their sizes ----------------------------
+
+DOCS = os.path.join(ROOT, "docs")
+PAGES = sorted(n for n in os.listdir(DOCS) if n.endswith(".md") and n != "README.md")
+# No page longer than a reader can hold (the C++ files' limit too); the
+# benchmarks page, which several engineers add to, stays well under it.
+MAX_LINES = 800
+MAX_BENCHMARKS_LINES = 600
+
+
+def line_count(name):
+    with open(os.path.join(DOCS, name), encoding="utf-8") as f:
+        return sum(1 for _ in f)
+
+
+def test_no_docs_page_is_over_800_lines():
+    long = {name: line_count(name) for name in PAGES + ["README.md"]
+            if line_count(name) > MAX_LINES}
+    assert long == {}, f"cut these pages by concept (at most {MAX_LINES} lines): {long}"
+
+
+def test_the_benchmarks_page_is_at_most_600_lines():
+    assert line_count("benchmarks.md") <= MAX_BENCHMARKS_LINES, \
+        "move lab detail to a lab-notes page (docs/README.md lists them)"
+
+
+LINK = re.compile(r"\[[^\]]*\]\(([^)\s]+)\)")
+
+
+def test_every_docs_page_is_in_the_index():
+    index = SOURCES["docs/README.md"]
+    linked = {target.split("#", 1)[0] for target in LINK.findall(index)}
+    assert sorted(set(PAGES) - linked) == [], "list each page in docs/README.md, in its room"
+    assert PAGES, DOCS
+
+
+def anchors(text):
+    """GitHub's anchors of a page's headings (outside code blocks)."""
+    found, fenced = set(), False
+    for line in text.splitlines():
+        if line.startswith("```"):
+            fenced = not fenced
+        elif not fenced and re.match(r"#{1,6} ", line):
+            title = re.sub(r"\[([^\]]*)\]\([^)]*\)", r"\1", line.lstrip("#").strip().lower())
+            found.add(re.sub(r"[^\w\- ]", "", title).replace(" ", "-"))
+    return found
+
+
+@pytest.mark.parametrize("path", [p for p in SOURCES if p.endswith(".md")])
+def test_every_link_between_pages_resolves(path):
+    """A relative link names a file that exists and, with ``#anchor``, a
+    heading of that page (so that cutting a page keeps its links working)."""
+    broken = []
+    for target in LINK.findall(SOURCES[path]):
+        if re.match(r"[a-z]+:", target):  # https:, mailto:
+            continue
+        file, _, anchor = target.partition("#")
+        where = os.path.normpath(os.path.join(os.path.dirname(path), file)) if file else path
+        if not os.path.exists(os.path.join(ROOT, where)):
+            broken.append(target)
+        elif anchor and where.endswith(".md"):
+            with open(os.path.join(ROOT, where), encoding="utf-8") as f:
+                if anchor not in anchors(f.read()):
+                    broken.append(target)
+    assert broken == [], path

@@ -14,6 +14,7 @@ from mxnet.gluon import nn
 
 import hvdmx as hvd
 from hvdmx import elastic
+from hvdmx.elastic import arrays as elastic_arrays
 from hvdmx.errors import HorovodInternalError, HostsUpdatedInterrupt, ResetLimitError
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -183,19 +184,19 @@ def test_gluon_state_names_a_bad_trainer():
 
 def test_layouts_of_optimizer_states():
     a, b = mx.nd.zeros((2, 3)), mx.nd.zeros(4, dtype="float16")
-    layout = elastic._layout((a, [b, None]))
+    layout = elastic_arrays._layout((a, [b, None]))
     assert layout == ("tuple", (("array", (2, 3), "float32"),
                                 ("list", (("array", (4,), "float16"), ("value", None)))))
-    assert elastic._count_arrays(layout) == 2
-    assert elastic._arrays((a, [b, None])) == [a, b]
-    built = elastic._build(layout, lambda shape, dtype: mx.nd.ones(shape, dtype=dtype))
-    assert elastic._layout(built) == layout
+    assert elastic_arrays._count_arrays(layout) == 2
+    assert elastic_arrays._arrays((a, [b, None])) == [a, b]
+    built = elastic_arrays._build(layout, lambda shape, dtype: mx.nd.ones(shape, dtype=dtype))
+    assert elastic_arrays._layout(built) == layout
 
 
 def test_snapshot_copies_bitwise_and_allocates_once():
     arrays = [mx.nd.arange(6).reshape((2, 3)), mx.nd.array([1, 2], dtype="float16"),
               mx.nd.arange(3, dtype="int64")]
-    snapshot = elastic._Snapshot()
+    snapshot = elastic_arrays._Snapshot()
     snapshot.take(arrays)
     buffers = list(snapshot._buffers)
     for i, a in enumerate(arrays):
@@ -228,16 +229,16 @@ def test_a_save_that_raises_leaves_the_last_commit_whole(monkeypatch):
     committed = {k: p.data().asnumpy() for k, p in net.collect_params().items()}
     step()
     state.step = 3
-    real = elastic._Snapshot.take
+    real = elastic_arrays._Snapshot.take
 
     def fails_half_way(self, arrays):  # as a copy that meets the failed step's error
         real(self, arrays[:1])
         raise mx.base.MXNetError("the step before failed (simulated)")
 
-    monkeypatch.setattr(elastic._Snapshot, "take", fails_half_way)
+    monkeypatch.setattr(elastic_arrays._Snapshot, "take", fails_half_way)
     with pytest.raises(mx.base.MXNetError, match="simulated"):
         state.save()
-    monkeypatch.setattr(elastic._Snapshot, "take", real)
+    monkeypatch.setattr(elastic_arrays._Snapshot, "take", real)
     state.restore()
     assert state.step == 2
     for key, p in net.collect_params().items():

@@ -1,4 +1,4 @@
-"""The rules of an elastic job's hosts (hvdmx/elastic_hosts.py): the
+"""The rules of an elastic job's hosts (hvdmx/runner/elastic/hosts.py): the
 discovery script's output, the blacklist's cooldown, and how a new
 membership is numbered."""
 import os
@@ -7,9 +7,9 @@ import stat
 import pytest
 from hypothesis import given, strategies as st
 
-from hvdmx.elastic_hosts import HostManager, number_ranks, parse_discovery_output, \
+from hvdmx.runner.elastic.hosts import HostManager, number_ranks, parse_discovery_output, \
     run_discovery_script, slots_of
-from hvdmx.run_hosts import UsageError
+from hvdmx.runner.hosts import UsageError
 
 
 def test_discovery_output_with_and_without_slots():

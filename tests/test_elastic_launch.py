@@ -1,4 +1,4 @@
-"""hvdmxrun's elastic loop (hvdmx/elastic_launch.py) with stand-in workers
+"""hvdmxrun's elastic loop (hvdmx/runner/elastic/loop.py) with stand-in workers
 (shell commands): what it does when a worker finishes, fails in the
 script, or is lost with its host."""
 import io
@@ -8,9 +8,9 @@ import time
 
 import pytest
 
-from hvdmx.elastic_hosts import HostManager
-from hvdmx.elastic_launch import SLOT_VARIABLE, ElasticLauncher, lost
-from hvdmx.elastic_membership import Membership
+from hvdmx.runner.elastic.hosts import HostManager
+from hvdmx.runner.elastic.loop import SLOT_VARIABLE, ElasticLauncher, lost
+from hvdmx.runner.elastic.membership import Membership
 
 pytestmark = pytest.mark.timeout(60)
 

@@ -1,11 +1,11 @@
-"""Generations of an elastic job (hvdmx/elastic_membership.py), with threads
+"""Generations of an elastic job (hvdmx/runner/elastic/membership.py), with threads
 as workers and a clock the test moves."""
 import threading
 import time
 
 import pytest
 
-from hvdmx.elastic_membership import Membership, MembershipError
+from hvdmx.runner.elastic.membership import Membership, MembershipError
 
 pytestmark = pytest.mark.timeout(60)
 

@@ -1,4 +1,4 @@
-"""The elastic rendezvous (hvdmx/elastic_service.py, Note [The elastic
+"""The elastic rendezvous (hvdmx/runner/elastic/service.py, Note [The elastic
 rendezvous]) with threads as workers: a join gives a place in a generation
 and that generation's own rendezvous; what a stranger or a malformed
 request gets."""
@@ -8,10 +8,11 @@ import threading
 
 import pytest
 
-from hvdmx import elastic_worker
-from hvdmx.elastic_membership import Membership
-from hvdmx.elastic_service import SCOPE, ElasticService, generation_answer
-from hvdmx.rendezvous import RendezvousError, connect
+from hvdmx.elastic import worker as elastic_worker
+from hvdmx.runner.elastic.membership import Membership
+from hvdmx.rendezvous.elastic_wire import SCOPE, generation_answer
+from hvdmx.runner.elastic.service import ElasticService
+from hvdmx.rendezvous.client import RendezvousError, connect
 
 pytestmark = pytest.mark.timeout(60)
 KEY = secrets.token_bytes(32)

@@ -1,10 +1,13 @@
 """The Python layer imports in one direction: the layers listed in
 hvdmx/__init__.py's docstring, bottom up. Every import of hvdmx's own modules
 (at a module's top or inside a function) names a module listed above the
-importer, and each module imports first in a fresh interpreter."""
+importer, and each module imports first in a fresh interpreter. The rooms
+(hvdmx/README.md): the rank API never imports the launcher (hvdmx/runner/),
+and the launcher and the rendezvous never import MXNet or the rank API."""
 import ast
 import os
 import re
+import subprocess
 import sys
 
 import pytest
@@ -19,14 +22,15 @@ def layers():
     """The module names of the docstring's list, bottom up."""
     doc = hvdmx.__doc__
     block = doc[doc.index("Layers, bottom up"):]
-    names = re.findall(r"^    (\w+)  ", block, re.M)
+    names = re.findall(r"^    ([\w.]+)  ", block, re.M)
     assert names, "no layer list in hvdmx/__init__.py's docstring"
     return names
 
 
 def module_files():
     """{file path: its layer}: hvdmx/x.py is layer x, hvdmx/__init__.py the
-    facade 'hvdmx', and every file of a subpackage hvdmx/x/ is layer x."""
+    facade 'hvdmx', a subpackage's hvdmx/x/y.py layer x.y and its
+    hvdmx/x/__init__.py layer x."""
     files = {}
     for folder, dirs, names in os.walk(PACKAGE):
         dirs[:] = [d for d in dirs if d != "__pycache__"]
@@ -35,13 +39,26 @@ def module_files():
                 continue
             path = os.path.join(folder, name)
             parts = os.path.relpath(path, PACKAGE)[:-3].split(os.sep)
-            files[path] = "hvdmx" if parts == ["__init__"] else parts[0]
+            if parts[-1] == "__init__":
+                parts = parts[:-1]
+            files[path] = ".".join(parts) or "hvdmx"
     return files
 
 
 def is_module(name: str) -> bool:
-    return name == "_core" or os.path.exists(os.path.join(PACKAGE, name + ".py")) or \
-        os.path.isdir(os.path.join(PACKAGE, name))
+    """Whether hvdmx.<name> (dotted) is a module or a package of hvdmx."""
+    where = os.path.join(PACKAGE, *name.split("."))
+    return name == "_core" or os.path.exists(where + ".py") or os.path.isdir(where)
+
+
+def layer_of(parts):
+    """The layer of an import of hvdmx.<parts...>: the longest of its
+    prefixes that is a module of hvdmx (an import of a module's name, as in
+    ``from hvdmx.ops import allreduce``, is the module's)."""
+    for end in range(len(parts), 0, -1):
+        if is_module(".".join(parts[:end])):
+            return ".".join(parts[:end])
+    return parts[0]
 
 
 def imported_layers(path: str):
@@ -55,7 +72,7 @@ def imported_layers(path: str):
             for alias in node.names:
                 parts = alias.name.split(".")
                 if parts[0] == "hvdmx":
-                    yield node.lineno, parts[1] if len(parts) > 1 else "hvdmx"
+                    yield node.lineno, layer_of(parts[1:]) if len(parts) > 1 else "hvdmx"
         elif isinstance(node, ast.ImportFrom):
             if node.level:
                 base = package[:len(package) - node.level + 1]
@@ -64,11 +81,9 @@ def imported_layers(path: str):
                 parts = node.module.split(".")
             if parts[0] != "hvdmx":
                 continue
-            if len(parts) > 1:
-                yield node.lineno, parts[1]
-                continue
-            for alias in node.names:  # from hvdmx import x: module x, or a name of the facade
-                yield node.lineno, alias.name if is_module(alias.name) else "hvdmx"
+            for alias in node.names:  # from hvdmx[.x] import y: module [x.]y, or a name of [x]
+                yield node.lineno, layer_of(parts[1:] + [alias.name]) if len(parts) > 1 else \
+                    alias.name if is_module(alias.name) else "hvdmx"
 
 
 def test_every_module_is_in_the_list_once():
@@ -84,7 +99,7 @@ def test_no_module_imports_one_above_it():
     upward = []
     for path, layer in sorted(module_files().items()):
         for line, imported in imported_layers(path):
-            if imported == layer:  # a subpackage's files import each other
+            if imported == layer:
                 continue
             assert imported in order, f"{path}:{line} imports hvdmx.{imported}, not in the list"
             if order[imported] > order[layer]:
@@ -106,6 +121,157 @@ def test_the_check_sees_an_upward_import(tmp_path, monkeypatch):
     (fake / "basics.py").write_text("")
     assert list(imported_layers(str(fake / "ops.py"))) == [(1, "basics"), (2, "hvdmx")]
 
+
+# ---- the rooms ----------------------------------------------------------------
+
+# The launcher's rooms: what starts a job (hvdmx/runner/) and the rendezvous
+# it serves (hvdmx/rendezvous/, which the ranks join).
+LAUNCHER = ("runner", "rendezvous", "spark")
+# What the launcher may import of hvdmx besides its rooms: MPI's identity
+# (which MPI hvdmx was built with, for the launcher-mismatch warning), not
+# the rank API; neither loads MXNet.
+MPI_IDENTITY = {"_mpi", "_core"}
+# Programs on top of both sides, not the rank API: they run the launcher
+# (run: python -m hvdmx.run; as_horovod: horovod.run; bench.cli: the
+# runner's number flags for its own; build_report: loads MPI as hvdmxrun does).
+PROGRAMS = {"run", "as_horovod", "bench.cli", "build_report"}
+# The rank API's one door to the launcher: the facade's hvd.run_function
+# (Horovod's horovod.run), a launcher a script calls; loaded on first use,
+# never at import (test_the_rank_api_loads_no_launcher).
+DOORS = {("hvdmx", "runner.function_job")}
+# The packages the launcher may import besides the standard library: mpi4py
+# (loaded without MPI_Init, for MPI's identity) and cloudpickle (for
+# run_function's function and results). Never MXNet or numpy.
+LAUNCHER_PACKAGES = {"mpi4py", "cloudpickle"}
+# hvdmx.spark, the launcher of a Spark job, may also import pyspark (in a
+# function: it is not installed everywhere) and numpy (a rank's share of a
+# DataFrame travels as arrays); never MXNet (imported in the rank's own
+# process, by rank_dataset) nor the rank API.
+SPARK_PACKAGES = {"pyspark", "numpy"}
+# The one module of hvdmx.spark that a rank calls: rank_dataset imports MXNet
+# in its body (the rank has loaded it), never at the module's import.
+RANK_SIDE_OF_SPARK = {"spark.data": {"mxnet"}}
+
+
+def in_rooms(layer: str, rooms) -> bool:
+    return layer.split(".")[0] in rooms
+
+
+def other_imports(path: str):
+    """(line, top-level name) of each absolute import of a package other
+    than hvdmx in the file (at its top or inside a function)."""
+    for node in ast.walk(ast.parse(open(path).read(), path)):
+        if isinstance(node, ast.Import):
+            names = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom) and not node.level and node.module:
+            names = [node.module]
+        else:
+            continue
+        for name in names:
+            if name.split(".")[0] != "hvdmx":
+                yield node.lineno, name.split(".")[0]
+
+
+def rank_api_imports_of_the_runner():
+    for path, layer in sorted(module_files().items()):
+        if in_rooms(layer, LAUNCHER) or layer in PROGRAMS:
+            continue
+        for line, imported in imported_layers(path):
+            if in_rooms(imported, ("runner",)) and (layer, imported) not in DOORS:
+                yield f"{os.path.relpath(path, PACKAGE)}:{line} ({layer}) imports {imported}"
+
+
+def launcher_imports_of_the_rank_side():
+    for path, layer in sorted(module_files().items()):
+        if not in_rooms(layer, LAUNCHER):
+            continue
+        where = os.path.relpath(path, PACKAGE)
+        # The rendezvous is shared: standard library and itself only.
+        rooms = ("rendezvous",) if in_rooms(layer, ("rendezvous",)) else LAUNCHER
+        for line, imported in imported_layers(path):
+            if not (in_rooms(imported, rooms) or
+                    (rooms == LAUNCHER and imported in MPI_IDENTITY)):
+                yield f"{where}:{line} ({layer}) imports hvdmx.{imported}"
+        for line, name in other_imports(path):
+            if name not in sys.stdlib_module_names and \
+                    not (rooms == LAUNCHER and name in LAUNCHER_PACKAGES) and \
+                    not (in_rooms(layer, ("spark",)) and name in SPARK_PACKAGES) and \
+                    name not in RANK_SIDE_OF_SPARK.get(layer, ()):
+                yield f"{where}:{line} ({layer}) imports {name}"
+
+
+def test_the_rank_api_never_imports_the_runner():
+    found = list(rank_api_imports_of_the_runner())
+    assert not found, "\n".join(found)
+
+
+def test_the_runner_and_rendezvous_never_import_mxnet_or_the_rank_api():
+    found = list(launcher_imports_of_the_rank_side())
+    assert not found, "\n".join(found)
+
+
+def test_the_room_checks_see_a_wrong_door(tmp_path, monkeypatch):
+    fake = tmp_path / "hvdmx"
+    (fake / "runner").mkdir(parents=True)
+    (fake / "rendezvous").mkdir()
+    for name in ("__init__.py", "ops.py", "_mpi.py", "runner/__init__.py", "runner/hosts.py",
+                 "rendezvous/__init__.py", "rendezvous/wire.py"):
+        (fake / name).write_text("")
+    (fake / "trainer.py").write_text("def f():\n    from hvdmx.runner import hosts\n")
+    (fake / "runner" / "mpi.py").write_text(
+        "import os\nimport mxnet\nfrom hvdmx import ops, _mpi\nfrom hvdmx.runner import hosts\n")
+    (fake / "rendezvous" / "client.py").write_text(
+        "import socket\nimport mpi4py\nfrom hvdmx._mpi import x\nfrom . import wire\n")
+    monkeypatch.setattr(sys.modules[__name__], "PACKAGE", str(fake))
+    assert list(rank_api_imports_of_the_runner()) == [
+        "trainer.py:2 (trainer) imports runner.hosts"]
+    assert sorted(launcher_imports_of_the_rank_side()) == [
+        "rendezvous/client.py:2 (rendezvous.client) imports mpi4py",
+        "rendezvous/client.py:3 (rendezvous.client) imports hvdmx._mpi",
+        "runner/mpi.py:2 (runner.mpi) imports mxnet",
+        "runner/mpi.py:3 (runner.mpi) imports hvdmx.ops"]
+
+
+def test_the_launcher_loads_no_mxnet_and_the_rank_api_no_launcher():
+    # Every module of the launcher's rooms in one fresh interpreter: MXNet
+    # and the rank API stay out. Then the rank API's modules (the facade's
+    # names, hvd.elastic's): the launcher stays out.
+    launcher = [m for m in SUBMODULES if in_rooms(m.removeprefix("hvdmx."), LAUNCHER)
+                and not in_rooms(m.removeprefix("hvdmx."), ("spark",))]
+    assert "hvdmx.runner.launch" in launcher and "hvdmx.rendezvous.client" in launcher
+    code = (f"import sys\nfor m in {launcher!r}: __import__(m)\n"
+            "print(sorted(m for m in sys.modules if m.split('.')[0] in ('mxnet', 'numpy') or "
+            "m.startswith('hvdmx.') and m.split('.')[1] not in "
+            f"{LAUNCHER + tuple(MPI_IDENTITY)!r}))")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                            timeout=120, env=dict(os.environ, OMP_NUM_THREADS="1"))
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "[]", result.stdout
+    code = ("import sys, hvdmx, hvdmx.elastic\n"
+            "for module in (hvdmx, hvdmx.elastic):\n"
+            "    [getattr(module, n) for n in module.__all__ if n != 'run_function']\n"
+            "import hvdmx.checkpoint, hvdmx.elastic.gluon, hvdmx.elastic.module\n"
+            "print(sorted(m for m in sys.modules if m.startswith('hvdmx.runner')))")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                            timeout=300, env=dict(os.environ, OMP_NUM_THREADS="1"))
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip().splitlines()[-1] == "[]", result.stdout
+
+
+
+def test_spark_loads_no_mxnet_nor_the_rank_api():
+    # hvdmx.spark runs in the Spark driver and in its tasks' Python workers:
+    # numpy may come (a share of a DataFrame), MXNet and the rank API may not.
+    spark = [m for m in SUBMODULES if in_rooms(m.removeprefix("hvdmx."), ("spark",))]
+    assert "hvdmx.spark.driver" in spark and "hvdmx.spark.task" in spark
+    code = (f"import sys\nfor m in {spark!r}: __import__(m)\n"
+            "print(sorted(m for m in sys.modules if m.split('.')[0] == 'mxnet' or "
+            "m.startswith('hvdmx.') and m.split('.')[1] not in "
+            f"{LAUNCHER + tuple(MPI_IDENTITY)!r}))")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                            timeout=120, env=dict(os.environ, OMP_NUM_THREADS="1"))
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "[]", result.stdout
 
 # A smell detector, not a design rule (issue 50): a file past it is read for
 # whether it owns more than one concept, and split by concept if it does.

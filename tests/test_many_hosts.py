@@ -298,7 +298,7 @@ def test_hvdmxrun_names_a_host_it_cannot_use(th):
 # anywhere: hvd.init() over the group is the core's part).
 NO_MPI = """
 import json, os, socket
-from hvdmx.rendezvous import group_from_environment
+from hvdmx.rendezvous.client import group_from_environment
 group = group_from_environment()
 seen = group.allgather(json.dumps([group.rank, socket.gethostname()]).encode())
 print("SEEN", group.rank, os.environ["HVDMX_RENDEZVOUS"], os.environ["HVDMX_LOCAL_RANK"],

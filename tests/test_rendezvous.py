@@ -1,4 +1,4 @@
-"""hvdmx/rendezvous.py in one process: threads as ranks, each with its own
+"""hvdmx/rendezvous/client.py in one process: threads as ranks, each with its own
 connection to a RendezvousServer on the loopback. The collectives' results
 (allgather in rank order, split like MPI_Comm_split), their failures (a
 member late, crashed, or calling another collective: an error naming the
@@ -15,8 +15,8 @@ import time
 import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 
-from hvdmx import rendezvous as rdv
-from hvdmx import rendezvous_wire as wire
+from hvdmx.rendezvous import client as rdv, server as rdv_server
+from hvdmx.rendezvous import wire
 
 pytestmark = pytest.mark.timeout(120)
 KEY = bytes(range(32))
@@ -27,7 +27,7 @@ def server():
     made = []
 
     def make(size, timeout=30.0, key=KEY, **limits):
-        s = rdv.RendezvousServer(size, key, host="127.0.0.1", timeout=timeout,
+        s = rdv_server.RendezvousServer(size, key, host="127.0.0.1", timeout=timeout,
                                  on_problem=lambda text: None, **limits)
         made.append(s)
         return s

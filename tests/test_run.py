@@ -16,8 +16,8 @@ import pytest
 import hvdmx
 import _hvdmx_testing
 from hvdmx import _core
-from hvdmx import run, run_hosts
-from hvdmx.run import Host, Launcher, UsageError
+from hvdmx.runner import hosts as run_hosts, launch as run
+from hvdmx.runner.launch import Host, Launcher, UsageError
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 MPIEXEC = os.path.join(os.path.dirname(sys.executable), "mpiexec")

@@ -17,7 +17,7 @@ import time
 import pytest
 
 import hvdmx
-from hvdmx import function_job, run_hosts
+from hvdmx.runner import function_job, hosts as run_hosts
 
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), ".."))
 # Above Horovod's 30 s: the suite runs two shards of tests at once on 2 cores.
@@ -95,7 +95,7 @@ def test_a_ranks_exception_is_raised_here(num_proc):
 def rendezvous_sum(offset):
     """No MPI: the rendezvous group of hvdmxrun --no-mpi, used directly (as
     hvd.init() uses it)."""
-    from hvdmx.rendezvous import group_from_environment
+    from hvdmx.rendezvous.client import group_from_environment
     group = group_from_environment()
     try:
         got = group.allgather(str(group.rank + offset).encode())

@@ -1,4 +1,4 @@
-"""hvdmxrun --no-mpi (hvdmx/run_nompi.py): ranks started without MPI meet at
+"""hvdmxrun --no-mpi (hvdmx/runner/nompi.py): ranks started without MPI meet at
 the launcher's rendezvous and see each other; their environment, their
 tagged output; a failing or killed rank, or a signal to hvdmxrun, ends the
 job with no process left behind; ranks on "other hosts" through a remote
@@ -31,7 +31,7 @@ OTHER_HOST = "198.51.100.7"  # TEST-NET-2: not this machine, routed like any far
 # whether the key is in its environment but on no command line it can see.
 PROGRAM = r"""
 import hashlib, json, os, socket, sys, time
-from hvdmx.rendezvous import group_from_environment
+from hvdmx.rendezvous.client import group_from_environment
 group = group_from_environment()
 seen = group.allgather(json.dumps([group.rank, socket.gethostname()]).encode())
 key = os.environ["HVDMX_SECRET_KEY"]
@@ -40,7 +40,8 @@ def cmdline(pid):
         return f.read().decode(errors="replace")
 report = {name: os.environ.get(name) for name in (
     "HVDMX_RANK", "HVDMX_SIZE", "HVDMX_LOCAL_RANK", "HVDMX_LOCAL_SIZE", "HVDMX_CROSS_RANK",
-    "HVDMX_CROSS_SIZE", "HVDMX_RENDEZVOUS", "HVDMX_FUSION_THRESHOLD", "PYTHONPATH")}
+    "HVDMX_CROSS_SIZE", "HVDMX_RENDEZVOUS", "HVDMX_FUSION_THRESHOLD", "PYTHONPATH", "PATH",
+    "NOT_FORWARDED")}
 report.update(rank=group.rank, size=group.size, seen=[json.loads(x) for x in seen],
               key_ok=len(key) == 64, key_hash=hashlib.sha256(key.encode()).hexdigest(),
               key_on_a_command_line=any(key in cmdline(p) for p in (os.getpid(), os.getppid())),
@@ -204,7 +205,9 @@ def test_ranks_do_not_outlive_a_killed_hvdmxrun(tmp_path):
 
 
 # A remote shell for tests: logs its arguments, then runs the command here
-# with sh -c, as ssh runs it on the host (and testhosts' launch in a test host).
+# with sh -c, as ssh runs it on the host (and testhosts' launch in a test host),
+# in an environment as bare as a remote login's: what a rank has of
+# hvdmxrun's environment came on its command line or its standard input.
 FAKE_SSH = """#!/bin/sh
 printf '%s\\n' "$@" >> {log}
 printf -- '----\\n' >> {log}
@@ -216,7 +219,7 @@ while [ $# -gt 0 ]; do
   esac
 done
 shift
-exec sh -c "$*"
+exec env -i HOME="$HOME" PATH=/usr/bin:/bin sh -c "$*"
 """
 
 
@@ -257,6 +260,8 @@ def test_ranks_on_another_host_start_through_ssh_exec(tmp_path):
         assert got[r]["HVDMX_RENDEZVOUS"] == f"{address}:{port}"
         assert got[r]["HVDMX_FUSION_THRESHOLD"] == str(1024 * 1024)
         assert got[r]["PYTHONPATH"] == REPO  # forwarded on the command line
+        assert got[r]["PATH"] == ENV["PATH"]  # forwarded on standard input
+        assert got[r]["NOT_FORWARDED"] is None
         assert got[r]["seen"] == [[x, socket.gethostname()] for x in range(3)]
     assert all(r["key_ok"] and not r["key_on_a_command_line"] for r in got.values())
     calls = log.read_text().split("----\n")
@@ -267,11 +272,11 @@ def test_ranks_on_another_host_start_through_ssh_exec(tmp_path):
         ["-x", OTHER_HOST, "true"]]
     assert len(starts) == 2
     for words in starts:
+        # One line: the interpreter's PYTHONPATH, the bootstrap module and the
+        # command; the rank's variables and the rest came on standard input.
         assert words[:2] == ["-x", OTHER_HOST]
-        remote = "\n".join(words[2:])
-        assert remote.startswith(f"cd {REPO} && exec env ")
-        assert "HVDMX_RANK=" in remote and "PYTHONPATH=" in remote
-        assert "NOT_FORWARDED" not in remote
+        assert "\n".join(words[2:]) == f"cd {REPO} && exec env PYTHONPATH={REPO} {PYTHON} " \
+            f"-m hvdmx.runner.bootstrap {PYTHON} -c {shlex.quote(PROGRAM)}"
     assert "cd" * 32 not in log.read_text()
 
 
@@ -301,6 +306,47 @@ def test_a_remote_rank_that_fails_stops_the_job(tmp_path):
     assert none_alive(pids_of(tmp_path, 2), 5)
 
 
+@pytest.mark.parametrize("line, message", [
+    (b"HVDMX_SECRET_KEY=ab\n", "its first line is not a JSON object"),
+    (b'["a", "b"]\n', "must be a JSON object of variable names"),
+    (b'{"A=B": "x"}\n', "must be a JSON object of variable names"),
+    (b'{"A": 1}\n', "must be a JSON object of variable names"),
+    (b"\xff\n", "its first line is not a JSON object"),
+])
+def test_the_bootstrap_refuses_a_bad_first_line(line, message):
+    result = subprocess.run([PYTHON, "-m", "hvdmx.runner.bootstrap", "true"], input=line,
+                            env=ENV, capture_output=True, timeout=60)
+    assert result.returncode == 125, result.stderr
+    assert message in result.stderr.decode(), result.stderr
+
+
+def test_the_bootstrap_puts_its_first_line_into_the_environment():
+    from hvdmx.runner.bootstrap import parse_variables, variables_line
+    odd = {"HVDMX_SECRET_KEY": "cd" * 32, "SPACED": "a b 'c' \"d\" $e !f", "LINES": "1\n2",
+           "PATH": os.environ["PATH"]}
+    line = variables_line(odd)
+    assert line.count(b"\n") == 1 and line.endswith(b"\n")
+    assert parse_variables(line) == odd
+    show = "import json, os; print(json.dumps({n: os.environ.get(n) for n in %r}))" % sorted(odd)
+    # Its standard input stays open while the command runs (its end stops it).
+    bootstrap = subprocess.Popen([PYTHON, "-m", "hvdmx.runner.bootstrap", PYTHON, "-c", show],
+                                 stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=ENV)
+    try:
+        bootstrap.stdin.write(line)
+        bootstrap.stdin.flush()
+        out = bootstrap.stdout.read()
+        assert bootstrap.wait(60) == 0
+    finally:
+        bootstrap.kill()
+        bootstrap.stdin.close()
+        bootstrap.stdout.close()
+    assert json.loads(out) == odd
+    # No first line (hvdmxrun went away): 125, the command never started.
+    result = subprocess.run([PYTHON, "-m", "hvdmx.runner.bootstrap", PYTHON, "-c", show],
+                            input=b"", env=ENV, capture_output=True, timeout=60)
+    assert (result.returncode, result.stdout) == (125, b"")
+
+
 def test_dry_run_prints_each_ranks_command_without_the_key(tmp_path):
     route_here(OTHER_HOST)
     code, out, err = run(["--no-mpi", "--dry-run", "-H", f"localhost:1,{OTHER_HOST}:1",
@@ -311,10 +357,17 @@ def test_dry_run_prints_each_ranks_command_without_the_key(tmp_path):
     assert len(lines) == 2
     assert lines[0].startswith("rank 0 on localhost (here) with HVDMX_RENDEZVOUS=127.0.0.1:PORT "
                                "HVDMX_RANK=0 HVDMX_SIZE=2 ")
-    assert lines[0].endswith(f"{PYTHON} -c BOOTSTRAP {PYTHON} train.py")
-    assert lines[1].startswith(f"rank 1 on {OTHER_HOST} (through the remote shell): /bin/true "
-                               f"-x {OTHER_HOST} 'cd ")
-    assert "HVDMX_RENDEZVOUS=ADDRESS:PORT" in lines[1]
+    assert lines[0].endswith(f": {PYTHON} -m hvdmx.runner.bootstrap {PYTHON} train.py")
+    # The remote rank's variables by value, hvdmxrun's it forwards by name:
+    # both travel on its standard input; the command is one readable line.
+    assert lines[1].startswith(f"rank 1 on {OTHER_HOST} (through the remote shell) with "
+                               "HVDMX_RENDEZVOUS=ADDRESS:PORT HVDMX_RANK=1 HVDMX_SIZE=2 ")
+    names = re.search(r" and hvdmxrun's ([A-Z_, ]+): ", lines[1])
+    assert names and "PATH" in names.group(1).split(", "), lines[1]
+    assert lines[1].endswith(f": /bin/true -x {OTHER_HOST} 'cd {REPO} && exec env "
+                             f"PYTHONPATH={REPO} {PYTHON} -m hvdmx.runner.bootstrap {PYTHON} "
+                             "train.py'")
+    assert ENV["PATH"] not in out
     assert "ef" * 32 not in out + err
 
 
@@ -358,22 +411,30 @@ def test_unused_hosts_are_warned_about(tmp_path):
 
 
 def test_the_remote_command_is_one_line_any_shell_can_take():
-    from hvdmx import run_nompi
+    from hvdmx.runner import nompi as run_nompi
     place = run_nompi.Placement(1, "far", False, 0, 1, 1, 2)
-    cmd = run_nompi.rank_command(place, {"A": "x y", "B": "it's"}, ["python", "train.py"],
+    env = {"A": "x y", "B": "it's\nhere!", "PYTHONPATH": "/my path/x"}
+    cmd = run_nompi.rank_command(place, env, ["python", "train.py"],
                                  ["ssh", "-x"], "/usr/bin/python3", "/home/u/my job")
     assert cmd[:3] == ["ssh", "-x", "far"] and len(cmd) == 4
     remote = cmd[3]
-    # csh ends a quoted string at a newline and expands '!' inside quotes.
+    # csh ends a quoted string at a newline and expands '!' inside quotes:
+    # the variables travel on standard input, but those the interpreter needs.
     assert "\n" not in remote and "!" not in remote
-    assert remote.startswith("cd '/home/u/my job' && exec env 'A=x y' 'B=it'\"'\"'s' "
-                             "/usr/bin/python3 -c ")
-    assert remote.endswith(" python train.py")
+    assert remote == ("cd '/home/u/my job' && exec env 'PYTHONPATH=/my path/x' "
+                      "/usr/bin/python3 -m hvdmx.runner.bootstrap python train.py")
     # What sh runs there is the bootstrap and the command, as given.
     words = subprocess.run(["sh", "-c", 'printf "%s\\n" "$@"', "sh",
                             *shlex.split(remote.split(" && ", 1)[1])],
                            capture_output=True, text=True, timeout=30).stdout.splitlines()
-    assert words[:3] == ["exec", "env", "A=x y"]
+    assert words == ["exec", "env", "PYTHONPATH=/my path/x", "/usr/bin/python3", "-m",
+                     "hvdmx.runner.bootstrap", "python", "train.py"]
+    from hvdmx.runner.bootstrap import parse_variables
+    key = "ab" * 32
+    assert parse_variables(run_nompi.first_line(place, env, key)) == {
+        "A": "x y", "B": "it's\nhere!", "HVDMX_SECRET_KEY": key}
+    here = run_nompi.Placement(0, "near", True, 0, 1, 0, 2)
+    assert parse_variables(run_nompi.first_line(here, env, key)) == {"HVDMX_SECRET_KEY": key}
 
 
 def test_help_describes_no_mpi():

@@ -23,6 +23,18 @@ def test_every_collective_from_every_root(n, direct):
     assert [got["connections"] for got in results] == [n - 1] * n
 
 
+def test_a_wait_calls_its_idle_function_with_the_calls_before_it():
+    # Comm::set_idle's contract: idle(i) gets the number of calls before it in this
+    # wait, so i == 0 starts a wait. The runtime's stall shutdown measures a wait from
+    # that call: a gather whose first poll moved bytes used to skip 0, and the runtime
+    # then measured from an earlier wait (or, in a new runtime, from the clock's
+    # epoch) and gave up at once with the stall error (seen in
+    # tests/test_peer_input_tcp.py, whose jobs start a runtime per case).
+    calls = _hvdmx_testing.tcp_gather_idle_calls(delay=0.2)
+    assert calls, "rank 0 never waited for rank 2"
+    assert calls == list(range(len(calls))), calls[:10]
+
+
 @pytest.mark.parametrize("n", [6, 9])
 def test_a_negotiating_comm_links_only_with_its_peers(n):
     results = _hvdmx_testing.tcp_negotiation(n, direct_bit_and_ranks=1)

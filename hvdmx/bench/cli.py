@@ -13,7 +13,7 @@ from hvdmx.bench.model import run_model
 from hvdmx.bench.scale import run_scale
 from hvdmx.bench.tables import plot_rows, print_collective, print_idle, print_model
 from hvdmx.bench.timing import load_mpi, parse_size
-from hvdmx.run_flags import _number
+from hvdmx.runner.flags import _number
 
 
 def run_idle(args) -> list:

@@ -1,5 +1,5 @@
 """hvd.elastic under mpiexec, where a reset is hvd.shutdown() then hvd.init()
-over the same world (hvdmx/_elastic_driver.py): commit and restore give back
+over the same world (hvdmx/elastic/driver.py): commit and restore give back
 parameters, optimizer states and values bitwise; sync gives every rank rank
 0's; run() retries after a HorovodInternalError and ends bitwise where an
 uninterrupted run ends; a user's exception is not retried; a host update
@@ -10,7 +10,8 @@ import pytest
 from mxnet import gluon
 
 import hvdmx as hvd
-from hvdmx import _core, _elastic_driver, _job
+from hvdmx import _core, _job
+from hvdmx.elastic import driver as _elastic_driver
 from conftest import all_equal_across_ranks, world_bcast
 from test_training import B, assert_identical_across_ranks, batches, local, make_net, \
     params_numpy, train_step

@@ -1,5 +1,5 @@
 """hvd.init over a group object (what a job started without MPI runs on:
-the launcher's rendezvous, hvdmx/rendezvous.py): here a group whose
+the launcher's rendezvous, hvdmx/rendezvous/client.py): here a group whose
 allgather and split go through mpi4py, so that the core's whole start-up
 over a Python group (csrc/hvdmx/python/bindings.cc, PyGroup; comm/group.h)
 runs at every rank count of the parallel suite, with hosts, shared memory,
@@ -20,7 +20,7 @@ pytestmark = pytest.mark.skipif(not hvd.mpi_enabled(), reason="compares with MPI
 
 
 class MpiBackedGroup:
-    """The interface of hvdmx.rendezvous.StoreGroup, over an mpi4py
+    """The interface of hvdmx.rendezvous.client.StoreGroup, over an mpi4py
     communicator; counts its calls."""
 
     def __init__(self, comm, calls):

@@ -3,7 +3,7 @@
 // the ranks agree on what a Comm needs (TCP addresses, the shared-memory
 // segment's name, the settings, the topology). MpiGroup (mpi_comm.h) runs on
 // an MPI communicator; the group of a job started without MPI asks the
-// launcher's rendezvous (hvdmx/rendezvous.py, bound in python/bindings.cc).
+// launcher's rendezvous (hvdmx/rendezvous/client.py, bound in python/bindings.cc).
 // Init-time only: nothing here is on the path of a collective.
 //
 // Every call but rank() and size() is collective over the group: all its

@@ -245,12 +245,15 @@ void TcpComm::AwaitArrival(int64_t waited_micros) {
 void TcpComm::WaitUntil(const std::function<bool()>& done, const char* what, bool use_idle) {
   const Clock::time_point start = Clock::now();
   last_moved_ = start;
-  for (int64_t i = 0;; ++i) {
+  // Calls of idle_ so far: its argument (Comm::set_idle), which the runtime
+  // reads as "a wait begins" when 0, so polls that moved bytes do not count.
+  int64_t idled = 0;
+  for (;;) {
     if (done()) return;
     if (ProgressAll()) continue;
     if (done()) return;
     if (use_idle && idle_) {
-      if (!idle_(i)) throw CommAbandoned();
+      if (!idle_(idled++)) throw CommAbandoned();
     } else if (MicrosSince(start) >= options_.spin_micros) {
       PollPending(kPollSliceMicros);
     } else {

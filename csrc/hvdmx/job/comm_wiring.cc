@@ -87,13 +87,15 @@ std::vector<int> AdasumPeers(const HostMap& hosts, int rank, const Config& confi
 
 }  // namespace
 
-std::shared_ptr<Runtime> StartRuntime(Group& group, const HostMap& hosts, Config config) {
+std::shared_ptr<Runtime> StartRuntime(Group& group, const HostMap& hosts, Config config,
+                                      const NegotiationCommWrapper& wrap) {
   const int rank = group.rank();
   config.transport = UseTcp(group, hosts, config.transport) ? Transport::kTcp : Transport::kMpi;
   const HostMap algorithm_hosts = HostsForAlgorithms(hosts, config);
   const bool busy = config.transport == Transport::kTcp && HostRanksOutnumberCpus(hosts, rank);
   std::unique_ptr<ShmHost> shm = CreateHostShm(group, algorithm_hosts, config, busy);
   std::unique_ptr<ControlComm> control = NegotiationComm(group, hosts, config, busy, shm.get());
+  if (wrap) control = wrap(std::move(control));
   std::unique_ptr<Comm> data =
       CommOver(group, config, busy, CommUse::kData, AdasumPeers(algorithm_hosts, rank, config));
   auto runtime =

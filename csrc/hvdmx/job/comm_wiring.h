@@ -27,6 +27,7 @@
 #ifndef HVDMX_COMM_WIRING_H_
 #define HVDMX_COMM_WIRING_H_
 
+#include <functional>
 #include <memory>
 #include <vector>
 
@@ -53,10 +54,17 @@ enum class CommUse { kNegotiation, kData };
 std::unique_ptr<Comm> CommOver(Group& group, const Config& config, bool ranks_outnumber_cpus,
                                CommUse use, const std::vector<int>& more_peers = {});
 
+// What a runtime negotiates over, given the comm the wiring made for it
+// (the tests' seam: SetNegotiationCommWrapper in job/job.h).
+using NegotiationCommWrapper =
+    std::function<std::unique_ptr<ControlComm>(std::unique_ptr<ControlComm>)>;
+
 // A started runtime over the ranks of `group`, whose hosts `hosts` (a map
 // of `group`) describes, with the job's `config` (its transport resolved
-// here). Collective over `group`.
-std::shared_ptr<Runtime> StartRuntime(Group& group, const HostMap& hosts, Config config);
+// here); its negotiation comm goes through `wrap` when that is set.
+// Collective over `group`.
+std::shared_ptr<Runtime> StartRuntime(Group& group, const HostMap& hosts, Config config,
+                                      const NegotiationCommWrapper& wrap = nullptr);
 
 }  // namespace hvdmx
 

@@ -33,6 +33,7 @@ struct Global {
   std::map<int, std::shared_ptr<Runtime>> sets;  // ids >= 1 this rank belongs to
   std::map<int, std::vector<int>> set_ranks;     // ids >= 1, every rank
   int next_set_id = 1;
+  NegotiationCommWrapper wrap_negotiation;  // empty unless the tests' module set it
 };
 
 Global& G() {
@@ -259,12 +260,17 @@ Status StartLocked(std::unique_ptr<Group> world, int thread_level) {
   }
   // Before the runtime starts, so that its thread starts bound.
   MaybeBindToCpu(group, G().hosts, config.cpu_bind);
-  G().runtime = StartRuntime(group, G().hosts, G().config);
+  G().runtime = StartRuntime(group, G().hosts, G().config, G().wrap_negotiation);
   G().world = std::move(world);
   return Status::Ok();
 }
 
 }  // namespace
+
+void SetNegotiationCommWrapper(NegotiationCommWrapper wrap) {
+  std::lock_guard<std::mutex> lock(G().mu);
+  G().wrap_negotiation = std::move(wrap);
+}
 
 Status Init(uintptr_t comm_address) {
   std::lock_guard<std::mutex> lock(G().mu);
@@ -313,7 +319,8 @@ Status AddProcessSet(const std::vector<int>& ranks, bool same_everywhere, int* i
   *id = G().next_set_id++;
   G().set_ranks[*id] = ranks;
   if (member) {
-    G().sets[*id] = StartRuntime(*sub, HostsOfSubgroup(*sub, G().hosts, G().topo.rank), G().config);
+    G().sets[*id] = StartRuntime(*sub, HostsOfSubgroup(*sub, G().hosts, G().topo.rank), G().config,
+                                 G().wrap_negotiation);
   }
   return Status::Ok();
 }

@@ -17,6 +17,7 @@
 
 #include "base/common.h"
 #include "comm/group.h"
+#include "job/comm_wiring.h"
 #include "job/host_split.h"
 #include "runtime/runtime.h"
 
@@ -65,6 +66,13 @@ Status Init(uintptr_t comm_address);
 // The same over `world`, in a job started without MPI (hvdmxrun --no-mpi:
 // the launcher's rendezvous), which never calls MPI. Collective over `world`.
 Status InitOver(std::unique_ptr<Group> world);
+
+// A seam for the test suite's own module (tests/_hvdmx_testing), which hvdmx
+// itself never sets: every runtime this process starts after the call
+// negotiates over wrap(the comm init made for it) instead. The tests wrap
+// one rank's comm of a real job across hosts so that it sends its peers bad
+// negotiation bytes (tests/test_peer_input_tcp.py). An empty `wrap` undoes it.
+void SetNegotiationCommWrapper(NegotiationCommWrapper wrap);
 void Shutdown();
 
 // Collective over the whole job; sets *id to the new set's id. With

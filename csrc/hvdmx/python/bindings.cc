@@ -56,7 +56,7 @@ std::shared_ptr<Runtime> RuntimeOrRaise(int set_id = 0) {
 }
 
 // A Group whose calls go to a Python object, the launcher's rendezvous in a
-// job started without MPI (hvdmx.rendezvous.StoreGroup): attributes `rank`
+// job started without MPI (hvdmx.rendezvous.client.StoreGroup): attributes `rank`
 // and `size`, `allgather(bytes) -> list of bytes` and `split(color, key) ->
 // group or None`. Init runs without the GIL, so every call takes it; an
 // error the object raises (the rendezvous timed out, naming the ranks

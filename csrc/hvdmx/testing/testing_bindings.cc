@@ -496,6 +496,7 @@ void DefineTestingBindings(py::module_& m) {
   DefineTestingTcpBindings(m);
   DefineTestingCommBindings(m);
   DefineTestingNegotiationBindings(m);
+  DefineTestingLiarBindings(m);
   py::class_<LocalJob>(m, "LocalJob")
       .def(py::init([](int size, const std::map<std::string, std::string>& env, bool shm, int liar,
                        const py::bytes& lie) {

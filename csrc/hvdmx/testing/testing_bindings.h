@@ -34,6 +34,9 @@ void DefineTestingCommBindings(pybind11::module_& m);
 // testing_negotiation_bindings.cc: the negotiation's wire format parsed in
 // process, and a round with a rank that breaks the protocol.
 void DefineTestingNegotiationBindings(pybind11::module_& m);
+// testing_liar_bindings.cc: one rank of a real job that sends its peers
+// bad negotiation bytes.
+void DefineTestingLiarBindings(pybind11::module_& m);
 
 // Runs body(rank, &result) on n threads (the GIL released); returns each
 // rank's result with "error": what it threw ("" if nothing).

@@ -117,6 +117,39 @@ std::vector<py::dict> TestingTcpDataCollectives(int n, const std::vector<int64_t
   });
 }
 
+// A gather to rank 0 over 3 thread ranks: rank 1 sends at once, rank 0
+// gathers after `delay` seconds and rank 2 sends after 3 * `delay`, so that
+// rank 0's wait finds bytes at its first poll, and waits for more later. Returns what rank 0's idle
+// function (Comm::set_idle) was called with, in order.
+std::vector<int64_t> TestingTcpGatherIdleCalls(double delay) {
+  constexpr int n = 3;
+  ThreadExchange exchange(n);
+  TcpOptions options;
+  options.give_up_seconds = 60;
+  std::vector<int64_t> calls;
+  std::vector<py::dict> results;
+  {
+    py::gil_scoped_release release;
+    results = OnThreads(n, [&](int r, py::dict*) {
+      std::unique_ptr<TcpComm> comm = MakeComm(r, n, &exchange, options);
+      if (r == 0) {
+        comm->set_idle([&calls](int64_t i) {
+          calls.push_back(i);
+          std::this_thread::sleep_for(std::chrono::microseconds(100));
+          return true;
+        });
+      }
+      std::this_thread::sleep_for(std::chrono::duration<double>(delay * (r == 2 ? 3 : 1 - r)));
+      comm->Gather("from " + std::to_string(r), 0);
+    });
+  }
+  for (const py::dict& result : results) {
+    const std::string error = py::str(result["error"]);
+    if (!error.empty()) throw std::runtime_error(error);
+  }
+  return calls;
+}
+
 // Rank `from` of n thread ranks linked by P2PComm::DataPeers sends a byte
 // to rank `to` (not among them); then every rank sends a byte around the
 // ring, so that the comms stay up until the others are done. Returns the
@@ -335,6 +368,7 @@ void DefineTestingTcpBindings(py::module_& m) {
         py::arg("count"), py::arg("host_keys"));
   m.def("tcp_unlinked", &TestingTcpUnlinked, py::arg("n"), py::arg("from_rank"),
         py::arg("to_rank"));
+  m.def("tcp_gather_idle_calls", &TestingTcpGatherIdleCalls, py::arg("delay"));
   m.def("tcp_negotiation", &TestingTcpNegotiation, py::arg("n"), py::arg("direct_bit_and_ranks"));
   m.def("tcp_connect_to", &TestingTcpConnectTo, py::arg("address"));
 }

@@ -9,8 +9,8 @@ the ranks load it before MXNet or MPI.
     everyone = group.allgather(b"my address")   # every member's bytes, rank order
     sub = group.split(color, key)               # None where color < 0
 
-The server is hvdmx/rendezvous_server.py, the bytes on the wire
-hvdmx/rendezvous_wire.py (See Note [The rendezvous protocol] there).
+The server is hvdmx/rendezvous/server.py, the bytes on the wire
+hvdmx/rendezvous/wire.py (See Note [The rendezvous protocol] there).
 """
 from __future__ import annotations
 
@@ -23,15 +23,14 @@ import threading
 import time
 from typing import Dict, List, Mapping, Optional, Tuple
 
-from .rendezvous_server import RendezvousServer
-from .rendezvous_wire import ADDRESS_VARIABLE, DEFAULT_TIMEOUT, HANDSHAKE_SECONDS, \
+from hvdmx.rendezvous.wire import ADDRESS_VARIABLE, DEFAULT_TIMEOUT, HANDSHAKE_SECONDS, \
     KEY_BYTES, MAC_BYTES, MAGIC, MAX_HOST_BYTES, MAX_POST_BYTES, MAX_SCOPE_BYTES, NONCE, \
     TIMEOUT_VARIABLE, Channel, ProtocolError, Reader, RendezvousError, drop, \
     integer_variable, key_from_environment, mac, pack_bytes, pack_str, parse_address, parse_key, \
     receive_exactly
 
 __all__ = ["ADDRESS_VARIABLE", "DEFAULT_TIMEOUT", "TIMEOUT_VARIABLE", "RendezvousError",
-           "RendezvousServer", "StoreGroup", "connect", "group_from_environment",
+           "StoreGroup", "connect", "group_from_environment",
            "parse_address", "parse_key"]
 
 # ---- the client -----------------------------------------------------------------

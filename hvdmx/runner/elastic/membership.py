@@ -7,7 +7,7 @@ live member stays silent (its host cut off), once the join window has
 passed since a member asked, with at least --min-np workers waiting: the
 silent members are then left out, and the launcher fails their hosts.
 Survivors keep their rank order (the oldest is rank 0;
-elastic_hosts.number_ranks). Thread-safe: the rendezvous's
+hosts.number_ranks). Thread-safe: the rendezvous's
 connection threads call join(), the launcher's loop calls the rest.
 """
 from __future__ import annotations
@@ -16,7 +16,7 @@ import threading
 import time
 from typing import Callable, Dict, List, Optional, Set, Tuple
 
-from .elastic_hosts import Place, Slot, number_ranks
+from hvdmx.runner.elastic.hosts import Place, Slot, number_ranks
 
 
 class MembershipError(RuntimeError):

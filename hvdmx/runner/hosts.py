@@ -1,6 +1,6 @@
 """hvdmxrun's hosts: the -H list and the hostfile, how many processes go
 where, and whether each host resolves and can start a process (see
-hvdmx/run.py, the launcher, which uses these)."""
+hvdmx/runner/launch.py, the launcher, which uses these)."""
 from __future__ import annotations
 
 import re

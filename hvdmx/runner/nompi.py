@@ -1,19 +1,19 @@
 """hvdmxrun --no-mpi: starts the ranks itself, without MPI's launcher, and
-serves their rendezvous (hvdmx/rendezvous.py) from this process.
+serves their rendezvous (hvdmx/rendezvous/server.py) from this process.
 
     hvdmxrun --no-mpi -np 4 -H a:2,b:2 [--ssh-exec PATH] python train.py
 
 Ranks on this host are child processes; ranks on another host are started
 through a remote shell called as Hydra calls ssh, ``SHELL -x HOST 'WORDS'``
 (``ssh -x -o BatchMode=yes -o ConnectTimeout=20`` by default, or
-``--ssh-exec PATH``), WORDS being ``cd DIR && exec env NAME=VALUE ...
-PYTHON -c BOOTSTRAP COMMAND ...``. Every rank gets HVDMX_RENDEZVOUS (the
+``--ssh-exec PATH``), WORDS being ``cd DIR && exec [env PYTHONPATH=...]
+PYTHON -m hvdmx.runner.bootstrap COMMAND ...``. Every rank gets HVDMX_RENDEZVOUS (the
 address of this process's server that reaches its host), HVDMX_RANK,
 HVDMX_SIZE, HVDMX_LOCAL_RANK/SIZE, HVDMX_CROSS_RANK/SIZE, the tuning
 variables, and on other hosts the variables MPI launchers forward
 (FORWARDED_NAMES/PREFIXES). The job's secret key is never on a command line:
-each rank's first line of standard input carries it (See Note [The rank's
-bootstrap]).
+each rank's first line of standard input carries it, and a remote rank's
+variables with it (See Note [The rank's bootstrap]).
 
 Each line a rank prints comes out here with its rank, as horovodrun's
 Gloo mode prints it: ``[1]<stdout>:text`` on stdout, ``[1]<stderr>:text``
@@ -40,84 +40,25 @@ import time
 from dataclasses import dataclass
 from typing import IO, Dict, List, Mapping, Optional, Sequence, Tuple
 
-from .rendezvous_server import RendezvousServer
-from .rendezvous_wire import ADDRESS_VARIABLE, KEY_VARIABLES, TIMEOUT_VARIABLE, parse_key, \
+from hvdmx.rendezvous.server import RendezvousServer
+from hvdmx.rendezvous.wire import ADDRESS_VARIABLE, KEY_VARIABLES, TIMEOUT_VARIABLE, parse_key, \
     parse_timeout
-from .run_hosts import Host, UsageError, check_remote_starts, format_hosts, is_this_host, \
+from hvdmx.runner.bootstrap import variables_line
+from hvdmx.runner.hosts import Host, UsageError, check_remote_starts, format_hosts, is_this_host, \
     unused_hosts
-from .run_launcher import FORWARDED_NAMES, FORWARDED_PREFIXES, PROG
+from hvdmx.runner.mpi import FORWARDED_NAMES, FORWARDED_PREFIXES, PROG
 
 STOP_GRACE_SECONDS = 10.0  # after SIGTERM to the ranks, before SIGKILL
 DEFAULT_SHELL = ("ssh", "-x", "-o", "BatchMode=yes", "-o", "ConnectTimeout=20")
 SHELL_FLAG = "--ssh-exec PATH"
 
-# Note [The rank's bootstrap]
-# Every rank runs as `PYTHON -c BOOTSTRAP COMMAND...` with its standard input
-# a pipe from hvdmxrun (through ssh for another host). The bootstrap reads
-# one line, NAME=VALUE words (the secret key), puts them into the
-# environment, and runs COMMAND in its own process group, with standard
-# input from /dev/null. It then stops that group (SIGTERM; SIGKILL after
-# 5 s) when it gets SIGTERM, SIGINT or SIGHUP, or when its standard input
-# ends: hvdmxrun closes the pipe when it stops the job, and the pipe ends by
-# itself when hvdmxrun or ssh dies, so that no rank outlives its launcher,
-# even one killed with SIGKILL. It exits with COMMAND's status (128 + N for
-# signal N), after ending what COMMAND left running in its group.
-_BOOTSTRAP = r"""
-import os, signal, subprocess, sys, threading
-line = b""
-while not line.endswith(b"\n"):
-    byte = os.read(0, 1)
-    if not byte:
-        os._exit(125)
-    line += byte
-for word in line.decode().split():
-    name, _, value = word.partition("=")
-    os.environ[name] = value
-try:
-    os.setpgid(0, 0)
-except OSError:
-    pass
-group = os.getpgrp()
-stopping = []
-def stop(*_):
-    if stopping:
-        return
-    stopping.append(1)
-    try:
-        os.killpg(group, signal.SIGTERM)
-    except OSError:
-        pass
-    timer = threading.Timer(5, os.killpg, (group, signal.SIGKILL))
-    timer.daemon = True
-    timer.start()
-for s in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
-    signal.signal(s, stop)
-def watch():
-    while os.read(0, 4096):
-        pass
-    stop()
-try:
-    rank = subprocess.Popen(sys.argv[1:], stdin=subprocess.DEVNULL)
-except OSError as error:
-    print(f"hvdmxrun: cannot start {repr(sys.argv[1])} on {os.uname().nodename}: {error}",
-          file=sys.stderr, flush=True)
-    os._exit(127)
-threading.Thread(target=watch, daemon=True).start()
-code = rank.wait()
-stopping.append(1)
-try:
-    os.killpg(group, signal.SIGTERM)
-except OSError:
-    pass
-sys.stdout.flush()
-sys.stderr.flush()
-os._exit(128 - code if code < 0 else code)
-"""
-
-# One line without '!': the remote shell may be csh, which ends a quoted
-# string at a newline and expands '!' even inside single quotes.
-_BOOTSTRAP_LINE = f"exec({_BOOTSTRAP!r})"
-assert "\n" not in _BOOTSTRAP_LINE and "!" not in _BOOTSTRAP_LINE
+# What each rank runs first, on its host (See Note [The rank's bootstrap]
+# in hvdmx/runner/bootstrap.py).
+BOOTSTRAP = "hvdmx.runner.bootstrap"
+# The variables a remote interpreter needs before it can run the bootstrap
+# (PYTHONPATH finds hvdmx, LD_LIBRARY_PATH may find libpython): on its command
+# line. The others reach it on its standard input.
+_INTERPRETER_NAMES = ("PYTHONPATH", "LD_LIBRARY_PATH")
 
 
 @dataclass(frozen=True)
@@ -194,18 +135,29 @@ def forwarded(environ: Mapping[str, str]) -> Dict[str, str]:
 def rank_command(place: Placement, env: Mapping[str, str], command: Sequence[str],
                  shell: Sequence[str], python: str, cwd: str) -> List[str]:
     """The argument list that starts one rank: the bootstrap (See Note [The
-    rank's bootstrap]) here, or through `shell` on another host."""
-    argv = [python, "-c", _BOOTSTRAP_LINE, *command]
+    rank's bootstrap]) here, or through `shell` on another host with those of
+    `env` (its variables) that its interpreter needs to start; the others
+    reach it on its standard input (first_line)."""
+    argv = [python, "-m", BOOTSTRAP, *command]
     if place.local:
         return argv
-    words = ["exec", "env", *(f"{name}={value}" for name, value in env.items()), *argv]
+    early = [f"{name}={env[name]}" for name in _INTERPRETER_NAMES if name in env]
+    words = ["exec", *(["env", *early] if early else []), *argv]
     return [*shell, place.host, f"cd {shlex.quote(cwd)} && {shlex.join(words)}"]
 
 
+def first_line(place: Placement, env: Mapping[str, str], key: str) -> bytes:
+    """The first line of a rank's standard input: the job's key, and for a
+    rank on another host the variables of `env` not on its command line."""
+    variables = {} if place.local else \
+        {name: value for name, value in env.items() if name not in _INTERPRETER_NAMES}
+    variables["HVDMX_SECRET_KEY"] = key
+    return variables_line(variables)
+
+
 def describe_command(place: Placement, cmd: Sequence[str]) -> str:
-    """A command as --verbose and --dry-run print it: the bootstrap's source
-    shortened."""
-    return shlex.join(cmd).replace(shlex.quote(_BOOTSTRAP_LINE), "BOOTSTRAP")
+    """A command as --verbose and --dry-run print it."""
+    return shlex.join(cmd)
 
 
 def rendezvous_addresses(places: Sequence[Placement]) -> Tuple[str, Dict[str, str]]:
@@ -320,7 +272,7 @@ class NoMpiJob:
                                    start_new_session=True)
         assert process.stdin is not None
         try:
-            process.stdin.write(f"HVDMX_SECRET_KEY={self.key}\n".encode())
+            process.stdin.write(first_line(place, env if place.local else remote, self.key))
             process.stdin.flush()
         except OSError:
             pass  # it died at once: its exit status says why
@@ -437,8 +389,10 @@ def launch(num_proc: int, hosts: Optional[List[Host]], host_flag: str,
             cmd = rank_command(place, env if place.local else dict(forwarded(environ), **env),
                                command, shell, sys.executable, os.getcwd())
             where = "here" if place.local else "through the remote shell"
-            extra = f" with {' '.join(f'{n}={v}' for n, v in env.items())}" if place.local \
-                else ""
+            extra = f" with {' '.join(f'{n}={v}' for n, v in env.items())}"
+            if not place.local:  # and on its standard input, by name only
+                names = sorted(set(forwarded(environ)) - set(env) - set(_INTERPRETER_NAMES))
+                extra += f" and hvdmxrun's {', '.join(names)}" if names else ""
             print(f"rank {place.rank} on {place.host} ({where}){extra}: "
                   f"{describe_command(place, cmd)}")
         return 0

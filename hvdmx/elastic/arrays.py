@@ -1,4 +1,4 @@
-"""The arrays of hvd.elastic's training states (hvdmx/elastic.py's
+"""The arrays of hvd.elastic's training states (hvdmx/elastic/'s
 GluonState and ModuleState): the optimizer's fields and how they travel at
 a sync, how an optimizer state nests (its layout) and is rebuilt from one,
 and _Snapshot, the copies of a list of arrays that a commit keeps."""

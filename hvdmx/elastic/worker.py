@@ -1,5 +1,5 @@
 """An elastic worker's side of the elastic rendezvous (Note [The elastic
-rendezvous] in elastic_service.py): its one connection to the service, the
+rendezvous] in hvdmx/runner/elastic/service.py): its one connection to the service, the
 join that gives it a place in the next generation, and the two questions
 hvd.elastic asks between resets. Pure Python, below basics.
 """
@@ -10,10 +10,9 @@ import struct
 import threading
 from typing import Mapping, Optional, Tuple
 
-from .elastic_launch import SLOT_VARIABLE
-from .elastic_service import generation_answer
-from .rendezvous import StoreGroup, connect
-from .rendezvous_wire import ADDRESS_VARIABLE, Reader, key_from_environment, parse_address
+from hvdmx.rendezvous.elastic_wire import SLOT_VARIABLE, generation_answer
+from hvdmx.rendezvous.client import StoreGroup, connect
+from hvdmx.rendezvous.wire import ADDRESS_VARIABLE, Reader, key_from_environment, parse_address
 
 _lock = threading.Lock()
 _service: Optional[StoreGroup] = None  # the connection to the service, for this process's life

@@ -1,4 +1,4 @@
-"""The seam between ``hvd.elastic`` (hvdmx/elastic.py) and whatever forms the
+"""The seam between ``hvd.elastic`` (hvdmx/elastic/) and whatever forms the
 job's membership. hvd.elastic calls exactly these three functions and nothing
 else of the launch:
 
@@ -32,7 +32,7 @@ Under mpiexec the membership is MPI's world, which cannot change:
 ``reset()`` is ``hvd.shutdown(); hvd.init()`` over the same world, and
 ``hosts_updated()`` answers (False, False) unless a test announced an update
 with ``_announce_hosts_update``. In an elastic job started by hvdmxrun
-(hvdmx/elastic_worker.py), ``reset()`` leaves the generation's group and
+(hvdmx/elastic/worker.py), ``reset()`` leaves the generation's group and
 joins the next one at the launcher's elastic rendezvous, and rank 0's
 ``hosts_updated()`` asks the rendezvous whether workers wait to join.
 """
@@ -43,7 +43,8 @@ from typing import Optional, Tuple
 
 from mxnet.base import MXNetError
 
-from hvdmx import basics, elastic_worker
+from hvdmx import basics
+from hvdmx.elastic import worker as elastic_worker
 
 # skip_sync of a host update announced by _announce_hosts_update; None: none.
 _announced: Optional[bool] = None

@@ -10,7 +10,7 @@ import subprocess
 from dataclasses import dataclass, field
 from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
-from .run_hosts import UsageError
+from hvdmx.runner.hosts import UsageError
 
 # A worker process is one slot of one host: (host, slot index on that host).
 Slot = Tuple[str, int]

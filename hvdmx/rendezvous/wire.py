@@ -1,4 +1,4 @@
-"""The rendezvous's bytes on the wire (hvdmx/rendezvous.py has the
+"""The rendezvous's bytes on the wire (hvdmx/rendezvous/client.py has the
 overview): the names of its variables, their parsing, and one
 authenticated connection's frames.
 

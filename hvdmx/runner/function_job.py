@@ -10,8 +10,8 @@ returns the ranks' return values in rank order; Horovod's ``horovod.run``
 
     accuracies = hvdmx.run_function(train, args=(0.1,), num_proc=2)  # [rank 0's, rank 1's]
 
-The job is an hvdmxrun job: plan_launch (hvdmx/run_launcher.py) builds the MPI
-launcher's command, and every rank runs ``python -m hvdmx.function_job``
+The job is an hvdmxrun job: plan_launch (hvdmx/runner/mpi.py) builds the MPI
+launcher's command, and every rank runs ``python -m hvdmx.runner.function_job``
 (under ``-m hvdmx.as_horovod`` when this process has made ``import horovod``
 give hvdmx, so that the function's ``horovod.mxnet`` is hvdmx there too).
 This process is not a rank; it loads neither MXNet nor MPI. It serves the
@@ -53,9 +53,9 @@ import traceback
 import warnings
 from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple, Union
 
-from hvdmx.run_launcher import PROG, job_environ, launcher_environ, mpi_without_init, \
+from hvdmx.runner.mpi import PROG, job_environ, launcher_environ, mpi_without_init, \
     plan_launch, split_mpi_args
-from hvdmx.run_hosts import Host, UsageError, format_hosts, is_this_host, parse_hosts, \
+from hvdmx.runner.hosts import Host, UsageError, format_hosts, is_this_host, parse_hosts, \
     read_hostfile, resolve_num_proc
 
 ADDRESSES_VARIABLE = "HVDMX_FUNCTION_JOB_ADDRESSES"
@@ -188,18 +188,19 @@ def _cloudpickle():
 
 
 def _rank_main() -> int:
-    """The program every rank runs (python -m hvdmx.function_job)."""
+    """The program every rank runs (python -m hvdmx.runner.function_job)."""
     addresses = os.environ.get(ADDRESSES_VARIABLE)
     key = _secret_key(os.environ)
     if not addresses or key is None:
-        print(f"hvdmx.function_job: {ADDRESSES_VARIABLE} and HVDMX_SECRET_KEY are not both set; "
-              "this program is started by hvdmx.run_function, not by hand", file=sys.stderr)
+        print(f"hvdmx.runner.function_job: {ADDRESSES_VARIABLE} and HVDMX_SECRET_KEY are "
+              "not both set; this program is started by hvdmx.run_function, not by hand",
+              file=sys.stderr)
         return 2
     try:
         rank = _world_rank(os.environ)
         sock = _connect(addresses, key)
     except (RuntimeError, ConnectionError) as error:
-        print(f"hvdmx.function_job: {error}", file=sys.stderr)
+        print(f"hvdmx.runner.function_job: {error}", file=sys.stderr)
         return 2
     with sock:
         _send_frame(sock, pickle.dumps(("hello", rank, socket.gethostname(), os.getpid())))
@@ -314,8 +315,8 @@ def _rank_command(executable: Optional[str]) -> List[str]:
     alias = getattr(sys.modules.get("horovod"), "_hvdmx_alias", False)
     # Under hvdmx.as_horovod here, under it on the ranks too: the function
     # may use horovod.mxnet, which only the alias makes hvdmx.
-    return [python, "-m", "hvdmx.as_horovod", "-m", "hvdmx.function_job"] if alias \
-        else [python, "-m", "hvdmx.function_job"]
+    return [python, "-m", "hvdmx.as_horovod", "-m", "hvdmx.runner.function_job"] if alias \
+        else [python, "-m", "hvdmx.runner.function_job"]
 
 
 def _no_mpi_command(num_proc: int, hosts: Optional[List[Host]],
@@ -326,7 +327,7 @@ def _no_mpi_command(num_proc: int, hosts: Optional[List[Host]],
     (use_gloo=True): hvdmxrun runs in a process of its own, so that the job
     is ended as the MPI launcher's is (_stop). It finds hvdmx where this
     process found it."""
-    cmd = [sys.executable, "-m", "hvdmx.run", "--no-mpi", "-np", str(num_proc)]
+    cmd = [sys.executable, "-m", "hvdmx.runner.launch", "--no-mpi", "-np", str(num_proc)]
     if hosts:
         cmd += ["-H", format_hosts(hosts)]
     if network_interface:
@@ -546,7 +547,7 @@ def run_function(fn: Callable[..., Any], args: Sequence[Any] = (),
                          "but use_gloo=True starts the ranks without it; drop one of them")
 
     if not no_mpi:
-        mpi_without_init()  # this process is no rank (see hvdmx/run_launcher.py)
+        mpi_without_init()  # this process is no rank (see hvdmx/runner/mpi.py)
     environ = job_environ(environ)
     key = _secret_key(environ)
     assert key is not None  # job_environ made one if there was none

@@ -1,6 +1,6 @@
 """hvdmxrun's MPI launcher: which one, the command that starts N ranks
 through it, and the environment it runs in. Below the facade (see the
-layers in hvdmx/__init__.py), so that hvdmxrun (run.py) and
+layers in hvdmx/__init__.py), so that hvdmxrun (launch.py) and
 hvdmx.run_function (function_job.py) both start their jobs with it.
 
 Everything here but detect_launcher, plan_launch and the helpers that load
@@ -20,8 +20,8 @@ import sys
 from dataclasses import dataclass
 from typing import Dict, List, Mapping, Optional, Sequence, Tuple
 
-from ._mpi import mpi_family
-from .run_hosts import Host, UsageError, check_remote_starts, format_hosts, \
+from hvdmx._mpi import mpi_family
+from hvdmx.runner.hosts import Host, UsageError, check_remote_starts, format_hosts, \
     unresolved_hosts, unused_hosts
 
 

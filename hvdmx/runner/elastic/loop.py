@@ -8,7 +8,7 @@ hosts, watches them, and keeps the job going while hosts fail and come
   shell's 128 + N) is a failed host: the host is blacklisted (with the
   cooldown of --blacklist-cooldown-range, else for good), its other workers
   are stopped, and the survivors, whose collectives failed, join a new
-  generation (elastic_membership.py).
+  generation (membership.py).
 - A worker that exits with any other status failed in the training script:
   that is the user's error, not the machine's, so it is not retried; every
   worker is stopped and hvdmxrun exits with that status.
@@ -26,15 +26,11 @@ import sys
 import time
 from typing import Callable, Dict, List, Mapping, Optional
 
-from .elastic_hosts import HostManager, Slot, slots_of
-from .elastic_membership import Membership
-from .run_hosts import UsageError
+from hvdmx.runner.elastic.hosts import HostManager, Slot, slots_of
+from hvdmx.rendezvous.elastic_wire import SLOT_VARIABLE
+from hvdmx.runner.elastic.membership import Membership
+from hvdmx.runner.hosts import UsageError
 
-# What a worker's environment says of it: which slot it is (host:index).
-SLOT_VARIABLE = "HVDMX_ELASTIC_SLOT"
-# What the workers' hvd.elastic.run reads: the resets it may do (hvdmxrun
-# --reset-limit; hvdmx/elastic.py).
-RESET_LIMIT_VARIABLE = "HVDMX_ELASTIC_RESET_LIMIT"
 
 StartWorker = Callable[[Slot, Mapping[str, str]], subprocess.Popen]
 

@@ -1,8 +1,8 @@
 """hvdmxrun's elastic job (--min-np, --max-np, --host-discovery-script):
 the workers are started without MPI, as --no-mpi starts ranks
-(run_nompi.py: the bootstrap, the key on standard input, tagged output),
-but each learns its rank at the elastic rendezvous (elastic_service.py) at
-every reset, and elastic_launch.ElasticLauncher keeps the job going while
+(hvdmx/runner/nompi.py: the bootstrap, the key on standard input, tagged output),
+but each learns its rank at the elastic rendezvous (service.py) at
+every reset, and loop.ElasticLauncher keeps the job going while
 hosts fail and come. docs/elastic.md has the model.
 
     hvdmxrun -np 3 --min-np 2 -H a:1,b:1,c:1 python train.py
@@ -18,13 +18,14 @@ import time
 from dataclasses import dataclass
 from typing import Dict, List, Mapping, Optional, Sequence, Tuple
 
-from .elastic_hosts import HostManager, Slot, run_discovery_script
-from .elastic_launch import RESET_LIMIT_VARIABLE, ElasticLauncher
-from .elastic_membership import Membership
-from .elastic_service import ElasticService
-from .rendezvous_wire import ADDRESS_VARIABLE
-from .run_hosts import Host, UsageError, is_this_host
-from .run_nompi import NoMpiJob, Placement, remote_shell
+from hvdmx.runner.elastic.hosts import HostManager, Slot, run_discovery_script
+from hvdmx.rendezvous.elastic_wire import RESET_LIMIT_VARIABLE
+from hvdmx.runner.elastic.loop import ElasticLauncher
+from hvdmx.runner.elastic.membership import Membership
+from hvdmx.runner.elastic.service import ElasticService
+from hvdmx.rendezvous.wire import ADDRESS_VARIABLE
+from hvdmx.runner.hosts import Host, UsageError, is_this_host
+from hvdmx.runner.nompi import NoMpiJob, Placement, remote_shell
 
 # How long a generation waits for a live worker that has not asked to join
 # (its host cut off) once --min-np have: seconds (HVDMX_ELASTIC_JOIN_WINDOW).

@@ -1,6 +1,6 @@
 """The rendezvous server: runs in hvdmxrun --no-mpi (a thread of the
 launcher) and serves the collectives of the job's groups
-(hvdmx/rendezvous.py has the overview, hvdmx/rendezvous_wire.py the bytes).
+(hvdmx/rendezvous/client.py has the overview, hvdmx/rendezvous/wire.py the bytes).
 
 Note [Collectives at the server]
 A group is a scope name and the list of its members' ranks in the job,
@@ -33,7 +33,7 @@ import threading
 import time
 from typing import Callable, Dict, List, Optional, Tuple
 
-from .rendezvous_wire import FRAME_OVERHEAD, HANDSHAKE_SECONDS, KEY_BYTES, MAC_BYTES, MAGIC, \
+from hvdmx.rendezvous.wire import FRAME_OVERHEAD, HANDSHAKE_SECONDS, KEY_BYTES, MAC_BYTES, MAGIC, \
     MAX_HOST_BYTES, MAX_POST_BYTES, MAX_RESULT_BYTES, MAX_SCOPE_BYTES, MAX_STRANGERS, NONCE, \
     SEND_SECONDS, TIMEOUT_VARIABLE, Channel, ProtocolError, Reader, drop, mac, pack_bytes, \
     pack_str, parse_timeout, peer_name, receive_exactly

@@ -5,7 +5,7 @@ Note [The elastic rendezvous]
 An elastic worker does not know its rank: it knows its slot, the host and
 index hvdmxrun started it for (HVDMX_ELASTIC_SLOT). It connects to this
 service (the same handshake, key and frames as the static rendezvous,
-Note [The rendezvous protocol] in rendezvous_wire.py, saying size 0 and its
+Note [The rendezvous protocol] in hvdmx/rendezvous/wire.py, saying size 0 and its
 slot in the hello) and keeps that connection for its life. Its requests:
 
     b"J" str scope, u64 seq                  join the next generation
@@ -16,7 +16,7 @@ and the answers (same scope and seq; b"E" an error, as there):
     b"U" ... u8 0/1
     b"Z" ...
 
-A join blocks until elastic_membership.Membership forms a generation with
+A join blocks until membership.Membership forms a generation with
 the worker in it. Each generation gets a static RendezvousServer of its own
 (on another port of the same address), over which the worker's hvd.init()
 then runs as rank `rank` of `size`: everything the static job does, a
@@ -26,14 +26,14 @@ from __future__ import annotations
 
 import struct
 import threading
-from typing import Callable, Dict, List, Optional, Tuple
+from typing import Callable, Dict, List, Optional
 
-from .elastic_hosts import Slot
-from .elastic_membership import Membership, MembershipError
-from .rendezvous_server import RendezvousServer, _Member
-from .rendezvous_wire import MAX_SCOPE_BYTES, Channel, ProtocolError, Reader, pack_str
+from hvdmx.runner.elastic.hosts import Slot
+from hvdmx.runner.elastic.membership import Membership, MembershipError
+from hvdmx.rendezvous.server import RendezvousServer, _Member
+from hvdmx.rendezvous.elastic_wire import SCOPE
+from hvdmx.rendezvous.wire import MAX_SCOPE_BYTES, Channel, ProtocolError, Reader, pack_str
 
-SCOPE = "elastic"
 
 
 class ElasticService(RendezvousServer):
@@ -131,11 +131,4 @@ def _error(scope: str, seq: int, text: str) -> bytes:
     return b"E" + pack_str(scope) + struct.pack("!Q", seq) + pack_str(text)
 
 
-def generation_answer(r: Reader) -> Tuple[int, int, int, int]:
-    """(generation, rank, size, port) of a join's answer."""
-    out = r.unpack("IIIH")
-    r.end()
-    return out
-
-
-__all__: List[str] = ["ElasticService", "SCOPE", "generation_answer"]
+__all__: List[str] = ["ElasticService"]

@@ -1,0 +1,11 @@
+"""What hvdmx.spark takes from the launcher's modules (the function job, the
+rank's bootstrap, the rendezvous server): every import from them is here, so
+that a move of those modules changes this file only."""
+from hvdmx.runner.function_job import ADDRESSES_VARIABLE, RemoteTraceback, _connect, \
+    _cloudpickle, _outcome_of_error, _prove_launcher, _raise_for, _receive_frame, \
+    _send_frame, _Server  # noqa: F401
+from hvdmx.runner.function_job import _stop as _stop_launcher  # noqa: F401
+from hvdmx.rendezvous.server import RendezvousServer  # noqa: F401
+from hvdmx.rendezvous.wire import ADDRESS_VARIABLE, KEY_VARIABLES  # noqa: F401
+from hvdmx.runner.bootstrap import variables_line  # noqa: F401
+from hvdmx.runner.nompi import BOOTSTRAP, Placement, rank_env  # noqa: F401
