@@ -52,3 +52,51 @@ def test_no_file_over_the_line_cap():
             if lines > MAX_LINES:
                 long.append(f"{layer}/{name}: {lines} lines")
     assert not long, f"files over {MAX_LINES} lines:\n" + "\n".join(long)
+
+
+def system_includes(path):
+    return re.findall(r"^#include <([^>]+)>", open(path).read(), re.M)
+
+
+def layer_files(layer):
+    folder = os.path.join(CSRC, layer)
+    return [os.path.join(folder, name) for name in sorted(os.listdir(folder))]
+
+
+# MPI is one transport among several: its calls live in comm/mpi_comm.*, and
+# the choice of what runs over it in job/ (csrc/hvdmx/README.md). The rest of
+# the core, shm/ above all, works over any Comm or Group.
+MPI_MAY_BE_INCLUDED_BY = ("comm/mpi_comm.h", "comm/mpi_comm.cc")
+MPI_LAYERS = ("job",)
+
+
+def mpi_includers():
+    found = []
+    for layer in layer_order():
+        for path in layer_files(layer):
+            rel = os.path.relpath(path, CSRC)
+            if "mpi.h" in system_includes(path) or "comm/mpi_comm.h" in includes(path):
+                found.append(rel)
+    return found
+
+
+def test_only_the_mpi_comm_and_the_job_reach_mpi():
+    wrong = [rel for rel in mpi_includers()
+             if rel not in MPI_MAY_BE_INCLUDED_BY and rel.split("/")[0] not in MPI_LAYERS]
+    assert not wrong, "files that include <mpi.h> or comm/mpi_comm.h outside comm/mpi_comm.* " \
+                      "and job/:\n" + "\n".join(wrong)
+    # The rule has something to see: the job does reach MPI.
+    assert any(rel.startswith("job/") for rel in mpi_includers())
+
+
+def test_python_holds_only_bindings():
+    # Every file of python/ is pybind11's (the job it binds is job/'s), and
+    # no layer below it knows pybind11.
+    not_bindings = [os.path.relpath(p, CSRC) for p in layer_files("python")
+                    if not any(inc.startswith("pybind11/") for inc in system_includes(p))
+                    and not any(inc.startswith("python/") for inc in includes(p))]
+    assert not not_bindings, f"files in python/ that are not bindings: {not_bindings}"
+    below = [os.path.relpath(p, CSRC) for layer in layer_order()
+             if layer not in ("python", "testing") for p in layer_files(layer)
+             if any(inc.startswith("pybind11/") for inc in system_includes(p))]
+    assert not below, f"files outside python/ and testing/ that include pybind11: {below}"

@@ -1,11 +1,8 @@
 #include "algorithms/adasum.h"
 
-#include <unistd.h>
-
 #include <algorithm>
 #include <cstring>
 
-#include "algorithms/bruck.h"
 #include "algorithms/reduce_kernels.h"
 #include "base/float_formats.h"
 #include "comm/p2p_comm.h"
@@ -14,14 +11,14 @@ namespace hvdmx {
 namespace {
 
 // Sends `send_bytes` from `send` to `peer` while receiving `recv_bytes`
-// from it into `recv`, in messages of at most Comm::kMaxMessageBytes; the
+// from it into `recv`, in messages of at most DataComm::kMaxMessageBytes; the
 // peer makes the mirror call. Either side may be empty.
-void Exchange(Comm& comm, int peer, const void* send, int64_t send_bytes, void* recv,
+void Exchange(DataComm& comm, int peer, const void* send, int64_t send_bytes, void* recv,
               int64_t recv_bytes) {
-  std::vector<Comm::Request> requests;
+  std::vector<DataComm::Request> requests;
   PostRecvPieces(comm, static_cast<char*>(recv), recv_bytes, peer, &requests);
   PostSendPieces(comm, static_cast<const char*>(send), send_bytes, peer, &requests);
-  for (Comm::Request request : requests) comm.Wait(request);
+  for (DataComm::Request request : requests) comm.Wait(request);
 }
 
 // Elements [lo, hi) of the fused buffer.
@@ -74,7 +71,7 @@ class Run {
   using T = typename F::Storage;
   using P = Pairwise<F>;
 
-  Run(Comm& comm, const std::vector<int>& group, T* buf, const std::vector<int64_t>& counts,
+  Run(DataComm& comm, const std::vector<int>& group, T* buf, const std::vector<int64_t>& counts,
       AdasumScratch* scratch)
       : comm_(comm), group_(group), buf_(buf), scratch_(*scratch) {
     std::vector<int64_t>& starts = scratch_.starts;
@@ -188,7 +185,7 @@ class Run {
     }
   }
 
-  Comm& comm_;
+  DataComm& comm_;
   const std::vector<int>& group_;
   T* buf_;
   AdasumScratch& scratch_;
@@ -200,8 +197,8 @@ class Run {
 };
 
 template <typename F>
-void RunOn(Comm& comm, const std::vector<int>& group, void* buf, const std::vector<int64_t>& counts,
-           AdasumScratch* scratch) {
+void RunOn(DataComm& comm, const std::vector<int>& group, void* buf,
+           const std::vector<int64_t>& counts, AdasumScratch* scratch) {
   Run<F>(comm, group, static_cast<typename F::Storage*>(buf), counts, scratch).Execute();
 }
 
@@ -212,7 +209,7 @@ bool AdasumSupports(DataType dtype) {
          dtype == DataType::kFloat32 || dtype == DataType::kFloat64;
 }
 
-void AdasumAllreduce(Comm& comm, const std::vector<int>& group, void* buf,
+void AdasumAllreduce(DataComm& comm, const std::vector<int>& group, void* buf,
                      const std::vector<int64_t>& counts, DataType dtype, AdasumScratch* scratch) {
   std::vector<int> everyone;
   if (group.empty()) {
@@ -229,39 +226,14 @@ void AdasumAllreduce(Comm& comm, const std::vector<int>& group, void* buf,
   HVDMX_CHECK(false, "Adasum of " + DataTypeName(dtype) + " (the Python layer refuses it)");
 }
 
-namespace {
-
-// A host key as it travels: its first kMaxHostKeyBytes bytes, padded with zeros.
-std::string PaddedKey(const std::string& key) {
-  std::string padded(static_cast<size_t>(kMaxHostKeyBytes), '\0');
-  std::memcpy(&padded[0], key.data(), std::min<size_t>(key.size(), kMaxHostKeyBytes));
-  return padded;
-}
-
-}  // namespace
-
-AdasumHosts AdasumHostsFromKeys(const std::vector<std::string>& keys, int rank) {
-  const int n = static_cast<int>(keys.size());
-  std::vector<std::string> padded;
-  for (const std::string& key : keys) padded.push_back(PaddedKey(key));
-  AdasumHosts hosts;
-  for (int r = 0; r < n; ++r) {
-    if (padded[r] == padded[rank]) hosts.mine.push_back(r);
-    bool first = true;  // the lowest rank with its key
-    for (int q = 0; q < r && first; ++q) first = padded[q] != padded[r];
-    if (first) hosts.leaders.push_back(r);
-  }
-  return hosts;
-}
-
-std::vector<int> AdasumHierarchicalPeers(const std::vector<std::string>& keys, int rank) {
-  const AdasumHosts hosts = AdasumHostsFromKeys(keys, rank);
-  const int leader = hosts.mine.front();
+std::vector<int> AdasumHierarchicalPeers(const HostMap& hosts, int rank) {
+  const std::vector<int>& mine = hosts.host_ranks(rank);
+  const int leader = mine.front();
   if (rank != leader) return {leader};
-  std::vector<int> peers(hosts.mine.begin() + 1, hosts.mine.end());
+  std::vector<int> peers(mine.begin() + 1, mine.end());
   // AdasumAllreduce's partners among the leaders (Run::Execute folds and
   // halves as the bit-and doubles).
-  const std::vector<int>& group = hosts.leaders;
+  const std::vector<int> group = hosts.leaders();
   const int me = static_cast<int>(std::find(group.begin(), group.end(), rank) - group.begin());
   for (int j : P2PComm::DoublingPartners(me, static_cast<int>(group.size()))) {
     peers.push_back(group[j]);
@@ -270,60 +242,28 @@ std::vector<int> AdasumHierarchicalPeers(const std::vector<std::string>& keys, i
   return peers;
 }
 
-AdasumHosts FindAdasumHosts(Comm& comm, const std::string& host_key) {
-  const int n = comm.size();
-  std::vector<char> keys(static_cast<size_t>(n) * kMaxHostKeyBytes, 0);
-  char* mine = keys.data() + static_cast<size_t>(comm.rank()) * kMaxHostKeyBytes;
-  std::memcpy(mine, PaddedKey(host_key).data(), kMaxHostKeyBytes);
-  if (comm.LinksEveryPair()) {
-    std::vector<Comm::Request> requests;
-    for (int r = 0; r < n; ++r) {
-      if (r == comm.rank()) continue;
-      requests.push_back(
-          comm.IRecv(keys.data() + static_cast<size_t>(r) * kMaxHostKeyBytes, kMaxHostKeyBytes, r));
-      requests.push_back(comm.ISend(mine, kMaxHostKeyBytes, r));
-    }
-    for (Comm::Request request : requests) comm.Wait(request);
-  } else {
-    BruckAllgather(comm, keys.data(), kMaxHostKeyBytes);
-  }
-  std::vector<std::string> all;
-  for (int r = 0; r < n; ++r) {
-    all.emplace_back(keys.data() + static_cast<size_t>(r) * kMaxHostKeyBytes, kMaxHostKeyBytes);
-  }
-  return AdasumHostsFromKeys(all, comm.rank());
-}
-
-std::string AdasumHostKey(const Config& config, int rank) {
-  if (config.testing_ranks_per_host > 0) {
-    return "testing host " + std::to_string(rank / config.testing_ranks_per_host);
-  }
-  char name[kMaxHostKeyBytes + 1] = {};
-  if (gethostname(name, kMaxHostKeyBytes) != 0) return "unnamed host";
-  return name;
-}
-
-void HierarchicalAdasumAllreduce(Comm& comm, const AdasumHosts& hosts, void* buf,
+void HierarchicalAdasumAllreduce(DataComm& comm, const HostMap& hosts, void* buf,
                                  const std::vector<int64_t>& counts, DataType dtype,
                                  AdasumScratch* scratch) {
   int64_t total = 0;
   for (int64_t count : counts) total += count;
   const int64_t bytes = total * static_cast<int64_t>(DataTypeSize(dtype));
-  const int leader = hosts.mine.front();
+  const std::vector<int>& mine = hosts.host_ranks(comm.rank());
+  const int leader = mine.front();
   if (comm.rank() != leader) {
     Exchange(comm, leader, buf, bytes, nullptr, 0);
     Exchange(comm, leader, nullptr, 0, buf, bytes);
     return;
   }
   scratch->received.resize(std::max<size_t>(scratch->received.size(), bytes));
-  for (size_t i = 1; i < hosts.mine.size(); ++i) {
-    Exchange(comm, hosts.mine[i], nullptr, 0, scratch->received.data(), bytes);
+  for (size_t i = 1; i < mine.size(); ++i) {
+    Exchange(comm, mine[i], nullptr, 0, scratch->received.data(), bytes);
     ReduceInto(buf, scratch->received.data(), total, dtype, ReduceOp::kSum);
   }
-  ScaleBuffer(buf, total, dtype, 1.0 / static_cast<double>(hosts.mine.size()));
-  AdasumAllreduce(comm, hosts.leaders, buf, counts, dtype, scratch);
-  for (size_t i = 1; i < hosts.mine.size(); ++i) {
-    Exchange(comm, hosts.mine[i], buf, bytes, nullptr, 0);
+  ScaleBuffer(buf, total, dtype, 1.0 / static_cast<double>(mine.size()));
+  AdasumAllreduce(comm, hosts.leaders(), buf, counts, dtype, scratch);
+  for (size_t i = 1; i < mine.size(); ++i) {
+    Exchange(comm, mine[i], buf, bytes, nullptr, 0);
   }
 }
 

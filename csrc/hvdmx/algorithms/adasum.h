@@ -48,7 +48,7 @@
 
 #include "base/common.h"
 #include "comm/comm.h"
-#include "config/env_config.h"
+#include "comm/host_map.h"
 
 namespace hvdmx {
 
@@ -69,48 +69,27 @@ bool AdasumSupports(DataType dtype);
 // `dtype` (AdasumSupports). `group` lists the comm ranks taking part, this
 // rank among them; empty means every rank of the comm in rank order. Every
 // rank of the group calls it with the same counts and dtype.
-void AdasumAllreduce(Comm& comm, const std::vector<int>& group, void* buf,
+void AdasumAllreduce(DataComm& comm, const std::vector<int>& group, void* buf,
                      const std::vector<int64_t>& counts, DataType dtype, AdasumScratch* scratch);
 
-// Which ranks of a comm share this rank's host, for the hierarchical
-// variant.
-struct AdasumHosts {
-  std::vector<int> mine;     // the ranks of this rank's host, ascending
-  std::vector<int> leaders;  // the lowest rank of each host, ascending
-};
-
-// Every rank's `host_key` (its first kMaxHostKeyBytes bytes; equal keys: one
-// host), exchanged with every other rank of `comm` once (directly, or by
-// Bruck's allgather where the comm does not link every pair); all ranks
-// call it.
-constexpr int64_t kMaxHostKeyBytes = 256;
-AdasumHosts FindAdasumHosts(Comm& comm, const std::string& host_key);
-
-// What tells hosts apart for the hierarchical Adasum: the host's name, or
-// under HVDMX_TESTING_RANKS_PER_HOST the pretend host's number (as
-// shm_segment.cc splits the ranks); `rank` is the rank in the comm.
-std::string AdasumHostKey(const Config& config, int rank);
-
-// The hosts as FindAdasumHosts finds them, from every rank's key (index =
-// rank), as `rank` sees them.
-AdasumHosts AdasumHostsFromKeys(const std::vector<std::string>& keys, int rank);
-
-// The ranks the hierarchical Adasum makes `rank` talk to, from every rank's
-// key: a host's leader and its other ranks, and the leaders that are
-// partners in AdasumAllreduce over the leaders (folding, and halving at
-// every distance). Symmetric. A data comm that does not link every pair
-// adds these to its links when HVDMX_ADASUM_HIERARCHICAL=1 (Note [The data
+// The ranks the hierarchical Adasum makes `rank` talk to, given which
+// ranks of the comm share a host (`hosts`, as the job found them at init):
+// a host's leader and its other ranks, and the leaders that are partners in
+// AdasumAllreduce over the leaders (folding, and halving at every
+// distance). Symmetric. A data comm that does not link every pair adds
+// these to its links when HVDMX_ADASUM_HIERARCHICAL=1 (Note [The data
 // comm's links] in comm/p2p_comm.h): which ranks share a host is no
 // function of the rank.
-std::vector<int> AdasumHierarchicalPeers(const std::vector<std::string>& keys, int rank);
+std::vector<int> AdasumHierarchicalPeers(const HostMap& hosts, int rank);
 
 // The hierarchical variant (HVDMX_ADASUM_HIERARCHICAL=1), as Horovod's GPU
 // Adasum: each host's ranks send their buffers to its leader, which sums
 // them in rank order and divides by the host's rank count (the host's
 // average); the leaders combine their averages by AdasumAllreduce; each
 // leader sends the result back to its host's ranks. Bitwise identical on
-// every rank as above; with one host it is the average.
-void HierarchicalAdasumAllreduce(Comm& comm, const AdasumHosts& hosts, void* buf,
+// every rank as above; with one host it is the average. `hosts` says
+// which ranks of the comm share a host.
+void HierarchicalAdasumAllreduce(DataComm& comm, const HostMap& hosts, void* buf,
                                  const std::vector<int64_t>& counts, DataType dtype,
                                  AdasumScratch* scratch);
 

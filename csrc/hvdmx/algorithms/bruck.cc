@@ -7,8 +7,8 @@ namespace hvdmx {
 namespace {
 
 // PostSendPieces or PostRecvPieces (comm/comm.h).
-void PostPieces(Comm& comm, bool send, char* buf, int64_t bytes, int peer,
-                std::vector<Comm::Request>* requests) {
+void PostPieces(DataComm& comm, bool send, char* buf, int64_t bytes, int peer,
+                std::vector<DataComm::Request>* requests) {
   if (send) {
     PostSendPieces(comm, buf, bytes, peer, requests);
   } else {
@@ -16,14 +16,14 @@ void PostPieces(Comm& comm, bool send, char* buf, int64_t bytes, int peer,
   }
 }
 
-void WaitAll(Comm& comm, const std::vector<Comm::Request>& requests) {
-  for (Comm::Request request : requests) comm.Wait(request);
+void WaitAll(DataComm& comm, const std::vector<DataComm::Request>& requests) {
+  for (DataComm::Request request : requests) comm.Wait(request);
 }
 
 // Posts the transfer of slots first, first + 1, ..., first + count - 1
 // (mod n) of `slots`: at most two runs, split where the range wraps.
-void PostSlots(Comm& comm, bool send, char* slots, int64_t block_bytes, int first, int count, int n,
-               int peer, std::vector<Comm::Request>* requests) {
+void PostSlots(DataComm& comm, bool send, char* slots, int64_t block_bytes, int first, int count,
+               int n, int peer, std::vector<DataComm::Request>* requests) {
   const int run = std::min(count, n - first);
   PostPieces(comm, send, slots + first * block_bytes, run * block_bytes, peer, requests);
   if (run < count) PostPieces(comm, send, slots, (count - run) * block_bytes, peer, requests);
@@ -31,10 +31,10 @@ void PostSlots(Comm& comm, bool send, char* slots, int64_t block_bytes, int firs
 
 }  // namespace
 
-void BruckAllgather(Comm& comm, char* slots, int64_t block_bytes) {
+void BruckAllgather(DataComm& comm, char* slots, int64_t block_bytes) {
   const int n = comm.size();
   const int me = comm.rank();
-  std::vector<Comm::Request> requests;
+  std::vector<DataComm::Request> requests;
   for (int step = 1; step < n; step *= 2) {
     const int count = std::min(step, n - step);
     requests.clear();
@@ -66,7 +66,7 @@ void BruckAllgather(Comm& comm, char* slots, int64_t block_bytes) {
 // ceil(log2 n) / 2 times its bytes (each block moves once per bit of its
 // index), where the direct exchange sends them once: the price of linking
 // with 2 log2 n ranks instead of n - 1.
-void Alltoall(Comm& comm, const char* in, char* out, const std::vector<int64_t>& bytes,
+void Alltoall(DataComm& comm, const char* in, char* out, const std::vector<int64_t>& bytes,
               AlltoallScratch* scratch) {
   const int n = comm.size();
   const int me = comm.rank();
@@ -76,7 +76,7 @@ void Alltoall(Comm& comm, const char* in, char* out, const std::vector<int64_t>&
     in_at[j + 1] = in_at[j] + size_of(me, j);
     out_at[j + 1] = out_at[j] + size_of(j, me);
   }
-  std::vector<Comm::Request> requests;
+  std::vector<DataComm::Request> requests;
   if (comm.LinksEveryPair()) {
     // Every pair directly: all receives, then all sends, then this rank's
     // own block (the peers can start reading ours while we copy).

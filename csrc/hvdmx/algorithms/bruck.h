@@ -29,7 +29,7 @@ namespace hvdmx {
 // r - 2^k, so that after it rank r holds r ... r + 2^(k+1) - 1. Each rank
 // receives each other rank's block once: (n - 1) blocks, as a direct
 // exchange does, in ceil(log2 n) latencies instead of one.
-void BruckAllgather(Comm& comm, char* slots, int64_t block_bytes);
+void BruckAllgather(DataComm& comm, char* slots, int64_t block_bytes);
 
 // Buffers reused between alltoalls.
 struct AlltoallScratch {
@@ -49,7 +49,7 @@ struct AlltoallScratch {
 // so the outputs are bitwise the same. Every message's size is known to
 // its receiver from the matrix, and a peer that sends another fails the
 // comm (PeerProtocolError naming it).
-void Alltoall(Comm& comm, const char* in, char* out, const std::vector<int64_t>& bytes,
+void Alltoall(DataComm& comm, const char* in, char* out, const std::vector<int64_t>& bytes,
               AlltoallScratch* scratch);
 
 }  // namespace hvdmx

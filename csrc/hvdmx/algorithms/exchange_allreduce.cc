@@ -7,7 +7,7 @@
 
 namespace hvdmx {
 
-void ExchangeAllreduce(Comm& comm, void* buf, int64_t count, DataType dtype, ReduceOp op,
+void ExchangeAllreduce(DataComm& comm, void* buf, int64_t count, DataType dtype, ReduceOp op,
                        std::vector<char>* scratch) {
   const int n = comm.size();
   const int me = comm.rank();
@@ -20,13 +20,13 @@ void ExchangeAllreduce(Comm& comm, void* buf, int64_t count, DataType dtype, Red
     return j == me ? static_cast<const char*>(buf) : slots + static_cast<size_t>(bytes) * j;
   };
   if (comm.LinksEveryPair()) {
-    std::vector<Comm::Request> requests;
+    std::vector<DataComm::Request> requests;
     requests.reserve(2 * static_cast<size_t>(n));
     for (int j = 0; j < n; ++j) {
       if (j != me) requests.push_back(comm.IRecv(slots + static_cast<size_t>(bytes) * j, bytes, j));
     }
     for (int k = 1; k < n; ++k) requests.push_back(comm.ISend(buf, bytes, (me + k) % n));
-    for (Comm::Request r : requests) comm.Wait(r);
+    for (DataComm::Request r : requests) comm.Wait(r);
   } else {
     if (bytes > 0) std::memcpy(slots + static_cast<size_t>(bytes) * me, buf, bytes);
     BruckAllgather(comm, slots, bytes);

@@ -29,7 +29,7 @@ inline bool ExchangeAllreduceFits(int64_t bytes, int size) {
 
 // In place; Average is reduced as Sum (the caller scales). `scratch` is
 // reused between calls.
-void ExchangeAllreduce(Comm& comm, void* buf, int64_t count, DataType dtype, ReduceOp op,
+void ExchangeAllreduce(DataComm& comm, void* buf, int64_t count, DataType dtype, ReduceOp op,
                        std::vector<char>* scratch);
 
 }  // namespace hvdmx

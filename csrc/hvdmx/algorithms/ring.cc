@@ -31,7 +31,7 @@ int Mod(int a, int n) { return ((a % n) + n) % n; }
 // combines each with this rank's elements (and may change the scratch);
 // without, they are received straight into place.
 template <typename Fold>
-void RingStep(Comm& comm, char* base, const int64_t* starts, int64_t elem, int64_t seg_elems,
+void RingStep(DataComm& comm, char* base, const int64_t* starts, int64_t elem, int64_t seg_elems,
               int send_c, int recv_c, bool reduce, RingScratch* scratch, Fold&& fold) {
   const int n = comm.size();
   const int right = (comm.rank() + 1) % n;
@@ -57,8 +57,8 @@ void RingStep(Comm& comm, char* base, const int64_t* starts, int64_t elem, int64
                       right);
   };
 
-  Comm::Request recv_req[2] = {0, 0};
-  Comm::Request send_req[2] = {0, 0};
+  DataComm::Request recv_req[2] = {0, 0};
+  DataComm::Request send_req[2] = {0, 0};
   for (int64_t k = 0; k < std::min<int64_t>(2, recv_segs); ++k) recv_req[k] = post_recv(k);
   for (int64_t k = 0; k < std::min<int64_t>(2, send_segs); ++k) send_req[k] = post_send(k);
 
@@ -77,13 +77,13 @@ void RingStep(Comm& comm, char* base, const int64_t* starts, int64_t elem, int64
 
 int64_t SegmentElems(int64_t segment_bytes, DataType dtype) {
   const int64_t elem = static_cast<int64_t>(DataTypeSize(dtype));
-  return std::max<int64_t>(1, std::min(segment_bytes, Comm::kMaxMessageBytes) / elem);
+  return std::max<int64_t>(1, std::min(segment_bytes, DataComm::kMaxMessageBytes) / elem);
 }
 
 // Reduce-scatter steps: afterwards rank r holds the finished chunk r + shift.
 // fold_for_step(s) is step s's fold (see RingStep).
 template <typename FoldForStep>
-void ReduceScatterSteps(Comm& comm, char* base, const int64_t* starts, int64_t elem,
+void ReduceScatterSteps(DataComm& comm, char* base, const int64_t* starts, int64_t elem,
                         int64_t seg_elems, int shift, RingScratch* scratch,
                         FoldForStep&& fold_for_step) {
   const int n = comm.size();
@@ -96,8 +96,8 @@ void ReduceScatterSteps(Comm& comm, char* base, const int64_t* starts, int64_t e
 }
 
 // The reduce-scatter in the dtype: own = own OP received.
-void ReduceScatterSteps(Comm& comm, char* base, const int64_t* starts, DataType dtype, ReduceOp op,
-                        int64_t seg_elems, int shift, RingScratch* scratch) {
+void ReduceScatterSteps(DataComm& comm, char* base, const int64_t* starts, DataType dtype,
+                        ReduceOp op, int64_t seg_elems, int shift, RingScratch* scratch) {
   const int64_t elem = static_cast<int64_t>(DataTypeSize(dtype));
   ReduceScatterSteps(comm, base, starts, elem, seg_elems, shift, scratch, [&](int) {
     return [&](const char* received, int64_t first, int64_t len) {
@@ -107,7 +107,7 @@ void ReduceScatterSteps(Comm& comm, char* base, const int64_t* starts, DataType 
 }
 
 // Allgather steps, starting from rank r holding chunk r + shift.
-void AllgatherSteps(Comm& comm, char* base, const int64_t* starts, DataType dtype,
+void AllgatherSteps(DataComm& comm, char* base, const int64_t* starts, DataType dtype,
                     int64_t seg_elems, int shift, RingScratch* scratch) {
   const int n = comm.size();
   const int r = comm.rank();
@@ -120,7 +120,7 @@ void AllgatherSteps(Comm& comm, char* base, const int64_t* starts, DataType dtyp
 
 }  // namespace
 
-void RingAllreduce(Comm& comm, void* buf, int64_t count, DataType dtype, ReduceOp op,
+void RingAllreduce(DataComm& comm, void* buf, int64_t count, DataType dtype, ReduceOp op,
                    int64_t segment_bytes, RingScratch* scratch) {
   const int n = comm.size();
   if (n == 1 || count == 0) return;
@@ -133,9 +133,9 @@ void RingAllreduce(Comm& comm, void* buf, int64_t count, DataType dtype, ReduceO
   AllgatherSteps(comm, base, starts.data(), dtype, seg_elems, /*shift=*/1, scratch);
 }
 
-void RingAllreduceWidened(Comm& comm, void* buf, float* wide, bool operands_in_wide, int64_t count,
-                          DataType dtype, ReduceOp op, Scale scale, int64_t segment_bytes,
-                          RingScratch* scratch) {
+void RingAllreduceWidened(DataComm& comm, void* buf, float* wide, bool operands_in_wide,
+                          int64_t count, DataType dtype, ReduceOp op, Scale scale,
+                          int64_t segment_bytes, RingScratch* scratch) {
   const int n = comm.size();
   if (count == 0) return;
   char* half = static_cast<char*>(buf);
@@ -179,7 +179,7 @@ void RingAllreduceWidened(Comm& comm, void* buf, float* wide, bool operands_in_w
                  /*shift=*/1, scratch);
 }
 
-void RingCrossAllreduce(Comm& comm, void* buf, float* wide, int64_t count, DataType dtype,
+void RingCrossAllreduce(DataComm& comm, void* buf, float* wide, int64_t count, DataType dtype,
                         ReduceOp op, double postscale, bool wide_partials, int64_t segment_bytes,
                         RingScratch* scratch) {
   if (wide == nullptr) {
@@ -194,20 +194,20 @@ void RingCrossAllreduce(Comm& comm, void* buf, float* wide, int64_t count, DataT
   }
 }
 
-void RingReduceScatter(Comm& comm, void* buf, const std::vector<int64_t>& starts, DataType dtype,
-                       ReduceOp op, int64_t segment_bytes, RingScratch* scratch) {
+void RingReduceScatter(DataComm& comm, void* buf, const std::vector<int64_t>& starts,
+                       DataType dtype, ReduceOp op, int64_t segment_bytes, RingScratch* scratch) {
   if (comm.size() == 1 || starts.back() == 0) return;
   ReduceScatterSteps(comm, static_cast<char*>(buf), starts.data(), dtype, op,
                      SegmentElems(segment_bytes, dtype), /*shift=*/0, scratch);
 }
 
-void RingAllgather(Comm& comm, void* buf, const std::vector<int64_t>& starts, DataType dtype,
+void RingAllgather(DataComm& comm, void* buf, const std::vector<int64_t>& starts, DataType dtype,
                    RingScratch* scratch) {
   if (comm.size() == 1 || starts.back() == 0) return;
   // Nothing is reduced, so nothing gains from small segments: each block
   // goes in pieces of the largest message the transport takes.
   AllgatherSteps(comm, static_cast<char*>(buf), starts.data(), dtype,
-                 SegmentElems(Comm::kMaxMessageBytes, dtype), /*shift=*/0, scratch);
+                 SegmentElems(DataComm::kMaxMessageBytes, dtype), /*shift=*/0, scratch);
 }
 
 }  // namespace hvdmx

@@ -46,7 +46,7 @@ class RingScratch {
 
 // Allreduces `buf` (count elements of dtype) in place over `comm` with `op`
 // (kAverage reduces as kSum; scaling is the caller's).
-void RingAllreduce(Comm& comm, void* buf, int64_t count, DataType dtype, ReduceOp op,
+void RingAllreduce(DataComm& comm, void* buf, int64_t count, DataType dtype, ReduceOp op,
                    int64_t segment_bytes, RingScratch* scratch);
 
 // A float16 or bfloat16 allreduce of `buf` (count elements of the half
@@ -60,9 +60,9 @@ void RingAllreduce(Comm& comm, void* buf, int64_t count, DataType dtype, ReduceO
 // buf's elements times `scale.pre` in the dtype (WidenScaled), widened as the
 // steps reach them. `wide`
 // is clobbered; every chunk is still reduced once, on one rank.
-void RingAllreduceWidened(Comm& comm, void* buf, float* wide, bool operands_in_wide, int64_t count,
-                          DataType dtype, ReduceOp op, Scale scale, int64_t segment_bytes,
-                          RingScratch* scratch);
+void RingAllreduceWidened(DataComm& comm, void* buf, float* wide, bool operands_in_wide,
+                          int64_t count, DataType dtype, ReduceOp op, Scale scale,
+                          int64_t segment_bytes, RingScratch* scratch);
 
 // The hosts' part of a hierarchical allreduce (ShmAllreduce::CrossAllreduce's
 // contract): without `wide`, RingAllreduce of buf; with it (a half dtype's
@@ -70,7 +70,7 @@ void RingAllreduceWidened(Comm& comm, void* buf, float* wide, bool operands_in_w
 // (HVDMX_HALF_PARTIALS=half) the sums rounded into buf, RingAllreduce in
 // the dtype and the postscale applied, which halves the reduce-scatter's
 // bytes and rounds at every step.
-void RingCrossAllreduce(Comm& comm, void* buf, float* wide, int64_t count, DataType dtype,
+void RingCrossAllreduce(DataComm& comm, void* buf, float* wide, int64_t count, DataType dtype,
                         ReduceOp op, double postscale, bool wide_partials, int64_t segment_bytes,
                         RingScratch* scratch);
 
@@ -79,9 +79,9 @@ void RingCrossAllreduce(Comm& comm, void* buf, float* wide, int64_t count, DataT
 // entries. After RingReduceScatter rank r holds the reduction of chunk r
 // (the other chunks hold partial sums); RingAllgather starts from rank r
 // holding chunk r and leaves every chunk everywhere.
-void RingReduceScatter(Comm& comm, void* buf, const std::vector<int64_t>& starts, DataType dtype,
-                       ReduceOp op, int64_t segment_bytes, RingScratch* scratch);
-void RingAllgather(Comm& comm, void* buf, const std::vector<int64_t>& starts, DataType dtype,
+void RingReduceScatter(DataComm& comm, void* buf, const std::vector<int64_t>& starts,
+                       DataType dtype, ReduceOp op, int64_t segment_bytes, RingScratch* scratch);
+void RingAllgather(DataComm& comm, void* buf, const std::vector<int64_t>& starts, DataType dtype,
                    RingScratch* scratch);
 
 // First element of chunk c when count elements are cut into n chunks.

@@ -35,7 +35,8 @@ std::string DataTypeName(DataType dtype);
 enum class ReduceOp : int32_t {
   kAverage = 0,  // a Sum followed by a postscale of 1/size
   kSum = 1,
-  kAdasum = 2,  // reserved: not implemented
+  kAdasum = 2,  // allreduce only: algorithms/adasum.h (hierarchical with
+                // HVDMX_ADASUM_HIERARCHICAL=1)
   kMin = 3,
   kMax = 4,
   kProduct = 5,

@@ -43,7 +43,7 @@ void Check(bool ok, const std::string& what) {
 // hosts for its local rank when there are steps) and its negotiation comm.
 struct ThreadRank {
   std::unique_ptr<ShmHost> shm;
-  std::unique_ptr<Comm> control;
+  std::unique_ptr<ControlComm> control;
   const P2PComm* network = nullptr;  // the part of `control` on the network, if any
 };
 
@@ -96,7 +96,7 @@ ScaleResult RunScale(const ScaleOptions& o) {
     ThreadRank me;
     ShmAllreduce::CrossAllreduce cross;
     if (!ring_exchanges.empty()) {
-      // Linked as the job links its ring between hosts (CommOver, CommUse::kData).
+      // Linked as the job links its ring between hosts (job/shm_wiring.cc).
       TcpOptions ring_options = tcp;
       ring_options.peers = P2PComm::DataPeers(h, hosts);
       ThreadExchange* exchange = ring_exchanges[l].get();
@@ -132,7 +132,7 @@ ScaleResult RunScale(const ScaleOptions& o) {
       me.network = flat.get();
       me.control = std::move(flat);
     }
-    Comm& control = *me.control;
+    ControlComm& control = *me.control;
     // Waits as the runtime's do (Runtime::Idle): a leader blocks in
     // poll(2) on its sockets; a wait in shared memory polls, sleeping
     // longer the longer it has waited, up to 1 ms.

@@ -1,16 +1,22 @@
-// An abstract communicator: what the negotiation and the collectives need
-// from a transport, and nothing more. MpiComm (mpi_comm.h) runs MPI's own
-// calls; TcpComm (tcp_comm.h) and LocalComm (local_comm.h) are P2PComms
-// (p2p_comm.h), whose broadcast, gather and bit-and are written once over
-// their point-to-point messages. LocalComm runs one rank per thread inside
-// one process so that those, the ring and the negotiation round can be
-// tested at any size without MPI.
+// What the negotiation and the collectives need from a transport, and
+// nothing more, as two interfaces: ControlComm, what a negotiation round
+// needs (the bit-and and its payloads, the coordinator's gather and
+// broadcast of strings, the waits between polls), and DataComm, what the
+// collectives need (point-to-point messages, a broadcast of bytes, the
+// transport's own allreduce). A transport that serves both is a Comm:
+// MpiComm (mpi_comm.h) runs MPI's own calls; TcpComm (tcp_comm.h) and
+// LocalComm (local_comm.h) are P2PComms (p2p_comm.h), whose broadcast,
+// gather and bit-and are written once over their point-to-point messages.
+// LocalComm runs one rank per thread inside one process so that those, the
+// ring and the negotiation round can be tested at any size without MPI.
+// The negotiation's comms made of shared memory (ShmControlComm,
+// HostTreeComm in shm/) are ControlComms only: they move no tensor's bytes.
 //
-// Threading: a Comm object is used by one thread at a time (the runtime's
+// Threading: a comm object is used by one thread at a time (the runtime's
 // background thread). Every collective-style call must be made by all ranks
 // of the communicator in the same order.
 //
-// First contact: a Comm is ready when its constructor returns, so no call
+// First contact: a comm is ready when its constructor returns, so no call
 // below waits to reach a peer for the first time. Building one is the step
 // that may block on first contact: TcpComm connects to and authenticates
 // every peer there, bounded by the give-up time (300 s without one) for
@@ -107,23 +113,13 @@ struct BitAndPartial {
   }
 };
 
-class Comm {
+// What a negotiation round needs from a transport (negotiation/controller.h).
+class ControlComm {
  public:
-  using Request = int64_t;
-
-  virtual ~Comm() = default;
+  virtual ~ControlComm() = default;
   virtual int rank() const = 0;
   virtual int size() const = 0;
 
-  // Nonblocking point-to-point of at most kMaxMessageBytes. Every request
-  // must be passed to Wait exactly once.
-  static constexpr int64_t kMaxMessageBytes = int64_t{1} << 30;
-  virtual Request ISend(const void* buf, int64_t bytes, int peer) = 0;
-  virtual Request IRecv(void* buf, int64_t bytes, int peer) = 0;
-  virtual void Wait(Request request) = 0;
-
-  // Blocking broadcast of any number of bytes from `root`.
-  virtual void Bcast(void* buf, int64_t bytes, int root) = 0;
   // Root receives every rank's string (index = rank); others get {}.
   virtual std::vector<std::string> Gather(const std::string& mine, int root) = 0;
   // Root's *data replaces everyone else's.
@@ -182,6 +178,29 @@ class Comm {
     StartBitAndWithPayload(words, n, payload);
   }
 
+ protected:
+  std::function<bool(int64_t)> idle_;
+};
+
+// What the collectives need from a transport (algorithms/, runtime/executor.h).
+class DataComm {
+ public:
+  using Request = int64_t;
+
+  virtual ~DataComm() = default;
+  virtual int rank() const = 0;
+  virtual int size() const = 0;
+
+  // Nonblocking point-to-point of at most kMaxMessageBytes. Every request
+  // must be passed to Wait exactly once.
+  static constexpr int64_t kMaxMessageBytes = int64_t{1} << 30;
+  virtual Request ISend(const void* buf, int64_t bytes, int peer) = 0;
+  virtual Request IRecv(void* buf, int64_t bytes, int peer) = 0;
+  virtual void Wait(Request request) = 0;
+
+  // Blocking broadcast of any number of bytes from `root`.
+  virtual void Bcast(void* buf, int64_t bytes, int root) = 0;
+
   // Whether this rank can send to and receive from every other rank. A
   // comm that links only with some (TcpComm with TcpOptions::peers, a
   // LocalComm given its links) says no, and the collectives that would talk
@@ -189,30 +208,35 @@ class Comm {
   // data comm's links] in comm/p2p_comm.h).
   virtual bool LinksEveryPair() const { return true; }
 
-  // The transport's own allreduce, in place. Returns false (touching
-  // nothing) when it has none for this dtype/op, e.g. float16 in MPI.
+  // The transport's own allreduce, in place (AllreduceAlgo::kNative).
+  // Returns false (touching nothing) when it has none for this dtype/op,
+  // e.g. float16 in MPI, or none at all (a P2PComm).
   virtual bool NativeAllreduce(void* buf, int64_t count, DataType dtype, ReduceOp op) = 0;
+};
 
- protected:
-  std::function<bool(int64_t)> idle_;
+// A transport that serves the negotiation and the collectives alike.
+class Comm : public ControlComm, public DataComm {
+ public:
+  int rank() const override = 0;
+  int size() const override = 0;
 };
 
 // Post the send (receive) of `bytes` to (from) `peer` in messages of at most
-// Comm::kMaxMessageBytes, appending their requests; nothing for 0 bytes.
+// DataComm::kMaxMessageBytes, appending their requests; nothing for 0 bytes.
 // Both sides cut the same total the same way, so every message's size is
 // known to its receiver.
-inline void PostSendPieces(Comm& comm, const char* buf, int64_t bytes, int peer,
-                           std::vector<Comm::Request>* requests) {
-  for (int64_t done = 0; done < bytes; done += Comm::kMaxMessageBytes) {
+inline void PostSendPieces(DataComm& comm, const char* buf, int64_t bytes, int peer,
+                           std::vector<DataComm::Request>* requests) {
+  for (int64_t done = 0; done < bytes; done += DataComm::kMaxMessageBytes) {
     requests->push_back(
-        comm.ISend(buf + done, std::min(Comm::kMaxMessageBytes, bytes - done), peer));
+        comm.ISend(buf + done, std::min(DataComm::kMaxMessageBytes, bytes - done), peer));
   }
 }
-inline void PostRecvPieces(Comm& comm, char* buf, int64_t bytes, int peer,
-                           std::vector<Comm::Request>* requests) {
-  for (int64_t done = 0; done < bytes; done += Comm::kMaxMessageBytes) {
+inline void PostRecvPieces(DataComm& comm, char* buf, int64_t bytes, int peer,
+                           std::vector<DataComm::Request>* requests) {
+  for (int64_t done = 0; done < bytes; done += DataComm::kMaxMessageBytes) {
     requests->push_back(
-        comm.IRecv(buf + done, std::min(Comm::kMaxMessageBytes, bytes - done), peer));
+        comm.IRecv(buf + done, std::min(DataComm::kMaxMessageBytes, bytes - done), peer));
   }
 }
 

@@ -57,6 +57,4 @@ std::string GroupBcast(Group& group, const std::string& mine, int root) {
   return group.Allgather(group.rank() == root ? mine : std::string())[static_cast<size_t>(root)];
 }
 
-int HostRankCount(Group& group) { return group.SplitByHost()->size(); }
-
 }  // namespace hvdmx

@@ -31,7 +31,8 @@ class Group {
   // color gets nullptr.
   virtual std::unique_ptr<Group> Split(int color, int key) = 0;
   // The ranks on this rank's host, in this group's order. By default the
-  // ranks whose host name is this one's.
+  // ranks whose host name is this one's. The job asks once, at init (Note
+  // [One host split] in job/host_split.h).
   virtual std::unique_ptr<Group> SplitByHost();
   // Whether bytes sent through Allgather stay between the job's ranks (an
   // MPI communicator: the launcher's own channel), so that a secret may
@@ -47,8 +48,6 @@ int64_t GroupMin(Group& group, int64_t mine);
 int64_t GroupMax(Group& group, int64_t mine);
 // `root`'s string on every rank.
 std::string GroupBcast(Group& group, const std::string& mine, int root);
-// How many ranks of `group` share this host.
-int HostRankCount(Group& group);
 
 }  // namespace hvdmx
 

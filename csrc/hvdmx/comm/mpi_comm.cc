@@ -2,10 +2,7 @@
 
 #include <algorithm>
 #include <climits>
-
-#include "base/crypto.h"
-#include "comm/tcp_comm.h"
-#include "platform/cpu_binding.h"
+#include <string>
 
 namespace hvdmx {
 namespace {
@@ -81,50 +78,6 @@ std::unique_ptr<Group> MpiGroup::SplitByHost() {
   return std::unique_ptr<Group>(new MpiGroup(local, Adopt{}));
 }
 
-std::unique_ptr<Comm> CommOver(Group& group, const Config& config, bool ranks_outnumber_cpus,
-                               CommUse use, const std::vector<int>& more_peers) {
-  if (config.transport != Transport::kTcp) {
-    auto* mpi = dynamic_cast<MpiGroup*>(&group);
-    HVDMX_CHECK(mpi != nullptr, "the MPI transport runs over an MPI communicator");
-    return std::make_unique<MpiComm>(mpi->handle());
-  }
-  const int rank = group.rank(), size = group.size();
-  TcpOptions options = TcpOptionsFor(config, ranks_outnumber_cpus);
-  options.peers = use == CommUse::kNegotiation
-                      ? P2PComm::NegotiationPeers(rank, size, options.direct_bit_and_ranks)
-                      : P2PComm::DataPeers(rank, size, more_peers);
-  // TcpComm calls the exchange in its constructor only.
-  Group* over = &group;
-  return std::make_unique<TcpComm>(
-      rank, size, options, [over](const std::string& mine) { return over->Allgather(mine); });
-}
-
-Status AgreeOnSecretKey(Group& group, std::string* key) {
-  const int rank = group.rank(), size = group.size();
-  // The lowest rank with a key and the lowest without one (size if none).
-  const std::vector<int64_t> all = AllgatherInts(group, {key->empty() ? 0 : 1});
-  int with = size, without = size;
-  for (int r = size - 1; r >= 0; --r) (all[static_cast<size_t>(r)] ? with : without) = r;
-  if (with < size && without < size) {
-    return Status::InvalidArgument(
-        "hvdmx.init: HVDMX_SECRET_KEY is set for rank " + std::to_string(with) +
-        " but not for rank " + std::to_string(without) +
-        "; set the same key for every rank (e.g. with mpiexec -genv), or for none, and hvdmx "
-        "makes one for the job");
-  }
-  if (with < size) return Status::Ok();
-  if (!group.private_channel()) {
-    return Status::InvalidArgument(
-        "hvdmx.init: HVDMX_SECRET_KEY is not set, and this job's ranks meet through a "
-        "rendezvous on the network, which must not carry a key; start the job with hvdmxrun "
-        "(it gives every rank one), or set HVDMX_SECRET_KEY to the same 64 hex digits for "
-        "every rank");
-  }
-  std::string made = rank == 0 ? RandomBytes(kSecretKeyBytes) : std::string();
-  *key = GroupBcast(group, made, 0);
-  return Status::Ok();
-}
-
 std::vector<std::string> MpiAllgatherStrings(MPI_Comm comm, const std::string& mine) {
   int size = 1;
   MPI_Comm_size(comm, &size);
@@ -144,8 +97,6 @@ std::vector<std::string> MpiAllgatherStrings(MPI_Comm comm, const std::string& m
   for (int i = 0; i < size; ++i) out.emplace_back(all, displs[i], lens[i]);
   return out;
 }
-
-bool HostRanksOutnumberCpus(Group& group) { return HostRankCount(group) > UsableCpuCount(); }
 
 int EnsureMpiInitialized() {
   int initialized = 0;

@@ -1,6 +1,8 @@
-// Comm over an MPI communicator that this object duplicates and owns, so our
-// traffic never matches the user's own MPI calls. Also the one place that
-// asks MPI about the job's topology.
+// MPI, and nothing else: a Comm over an MPI communicator that this object
+// duplicates and owns, so our traffic never matches the user's own MPI
+// calls; a Group over one (which asks MPI which ranks share a host); MPI's
+// initialization. What runs over MPI and what over TCP is the job's choice
+// (job/comm_wiring.h).
 #ifndef HVDMX_MPI_COMM_H_
 #define HVDMX_MPI_COMM_H_
 
@@ -12,7 +14,6 @@
 
 #include "comm/comm.h"
 #include "comm/group.h"
-#include "config/env_config.h"
 
 namespace hvdmx {
 
@@ -81,38 +82,8 @@ class MpiGroup : public Group {
   int size_ = 1;
 };
 
-// What a comm over a group carries, which decides the ranks its TCP links
-// reach: the negotiation (P2PComm::NegotiationPeers) or the collectives'
-// bytes (P2PComm::DataPeers; Note [The data comm's links] in p2p_comm.h).
-enum class CommUse { kNegotiation, kData };
-
-// A communicator over the ranks of `group`: MPI's (a duplicate of an
-// MpiGroup's communicator), or, when config.transport is kTcp, a TcpComm
-// whose addresses travel by one allgather over `group`;
-// `ranks_outnumber_cpus` sets its spin (TcpOptionsFor). Its TCP links
-// reach the ranks `use` names, and for kData those of `more_peers` too
-// (which must be symmetric over the group). Collective over `group`; the transport is MPI
-// only over an MpiGroup (Init sees to it).
-std::unique_ptr<Comm> CommOver(Group& group, const Config& config, bool ranks_outnumber_cpus,
-                               CommUse use, const std::vector<int>& more_peers = {});
-
-// Makes sure every rank of `group` holds a secret key for the job's TCP
-// connections (Config::secret_key): if no rank has one, rank 0 makes one
-// from the operating system's random source and sends it over `group`,
-// when its channel is private (an MPI communicator: the launcher's, which
-// it already trusts); a group that is not (a rendezvous over the network)
-// never carries one, and a job on it without a key is an error. If every
-// rank has one, each keeps its own (ranks with different keys then refuse
-// each other's connections); if only some do, an error on every rank says
-// so. Collective over `group`.
-Status AgreeOnSecretKey(Group& group, std::string* key);
-
 // Every rank's string (index = rank): an allgather over `comm`, collective.
 std::vector<std::string> MpiAllgatherStrings(MPI_Comm comm, const std::string& mine);
-
-// Whether this host's ranks of `group` outnumber the CPUs this process may
-// run on. Collective over `group`.
-bool HostRanksOutnumberCpus(Group& group);
 
 // Initializes MPI with MPI_THREAD_MULTIPLE unless it already is (mpi4py
 // normally does it first). Returns the thread level provided.

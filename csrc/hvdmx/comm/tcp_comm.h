@@ -1,13 +1,17 @@
-// Comm over TCP sockets of our own, for jobs that span hosts: the
-// negotiation and the collectives' bytes between hosts travel here instead
-// of through MPI, so that every wait blocks in poll(2) and wakes when a
-// byte arrives (Note [Waiting for the network]). MPI still starts the job,
-// says who runs where, and carries the one exchange of addresses that
-// builds this comm. The files: tcp_address (where a rank listens),
-// tcp_socket (a descriptor and its options), tcp_handshake (the proof of
-// the job's key), tcp_links.cc (making every connection), tcp_comm.cc
-// (frames, queues and the waits). The broadcast, gather and bit-and are
-// P2PComm's, written once over these messages (comm/p2p_collectives.cc).
+// Comm over TCP sockets of our own: the negotiation and the collectives'
+// bytes of a job that spans hosts travel here instead of through MPI, and
+// in a job started without MPI (hvdmxrun --no-mpi) every message that
+// shared memory does not carry, so that every wait blocks in poll(2) and
+// wakes when a byte arrives (Note [Waiting for the network]). Which ranks
+// this serves, and with which links, is the job's choice (Note [The job's
+// comms] in job/comm_wiring.h). The one exchange of addresses that builds
+// this comm goes through the job's Group (comm/group.h): an MPI
+// communicator, or the launcher's rendezvous. The files: tcp_address
+// (where a rank listens), tcp_socket (a descriptor and its options),
+// tcp_handshake (the proof of the job's key), tcp_links.cc (making every
+// connection), tcp_comm.cc (frames, queues and the waits). The broadcast,
+// gather and bit-and are P2PComm's, written once over these messages
+// (comm/p2p_collectives.cc).
 //
 // Note [Waiting for the network]
 // ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~

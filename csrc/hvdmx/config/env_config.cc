@@ -86,7 +86,7 @@ std::string AllreduceAlgoName(AllreduceAlgo algo) {
   switch (algo) {
     case AllreduceAlgo::kAuto: return "auto";
     case AllreduceAlgo::kRing: return "ring";
-    case AllreduceAlgo::kMpi: return "mpi";
+    case AllreduceAlgo::kNative: return "mpi";
     case AllreduceAlgo::kShm: return "shm";
   }
   return "?";
@@ -195,7 +195,7 @@ Status LoadConfig(const EnvLookup& lookup, Config* out) {
   s = ReadWord(lookup, "ALLREDUCE_ALGO",
                {{"auto", AllreduceAlgo::kAuto},
                 {"ring", AllreduceAlgo::kRing},
-                {"mpi", AllreduceAlgo::kMpi},
+                {"mpi", AllreduceAlgo::kNative},
                 {"shm", AllreduceAlgo::kShm}},
                "one of auto, ring, mpi, shm", &config.allreduce_algo);
   if (!s.ok()) return s;

@@ -19,7 +19,11 @@
 
 namespace hvdmx {
 
-enum class AllreduceAlgo : int { kAuto = 0, kRing, kMpi, kShm };
+// How an allreduce runs (HVDMX_ALLREDUCE_ALGO): chosen by size (kAuto), our
+// ring, the data comm's own allreduce (kNative: DataComm::NativeAllreduce,
+// MPI_Allreduce over MPI; spelled "mpi" in the variable and in
+// AllreduceAlgoName, as users know it), or shared memory.
+enum class AllreduceAlgo : int { kAuto = 0, kRing, kNative, kShm };
 std::string AllreduceAlgoName(AllreduceAlgo algo);
 
 // Config::shm_direct_min_bytes under HVDMX_SHM_DIRECT_MIN_BYTES=auto.

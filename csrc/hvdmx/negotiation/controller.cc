@@ -34,7 +34,7 @@ std::vector<Request> ForCoordinator(const std::string& payload, const std::vecto
 }
 }  // namespace
 
-Controller::Controller(Comm& comm, int64_t cache_capacity, double stall_shutdown_seconds,
+Controller::Controller(ControlComm& comm, int64_t cache_capacity, double stall_shutdown_seconds,
                        int64_t round_allreduce_bytes)
     : comm_(comm),
       stall_shutdown_seconds_(stall_shutdown_seconds),

@@ -125,7 +125,7 @@ class Controller {
   // `stall_shutdown_seconds`: see Note [Stall shutdown]; 0 disables it.
   // `round_allreduce_bytes`: see Note [Small tensors in the round]; 0 (or
   // no input reader) turns it off.
-  Controller(Comm& comm, int64_t cache_capacity, double stall_shutdown_seconds = 0.0,
+  Controller(ControlComm& comm, int64_t cache_capacity, double stall_shutdown_seconds = 0.0,
              int64_t round_allreduce_bytes = 0);
   // Where the round reads the inputs of this rank's pending entry `name`
   // (false: it has none), for the operands it sends with the bit-and.
@@ -182,7 +182,7 @@ class Controller {
   // stalled or that are older than the stall shutdown time.
   void FailStalled(std::vector<Response>* out);
 
-  Comm& comm_;
+  ControlComm& comm_;
   double stall_shutdown_seconds_;
   ResponseCache cache_;
   int64_t bit_words_;  // flags, cache bits, tuning word

@@ -1,9 +1,8 @@
 // Thin pybind11 bindings: the module hvdmx._core. Maps Status to Python
 // exceptions (ThrowIfError, bindings_support.h) and releases the GIL around
-// anything that waits; the process-wide state (init, shutdown, process sets)
-// is in job.cc. The test suite's own entry points are in another module
+// anything that waits; the job itself (init, shutdown, process sets, how its
+// comms are wired) is job/'s. The test suite's own entry points are in another module
 // (testing/testing_module.cc), which _core does not contain.
-#include <mpi.h>
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 #include <unistd.h>
@@ -21,12 +20,12 @@
 #include "base/timeline.h"
 #include "bench/scale_harness.h"
 #include "comm/group.h"
+#include "job/job.h"
 #include "mxnet/mxnet_engine.h"
 #include "platform/cpu_binding.h"
 #include "platform/output_pool.h"
 #include "platform/stage_stores.h"
 #include "python/bindings_support.h"
-#include "python/job.h"
 #include "runtime/runtime.h"
 #include "shm/host_tree_comm.h"
 #include "shm/shm_control_comm.h"
@@ -343,7 +342,7 @@ void AddRuntimeStats(const Runtime& runtime, py::dict& d) {
       runtime.shm() == nullptr ? -1 : runtime.shm()->stats().strings_broadcast;
   // How rounds reach the other ranks, and the messages this rank has sent
   // and received for them over the network (-1 where MPI carries them).
-  const Comm& control = runtime.control();
+  const ControlComm& control = runtime.control();
   const P2PComm* network = nullptr;
   std::string scheme = "mpi";
   int64_t messages = -1;
@@ -447,36 +446,32 @@ PYBIND11_MODULE(_core, m) {
     return hosts;
   });
   // False again once any rank has shut the job down (see Note [Shutdown]).
-  m.def("is_initialized", [] {
-    std::lock_guard<std::mutex> lock(G().mu);
-    return Running();
-  });
+  m.def("is_initialized", [] { return JobRunning(); });
   // (code, message): why the global runtime stopped when this rank's
   // shutdown did not stop it alone (Runtime::stop_status), or (STATUS_OK, "")
   // while it runs, before init and after this rank's shutdown. The Python
   // layer decides by the code (hvdmx/_job.py).
   m.def("stop_status", [] {
-    std::lock_guard<std::mutex> lock(G().mu);
-    const Status status = G().runtime ? G().runtime->stop_status() : Status::Ok();
+    const Status status = JobStopStatus();
     return py::make_tuple(static_cast<int>(status.code()), status.message());
   });
   // HVDMX_STALL_SHUTDOWN_TIME_SECONDS as the last hvd.init() read it (0: off,
   // and before the first init): the core is the one reader of the settings.
-  m.def("stall_shutdown_seconds", [] {
-    std::lock_guard<std::mutex> lock(G().mu);
-    return G().config.stall_shutdown_seconds;
-  });
+  m.def("stall_shutdown_seconds", [] { return JobStallShutdownSeconds(); });
   m.def("topology", [] {
-    int thread_level = 0;
+    bool thread_multiple = false;
     Topology t;
-    ThrowIfError(JobTopology(&t, &thread_level));
+    ThrowIfError(JobTopology(&t, &thread_multiple));
     return py::make_tuple(t.rank, t.size, t.local_rank, t.local_size, t.cross_rank, t.cross_size,
-                          thread_level >= MPI_THREAD_MULTIPLE);
+                          thread_multiple);
   });
   // The timeline is rank 0's (as in Horovod): on other ranks these do nothing.
   m.def("start_timeline", [](const std::string& path, bool mark_cycles) {
     RuntimeOrRaise();
-    if (G().topo.rank != 0) return;
+    Topology t;
+    bool thread_multiple = false;
+    ThrowIfError(JobTopology(&t, &thread_multiple));
+    if (t.rank != 0) return;
     py::gil_scoped_release release;
     ThrowIfError(ProcessTimeline().Start(path, mark_cycles));
   });
@@ -502,12 +497,7 @@ PYBIND11_MODULE(_core, m) {
     }
     ThrowIfError(status);
   });
-  m.def("process_set_ids", [] {
-    std::lock_guard<std::mutex> lock(G().mu);
-    std::vector<int> ids{0};
-    for (const auto& kv : G().set_ranks) ids.push_back(kv.first);
-    return ids;
-  });
+  m.def("process_set_ids", &JobProcessSetIds);
   // Collective types, as the Python layer passes them.
   m.attr("ALLREDUCE") = static_cast<int>(CollectiveType::kAllreduce);
   m.attr("BROADCAST") = static_cast<int>(CollectiveType::kBroadcast);

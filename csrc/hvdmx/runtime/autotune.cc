@@ -12,7 +12,7 @@ const int64_t kFusionCandidates[] = {0, 128 << 10, 1 << 20, 4 << 20, 16 << 20, 6
 const double kCycleCandidates[] = {0.0, 0.5, 1.0, 2.5, 5.0};
 // auto first: it is the default, and wins ties.
 const AllreduceAlgo kAlgoCandidates[] = {AllreduceAlgo::kAuto, AllreduceAlgo::kShm,
-                                         AllreduceAlgo::kRing, AllreduceAlgo::kMpi};
+                                         AllreduceAlgo::kRing, AllreduceAlgo::kNative};
 constexpr uint64_t kFusionMask = (uint64_t{1} << 44) - 1;
 
 }  // namespace

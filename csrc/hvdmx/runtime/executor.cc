@@ -18,8 +18,9 @@ namespace {
 AllreduceAlgo ChooseAllreduce(const Config& config, int64_t bytes, bool shm_on) {
   switch (config.allreduce_algo) {
     case AllreduceAlgo::kAuto:
-      if (shm_on) return bytes >= config.shm_min_bytes ? AllreduceAlgo::kShm : AllreduceAlgo::kMpi;
-      return bytes >= config.ring_min_bytes ? AllreduceAlgo::kRing : AllreduceAlgo::kMpi;
+      if (shm_on)
+        return bytes >= config.shm_min_bytes ? AllreduceAlgo::kShm : AllreduceAlgo::kNative;
+      return bytes >= config.ring_min_bytes ? AllreduceAlgo::kRing : AllreduceAlgo::kNative;
     case AllreduceAlgo::kShm: return shm_on ? AllreduceAlgo::kShm : AllreduceAlgo::kRing;
     default: return config.allreduce_algo;
   }
@@ -45,16 +46,16 @@ const char* Executor::Allreduce(void* buf, int64_t count, DataType dtype, Reduce
   // small ones too, which MPI could only reduce as twice the bytes;
   // elsewhere HVDMX_HALF_PARTIALS=half keeps them in the dtype.
   const bool auto_shm = shm_ != nullptr && config_.allreduce_algo == AllreduceAlgo::kAuto;
-  if (half && algo == AllreduceAlgo::kMpi && auto_shm) algo = AllreduceAlgo::kShm;
+  if (half && algo == AllreduceAlgo::kNative && auto_shm) algo = AllreduceAlgo::kShm;
   if (half && algo == AllreduceAlgo::kShm) {
     shm_->allreduce().Allreduce(buf, count, dtype, op, scale);
     return "SHM_ALLREDUCE";
   }
   if (half && config_.half_partials_wide) {
-    return AllreduceWide(buf, count, dtype, op, scale, algo == AllreduceAlgo::kMpi);
+    return AllreduceWide(buf, count, dtype, op, scale, algo == AllreduceAlgo::kNative);
   }
   ScaleBuffer(buf, count, dtype, scale.pre);
-  if (algo == AllreduceAlgo::kMpi) {
+  if (algo == AllreduceAlgo::kNative) {
     if (comm_.NativeAllreduce(buf, count, dtype, op)) {
       ScaleBuffer(buf, count, dtype, scale.post);
       return "MPI_ALLREDUCE";
@@ -80,7 +81,7 @@ const char* Executor::Allreduce(void* buf, int64_t count, DataType dtype, Reduce
 }
 
 const char* Executor::AllreduceWide(void* buf, int64_t count, DataType dtype, ReduceOp op,
-                                    Scale scale, bool mpi) {
+                                    Scale scale, bool native) {
   const char* algorithm = comm_.size() == 1 ? "LOCAL_ALLREDUCE" : "RING_ALLREDUCE";
   const int64_t elem = static_cast<int64_t>(DataTypeSize(dtype));
   for (int64_t done = 0; done < count; done += kWidePieceElems) {
@@ -88,7 +89,7 @@ const char* Executor::AllreduceWide(void* buf, int64_t count, DataType dtype, Re
     char* piece = static_cast<char*>(buf) + done * elem;
     auto* wide = reinterpret_cast<float*>(wide_.Get(n * 4));
     if (comm_.size() > 1) mpi_pages_.Collapse(wide, n * 4);
-    if (mpi && comm_.size() > 1) {
+    if (native && comm_.size() > 1) {
       WidenScaled(wide, piece, n, dtype, scale.pre);
       if (comm_.NativeAllreduce(wide, n, DataType::kFloat32, op)) {
         NarrowScaled(piece, wide, n, dtype, scale.post);
@@ -500,12 +501,7 @@ const char* Executor::RunAdasumGroup(const FusionGroup& group,
   ScaleBuffer(buffer, count, dtype, head.scale.pre);
   const char* algorithm = "ADASUM_ALLREDUCE";
   if (config_.adasum_hierarchical && comm_.size() > 1) {
-    if (!adasum_hosts_found_) {
-      adasum_hosts_ = FindAdasumHosts(comm_, AdasumHostKey(config_, comm_.rank()));
-      adasum_hosts_found_ = true;
-    }
-    HierarchicalAdasumAllreduce(comm_, adasum_hosts_, buffer, adasum_counts_, dtype,
-                                &adasum_scratch_);
+    HierarchicalAdasumAllreduce(comm_, hosts_, buffer, adasum_counts_, dtype, &adasum_scratch_);
     algorithm = "HIERARCHICAL_ADASUM";
   } else {
     AdasumAllreduce(comm_, {}, buffer, adasum_counts_, dtype, &adasum_scratch_);

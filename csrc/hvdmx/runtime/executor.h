@@ -18,6 +18,7 @@
 #include "algorithms/ring.h"
 #include "base/timeline.h"
 #include "comm/comm.h"
+#include "comm/host_map.h"
 #include "config/env_config.h"
 #include "negotiation/message.h"
 #include "negotiation/round_reduction.h"
@@ -35,9 +36,16 @@ class Executor {
   // `shm`, when given, is the shared-memory allreduce over the same ranks as
   // `comm` (all on one host); it must outlive the executor. `peers_on_host`:
   // another rank of `comm` runs on this host, so MPI may copy this rank's
-  // buffers with cross-memory attach (see mpi_pages_).
-  Executor(Comm& comm, const Config& config, ShmHost* shm = nullptr, bool peers_on_host = false)
-      : comm_(comm), config_(config), mpi_pages_(config.huge_pages && peers_on_host), shm_(shm) {}
+  // buffers with cross-memory attach (see mpi_pages_). `hosts`: which ranks
+  // of `comm` share a host, as the hierarchical Adasum groups them (the
+  // job's, found once at init: job/host_split.h).
+  Executor(DataComm& comm, const Config& config, ShmHost* shm = nullptr, bool peers_on_host = false,
+           HostMap hosts = HostMap())
+      : comm_(comm),
+        config_(config),
+        mpi_pages_(config.huge_pages && peers_on_host),
+        shm_(shm),
+        hosts_(std::move(hosts)) {}
 
   // Autotune's setting for the rounds from the one being run on: the
   // fusion threshold and the allreduce algorithm (the cycle time is the
@@ -97,10 +105,10 @@ class Executor {
   const char* RunAlltoall(const Response& response, TensorEntry& entry);
   // A float16 or bfloat16 allreduce of `buf` with float32 partials, through
   // the wide buffer in pieces of at most kWidePieceElems: on the ring, or,
-  // with `mpi`, MPI's float32 allreduce where the comm has one. Returns the
-  // algorithm's name for the timeline.
+  // with `native`, the comm's own float32 allreduce where it has one (MPI's).
+  // Returns the algorithm's name for the timeline.
   const char* AllreduceWide(void* buf, int64_t count, DataType dtype, ReduceOp op, Scale scale,
-                            bool mpi);
+                            bool native);
   static constexpr int64_t kWidePieceElems = int64_t{8} << 20;
   // Returns the algorithm's name for the timeline.
   const char* RunReducescatter(const Response& response, TensorEntry& entry);
@@ -128,7 +136,7 @@ class Executor {
   // segment.
   int64_t PieceBytes() const;
 
-  Comm& comm_;
+  DataComm& comm_;
   Config config_;  // the runtime's, with autotune's setting (Apply)
   // Collapses the buffers this rank hands to MPI to move (Note [Huge pages
   // under what peers read]): on one host MPICH copies large messages
@@ -140,10 +148,6 @@ class Executor {
   std::vector<char> exchange_scratch_;  // ExchangeAllreduce
   RingScratch ring_scratch_;
   AdasumScratch adasum_scratch_;
-  // HVDMX_ADASUM_HIERARCHICAL's hosts, found at the first Adasum that needs
-  // them (every rank runs it in the same round).
-  AdasumHosts adasum_hosts_;
-  bool adasum_hosts_found_ = false;
   std::vector<int64_t> adasum_counts_;     // an Adasum group's tensors, reused
   std::vector<int64_t> starts_;            // chunk boundaries, reused
   std::vector<int64_t> tensor_starts_;     // one tensor's blocks (allgather unpacking:
@@ -157,7 +161,8 @@ class Executor {
   // Timeline only: when each response of the round running finished its last
   // step (QUEUE, the copies, the collective), reused.
   std::vector<Timeline::Clock::time_point> step_ends_;
-  ShmHost* shm_;  // null unless ranks share hosts (see shm_segment.h)
+  ShmHost* shm_;   // null unless ranks share hosts (see job/shm_wiring.h)
+  HostMap hosts_;  // which ranks of comm_ share a host
 };
 
 }  // namespace hvdmx

@@ -10,7 +10,6 @@
 
 #include "base/logging.h"
 #include "base/timeline.h"
-#include "shm/shm_control_comm.h"
 
 namespace hvdmx {
 namespace {
@@ -36,28 +35,18 @@ std::string JoinNames(const std::vector<std::string>& names, size_t limit) {
 // How long a wait polls before it starts to sleep.
 constexpr int64_t kSpinMicros = 100;
 
-std::unique_ptr<Comm> ControlComm(std::unique_ptr<Comm> control, ShmHost* shm,
-                                  const Config& config) {
-  if (shm != nullptr && !shm->hierarchical() && shm->size() == control->size() &&
-      control->size() > 1 &&
-      Controller::BitWords(config.cache_capacity) <= ShmControl::kMaxBitAndWords) {
-    return std::make_unique<ShmControlComm>(std::move(control), &shm->control(), shm->rank(),
-                                            shm->size());
-  }
-  return control;
-}
-
 }  // namespace
 
-Runtime::Runtime(std::unique_ptr<Comm> control, std::unique_ptr<Comm> data, const Config& config,
-                 std::unique_ptr<ShmHost> shm, bool peers_on_host)
+Runtime::Runtime(std::unique_ptr<ControlComm> control, std::unique_ptr<DataComm> data,
+                 const Config& config, std::unique_ptr<ShmHost> shm, HostMap hosts,
+                 bool peers_on_host)
     : shm_(std::move(shm)),
-      control_(ControlComm(std::move(control), shm_.get(), config)),
+      control_(std::move(control)),
       data_(std::move(data)),
       config_(config),
       controller_(*control_, config.cache_capacity, config.stall_shutdown_seconds,
                   config.round_allreduce_bytes),
-      executor_(*data_, config_, shm_.get(), peers_on_host) {
+      executor_(*data_, config_, shm_.get(), peers_on_host, std::move(hosts)) {
   controller_.set_input_reader([this](const std::string& name, std::vector<const void*>* inputs) {
     return queue_.Inputs(name, inputs);
   });

@@ -1,6 +1,9 @@
-// The runtime: owns the communicators, the queue, the controller and the
-// executor, and the background thread that drives them. An object, not a bag
-// of globals; the one process-wide instance lives in the bindings.
+// The runtime of one process set: owns the control and data comms the job
+// wired for it (job/comm_wiring.h), its shared memory, the queue, the
+// controller and the executor, and the background thread that drives them.
+// An object, not a bag of globals: the job (job/job.h) holds one for the
+// global set and one for each process set this rank is in, and builds them
+// again in the same process after a shutdown (elastic).
 //
 // Note [Background loop]
 // ~~~~~~~~~~~~~~~~~~~~~~
@@ -11,9 +14,12 @@
 // requests are still pending after a round that completed none (peers have
 // not submitted them yet), the next round waits a short, growing backoff
 // unless new local work arrives first, so ranks waiting on each other do not
-// spin. The wait for the round's bit-AND polls the transport the same way: a
-// short spin, then sleeps growing to 1 ms. (The collectives themselves poll
-// without sleeping: all ranks are in them together.)
+// spin. The wait for the round's bit-AND blocks in poll(2) where the control
+// comm wakes on arrival (TCP, a host tree's leaders: Note [Waiting for the
+// network] in comm/tcp_comm.h); over MPI or shared memory it polls: a short
+// spin, then sleeps growing to 1 ms (Runtime::Idle). (A collective waits as
+// its transport does: MPI polls without sleeping, TCP blocks in poll(2),
+// shared memory spins, yields, then sleeps briefly: shm/shm_internal.h.)
 //
 // With HVDMX_STALL_SHUTDOWN_TIME_SECONDS = T > 0, stalled collectives fail
 // on every rank after T seconds (Note [Stall shutdown] in controller.h). If a
@@ -56,13 +62,13 @@ namespace hvdmx {
 class Runtime {
  public:
   // `control` carries negotiation, `data` the collectives' bytes; both span
-  // the same ranks. `shm`, optional, is shared memory (shm_host.h) over those
-  // ranks when they share one host (shm_segment.h); when it spans all of
-  // them, each round's bit-and and its other exchanges that fit go through
-  // it instead of `control` (shm_control_comm.h).
-  // `peers_on_host`: another of the ranks runs on this host (see Executor).
-  Runtime(std::unique_ptr<Comm> control, std::unique_ptr<Comm> data, const Config& config,
-          std::unique_ptr<ShmHost> shm = nullptr, bool peers_on_host = false);
+  // the same ranks, and the job chose both (job/comm_wiring.h). `shm`,
+  // optional, is shared memory (shm_host.h) over those ranks' hosts; it
+  // outlives `control`, which may use it. `hosts`: which of the ranks share
+  // a host (see Executor); `peers_on_host`: another of the ranks runs on
+  // this host (see Executor).
+  Runtime(std::unique_ptr<ControlComm> control, std::unique_ptr<DataComm> data,
+          const Config& config, std::unique_ptr<ShmHost> shm, HostMap hosts, bool peers_on_host);
   ~Runtime();
 
   // Starts the background thread.
@@ -81,7 +87,7 @@ class Runtime {
   const HugePageCollapser& mpi_pages() const { return executor_.mpi_pages(); }
   const Controller& controller() const { return controller_; }
   // The negotiation's comm (for stats).
-  const Comm& control() const { return *control_; }
+  const ControlComm& control() const { return *control_; }
 
   // Any thread (MXNet engine threads). Refuses, returning the error and
   // leaving the callback unfired, an entry without a turn whose name is
@@ -176,8 +182,8 @@ class Runtime {
   void MaybeWarnStall();
 
   std::unique_ptr<ShmHost> shm_;  // before control_ and executor_, which use it
-  std::unique_ptr<Comm> control_;
-  std::unique_ptr<Comm> data_;
+  std::unique_ptr<ControlComm> control_;
+  std::unique_ptr<DataComm> data_;
   Config config_;
   TensorQueue queue_;
   Controller controller_;

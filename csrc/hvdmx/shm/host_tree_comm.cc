@@ -2,7 +2,6 @@
 #include "shm/host_tree_comm.h"
 
 #include <cstring>
-#include <stdexcept>
 #include <thread>
 #include <utility>
 
@@ -32,14 +31,9 @@ HostTreeComm::HostTreeComm(ShmControl* shm, int local_rank, int local_size,
               "the leaders' comm spans the hosts, rank 0's first");
 }
 
-void HostTreeComm::NotForNegotiation() {
-  throw std::logic_error(
-      "hvdmx: internal error: the host-tree control comm carries only the negotiation");
-}
-
 void HostTreeComm::set_idle(std::function<bool(int64_t)> idle) {
   if (leaders_) leaders_->set_idle(idle);
-  Comm::set_idle(std::move(idle));
+  ControlComm::set_idle(std::move(idle));
 }
 
 void HostTreeComm::AwaitShm() {

@@ -47,7 +47,7 @@
 
 namespace hvdmx {
 
-class HostTreeComm : public Comm {
+class HostTreeComm : public ControlComm {
  public:
   // `shm`: this host's control channel, in which this rank is `local_rank`
   // of `local_size` (every host has as many); it outlives this comm.
@@ -75,14 +75,6 @@ class HostTreeComm : public Comm {
   // waits in shared memory poll.
   bool WakesOnArrival() const override { return in_network_; }
   void AwaitArrival(int64_t waited_micros) override { leaders_->AwaitArrival(waited_micros); }
-  bool NativeAllreduce(void*, int64_t, DataType, ReduceOp) override { return false; }
-
-  // This comm carries the negotiation only: no point-to-point messages,
-  // no broadcast of bytes.
-  Request ISend(const void*, int64_t, int) override { NotForNegotiation(); }
-  Request IRecv(void*, int64_t, int) override { NotForNegotiation(); }
-  void Wait(Request) override { NotForNegotiation(); }
-  void Bcast(void*, int64_t, int) override { NotForNegotiation(); }
 
   // The network latencies on the critical path of the last bit-and (part
   // 2's, the same on every rank of a host), and the leaders' comm (nullptr
@@ -92,7 +84,6 @@ class HostTreeComm : public Comm {
 
  private:
   enum class Phase { kIdle, kHost, kLeaders, kResult };
-  [[noreturn]] static void NotForNegotiation();
   // Part 3: starts the bit-and that hands the result to the host.
   void StartResult();
   // Waits for the shared-memory bit-and in flight, calling the idle function.

@@ -1,7 +1,7 @@
 // The control communicator of a job whose ranks all share one host: the
 // negotiation's bit-and, its payloads and its string broadcasts go through
 // the ranks' shared-memory control blocks (ShmControl) instead of MPI;
-// everything else, and strings too long for a mailbox, go to `inner`.
+// the gather, and strings too long for a mailbox, go to `inner`.
 // Through MPI, the bit-and and the coordinator's gather and broadcast were
 // most of a small collective's latency (docs/benchmark-notes.md,
 // "Negotiation through shared memory").
@@ -15,28 +15,21 @@
 
 #include "comm/comm.h"
 #include "shm/shm_control.h"
+#include "shm/shm_host.h"
 
 namespace hvdmx {
 
-class ShmControlComm : public Comm {
+class ShmControlComm : public ControlComm {
  public:
   // `shm` spans the same ranks as `inner` (`size` of them, this rank being
   // `rank`), in the same order, and outlives this comm.
-  ShmControlComm(std::unique_ptr<Comm> inner, ShmControl* shm, int rank, int size)
+  ShmControlComm(std::unique_ptr<ControlComm> inner, ShmControl* shm, int rank, int size)
       : inner_(std::move(inner)), shm_(shm) {
     HVDMX_CHECK(size == inner_->size() && rank == inner_->rank(),
                 "the shared-memory control comm must span the control comm's ranks");
   }
   int rank() const override { return inner_->rank(); }
   int size() const override { return inner_->size(); }
-  Request ISend(const void* buf, int64_t bytes, int peer) override {
-    return inner_->ISend(buf, bytes, peer);
-  }
-  Request IRecv(void* buf, int64_t bytes, int peer) override {
-    return inner_->IRecv(buf, bytes, peer);
-  }
-  void Wait(Request request) override { inner_->Wait(request); }
-  void Bcast(void* buf, int64_t bytes, int root) override { inner_->Bcast(buf, bytes, root); }
   std::vector<std::string> Gather(const std::string& mine, int root) override {
     return inner_->Gather(mine, root);
   }
@@ -51,14 +44,24 @@ class ShmControlComm : public Comm {
     shm_->StartBitAnd(words, n, payload);
   }
   std::string BitAndPayload(int rank) const override { return shm_->BitAndPayload(rank); }
-  bool NativeAllreduce(void* buf, int64_t count, DataType dtype, ReduceOp op) override {
-    return inner_->NativeAllreduce(buf, count, dtype, op);
-  }
 
  private:
-  std::unique_ptr<Comm> inner_;
+  std::unique_ptr<ControlComm> inner_;
   ShmControl* shm_;
 };
+
+// `control` through `shm`'s control blocks (a ShmControlComm) when `shm`
+// spans all of its ranks, more than one, on one host and its mailboxes hold
+// a round's `bit_words` words; else `control` as it is.
+inline std::unique_ptr<ControlComm> ControlThroughShm(std::unique_ptr<ControlComm> control,
+                                                      ShmHost* shm, int64_t bit_words) {
+  if (shm == nullptr || shm->hierarchical() || shm->size() != control->size() ||
+      control->size() < 2 || bit_words > ShmControl::kMaxBitAndWords) {
+    return control;
+  }
+  const int rank = shm->rank(), size = shm->size();
+  return std::make_unique<ShmControlComm>(std::move(control), &shm->control(), rank, size);
+}
 
 }  // namespace hvdmx
 

@@ -61,7 +61,7 @@ int64_t ShmExchange::RootWrittenBytes(int64_t read_bytes) const {
 // buffer: one copy, made by the reader, while the sender is free. MPICH
 // moves its large messages on one host this way too. It needs permission
 // to ptrace the peer (the same user, and no stricter Yama policy), which
-// CreateNodeShmAllreduce checks once, on every rank, before turning it on.
+// CreateShmHost checks once, on every rank, before turning it on.
 //
 // One call takes one chunk seq, s, on every rank, and no stage:
 // - each rank writes where its stream is (address, hole) into its control

@@ -2,7 +2,7 @@
 // (shm_region.h) and the three kinds of calls on it, each its own class:
 // the allreduce and reduce-scatter (ShmAllreduce), the byte-moving
 // collectives (ShmExchange) and the negotiation's control channel
-// (ShmControl). CreateNodeShm (shm_segment.h) builds one at hvd.init();
+// (ShmControl). CreateShmHost (shm_segment.h) builds one at hvd.init();
 // the tests build them over plain memory.
 //
 // Threading: a ShmHost belongs to one rank; its calls are made by one

@@ -12,9 +12,7 @@
 #include <string>
 #include <vector>
 
-#include "algorithms/ring.h"
 #include "base/logging.h"
-#include "comm/mpi_comm.h"
 #include "platform/output_pool.h"
 
 namespace hvdmx {
@@ -93,32 +91,6 @@ std::shared_ptr<ShmSegment> ShmSegment::Create(Group& group, int64_t region_byte
 ShmSegment::~ShmSegment() { munmap(base_, total_); }
 
 namespace {
-
-// The ranks of `group` on this rank's host (or pretend host, see
-// Config::testing_ranks_per_host), in the group's order.
-std::unique_ptr<Group> SplitByHost(Group& group, const Config& config) {
-  if (config.testing_ranks_per_host > 0) {
-    return group.Split(static_cast<int>(group.rank() / config.testing_ranks_per_host),
-                       group.rank());
-  }
-  return group.SplitByHost();
-}
-
-// The ring between hosts for a hierarchical allreduce: over the ranks of
-// `group` with this rank's local rank.
-ShmAllreduce::CrossAllreduce RingAcrossHosts(Group& group, int local_rank, const Config& config) {
-  std::unique_ptr<Group> cross = group.Split(local_rank, group.rank());
-  const bool busy = config.transport == Transport::kTcp && HostRanksOutnumberCpus(group);
-  std::shared_ptr<Comm> ring = CommOver(*cross, config, busy, CommUse::kData);
-  auto scratch = std::make_shared<RingScratch>();
-  const int64_t segment_bytes = config.ring_segment_bytes;
-  const bool wide_partials = config.half_partials_wide;
-  return [ring, scratch, segment_bytes, wide_partials](
-             void* buf, float* wide, int64_t count, DataType dtype, ReduceOp op, double postscale) {
-    RingCrossAllreduce(*ring, buf, wide, count, dtype, op, postscale, wide_partials, segment_bytes,
-                       scratch.get());
-  };
-}
 
 // Whether every rank of `local` can read every other's memory with
 // cross-memory attach (Note [Reading peers' buffers directly] in
@@ -239,50 +211,24 @@ std::shared_ptr<OutputFiles> MapOutputFiles(Group& group, Group& local, const Co
 
 }  // namespace
 
-std::unique_ptr<ShmHost> CreateNodeShm(Group& group, const Config& config) {
-  if (config.allreduce_algo != AllreduceAlgo::kAuto &&
-      config.allreduce_algo != AllreduceAlgo::kShm) {
-    return nullptr;
-  }
-  const int size = group.size();
-  std::unique_ptr<Group> local = SplitByHost(group, config);
-  const int local_rank = local->rank(), local_size = local->size();
-  // Hierarchical needs every host to have the same number of ranks.
-  const std::vector<int64_t> all_sizes = AllgatherInts(group, {local_size});
-  const int sizes[2] = {-static_cast<int>(*std::min_element(all_sizes.begin(), all_sizes.end())),
-                        static_cast<int>(*std::max_element(all_sizes.begin(), all_sizes.end()))};
-  const bool one_host = local_size == size;
-  // Unset, it is hierarchical wherever the hosts allow: measured across test
-  // hosts at 2 x 2 ranks, the ResNet-50 gradient set took 152 ms against the
-  // flat ring's 232 (docs/benchmarks.md, "Many hosts").
-  const bool wanted = config.hierarchical_allreduce || !config.hierarchical_allreduce_set;
-  const bool hierarchical = !one_host && wanted && -sizes[0] == sizes[1] && local_size > 1;
-  if (size == 1 || (!one_host && !hierarchical)) {
-    if (config.hierarchical_allreduce && !one_host) {
-      HVDMX_LOG(kWarning) << "HVDMX_HIERARCHICAL_ALLREDUCE=1 ignored, the ring is used: it needs "
-                          << "the same number of ranks, more than one, on every host (here "
-                          << -sizes[0] << " to " << sizes[1] << ")";
-    }
-    HVDMX_LOG(kDebug) << "shared-memory allreduce off: " << size << " rank(s), " << local_size
-                      << " on this host";
-    return nullptr;
-  }
+std::unique_ptr<ShmHost> CreateShmHost(Group& group, Group& local, const Config& config,
+                                       bool hierarchical, const MakeCrossAllreduce& make_cross) {
+  const int local_rank = local.rank(), local_size = local.size();
   const int64_t region_bytes = ShmRegion::RegionBytes(config.shm_chunk_bytes);
   std::string why;
   // Direct reads are for one host's byte moves: no probe when hierarchical.
-  const int64_t direct_min_bytes = hierarchical ? -1 : DirectMinBytes(group, *local, config);
-  std::shared_ptr<ShmSegment> segment = ShmSegment::Create(*local, region_bytes, &why);
+  const int64_t direct_min_bytes = hierarchical ? -1 : DirectMinBytes(group, local, config);
+  std::shared_ptr<ShmSegment> segment = ShmSegment::Create(local, region_bytes, &why);
   std::shared_ptr<OutputFiles> files;
   // Writing into peers' outputs is for one host's byte moves too.
   if (config.shm_push && !hierarchical) {
     std::string push_why;
-    files = MapOutputFiles(group, *local, config, &push_why);
+    files = MapOutputFiles(group, local, config, &push_why);
     if (files == nullptr) {
       HVDMX_LOG(kDebug) << "allgathers and alltoalls do not write into peers' outputs: "
                         << push_why;
     }
   }
-  local.reset();
   // Every rank must agree, across hosts too.
   const int64_t ok = GroupMin(group, segment != nullptr ? 1 : 0);
   if (!ok) {
@@ -293,7 +239,7 @@ std::unique_ptr<ShmHost> CreateNodeShm(Group& group, const Config& config) {
   std::vector<char*> regions;
   for (int j = 0; j < local_size; ++j) regions.push_back(segment->region(j));
   ShmAllreduce::CrossAllreduce cross;
-  if (hierarchical) cross = RingAcrossHosts(group, local_rank, config);
+  if (hierarchical) cross = make_cross();
   HVDMX_LOG(kDebug) << "shared-memory allreduce on: " << local_size << " ranks on this host"
                     << (hierarchical ? ", the ring between hosts" : "") << ", " << region_bytes
                     << " bytes per rank, direct reads "

@@ -1,11 +1,12 @@
-// Memory shared by the ranks of one host, and the factory that gives the
-// runtime shared memory (shm_host.h) when its communicator
-// lives on one host.
+// Memory shared by the ranks of one host, and the set-up of a ShmHost
+// (shm_host.h) over it at hvd.init(), which the job's wiring decides on
+// (job/shm_wiring.h).
 //
 // Note [Shared memory without MPI windows]
 // ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
-// The job's Group (comm/group.h) decides which ranks share a host: MPI's
-// MPI_COMM_TYPE_SHARED, or the host name in a job started without MPI. The
+// The job decides once which ranks share a host (Note [One host split] in
+// job/host_split.h): MPI's MPI_COMM_TYPE_SHARED, or the host name in a job
+// started without MPI. The
 // memory itself is one POSIX shared-memory object (shm_open), not an MPI-3
 // window (MPI_Win_allocate_shared): MPI_Win_free is collective and,
 // in MPICH, waits for every rank (a rank freeing a window waited until its
@@ -24,6 +25,7 @@
 #define HVDMX_SHM_SEGMENT_H_
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 
@@ -54,12 +56,18 @@ class ShmSegment {
   int64_t total_;
 };
 
-// Shared memory among the ranks of `group` (shm_host.h), for the allreduce: over all its ranks when
-// they share this host (and there are several); hierarchical (shared memory inside each host, the
-// ring between hosts) when config.hierarchical_allreduce is set and every host has the same number
-// of ranks, more than one. Null otherwise, when config.allreduce_algo is ring or mpi, or when the
-// memory cannot be had (logged). Collective over `group`.
-std::unique_ptr<ShmHost> CreateNodeShm(Group& group, const Config& config);
+// Makes the allreduce hierarchical: the ring between hosts (job/shm_wiring.h).
+using MakeCrossAllreduce = std::function<ShmAllreduce::CrossAllreduce()>;
+
+// Shared memory among `local`, the ranks of this rank's host (shm_host.h),
+// once the job has decided to have it (job/shm_wiring.h): the segment, and
+// the probes of what the ranks may do to each other's memory (direct reads,
+// writes into their outputs). `hierarchical`: the ranks of `group` span
+// hosts of as many ranks each, and the allreduce runs `make_cross()`'s ring
+// between them. Null on every rank when the memory cannot be had (logged).
+// Collective over `group` (each rank passing its own host's `local`).
+std::unique_ptr<ShmHost> CreateShmHost(Group& group, Group& local, const Config& config,
+                                       bool hierarchical, const MakeCrossAllreduce& make_cross);
 
 }  // namespace hvdmx
 

@@ -30,6 +30,7 @@
 #include "runtime/autotune.h"
 #include "runtime/fusion_plan.h"
 #include "runtime/runtime.h"
+#include "shm/shm_control_comm.h"
 
 namespace py = pybind11;
 
@@ -323,12 +324,16 @@ class LocalJob {
         local =
             std::make_unique<ShmHost>(r, size, host.regions, config.shm_chunk_bytes, host.memory);
       }
-      std::unique_ptr<LocalComm> comm =
+      std::unique_ptr<ControlComm> comm =
           r == liar ? std::make_unique<LyingLocalComm>(
                           control, r, Controller::BitWords(config.cache_capacity), lie)
                     : std::make_unique<LocalComm>(control, r);
+      // As the job wires ranks that share one host (job/comm_wiring.h).
+      comm = ControlThroughShm(std::move(comm), local.get(),
+                               Controller::BitWords(config.cache_capacity));
       runtimes_.push_back(std::make_unique<Runtime>(
-          std::move(comm), std::make_unique<LocalComm>(data_, r), config, std::move(local)));
+          std::move(comm), std::make_unique<LocalComm>(data_, r), config, std::move(local),
+          HostMap(std::vector<int64_t>(static_cast<size_t>(size), 0)), false));
       runtimes_.back()->Start();
     }
   }

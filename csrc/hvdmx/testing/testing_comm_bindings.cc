@@ -177,9 +177,8 @@ void RecordDataCollectives(Comm& comm, const std::vector<int64_t>& matrix, int64
   std::vector<float> hierarchical;
   if (!host_keys.empty()) {
     hierarchical = adasum_input();
-    const AdasumHosts hosts = FindAdasumHosts(comm, host_keys[r]);
-    HierarchicalAdasumAllreduce(comm, hosts, hierarchical.data(), counts, DataType::kFloat32,
-                                &adasum_scratch);
+    HierarchicalAdasumAllreduce(comm, HostMap::FromKeys(host_keys), hierarchical.data(), counts,
+                                DataType::kFloat32, &adasum_scratch);
   }
   py::gil_scoped_acquire gil;
   (*result)["alltoall"] = py::bytes(out);
@@ -205,8 +204,10 @@ std::vector<int> TestLinks(const std::string& links, int r, int n,
     }
     return every;
   }
-  return P2PComm::DataPeers(
-      r, n, host_keys.empty() ? std::vector<int>() : AdasumHierarchicalPeers(host_keys, r));
+  return P2PComm::DataPeers(r, n,
+                            host_keys.empty()
+                                ? std::vector<int>()
+                                : AdasumHierarchicalPeers(HostMap::FromKeys(host_keys), r));
 }
 
 // RecordCollectives (bit-ands by doubling beyond `direct_bit_and_ranks`)
@@ -405,7 +406,7 @@ std::vector<py::dict> TestingRoundBitAnd(int hosts, int per_host, int direct_bit
     std::unique_ptr<P2PComm> leaders;
     if (l == 0) leaders = std::make_unique<LocalComm>(world, h, direct_bit_and_ranks);
     std::unique_ptr<ShmHost> shm;
-    std::unique_ptr<Comm> comm;
+    std::unique_ptr<ControlComm> comm;
     if (per_host > 1) {
       shm = std::make_unique<ShmHost>(l, per_host, memory[h]->regions, 4096, memory[h]->memory,
                                       nullptr);
@@ -438,7 +439,12 @@ void DefineTestingCommBindings(py::module_& m) {
   m.def(
       "data_peers", [](int rank, int size) { return P2PComm::DataPeers(rank, size); },
       py::arg("rank"), py::arg("size"));
-  m.def("adasum_hierarchical_peers", &AdasumHierarchicalPeers, py::arg("keys"), py::arg("rank"));
+  m.def(
+      "adasum_hierarchical_peers",
+      [](const std::vector<std::string>& keys, int rank) {
+        return AdasumHierarchicalPeers(HostMap::FromKeys(keys), rank);
+      },
+      py::arg("keys"), py::arg("rank"));
   m.def("local_data_collectives", &TestingLocalDataCollectives, py::arg("n"), py::arg("links"),
         py::arg("matrix"), py::arg("count"), py::arg("host_keys"),
         py::arg("direct_bit_and_ranks") = 1);

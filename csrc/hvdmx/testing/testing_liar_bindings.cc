@@ -2,7 +2,7 @@
 // process of its own, on a test host of its own, hvd.init() over TCP)
 // that sends its peers bad negotiation bytes. lie_in_negotiation() wraps
 // the negotiation comm of the runtime that this process's next hvd.init()
-// starts (SetNegotiationCommWrapper in python/job.h) in a LyingComm, which
+// starts (SetNegotiationCommWrapper in job/job.h) in a LyingComm, which
 // passes everything on to the real comm except, once, the bytes the lie
 // replaces. The runtime, its controller and every peer are the product's.
 #include <pybind11/pybind11.h>
@@ -13,12 +13,13 @@
 #include <functional>
 #include <memory>
 #include <set>
+#include <stdexcept>
 #include <string>
 #include <utility>
 #include <vector>
 
 #include "comm/comm.h"
-#include "python/job.h"
+#include "job/job.h"
 #include "testing/testing_bindings.h"
 
 namespace py = pybind11;
@@ -53,21 +54,27 @@ Lie LieFrom(const std::string& how) {
                         "'");
 }
 
-class LyingComm : public Comm {
+// Its kFrame and kBitAnd lies are raw messages on the negotiation comm's
+// own links: that comm must be a transport's (a TcpComm over the ranks, as
+// in the test's job of one rank a host), which serves point-to-point too.
+class LyingComm : public ControlComm {
  public:
-  LyingComm(std::unique_ptr<Comm> inner, Lie how, std::string lie, std::set<int> to)
-      : inner_(std::move(inner)), how_(how), lie_(std::move(lie)), to_(std::move(to)) {}
+  LyingComm(std::unique_ptr<ControlComm> inner, Lie how, std::string lie, std::set<int> to)
+      : inner_(std::move(inner)),
+        links_(dynamic_cast<DataComm*>(inner_.get())),
+        how_(how),
+        lie_(std::move(lie)),
+        to_(std::move(to)) {
+    if ((how_ == Lie::kFrame || how_ == Lie::kBitAnd) && links_ == nullptr) {
+      throw std::logic_error(
+          "hvdmx testing: lie_in_negotiation('frame' or 'bitand') needs a "
+          "negotiation comm with point-to-point messages (TCP, one rank a "
+          "host)");
+    }
+  }
 
   int rank() const override { return inner_->rank(); }
   int size() const override { return inner_->size(); }
-  Request ISend(const void* buf, int64_t bytes, int peer) override {
-    return inner_->ISend(buf, bytes, peer);
-  }
-  Request IRecv(void* buf, int64_t bytes, int peer) override {
-    return inner_->IRecv(buf, bytes, peer);
-  }
-  void Wait(Request request) override { inner_->Wait(request); }
-  void Bcast(void* buf, int64_t bytes, int root) override { inner_->Bcast(buf, bytes, root); }
 
   std::vector<std::string> Gather(const std::string& mine, int root) override {
     if (forced_gather_ && how_ == Lie::kGather) {
@@ -79,7 +86,7 @@ class LyingComm : public Comm {
       // gather message (rank 0 must be the parent: the test's liars are
       // ranks 1 and 2 of 3).
       forced_gather_ = false;
-      inner_->Wait(inner_->ISend(lie_.data(), static_cast<int64_t>(lie_.size()), root));
+      links_->Wait(links_->ISend(lie_.data(), static_cast<int64_t>(lie_.size()), root));
       return {};
     }
     return inner_->Gather(mine, root);
@@ -133,11 +140,6 @@ class LyingComm : public Comm {
     }
   }
 
-  bool LinksEveryPair() const override { return inner_->LinksEveryPair(); }
-  bool NativeAllreduce(void* buf, int64_t count, DataType dtype, ReduceOp op) override {
-    return inner_->NativeAllreduce(buf, count, dtype, op);
-  }
-
  private:
   // A direct bit-and's message (Note [The bit-and over point-to-point] in
   // comm/p2p_collectives.cc): the words, then the partial's length and
@@ -152,12 +154,13 @@ class LyingComm : public Comm {
     for (int peer = 0; peer < size(); ++peer) {
       if (peer == rank()) continue;
       const std::string& message = to_.count(peer) ? lie_ : honest;
-      inner_->Wait(inner_->ISend(message.data(), static_cast<int64_t>(message.size()), peer));
+      links_->Wait(links_->ISend(message.data(), static_cast<int64_t>(message.size()), peer));
     }
     silent_ = true;
   }
 
-  std::unique_ptr<Comm> inner_;
+  std::unique_ptr<ControlComm> inner_;
+  DataComm* links_;  // inner_ itself, where it has point-to-point messages
   Lie how_;
   std::string lie_;
   std::set<int> to_;
@@ -174,8 +177,8 @@ void LieInNegotiation(const std::string& how, const py::bytes& lie_bytes,
   const std::string bytes = lie_bytes;
   const std::set<int> peers(to.begin(), to.end());
   if (lie != Lie::kBitAnd && !peers.empty()) throw py::value_error("to: only for 'bitand'");
-  SetNegotiationCommWrapper([lie, bytes, peers](std::unique_ptr<Comm> inner) {
-    return std::unique_ptr<Comm>(new LyingComm(std::move(inner), lie, bytes, peers));
+  SetNegotiationCommWrapper([lie, bytes, peers](std::unique_ptr<ControlComm> inner) {
+    return std::unique_ptr<ControlComm>(new LyingComm(std::move(inner), lie, bytes, peers));
   });
 }
 

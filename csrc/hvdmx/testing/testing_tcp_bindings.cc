@@ -104,8 +104,10 @@ std::vector<py::dict> TestingTcpDataCollectives(int n, const std::vector<int64_t
   py::gil_scoped_release release;
   return OnThreads(n, [&](int r, py::dict* result) {
     TcpOptions mine = options;
-    mine.peers = P2PComm::DataPeers(
-        r, n, host_keys.empty() ? std::vector<int>() : AdasumHierarchicalPeers(host_keys, r));
+    mine.peers = P2PComm::DataPeers(r, n,
+                                    host_keys.empty()
+                                        ? std::vector<int>()
+                                        : AdasumHierarchicalPeers(HostMap::FromKeys(host_keys), r));
     std::unique_ptr<TcpComm> comm = MakeComm(r, n, &exchange, mine);
     RecordCollectives(*comm, count, 64, result);
     RecordDataCollectives(*comm, matrix, count, host_keys, result);

@@ -1,30 +1,48 @@
-// The process-wide state behind hvdmx._core: see job.h.
-#include "python/job.h"
+// The job: see job.h.
+#include "job/job.h"
+
+#include <mpi.h>
 
 #include <algorithm>
 #include <map>
-#include <stdexcept>
+#include <mutex>
 #include <string>
 
-#include "algorithms/adasum.h"
 #include "base/logging.h"
 #include "base/timeline.h"
 #include "comm/mpi_comm.h"
+#include "config/env_config.h"
+#include "job/comm_wiring.h"
+#include "job/secret_key.h"
 #include "platform/cpu_binding.h"
 #include "platform/output_pool.h"
-#include "shm/host_tree_comm.h"
-#include "shm/shm_segment.h"
 
 namespace hvdmx {
+namespace {
+
+// The process-wide state. Set 0 is the global set; every rank knows every
+// set's ranks, but holds a runtime only for the sets it belongs to.
+struct Global {
+  std::mutex mu;
+  std::shared_ptr<Runtime> runtime;  // the global set's
+  Topology topo;
+  HostMap hosts;         // which ranks of the job share a host (Note [One host split])
+  int thread_level = 0;  // MPI's; -1 in a job without MPI
+  Config config;
+  std::unique_ptr<Group> world;  // the job's ranks (an MPI duplicate, or a rendezvous)
+  std::map<int, std::shared_ptr<Runtime>> sets;  // ids >= 1 this rank belongs to
+  std::map<int, std::vector<int>> set_ranks;     // ids >= 1, every rank
+  int next_set_id = 1;
+  NegotiationCommWrapper wrap_negotiation;  // empty unless the tests' module set it
+};
 
 Global& G() {
   static Global* g = new Global();  // never destroyed: engine threads may outlive main
   return *g;
 }
 
+// Whether the global runtime runs. Callers hold G().mu.
 bool Running() { return G().runtime && !G().runtime->stopped(); }
-
-namespace {
 
 const char kNotInitialized[] =
     "hvdmx has not been initialized, or has been shut down; call hvd.init() first";
@@ -51,44 +69,6 @@ Status SetRuntimeLocked(int set_id, std::shared_ptr<Runtime>* runtime) {
                                  "with hvd.add_process_set on every rank first");
 }
 
-// The job's shape, and in *hosts every host's ranks (hosts in the order of
-// their lowest rank).
-Topology ComputeTopology(Group& group, std::vector<std::vector<int>>* hosts) {
-  Topology t;
-  t.rank = group.rank();
-  t.size = group.size();
-  std::unique_ptr<Group> local = group.SplitByHost();
-  t.local_rank = local->rank();
-  t.local_size = local->size();
-  // A host is named by its lowest rank.
-  const std::vector<int64_t> host_of = AllgatherInts(group, {GroupMin(*local, t.rank)});
-  hosts->clear();
-  std::map<int64_t, size_t> index;
-  for (int r = 0; r < t.size; ++r) {
-    const int64_t h = host_of[static_cast<size_t>(r)];
-    // A host's lowest rank is a rank no greater than the sender's own (the
-    // bytes may have crossed the network through a rendezvous).
-    if (h < 0 || h > r) {
-      throw std::runtime_error("hvdmx.init: rank " + std::to_string(r) + " named rank " +
-                               std::to_string(h) +
-                               " as its host's lowest, which cannot be; every rank must "
-                               "run the same hvdmx");
-    }
-    if (!index.count(h)) {
-      index[h] = hosts->size();
-      hosts->emplace_back();
-    }
-    (*hosts)[index[h]].push_back(r);
-  }
-  std::unique_ptr<Group> cross = group.Split(t.local_rank, t.rank);
-  t.cross_rank = cross->rank();
-  t.cross_size = cross->size();
-  return t;
-}
-
-// Whether another rank of `group` runs on this host. Collective over `group`.
-bool PeersOnThisHost(Group& group) { return HostRankCount(group) > 1; }
-
 // A fingerprint of a list of ints (FNV-1a over them, plus their count), for
 // ranks to check cheaply that they hold the same list.
 uint64_t Fingerprint(const std::vector<int>& values) {
@@ -98,91 +78,23 @@ uint64_t Fingerprint(const std::vector<int>& values) {
 }
 
 // Binds this process's threads to one CPU where HVDMX_CPU_BIND says so (see
-// Note [Binding a rank's threads to one CPU]). Collective over `group`: the
-// ranks of this host compare their CPUs.
-void MaybeBindToCpu(Group& group, CpuBind mode) {
-  std::unique_ptr<Group> local = group.SplitByHost();
-  const int local_rank = local->rank(), local_size = local->size();
+// Note [Binding a rank's threads to one CPU]). Collective over `group`,
+// whose hosts `hosts` describes: the ranks of this host compare their CPUs.
+void MaybeBindToCpu(Group& group, const HostMap& hosts, CpuBind mode) {
+  const int rank = group.rank();
+  const int local_rank = hosts.local_rank(rank), local_size = hosts.local_size(rank);
   const std::vector<int> cpus = CurrentCpus();
   const int64_t print = static_cast<int64_t>(Fingerprint(cpus));
   // Every rank of the host has the same CPUs when every fingerprint is this one's.
+  const std::vector<int64_t> prints = AllgatherInts(group, {print});
   bool same = true;
-  for (int64_t theirs : AllgatherInts(*local, {print})) same &= theirs == print;
-  local.reset();
+  for (int r : hosts.host_ranks(rank)) same &= prints[static_cast<size_t>(r)] == print;
   const int cpu = ChooseCpu(mode, cpus, local_rank, local_size, same);
   if (cpu < 0) return;
   const int threads = BindAllThreads(cpu);
   HVDMX_LOG(kDebug) << "init: bound " << threads << " threads to CPU " << cpu << " (local rank "
                     << local_rank << " of " << local_size << ", " << cpus.size()
                     << " CPUs; HVDMX_CPU_BIND=" << CpuBindName(mode) << ")";
-}
-
-// Whether the ranks of `group` talk over hvdmx's own TCP sockets (see
-// Config::transport): always without MPI. Collective over `group`.
-bool UseTcp(Group& group, Transport transport) {
-  if (dynamic_cast<MpiGroup*>(&group) == nullptr) return true;
-  if (transport != Transport::kAuto) return transport == Transport::kTcp;
-  return HostRankCount(group) < group.size();
-}
-
-// The negotiation's comm over `comm` (Note [Negotiation across hosts] in
-// shm/host_tree_comm.h): through shared memory and the hosts' leaders
-// where the hosts have the same number of ranks (`shm` is hierarchical),
-// else over every rank of `group` alike. Collective over `group`.
-std::unique_ptr<Comm> NegotiationComm(Group& group, const Config& config, bool busy, ShmHost* shm) {
-  const int rank = group.rank(), size = group.size();
-  const int on_this_host = HostRankCount(group);
-  const bool across_hosts = config.transport == Transport::kTcp && on_this_host < size;
-  const bool tree = across_hosts && shm != nullptr && shm->hierarchical() &&
-                    Controller::BitWords(config.cache_capacity) <= ShmControl::kMaxBitAndWords;
-  if (!tree) {
-    // With one rank on every host the leaders are all the ranks: nothing to say.
-    const int64_t most_on_a_host = GroupMax(group, on_this_host);
-    if (across_hosts && most_on_a_host > 1 && rank == 0) {
-      HVDMX_LOG(kWarning) << "hvdmx: negotiation runs over all " << size
-                          << " ranks alike (recursive doubling beyond "
-                          << P2PComm::kDirectBitAndRanks
-                          << "), not through one leader a host, which needs the same number "
-                             "of ranks on every host, shared memory between them and "
-                             "HVDMX_HIERARCHICAL_ALLREDUCE not 0 (docs/scaling.md)";
-    }
-    return CommOver(group, config, busy, CommUse::kNegotiation);
-  }
-  std::unique_ptr<Group> leaders_group = group.Split(shm->rank() == 0 ? 0 : -1, rank);
-  std::unique_ptr<P2PComm> leaders;
-  if (leaders_group != nullptr) {
-    std::unique_ptr<Comm> made = CommOver(*leaders_group, config, busy, CommUse::kNegotiation);
-    leaders.reset(dynamic_cast<P2PComm*>(made.release()));
-    HVDMX_CHECK(leaders != nullptr, "the leaders' comm is a TCP comm");
-  }
-  return std::make_unique<HostTreeComm>(&shm->control(), shm->rank(), shm->size(),
-                                        std::move(leaders), rank, size);
-}
-
-// The ranks the hierarchical Adasum pairs with this one, which the data
-// comm links with besides its own (Note [The data comm's links] in
-// comm/p2p_comm.h): none unless it is on and the data travels over TCP.
-// Collective over `group` (every rank agrees on both settings).
-std::vector<int> AdasumPeers(Group& group, const Config& config) {
-  if (config.transport != Transport::kTcp || !config.adasum_hierarchical) return {};
-  const std::vector<std::string> keys = group.Allgather(AdasumHostKey(config, group.rank()));
-  return AdasumHierarchicalPeers(keys, group.rank());
-}
-
-// Collective over `group`.
-std::shared_ptr<Runtime> StartRuntime(Group& group) {
-  Config config = G().config;
-  config.transport = UseTcp(group, config.transport) ? Transport::kTcp : Transport::kMpi;
-  std::unique_ptr<ShmHost> shm = CreateNodeShm(group, config);
-  const bool busy = config.transport == Transport::kTcp && HostRanksOutnumberCpus(group);
-  std::unique_ptr<Comm> control = NegotiationComm(group, config, busy, shm.get());
-  if (G().wrap_negotiation) control = G().wrap_negotiation(std::move(control));
-  std::unique_ptr<Comm> data =
-      CommOver(group, config, busy, CommUse::kData, AdasumPeers(group, config));
-  auto runtime = std::make_shared<Runtime>(std::move(control), std::move(data), config,
-                                           std::move(shm), PeersOnThisHost(group));
-  runtime->Start();
-  return runtime;
 }
 
 // Stops every runtime this rank holds, process sets first (every rank stops
@@ -257,10 +169,10 @@ Status CheckSettingsAgree(Group& group, const Config& c) {
 
 }  // namespace
 
-Status JobTopology(Topology* topology, int* thread_level) {
+Status JobTopology(Topology* topology, bool* thread_multiple) {
   std::lock_guard<std::mutex> lock(G().mu);
   if (!G().runtime) return Status::InvalidArgument(kNotInitialized);
-  *thread_level = G().thread_level;
+  *thread_multiple = G().thread_level >= MPI_THREAD_MULTIPLE;
   *topology = G().topo;
   return Status::Ok();
 }
@@ -268,8 +180,30 @@ Status JobTopology(Topology* topology, int* thread_level) {
 Status JobHosts(std::vector<std::vector<int>>* hosts) {
   std::lock_guard<std::mutex> lock(G().mu);
   if (!G().runtime) return Status::InvalidArgument(kNotInitialized);
-  *hosts = G().hosts;
+  *hosts = G().hosts.hosts();
   return Status::Ok();
+}
+
+bool JobRunning() {
+  std::lock_guard<std::mutex> lock(G().mu);
+  return Running();
+}
+
+Status JobStopStatus() {
+  std::lock_guard<std::mutex> lock(G().mu);
+  return G().runtime ? G().runtime->stop_status() : Status::Ok();
+}
+
+double JobStallShutdownSeconds() {
+  std::lock_guard<std::mutex> lock(G().mu);
+  return G().config.stall_shutdown_seconds;
+}
+
+std::vector<int> JobProcessSetIds() {
+  std::lock_guard<std::mutex> lock(G().mu);
+  std::vector<int> ids{0};
+  for (const auto& kv : G().set_ranks) ids.push_back(kv.first);
+  return ids;
 }
 
 Status RunningRuntime(int set_id, std::shared_ptr<Runtime>* runtime) {
@@ -310,7 +244,8 @@ Status StartLocked(std::unique_ptr<Group> world, int thread_level) {
         "--no-mpi); unset it, or start the job with MPI");
   }
   Group& group = *world;
-  G().topo = ComputeTopology(group, &G().hosts);
+  G().hosts = FindHosts(group);
+  G().topo = TopologyOf(G().hosts, group.rank());
   SetLogRank(G().topo.rank);
   status = CheckSettingsAgree(group, config);
   if (!status.ok()) return status;
@@ -324,8 +259,8 @@ Status StartLocked(std::unique_ptr<Group> world, int thread_level) {
     if (!status.ok()) return status;
   }
   // Before the runtime starts, so that its thread starts bound.
-  MaybeBindToCpu(group, config.cpu_bind);
-  G().runtime = StartRuntime(group);
+  MaybeBindToCpu(group, G().hosts, config.cpu_bind);
+  G().runtime = StartRuntime(group, G().hosts, G().config, G().wrap_negotiation);
   G().world = std::move(world);
   return Status::Ok();
 }
@@ -383,7 +318,10 @@ Status AddProcessSet(const std::vector<int>& ranks, bool same_everywhere, int* i
   std::unique_ptr<Group> sub = G().world->Split(member ? ranks[0] : -1, G().topo.rank);
   *id = G().next_set_id++;
   G().set_ranks[*id] = ranks;
-  if (member) G().sets[*id] = StartRuntime(*sub);
+  if (member) {
+    G().sets[*id] = StartRuntime(*sub, HostsOfSubgroup(*sub, G().hosts, G().topo.rank), G().config,
+                                 G().wrap_negotiation);
+  }
   return Status::Ok();
 }
 

@@ -1,62 +1,51 @@
-// The process-wide state behind the module hvdmx._core: the job's shape and
-// one Runtime per process set, with init, shutdown and the process sets'
-// life cycle. Errors are returned as a Status, which bindings.cc (the module)
-// raises in Python; nothing here knows Python.
+// The job, as hvd.init() builds it: the job's shape and one Runtime per
+// process set, with init, shutdown and the process sets' life cycle. How
+// its comms are wired is comm_wiring.h's, which ranks share a host
+// host_split.h's, the key secret_key.h's. Errors are returned as a Status,
+// which the bindings (python/bindings.cc, the module hvdmx._core) raise in
+// Python; nothing here knows Python.
 //
-// Threading: everything here takes G().mu, and is called from Python
-// threads only, without the GIL wherever MPI or a runtime may wait (the
-// bindings release it).
+// Threading: everything here takes the job's lock, and is called from
+// Python threads only, without the GIL wherever MPI or a runtime may wait
+// (the bindings release it).
 #ifndef HVDMX_JOB_H_
 #define HVDMX_JOB_H_
 
-#include <mpi.h>
-
-#include <functional>
-#include <map>
+#include <cstdint>
 #include <memory>
-#include <mutex>
 #include <vector>
 
+#include "base/common.h"
 #include "comm/group.h"
-#include "config/env_config.h"
+#include "job/comm_wiring.h"
+#include "job/host_split.h"
 #include "runtime/runtime.h"
 
 namespace hvdmx {
 
-struct Topology {
-  int rank = 0, size = 1, local_rank = 0, local_size = 1, cross_rank = 0, cross_size = 1;
-};
+// Whether the global runtime runs: false before init, after shutdown, and
+// again once any rank has shut the job down (see Note [Shutdown]).
+bool JobRunning();
 
-// The process-wide state. Set 0 is the global set; every rank knows every
-// set's ranks, but holds a runtime only for the sets it belongs to.
-// What a runtime negotiates over, given the comm init made for it (see
-// SetNegotiationCommWrapper).
-using NegotiationCommWrapper = std::function<std::unique_ptr<Comm>(std::unique_ptr<Comm>)>;
+// Why the global runtime stopped when this rank's shutdown did not stop it
+// alone (Runtime::stop_status); Ok while it runs, before init and after
+// this rank's shutdown.
+Status JobStopStatus();
 
-struct Global {
-  std::mutex mu;
-  std::shared_ptr<Runtime> runtime;  // the global set's
-  Topology topo;
-  std::vector<std::vector<int>> hosts;  // every host's ranks, by their lowest rank
-  int thread_level = 0;                 // MPI's; -1 in a job without MPI
-  Config config;
-  std::unique_ptr<Group> world;  // the job's ranks (an MPI duplicate, or a rendezvous)
-  std::map<int, std::shared_ptr<Runtime>> sets;  // ids >= 1 this rank belongs to
-  std::map<int, std::vector<int>> set_ranks;     // ids >= 1, every rank
-  int next_set_id = 1;
-  NegotiationCommWrapper wrap_negotiation;  // empty unless the tests' module set it
-};
-Global& G();
+// HVDMX_STALL_SHUTDOWN_TIME_SECONDS as the last init read it (0: off, and
+// before the first init).
+double JobStallShutdownSeconds();
 
-// Whether the global runtime runs. Callers hold G().mu.
-bool Running();
+// The ids of the process sets every rank knows, 0 (the global set) first.
+std::vector<int> JobProcessSetIds();
 
-// This rank's place in the job and MPI's thread level, from Init until this
+// This rank's place in the job and whether MPI provides
+// MPI_THREAD_MULTIPLE (false in a job without MPI), from Init until this
 // rank's own Shutdown(): also after a peer's shutdown (or a stall) stopped
 // the runtime, as Horovod's answer until their own shutdown, so a rank
 // handling that error can still say which rank it is. InvalidArgument
 // otherwise.
-Status JobTopology(Topology* topology, int* thread_level);
+Status JobTopology(Topology* topology, bool* thread_multiple);
 // Every host's ranks (hosts in the order of their lowest rank), known from
 // init as JobTopology's answer is.
 Status JobHosts(std::vector<std::vector<int>>* hosts);
