@@ -13,6 +13,7 @@ list. This package (``hvdmx``, this file) is the facade: at import it loads
 nothing of hvdmx, and its names load their modules when first used; the
 programs below it use hvdmx through it, as a user's script does.
 
+    _version        the version, in one place (__version__)
     errors          exception classes (MXNetError and ValueError/TypeError)
     run_flags       hvdmxrun's tuning flags and the variables they set
     run_hosts       hvdmxrun's hosts: -H, the hostfile, the checks of each host
@@ -56,7 +57,7 @@ programs below it use hvdmx through it, as a user's script does.
 import importlib
 from typing import TYPE_CHECKING
 
-__version__ = "0.1.0"
+from ._version import __version__ as __version__
 
 # Public name -> the submodule that defines it.
 _EXPORTS = {
