@@ -32,6 +32,23 @@ ONE_MPI_FIX = ("hvdmx and mpi4py must use one MPI: unset MPI4PY_LIBMPI and MPI4P
                 "in README.md)")
 
 
+NO_MPI_FIX = ("install an MPI: pip install mpich (the MPI hvdmx's binary wheel is built for), "
+              "or see 'Building against a system MPI' in README.md")
+
+
+def missing_libmpi(error: str, loaded: str) -> str:
+    """The error message when the extension cannot find the MPI library it was
+    linked against (``error``, the loader's) while mpi4py has ``loaded`` another:
+    with the soname the loader names, it says which MPI to install."""
+    message = (f"hvdmx: the extension cannot load the MPI library it was built against "
+               f"({error}), and mpi4py has loaded {loaded}; {ONE_MPI_FIX}")
+    if "libmpi.so.12" in error:  # MPICH's soname: what hvdmx's wheel is built for
+        message += ("; or install the `mpich` wheel beside it: pip install mpich (hvdmx's "
+                    "binary wheel is built for MPICH's library, which Intel MPI and MVAPICH "
+                    "share)")
+    return message
+
+
 def two_mpis(built: str, loaded: str):
     """The error message when the extension's MPI (``built``) and the one
     mpi4py loaded are of different families, else None."""
@@ -135,7 +152,11 @@ def load_core():
         message = settle_pmix(os.environ, wheel_libmpi())
         if message is not None:
             raise RuntimeError(message)
-    MPI = importlib.import_module("mpi4py.MPI")
+    try:
+        MPI = importlib.import_module("mpi4py.MPI")
+    except (ImportError, RuntimeError) as error:  # mpi4py found no MPI library
+        raise ImportError(f"hvdmx: mpi4py cannot load an MPI library ({error}); {NO_MPI_FIX}") \
+            from error
     name, version = MPI.get_vendor()
     loaded = f"{name} {'.'.join(map(str, version))}"
     try:
@@ -143,9 +164,7 @@ def load_core():
     except ImportError as error:
         if "libmpi" not in str(error):
             raise
-        raise ImportError(f"hvdmx: the extension cannot load the MPI library it was built "
-                          f"against ({error}), and mpi4py has loaded {loaded}; "
-                          f"{ONE_MPI_FIX}") from error
+        raise ImportError(missing_libmpi(str(error), loaded)) from error
     message = two_mpis(core.mpi_vendor(), loaded)
     if message is not None:
         # The import bound hvdmx._core; unbound, the next use is refused too.
