@@ -1,5 +1,5 @@
 # hvdmx developer targets. `make demo` and `make test` work on a fresh clone with
-# only python3, a C++17 compiler and OpenSSL's headers: they create (or reuse) .venv, install hvdmx
+# only python3 and a C++17 compiler: they create (or reuse) .venv, install hvdmx
 # into it in editable mode, build the extension, then run.
 
 PYTHON ?= python3
@@ -29,7 +29,7 @@ BUILD_REQUIRES = $(shell $(PY) -c 'import re, shlex, sys; t = open("pyproject.to
 	print(" ".join(map(shlex.quote, r)))')
 
 .PHONY: venv build demo test lint-cxx lint-py typecheck scikit-learn horovod-programs other-mpi clean \
-	distclean
+	distclean wheel sdist wheel-tools
 
 venv: $(INSTALLED)
 
@@ -104,6 +104,31 @@ scikit-learn: $(SKLEARN)/.installed
 $(SKLEARN)/.installed: tests/scikit_learn.txt | $(INSTALLED)
 	$(call install_apart,$(SKLEARN),--target,$<)
 
+# The tools of `make wheel` and `make sdist` (tools/wheel_requirements.txt says
+# which and why they stay out of the venv).
+WHEEL_TOOLS := $(VENV)/wheel-tools
+
+wheel-tools: $(WHEEL_TOOLS)/.installed
+
+$(WHEEL_TOOLS)/.installed: tools/wheel_requirements.txt | $(INSTALLED)
+	$(call install_apart,$(WHEEL_TOOLS),--target,$<)
+
+# Binary wheels into dist/, one per CPython of WHEEL_PYTHONS (versions, found
+# through pyenv or as pythonX.Y on PATH, or interpreter paths), tagged
+# manylinux_2_28: see tools/build_wheel.py. Its objects stay in build/wheel/,
+# so a second run compiles only what changed. HVDMX_BUILD_JOBS as for `make build`.
+WHEEL_PYTHONS ?= 3.9 3.10 3.11
+
+wheel: $(WHEEL_TOOLS)/.installed
+	PYTHONPATH=$(abspath $(WHEEL_TOOLS)) nice $(PY) tools/build_wheel.py \
+		$(foreach p,$(WHEEL_PYTHONS),--python $(p)) --dist dist
+
+# The source distribution, into dist/: `pip install dist/hvdmx-VERSION.tar.gz`
+# builds it as `make build` does (a C++17 compiler needed). Built from the venv,
+# which holds the build requirements, rather than a fresh isolated environment.
+sdist: $(WHEEL_TOOLS)/.installed
+	PYTHONPATH=$(abspath $(WHEEL_TOOLS)) $(PY) -m build --sdist --no-isolation --outdir dist .
+
 demo: venv build scikit-learn
 	$(MPIEXEC) $(MPIEXEC_FLAGS) -n 2 $(PY) examples/mnist_gluon.py
 
@@ -117,7 +142,7 @@ lint-py: venv
 typecheck: venv
 	$(VENV)/bin/mypy
 
-test: venv build scikit-learn horovod-programs other-mpi lint-py typecheck
+test: venv build scikit-learn horovod-programs other-mpi wheel-tools lint-py typecheck
 	$(MAKE) --no-print-directory lint-cxx
 	PYTHON=$(PY) MPIEXEC=$(MPIEXEC) MPIEXEC_FLAGS='$(MPIEXEC_FLAGS)' tests/run_all.sh
 
@@ -127,7 +152,7 @@ lint-cxx: venv
 	$(VENV)/bin/clang-format --dry-run --Werror $(sort $(CSRC))
 
 clean:
-	rm -rf build *.egg-info hvdmx/_core*.so hvdmx/libhvdmx_core.so tests/_hvdmx_testing*.so .pytest_cache .hypothesis
+	rm -rf build dist *.egg-info hvdmx/_core*.so hvdmx/libhvdmx_core.so tests/_hvdmx_testing*.so .pytest_cache .hypothesis
 	find . -path ./$(VENV) -prune -o -name __pycache__ -type d -prune -exec rm -rf {} +
 
 distclean: clean
