@@ -404,6 +404,7 @@ def main(argv=None) -> int:
     bindings = [hvdmx_setup.CORE_BINDINGS, hvdmx_setup.BINDINGS_SUPPORT]
     modules = {info["version"]: {} for info in pythons}
     first_core = None
+    first_bindings = {}  # Python version -> the first MPI's binding objects
     for mpi, soname, infix in mpis:
         vendor = mpi_vendor(cxx, mpi)
         print(f"build_wheel: MPI {vendor} ({soname})", flush=True)
@@ -431,7 +432,14 @@ def main(argv=None) -> int:
             flags = common + ["-fvisibility=hidden", "-isystem", info["include"],
                               "-isystem", pybind11_include()]
             where = "cp" + info["version"] + infix.replace(".", "-")
-            module_objects = objects.compile(bindings, where, cxx, flags)
+            if info["version"] not in first_bindings:
+                module_objects = objects.compile(bindings, where, cxx, flags)
+                first_bindings[info["version"]] = module_objects
+            else:  # as for the core: only what differs with the MPI
+                first = first_bindings[info["version"]]
+                again = [s for s, o in zip(bindings, first) if uses_mpi(o, s)]
+                rebuilt = dict(zip(again, objects.compile(again, where, cxx, flags)))
+                module_objects = [rebuilt.get(s, o) for s, o in zip(bindings, first)]
             module_name = "_core" + infix + info["suffix"]
             module = os.path.join(args.build_dir, ZIG_TARGET, where, module_name)
             command = cxx + ["-o", module] + core + module_objects + link
