@@ -29,7 +29,7 @@ BUILD_REQUIRES = $(shell $(PY) -c 'import re, shlex, sys; t = open("pyproject.to
 	print(" ".join(map(shlex.quote, r)))')
 
 .PHONY: venv build demo test lint-cxx lint-py typecheck scikit-learn horovod-programs other-mpi clean \
-	distclean wheel sdist wheel-tools
+	distclean wheel wheel-objects sdist wheel-tools
 
 venv: $(INSTALLED)
 
@@ -124,6 +124,14 @@ wheel: $(WHEEL_TOOLS)/.installed $(OTHER_MPI)/.installed
 	PYTHONPATH=$(abspath $(WHEEL_TOOLS)) nice $(PY) tools/build_wheel.py \
 		$(foreach p,$(WHEEL_PYTHONS),--python $(p)) --openmpi $(OTHER_MPI) --dist dist
 
+# The wheel for this venv's Python into build/wheel/dist, run by `make test`
+# before the suite: tests/test_wheel.py then reuses every object and only links,
+# so its share of the suite's run timeouts stays small (a first build compiles
+# the core with zig, minutes on a 2-core machine).
+wheel-objects: $(WHEEL_TOOLS)/.installed $(OTHER_MPI)/.installed
+	PYTHONPATH=$(abspath $(WHEEL_TOOLS)) nice $(PY) tools/build_wheel.py --python $(PY) \
+		--openmpi $(OTHER_MPI) --dist build/wheel/dist
+
 # The source distribution, into dist/: `pip install dist/hvdmx-VERSION.tar.gz`
 # builds it as `make build` does (a C++17 compiler needed). Built from the venv,
 # which holds the build requirements, rather than a fresh isolated environment.
@@ -145,6 +153,7 @@ typecheck: venv
 
 test: venv build scikit-learn horovod-programs other-mpi wheel-tools lint-py typecheck
 	$(MAKE) --no-print-directory lint-cxx
+	$(MAKE) --no-print-directory wheel-objects
 	PYTHON=$(PY) MPIEXEC=$(MPIEXEC) MPIEXEC_FLAGS='$(MPIEXEC_FLAGS)' tests/run_all.sh
 
 # The C++ sources against .clang-format: fails, naming each line, where
