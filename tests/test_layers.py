@@ -127,10 +127,10 @@ def test_the_check_sees_an_upward_import(tmp_path, monkeypatch):
 # The launcher's rooms: what starts a job (hvdmx/runner/) and the rendezvous
 # it serves (hvdmx/rendezvous/, which the ranks join).
 LAUNCHER = ("runner", "rendezvous", "spark")
-# What the launcher may import of hvdmx besides its rooms: MPI's identity
+# What the launcher may import of hvdmx besides its rooms: the version and MPI's identity
 # (which MPI hvdmx was built with, for the launcher-mismatch warning), not
 # the rank API; neither loads MXNet.
-MPI_IDENTITY = {"_mpi", "_core"}
+MPI_IDENTITY = {"_mpi", "_core", "_version"}
 # Programs on top of both sides, not the rank API: they run the launcher
 # (run: python -m hvdmx.run; as_horovod: horovod.run; bench.cli: the
 # runner's number flags for its own; build_report: loads MPI as hvdmxrun does).

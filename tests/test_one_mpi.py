@@ -114,3 +114,17 @@ def test_open_mpis_mpirun_is_refused_with_the_fix(open_mpi_env):
         result.stderr
     assert "Start the job with hvdmxrun -np N" in result.stderr
     assert "unsupported PMI version" not in result.stderr
+
+
+def test_a_missing_mpich_library_names_the_mpich_wheel_as_a_fix():
+    # hvdmx's binary wheel beside Open MPI alone (tests/test_wheel.py runs it).
+    error = "libmpi.so.12: cannot open shared object file: No such file or directory"
+    message = hvdmx._mpi.missing_libmpi(error, "Open MPI 4.1.8")
+    assert message.startswith(f"hvdmx: the extension cannot load the MPI library it was built "
+                              f"against ({error}), and mpi4py has loaded Open MPI 4.1.8; ")
+    assert message.endswith("or install the `mpich` wheel beside it: pip install mpich (hvdmx's "
+                            "binary wheel is built for MPICH's library, which Intel MPI and "
+                            "MVAPICH share)")
+    # Built against Open MPI (from source), the mpich wheel would not help.
+    other = hvdmx._mpi.missing_libmpi(error.replace(".12", ".40"), "MPICH 5.0.2")
+    assert "pip install mpich" not in other and hvdmx._mpi.ONE_MPI_FIX in other

@@ -25,6 +25,7 @@ import subprocess
 import sys
 from typing import List, Mapping, Optional, Sequence, TextIO
 
+from hvdmx._version import __version__
 from hvdmx.runner.flags import add_tuning_flags, tuning_env
 from hvdmx.runner.hosts import Host, UsageError, check_remote_starts, format_hosts, parse_hosts, \
     read_hostfile, resolve_num_proc, unresolved_hosts, unused_hosts
@@ -186,6 +187,8 @@ def make_parser() -> argparse.ArgumentParser:
                         help="print the launcher command and exit without running it")
     launch.add_argument("--check-build", action="store_true",
                         help="print what this hvdmx was built with and supports, and exit")
+    launch.add_argument("--version", action="version", version=f"hvdmx {__version__}",
+                        help="print hvdmx's version and exit")
 
     nompi = parser.add_argument_group("without MPI (see docs/running.md, \"Without MPI\")")
     nompi.add_argument("--no-mpi", action="store_true",

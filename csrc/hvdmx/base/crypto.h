@@ -3,7 +3,8 @@
 // wrappers, so that no caller touches OpenSSL's API and nothing here is
 // written by hand. Used to authenticate TCP connections between ranks
 // (Note [Authenticating a connection] in comm/tcp_handshake.h) and to make a
-// job's secret key at init.
+// job's secret key at init. libcrypto is found at run time, by soname: see
+// Note [Loading libcrypto at run time] in crypto.cc.
 #ifndef HVDMX_CRYPTO_H_
 #define HVDMX_CRYPTO_H_
 
@@ -15,6 +16,9 @@ namespace hvdmx {
 // HMAC-SHA256's output, and the size of a job's secret key (256 bits).
 constexpr size_t kMacBytes = 32;
 constexpr size_t kSecretKeyBytes = 32;
+
+// Every function below that uses libcrypto throws std::runtime_error naming
+// the library and the fix when no libcrypto can be loaded.
 
 // `n` bytes from the operating system's random source, through OpenSSL's
 // generator. Throws std::runtime_error if it cannot give them.
