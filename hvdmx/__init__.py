@@ -16,6 +16,7 @@ programs below it use hvdmx through it, as a user's script does.
     errors          exception classes (MXNetError and ValueError/TypeError)
     run_flags       hvdmxrun's tuning flags and the variables they set
     run_hosts       hvdmxrun's hosts: -H, the hostfile, the checks of each host
+    runner          the scheduler's hosts: a Slurm allocation, an MPI hostfile's variable
     elastic_hosts   an elastic job's hosts: discovery, blacklist, numbering of ranks
     elastic_membership  who is in an elastic job, generation by generation
     elastic_launch  hvdmxrun's elastic loop: workers started, watched, hosts failed

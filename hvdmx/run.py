@@ -34,6 +34,7 @@ from .run_launcher import INTEL, MPICH, OPENMPI, PROG, Launcher, build_command, 
     launcher_mismatch, mpi_without_init, plan_launch, remote_shell, split_mpi_args
 from .run_elastic import check_options as check_elastic_options, launch_elastic
 from .run_nompi import launch as launch_without_mpi
+from .runner.allocation import scheduler_hosts
 
 # Also hvdmxrun's, for the tests and for scripts that use them from here.
 __all__ = ["INTEL", "MPICH", "OPENMPI", "Host", "Launcher", "UsageError", "build_command",
@@ -273,6 +274,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             hosts, host_flag = parse_hosts(args.hosts), "-H"
         elif args.hostfile is not None:
             hosts, host_flag = read_hostfile(args.hostfile), "--hostfile"
+        elif args.host_discovery_script is None:  # an MPI hostfile's variable, or Slurm's
+            hosts, host_flag = scheduler_hosts(os.environ)
         else:
             hosts, host_flag = None, ""
         if is_elastic(args):

@@ -1,0 +1,32 @@
+"""The hosts a scheduler gave the job, for hvdmxrun without -H or --hostfile:
+- a hostfile named by the variable an MPI launcher reads it from, as the
+  Kubernetes MPI Operator sets them (docs/clusters.md):
+  OMPI_MCA_orte_default_hostfile (Open MPI), HYDRA_HOST_FILE (MPICH's Hydra),
+  I_MPI_HYDRA_HOST_FILE (Intel MPI); the first one set, in that order;
+- else the Slurm allocation this process runs in (hvdmx/runner/slurm.py).
+The hosts come back with the name of where they came from, which hvdmxrun's
+messages and --dry-run use as they use "-H" or "--hostfile".
+"""
+from __future__ import annotations
+
+from typing import List, Mapping, Optional, Tuple
+
+from ..run_hosts import Host, read_hostfile
+from .slurm import NODELIST, TASKS, allocation
+
+HOSTFILE_VARIABLES = ("OMPI_MCA_orte_default_hostfile", "HYDRA_HOST_FILE",
+                      "I_MPI_HYDRA_HOST_FILE")
+
+
+def scheduler_hosts(environ: Mapping[str, str]) -> Tuple[Optional[List[Host]], str]:
+    """(hosts, where they come from) from the environment, or (None, '')
+    when it names none. UsageError for a named hostfile that cannot be read
+    or parsed, or a malformed Slurm allocation."""
+    for variable in HOSTFILE_VARIABLES:
+        path = environ.get(variable)
+        if path:
+            return read_hostfile(path, flag=variable), f"{variable}={path}"
+    found = allocation(environ)
+    if found is None:
+        return None, ""
+    return found.hosts, f"the Slurm allocation ({NODELIST}, {TASKS})"
