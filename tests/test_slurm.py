@@ -1,0 +1,167 @@
+"""hvdmx in a real Slurm cluster: Debian's slurmctld and slurmd on two test
+hosts (tools/slurm_cluster.py, started once for this file and removed at its
+end, on failure too). hvdmxrun inside salloc and sbatch, under MPI and
+without, takes its hosts and -np from the allocation; srun starts the
+ranks with no launcher of ours (PMI); the errors for -np beyond the
+allocation and for srun without a PMI; Slurm's node list against
+`scontrol show hostnames`. Each job is a 2 x 2 allreduce whose result every
+rank checks against the ranks' own inputs."""
+import json
+import os
+import re
+import sys
+
+import pytest
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+                                "tools"))
+import slurm_cluster  # noqa: E402
+
+from hvdmx.runner.slurm import expand_nodelist, expand_tasks  # noqa: E402
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+pytestmark = pytest.mark.timeout(180)
+
+# Every rank: its place, its host, and the sum over the ranks of an array
+# that depends on the rank and the index (exact in float32).
+PROGRAM = r"""
+import json, socket
+import numpy as np
+import mxnet as mx
+import hvdmx as hvd
+hvd.init()
+x = mx.nd.array(np.arange(5) + 10 * hvd.rank())
+total = hvd.allreduce(x, average=False, name="x").asnumpy().tolist()
+print("REPORT " + json.dumps(dict(
+    rank=hvd.rank(), size=hvd.size(), local_rank=hvd.local_rank(),
+    local_size=hvd.local_size(), cross_rank=hvd.cross_rank(), host=socket.gethostname(),
+    total=total)), flush=True)
+"""
+
+
+@pytest.fixture(scope="session")
+def cluster():
+    reason = slurm_cluster.unavailable()
+    if reason:
+        pytest.skip(reason)
+    with slurm_cluster.cluster(2) as instance:
+        yield instance
+
+
+@pytest.fixture
+def program(tmp_path):
+    path = tmp_path / "train.py"
+    path.write_text(PROGRAM)
+    return str(path)
+
+
+def env(cluster):
+    """What a user's shell in the cluster has: hvdmx's venv first on PATH."""
+    base = cluster.env()
+    base["PATH"] = os.path.dirname(sys.executable) + ":" + base["PATH"]
+    base.update(PYTHONPATH=REPO, OMP_NUM_THREADS="1", MXNET_CPU_WORKER_NTHREADS="1")
+    for name in ("HVDMX_SECRET_KEY", "HOROVOD_SECRET_KEY", "HVDMX_RENDEZVOUS"):
+        base.pop(name, None)
+    return base
+
+
+def run(cluster, argv, cwd, timeout=150):
+    return cluster.run(argv, env=env(cluster), cwd=str(cwd), timeout=timeout, check=False)
+
+
+def check_reports(cluster, out, nodes=2, per_node=2):
+    """The 2 x 2 job's reports: rank r on node r // per_node, every total
+    the sum over the ranks."""
+    found = {}
+    for line in out.splitlines():
+        match = re.search(r"REPORT (\{.*\})$", line)
+        if match:
+            report = json.loads(match.group(1))
+            found[report["rank"]] = report
+    size = nodes * per_node
+    assert sorted(found) == list(range(size)), out
+    expected = [float(size * i + 10 * sum(range(size))) for i in range(5)]
+    for rank, report in found.items():
+        assert report["size"] == size and report["total"] == expected, report
+        assert report["host"] == cluster.nodes[rank // per_node], report
+        assert (report["local_rank"], report["local_size"]) == (rank % per_node, per_node)
+        assert report["cross_rank"] == rank // per_node
+
+
+@pytest.mark.parametrize("mode", ["mpi", "no-mpi"])
+def test_salloc_hvdmxrun_takes_the_allocation(cluster, program, tmp_path, mode):
+    flags = [] if mode == "mpi" else ["--no-mpi", "--ssh-exec", cluster.hosts.launcher]
+    result = run(cluster, ["salloc", "-N", "2", "--ntasks-per-node=2", "hvdmxrun", *flags,
+                           "python", program], tmp_path)
+    assert result.returncode == 0, result.stderr
+    check_reports(cluster, result.stdout)
+
+
+def test_sbatch_script(cluster, program, tmp_path):
+    script = tmp_path / "job.sh"
+    script.write_text("#!/bin/sh\n#SBATCH -N 2\n#SBATCH --ntasks-per-node=2\n"
+                      f"hvdmxrun python {program}\n")
+    out = tmp_path / "job.out"
+    result = run(cluster, ["sbatch", "--wait", "-o", str(out), str(script)], tmp_path)
+    assert result.returncode == 0, result.stderr + out.read_text()
+    check_reports(cluster, out.read_text())
+
+
+def test_srun_without_a_launcher(cluster, program, tmp_path):
+    # MpiDefault=pmi2 in the cluster's slurm.conf: srun hands the tasks
+    # Slurm's PMI, through which the mpich wheel's MPI finds the others; the
+    # job's key goes from rank 0 to the others over MPI. Twice: the PMI-2
+    # garbling of issue 63 spoiled most starts, not every one.
+    for _ in range(2):
+        result = run(cluster, ["srun", "-N", "2", "--ntasks-per-node=2", "python", program],
+                     tmp_path)
+        assert result.returncode == 0, result.stderr
+        check_reports(cluster, result.stdout)
+
+
+def test_srun_without_a_pmi_says_what_to_do(cluster, program, tmp_path):
+    result = run(cluster, ["srun", "-N", "2", "--ntasks-per-node=2", "--mpi=none", "python",
+                           program], tmp_path)
+    assert result.returncode != 0
+    assert "REPORT" not in result.stdout
+    assert "srun started this process as one of 4 tasks" in result.stderr
+    assert "srun --mpi=list" in result.stderr
+
+
+@pytest.mark.parametrize("mode", ["mpi", "no-mpi"])
+def test_dry_run_shows_the_placement(cluster, tmp_path, mode):
+    flags = [] if mode == "mpi" else ["--no-mpi", "--ssh-exec", cluster.hosts.launcher]
+    result = run(cluster, ["salloc", "-N", "2", "--ntasks-per-node=2", "hvdmxrun", *flags,
+                           "--dry-run", "python", "train.py"], tmp_path)
+    assert result.returncode == 0, result.stderr
+    h1, h2 = cluster.nodes
+    if mode == "mpi":
+        assert f" -n 4 -hosts {h1}:2,{h2}:2 " in result.stdout, result.stdout
+    else:
+        places = re.findall(r"^rank (\d) on (\S+) ", result.stdout, re.M)
+        assert places == [("0", h1), ("1", h1), ("2", h2), ("3", h2)], result.stdout
+
+
+@pytest.mark.parametrize("mode", ["mpi", "no-mpi"])
+def test_more_processes_than_the_allocation(cluster, tmp_path, mode):
+    marker = tmp_path / "started"
+    flags = [] if mode == "mpi" else ["--no-mpi", "--ssh-exec", cluster.hosts.launcher]
+    result = run(cluster, ["salloc", "-N", "2", "--ntasks-per-node=2", "hvdmxrun", *flags,
+                           "-np", "5", "python", "-c", f"open({str(marker)!r}, 'w')"],
+                 tmp_path)
+    assert result.returncode == 2, result.stderr
+    assert "-np 5 is more than the 4 slot(s) of the Slurm allocation" in result.stderr
+    assert not marker.exists()
+
+
+@pytest.mark.parametrize("shape, tasks", [
+    (["-N", "2", "--ntasks-per-node=2"], [2, 2]), (["-N", "2", "-n", "3"], [2, 1]),
+    (["-N", "1", "-n", "3"], [3])])
+def test_the_allocation_as_slurm_writes_it(cluster, tmp_path, shape, tasks):
+    result = run(cluster, ["salloc", *shape, "sh", "-c",
+                           "echo $SLURM_JOB_NODELIST; echo $SLURM_TASKS_PER_NODE; "
+                           "scontrol show hostnames"], tmp_path)
+    assert result.returncode == 0, result.stderr
+    nodelist, per_node, *names = result.stdout.split()
+    assert expand_nodelist(nodelist) == names == cluster.nodes[:len(tasks)]
+    assert expand_tasks(per_node) == tasks
