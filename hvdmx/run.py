@@ -34,7 +34,7 @@ from .run_launcher import INTEL, MPICH, OPENMPI, PROG, Launcher, build_command, 
     launcher_mismatch, mpi_without_init, plan_launch, remote_shell, split_mpi_args
 from .run_elastic import check_options as check_elastic_options, launch_elastic
 from .run_nompi import launch as launch_without_mpi
-from .runner.allocation import scheduler_hosts
+from .runner.allocation import scheduler_hosts, scheduler_shell
 
 # Also hvdmxrun's, for the tests and for scripts that use them from here.
 __all__ = ["INTEL", "MPICH", "OPENMPI", "Host", "Launcher", "UsageError", "build_command",
@@ -288,11 +288,13 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                 args.slots_per_host, args.elastic_timeout, args.reset_limit,
                 args.blacklist_cooldown_range)
             return launch_elastic(options, command, os.environ, tuning_env(args),
-                                  ssh_exec=args.ssh_exec, verbose=args.verbose)
+                                  ssh_exec=scheduler_shell(args.ssh_exec, host_flag),
+                                  verbose=args.verbose)
         num_proc = resolve_num_proc(args.num_proc, hosts, host_flag)
         if args.no_mpi:
             return launch_without_mpi(num_proc, hosts, host_flag, command, os.environ,
-                                      tuning_env(args), ssh_exec=args.ssh_exec,
+                                      tuning_env(args),
+                                      ssh_exec=scheduler_shell(args.ssh_exec, host_flag),
                                       check_hosts=not (args.no_host_check or args.dry_run),
                                       verbose=args.verbose, dry_run=args.dry_run)
         environ = job_environ(os.environ)

@@ -9,7 +9,9 @@ rank checks against the ranks' own inputs."""
 import json
 import os
 import re
+import subprocess
 import sys
+import time
 
 import pytest
 
@@ -73,11 +75,11 @@ def check_reports(cluster, out, nodes=2, per_node=2):
     """The 2 x 2 job's reports: rank r on node r // per_node, every total
     the sum over the ranks."""
     found = {}
-    for line in out.splitlines():
-        match = re.search(r"REPORT (\{.*\})$", line)
-        if match:
-            report = json.loads(match.group(1))
-            found[report["rank"]] = report
+    # Under MPI, ranks' lines can run into each other: a report is read by
+    # its braces (it holds no nested ones).
+    for match in re.finditer(r"REPORT (\{[^{}]*\})", out):
+        report = json.loads(match.group(1))
+        found[report["rank"]] = report
     size = nodes * per_node
     assert sorted(found) == list(range(size)), out
     expected = [float(size * i + 10 * sum(range(size))) for i in range(5)]
@@ -90,7 +92,8 @@ def check_reports(cluster, out, nodes=2, per_node=2):
 
 @pytest.mark.parametrize("mode", ["mpi", "no-mpi"])
 def test_salloc_hvdmxrun_takes_the_allocation(cluster, program, tmp_path, mode):
-    flags = [] if mode == "mpi" else ["--no-mpi", "--ssh-exec", cluster.hosts.launcher]
+    # Without MPI, the ranks on the other node start as srun steps (no ssh).
+    flags = [] if mode == "mpi" else ["--no-mpi"]
     result = run(cluster, ["salloc", "-N", "2", "--ntasks-per-node=2", "hvdmxrun", *flags,
                            "python", program], tmp_path)
     assert result.returncode == 0, result.stderr
@@ -130,7 +133,7 @@ def test_srun_without_a_pmi_says_what_to_do(cluster, program, tmp_path):
 
 @pytest.mark.parametrize("mode", ["mpi", "no-mpi"])
 def test_dry_run_shows_the_placement(cluster, tmp_path, mode):
-    flags = [] if mode == "mpi" else ["--no-mpi", "--ssh-exec", cluster.hosts.launcher]
+    flags = [] if mode == "mpi" else ["--no-mpi"]
     result = run(cluster, ["salloc", "-N", "2", "--ntasks-per-node=2", "hvdmxrun", *flags,
                            "--dry-run", "python", "train.py"], tmp_path)
     assert result.returncode == 0, result.stderr
@@ -140,12 +143,35 @@ def test_dry_run_shows_the_placement(cluster, tmp_path, mode):
     else:
         places = re.findall(r"^rank (\d) on (\S+) ", result.stdout, re.M)
         assert places == [("0", h1), ("1", h1), ("2", h2), ("3", h2)], result.stdout
+        assert f"srun_shell.py -x {h2} " in result.stdout  # the remote shell: srun
+
+
+def test_a_failing_rank_ends_the_job_on_every_node(cluster, tmp_path):
+    # Rank 3 (on the second node, an srun step) fails; hvdmxrun stops the
+    # others, and no rank is left (the hosts share this machine's processes:
+    # ps sees them all; the job's ranks are found by a word of their own).
+    word = f"hvdmx-slurm-rank-{os.getpid()}-{time.monotonic_ns()}"
+    result = run(cluster, ["salloc", "-N", "2", "--ntasks-per-node=2", "hvdmxrun", "--no-mpi",
+                           "python", "-c", "import os, sys, time; time.sleep(1); "
+                           "sys.exit(3) if os.environ['HVDMX_RANK'] == '3' else "
+                           "time.sleep(120)", word], tmp_path)
+    assert result.returncode == 3, result.stderr
+    assert f"rank 3 (host {cluster.nodes[1]}) exited with status 3" in result.stderr
+    deadline = time.monotonic() + 30
+    while True:
+        ps = subprocess.run(["ps", "-eo", "pid,args"], capture_output=True, text=True,
+                            timeout=30).stdout
+        left = [line for line in ps.splitlines() if word in line]
+        if not left or time.monotonic() > deadline:
+            break
+        time.sleep(0.5)
+    assert not left, f"ranks left behind: {left}"
 
 
 @pytest.mark.parametrize("mode", ["mpi", "no-mpi"])
 def test_more_processes_than_the_allocation(cluster, tmp_path, mode):
     marker = tmp_path / "started"
-    flags = [] if mode == "mpi" else ["--no-mpi", "--ssh-exec", cluster.hosts.launcher]
+    flags = [] if mode == "mpi" else ["--no-mpi"]
     result = run(cluster, ["salloc", "-N", "2", "--ntasks-per-node=2", "hvdmxrun", *flags,
                            "-np", "5", "python", "-c", f"open({str(marker)!r}, 'w')"],
                  tmp_path)

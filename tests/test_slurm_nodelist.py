@@ -13,8 +13,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 
 from hvdmx.run_hosts import Host, UsageError
-from hvdmx.runner.allocation import HOSTFILE_VARIABLES, scheduler_hosts
+from hvdmx.runner.allocation import HOSTFILE_VARIABLES, SRUN_SHELL, scheduler_hosts, \
+    scheduler_shell
 from hvdmx.runner.slurm import allocation, expand_nodelist, expand_tasks
+from hvdmx.runner.srun_shell import srun_command
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 pytestmark = pytest.mark.timeout(120)
@@ -165,6 +167,20 @@ def test_hostfile_variables(tmp_path, variable):
 
 def test_no_scheduler():
     assert scheduler_hosts({"HOME": "/root"}) == (None, "")
+
+
+def test_srun_shell_is_called_as_ssh():
+    assert srun_command(["-x", "-o", "BatchMode=yes", "node2", "cd /w &&", "exec python"]) == [
+        "srun", "--nodes=1", "--ntasks=1", "--nodelist=node2", "--overlap", "--mpi=none",
+        "--quiet", "--kill-on-bad-exit=1", "sh", "-c", "cd /w && exec python"]
+    with pytest.raises(ValueError, match="usage"):
+        srun_command(["-x", "node2"])
+    assert os.access(SRUN_SHELL, os.X_OK)
+    assert scheduler_shell(None, scheduler_hosts(
+        {"SLURM_JOB_ID": "1", "SLURM_JOB_NODELIST": "a", "SLURM_TASKS_PER_NODE": "1"})[1]) \
+        == SRUN_SHELL
+    assert scheduler_shell("/bin/myssh", "x") == "/bin/myssh"
+    assert scheduler_shell(None, "HYDRA_HOST_FILE=/etc/mpi/hostfile") is None
 
 
 # ---- hvdmxrun with a malformed allocation: stops before anything starts ------
