@@ -222,7 +222,9 @@ class SlurmCluster:
             if proc.poll() is None:
                 with contextlib.suppress(ProcessLookupError):
                     os.killpg(proc.pid, signal.SIGTERM)
-        deadline = time.monotonic() + 10
+        # Two seconds to stop (slurmctld saves its state, which is thrown
+        # away here anyway), then SIGKILL.
+        deadline = time.monotonic() + 2
         for proc in self._daemons:
             try:
                 proc.wait(max(0.1, deadline - time.monotonic()))
