@@ -73,6 +73,20 @@ def test_srun_without_a_launcher(cluster, program, tmp_path):
     check_reports(cluster, result.stdout)
 
 
+def test_srun_with_a_key_on_one_task_only_says_what_to_set(cluster, program, tmp_path):
+    # The key reaches srun's tasks from rank 0 over MPI, or from the job's
+    # environment when set there: set for some tasks only, the job cannot
+    # agree on one, and every rank stops saying what to set.
+    key = "ab" * 32
+    result = run(cluster, ["srun", "-N", "2", "--ntasks-per-node=2", "sh", "-c",
+                           f"[ $SLURM_PROCID = 1 ] && export HVDMX_SECRET_KEY={key}; "
+                           f"exec python {program}"], tmp_path)
+    assert result.returncode != 0
+    assert "REPORT" not in result.stdout
+    assert "HVDMX_SECRET_KEY is set for rank 1 but not for rank 0; set the same key for " \
+        "every rank" in result.stderr, result.stderr
+
+
 def test_srun_without_a_pmi_says_what_to_do(cluster, program, tmp_path):
     result = run(cluster, ["srun", "-N", "2", "--ntasks-per-node=2", "--mpi=none", "python",
                            program], tmp_path)
