@@ -7,6 +7,7 @@ hvdmxrun inside salloc and sbatch, under MPI and without, takes its hosts and
 allocation and for srun without a PMI; Slurm's node list against
 `scontrol show hostnames`. Each job is a 2 x 2 allreduce whose result every
 rank checks against the ranks' own inputs."""
+import ast
 import os
 import re
 import subprocess
@@ -71,6 +72,38 @@ def test_srun_without_a_launcher(cluster, program, tmp_path):
                  tmp_path)
     assert result.returncode == 0, result.stderr
     check_reports(cluster, result.stdout)
+
+
+# horovod.run(fn, np=4) as a Horovod program calls it, under hvdmx's alias
+# (python -m hvdmx.as_horovod), and hvdmx's own name for it.
+FUNCTION_PROGRAM = r"""
+import socket, sys
+def fn(scale):
+    import hvdmx as hvd, mxnet as mx
+    hvd.init()
+    total = hvd.allreduce(mx.nd.array([hvd.rank() * scale]), average=False, name="s")
+    return hvd.rank(), socket.gethostname(), float(total.asnumpy()[0])
+if sys.argv[1] == "horovod":
+    import horovod
+    print("RESULT", horovod.run(fn, args=(2,), np=4))
+else:
+    import hvdmx
+    print("RESULT", hvdmx.run_function(fn, args=(2,), num_proc=4))
+"""
+
+
+@pytest.mark.parametrize("name", ["horovod", "hvdmx"])
+def test_run_function_spans_the_allocation(cluster, tmp_path, name):
+    # Horovod's horovod.run inside a multi-node Slurm job used one node
+    # (Horovod issues #2097, #2801); here the ranks go to the allocation's.
+    (tmp_path / "fn.py").write_text(FUNCTION_PROGRAM)
+    result = run(cluster, ["salloc", "-N", "2", "--ntasks-per-node=2", "python", "-m",
+                           "hvdmx.as_horovod", "fn.py", name], tmp_path)
+    assert result.returncode == 0, result.stderr
+    (line,) = [line for line in result.stdout.splitlines() if line.startswith("RESULT ")]
+    h1, h2 = cluster.nodes
+    assert ast.literal_eval(line[len("RESULT "):]) == [(0, h1, 12.0), (1, h1, 12.0), (2, h2, 12.0),
+                                           (3, h2, 12.0)]
 
 
 def test_srun_with_a_key_on_one_task_only_says_what_to_set(cluster, program, tmp_path):
