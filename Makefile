@@ -28,8 +28,8 @@ BUILD_REQUIRES = $(shell $(PY) -c 'import re, shlex, sys; t = open("pyproject.to
 	re.search(r"^requires\s*=\s*\[(.*?)\]", t, re.S | re.M).group(1)); \
 	print(" ".join(map(shlex.quote, r)))')
 
-.PHONY: venv build demo test lint-cxx lint-py typecheck scikit-learn spark java horovod-programs \
-	other-mpi clean distclean wheel wheel-objects sdist wheel-tools
+.PHONY: venv build demo test lint-cxx lint-py typecheck scikit-learn spark java slurm \
+	horovod-programs other-mpi clean distclean wheel wheel-objects sdist wheel-tools
 
 venv: $(INSTALLED)
 
@@ -160,6 +160,29 @@ wheel-objects: $(WHEEL_TOOLS)/.installed $(OTHER_MPI)/.installed
 sdist: $(WHEEL_TOOLS)/.installed
 	PYTHONPATH=$(abspath $(WHEEL_TOOLS)) $(PY) -m build --sdist --no-isolation --outdir dist .
 
+
+# Debian's Slurm and munge, for the tests that start a Slurm cluster on test hosts
+# (tools/slurm_cluster.py, tests/test_slurm*.py). Installed only as root with apt-get,
+# and only when one is missing (so a second run costs a dpkg-query); elsewhere the
+# tests say why they skip. Debian's policy would start the packages' services as
+# they install: a policy-rc.d (Debian's own switch for that) holds them back for the
+# install when the machine has none; the tests run daemons of their own, never these.
+SLURM_PACKAGES := slurmctld slurmd slurm-client munge
+
+slurm:
+	@if [ "$$(id -u)" != 0 ] || ! command -v apt-get >/dev/null; then \
+		echo "make slurm: needs root and apt-get; Slurm's tests will be skipped"; \
+	elif [ "$$(dpkg-query -W -f '$${Status}\n' $(SLURM_PACKAGES) 2>/dev/null | \
+			grep -c 'ok installed')" != $(words $(SLURM_PACKAGES)) ]; then \
+		policy=/usr/sbin/policy-rc.d; made=; \
+		if [ ! -e $$policy ]; then printf '#!/bin/sh\nexit 101\n' > $$policy && \
+			chmod 755 $$policy && made=1; fi; \
+		DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends \
+			$(SLURM_PACKAGES); status=$$?; \
+		if [ -n "$$made" ]; then rm -f $$policy; fi; \
+		exit $$status; \
+	fi
+
 demo: venv build scikit-learn
 	$(MPIEXEC) $(MPIEXEC_FLAGS) -n 2 $(PY) examples/mnist_gluon.py
 
@@ -173,7 +196,7 @@ lint-py: venv
 typecheck: venv
 	$(VENV)/bin/mypy
 
-test: venv build scikit-learn spark horovod-programs other-mpi wheel-tools lint-py typecheck
+test: venv build scikit-learn spark slurm horovod-programs other-mpi wheel-tools lint-py typecheck
 	$(MAKE) --no-print-directory lint-cxx
 	$(MAKE) --no-print-directory wheel-objects
 	PYTHON=$(PY) MPIEXEC=$(MPIEXEC) MPIEXEC_FLAGS='$(MPIEXEC_FLAGS)' tests/run_all.sh

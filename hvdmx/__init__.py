@@ -36,6 +36,9 @@ The launcher:
     runner          its package (what each of its modules holds)
     runner.flags    hvdmxrun's tuning flags and the variables they set
     runner.hosts    hvdmxrun's hosts: -H, the hostfile, the checks of each host
+    runner.slurm    a Slurm allocation's nodes and tasks (SLURM_JOB_NODELIST, ...)
+    runner.allocation  the hosts a scheduler gave the job: Slurm's, or an MPI hostfile's
+    runner.srun_shell  --no-mpi's remote shell inside a Slurm allocation: srun steps
     runner.mpi      hvdmxrun's MPI launcher: which, its command and environment
     runner.bootstrap  what each rank of hvdmxrun --no-mpi runs first, on its host
     runner.nompi    hvdmxrun --no-mpi: starts the ranks itself, serves the rendezvous

@@ -115,6 +115,19 @@ def settle_pmix(environ, libmpi):
             "MPI' in README.md).")
 
 
+def settle_slurm_pmi(environ) -> None:
+    """Under Slurm's srun --mpi=pmi2 (SLURM_MPI_TYPE=pmi2, PMI_FD set), has
+    MPICH speak PMI-1 to the plugin (MPIR_CVAR_PMI_VERSION=1) unless the
+    user chose a version. The plugin serves both; over PMI-2, MPICH 5.0.2 (the
+    mpich wheel) and Slurm 22.05 exchange UCX addresses that arrive garbled
+    in most starts ("failed to unpack address", then MPI_Init aborts); over
+    PMI-1 the same happened in 4 of about 35 starts, so this lessens the
+    fault without removing it (issue 63, open). Hydra, whose ranks inherit
+    these variables inside an allocation, speaks PMI-1 too."""
+    if environ.get("SLURM_MPI_TYPE") == "pmi2" and "PMI_FD" in environ:
+        environ.setdefault("MPIR_CVAR_PMI_VERSION", "1")
+
+
 # Set by hvdmxrun --no-mpi in every rank's environment: where the launcher's
 # rendezvous listens (hvdmx/rendezvous/client.py). A job started so never starts MPI.
 RENDEZVOUS_VARIABLE = "HVDMX_RENDEZVOUS"
@@ -179,13 +192,16 @@ def load_core():
 
     Before MPI starts, a PMIx launcher with the mpich wheel is refused, and
     PMIx variables inherited under MPICH's launcher are dropped (see
-    settle_pmix): every module that imports mpi4py.MPI loads _core first.
+    settle_pmix); under srun's PMI-2, MPICH is told to speak PMI-1 (see
+    settle_slurm_pmi): every module that imports mpi4py.MPI loads _core first.
     """
     if started_without_mpi() and "mpi4py.MPI" not in sys.modules:
         # The library is loaded (the extension links it) but never started.
         import mpi4py
         mpi4py.rc.initialize = False
         mpi4py.rc.finalize = False
+    if "mpi4py.MPI" not in sys.modules:
+        settle_slurm_pmi(os.environ)
     if "PMIX_NAMESPACE" in os.environ and "mpi4py.MPI" not in sys.modules:
         message = settle_pmix(os.environ, wheel_libmpi())
         if message is not None:

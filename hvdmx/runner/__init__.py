@@ -11,4 +11,7 @@ ops, trainer, ...); the rank API never imports this package
     bootstrap     what each rank of --no-mpi runs first (python -m hvdmx.runner.bootstrap)
     function_job  run_function (Horovod's horovod.run): a function on every rank
     elastic/      the launcher's side of elastic: hosts, membership, service, loop, job
+    slurm         a Slurm allocation's nodes and tasks (SLURM_JOB_NODELIST, ...)
+    allocation    the hosts a scheduler gave the job: Slurm's, or an MPI hostfile's
+    srun_shell    --no-mpi's remote shell inside a Slurm allocation: srun steps
 """

@@ -55,6 +55,7 @@ from hvdmx.runner.mpi import PROG, job_environ, launcher_environ, mpi_without_in
     plan_launch, split_mpi_args
 from hvdmx.runner.hosts import Host, UsageError, format_hosts, is_this_host, parse_hosts, \
     read_hostfile, resolve_num_proc
+from hvdmx.runner.allocation import scheduler_hosts
 
 ADDRESSES_VARIABLE = "HVDMX_FUNCTION_JOB_ADDRESSES"
 _START_TIMEOUT_VARIABLES = ("HVDMX_START_TIMEOUT", "HOROVOD_START_TIMEOUT")
@@ -493,8 +494,8 @@ def run_function(fn: Callable[..., Any], args: Sequence[Any] = (),
             host_flag = "hosts="
         elif hostfile is not None:
             host_list, host_flag = read_hostfile(os.fspath(hostfile), "hostfile="), "hostfile="
-        else:
-            host_list, host_flag = None, ""
+        else:  # an MPI hostfile's variable, or the Slurm allocation (issue 63)
+            host_list, host_flag = scheduler_hosts(environ)
         num_proc = resolve_num_proc(num_proc if num_proc is not None else
                                     (None if host_list else 1), host_list, host_flag,
                                     "num_proc=")

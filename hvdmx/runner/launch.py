@@ -34,6 +34,7 @@ from hvdmx.runner.mpi import INTEL, MPICH, OPENMPI, PROG, Launcher, build_comman
     launcher_mismatch, mpi_without_init, plan_launch, remote_shell, split_mpi_args
 from hvdmx.runner.elastic.job import check_options as check_elastic_options, launch_elastic
 from hvdmx.runner.nompi import launch as launch_without_mpi
+from hvdmx.runner.allocation import scheduler_hosts, scheduler_shell
 
 # Also hvdmxrun's, for the tests and for scripts that use them from here.
 __all__ = ["INTEL", "MPICH", "OPENMPI", "Host", "Launcher", "UsageError", "build_command",
@@ -275,6 +276,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             hosts, host_flag = parse_hosts(args.hosts), "-H"
         elif args.hostfile is not None:
             hosts, host_flag = read_hostfile(args.hostfile), "--hostfile"
+        elif args.host_discovery_script is None:  # an MPI hostfile's variable, or Slurm's
+            hosts, host_flag = scheduler_hosts(os.environ)
         else:
             hosts, host_flag = None, ""
         if is_elastic(args):
@@ -287,11 +290,13 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                 args.slots_per_host, args.elastic_timeout, args.reset_limit,
                 args.blacklist_cooldown_range)
             return launch_elastic(options, command, os.environ, tuning_env(args),
-                                  ssh_exec=args.ssh_exec, verbose=args.verbose)
+                                  ssh_exec=scheduler_shell(args.ssh_exec, host_flag),
+                                  verbose=args.verbose)
         num_proc = resolve_num_proc(args.num_proc, hosts, host_flag)
         if args.no_mpi:
             return launch_without_mpi(num_proc, hosts, host_flag, command, os.environ,
-                                      tuning_env(args), ssh_exec=args.ssh_exec,
+                                      tuning_env(args),
+                                      ssh_exec=scheduler_shell(args.ssh_exec, host_flag),
                                       check_hosts=not (args.no_host_check or args.dry_run),
                                       verbose=args.verbose, dry_run=args.dry_run)
         environ = job_environ(os.environ)
