@@ -272,6 +272,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                              "other; give one of them")
         check_no_mpi_flags(args)
         mpi_args = split_mpi_args(args.mpi_args)
+        hosts: Optional[List[Host]]
         if args.hosts is not None:
             hosts, host_flag = parse_hosts(args.hosts), "-H"
         elif args.hostfile is not None:
