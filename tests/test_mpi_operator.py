@@ -20,7 +20,7 @@ sys.path.insert(0, os.path.join(REPO, "tools"))
 import testhosts  # noqa: E402
 
 import allreduce_report  # noqa: E402
-from hvdmx.run_hosts import Host  # noqa: E402
+from hvdmx.runner.hosts import Host  # noqa: E402
 from hvdmx.runner.allocation import HOSTFILE_VARIABLES, scheduler_hosts  # noqa: E402
 
 pytestmark = pytest.mark.timeout(240)

@@ -12,7 +12,7 @@ import sys
 import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 
-from hvdmx.run_hosts import Host, UsageError
+from hvdmx.runner.hosts import Host, UsageError
 from hvdmx.runner.allocation import HOSTFILE_VARIABLES, SRUN_SHELL, scheduler_hosts, \
     scheduler_shell
 from hvdmx.runner.slurm import allocation, expand_nodelist, expand_tasks
