@@ -232,6 +232,20 @@ def test_the_room_checks_see_a_wrong_door(tmp_path, monkeypatch):
         "runner/mpi.py:3 (runner.mpi) imports hvdmx.ops"]
 
 
+def outsiders_loaded(modules, packages):
+    """What a fresh interpreter holds after importing ``modules`` that the
+    launcher's rooms may not load: a module of ``packages``, or of hvdmx
+    outside the launcher's rooms and MPI's identity."""
+    code = (f"import sys\nfor m in {list(modules)!r}: __import__(m)\n"
+            f"print(sorted(m for m in sys.modules if m.split('.')[0] in {tuple(packages)!r} or "
+            "m.startswith('hvdmx.') and m.split('.')[1] not in "
+            f"{LAUNCHER + tuple(MPI_IDENTITY)!r}))")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                            timeout=120, env=dict(os.environ, OMP_NUM_THREADS="1"))
+    assert result.returncode == 0, result.stderr
+    return ast.literal_eval(result.stdout.strip())
+
+
 def test_the_launcher_loads_no_mxnet_and_the_rank_api_no_launcher():
     # Every module of the launcher's rooms in one fresh interpreter: MXNet
     # and the rank API stay out. Then the rank API's modules (the facade's
@@ -239,14 +253,7 @@ def test_the_launcher_loads_no_mxnet_and_the_rank_api_no_launcher():
     launcher = [m for m in SUBMODULES if in_rooms(m.removeprefix("hvdmx."), LAUNCHER)
                 and not in_rooms(m.removeprefix("hvdmx."), ("spark",))]
     assert "hvdmx.runner.launch" in launcher and "hvdmx.rendezvous.client" in launcher
-    code = (f"import sys\nfor m in {launcher!r}: __import__(m)\n"
-            "print(sorted(m for m in sys.modules if m.split('.')[0] in ('mxnet', 'numpy') or "
-            "m.startswith('hvdmx.') and m.split('.')[1] not in "
-            f"{LAUNCHER + tuple(MPI_IDENTITY)!r}))")
-    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                            timeout=120, env=dict(os.environ, OMP_NUM_THREADS="1"))
-    assert result.returncode == 0, result.stderr
-    assert result.stdout.strip() == "[]", result.stdout
+    assert outsiders_loaded(launcher, ("mxnet", "numpy")) == []
     code = ("import sys, hvdmx, hvdmx.elastic\n"
             "for module in (hvdmx, hvdmx.elastic):\n"
             "    [getattr(module, n) for n in module.__all__ if n != 'run_function']\n"
@@ -258,20 +265,12 @@ def test_the_launcher_loads_no_mxnet_and_the_rank_api_no_launcher():
     assert result.stdout.strip().splitlines()[-1] == "[]", result.stdout
 
 
-
 def test_spark_loads_no_mxnet_nor_the_rank_api():
     # hvdmx.spark runs in the Spark driver and in its tasks' Python workers:
     # numpy may come (a share of a DataFrame), MXNet and the rank API may not.
     spark = [m for m in SUBMODULES if in_rooms(m.removeprefix("hvdmx."), ("spark",))]
     assert "hvdmx.spark.driver" in spark and "hvdmx.spark.task" in spark
-    code = (f"import sys\nfor m in {spark!r}: __import__(m)\n"
-            "print(sorted(m for m in sys.modules if m.split('.')[0] == 'mxnet' or "
-            "m.startswith('hvdmx.') and m.split('.')[1] not in "
-            f"{LAUNCHER + tuple(MPI_IDENTITY)!r}))")
-    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                            timeout=120, env=dict(os.environ, OMP_NUM_THREADS="1"))
-    assert result.returncode == 0, result.stderr
-    assert result.stdout.strip() == "[]", result.stdout
+    assert outsiders_loaded(spark, ("mxnet",)) == []
 
 
 def _declared_hook(function) -> bool:

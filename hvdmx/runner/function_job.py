@@ -207,22 +207,27 @@ def _number_of_processes(num_proc: Optional[int], np: Optional[int]) -> Optional
     return num_proc
 
 
-def _start_timeout(value: Optional[float], environ: Mapping[str, str]) -> float:
-    """start_timeout, else the first of _START_TIMEOUT_VARIABLES set, else 30."""
+def start_timeout_seconds(value: Optional[float], environ: Mapping[str, str],
+                          variables: Sequence[str] = _START_TIMEOUT_VARIABLES,
+                          default: float = _DEFAULT_START_TIMEOUT,
+                          prog: str = "hvdmx.run_function") -> float:
+    """start_timeout, else the first of ``variables`` set, else ``default``;
+    ValueError naming ``prog`` and where a bad value came from. Also
+    hvdmx.spark.run's, with its own variables and default."""
     where, raw = "start_timeout", value  # type: Tuple[str, object]
     if value is None:
-        for name in _START_TIMEOUT_VARIABLES:
+        for name in variables:
             if environ.get(name):
                 where, raw = name, environ[name]
                 break
         else:
-            return _DEFAULT_START_TIMEOUT
+            return default
     try:
         seconds = float(raw)  # type: ignore[arg-type]
     except (TypeError, ValueError):
         seconds = -1.0
     if not 0 < seconds < float("inf"):
-        raise ValueError(f"hvdmx.run_function: {where}={raw!r} must be a number of seconds > 0")
+        raise ValueError(f"{prog}: {where}={raw!r} must be a number of seconds > 0")
     return seconds
 
 
@@ -482,7 +487,7 @@ def run_function(fn: Callable[..., Any], args: Sequence[Any] = (),
         raise ValueError("hvdmx.run_function: give hosts or hostfile, not both")
     environ = dict(os.environ, **(env or {}))
     num_proc = _number_of_processes(num_proc, np)
-    timeout = _start_timeout(start_timeout, environ)
+    timeout = start_timeout_seconds(start_timeout, environ)
     try:
         pickled = _cloudpickle().dumps((fn, tuple(args), dict(kwargs or {})))
     except Exception as error:

@@ -25,7 +25,7 @@ import time
 from typing import IO, Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from hvdmx.spark._runner import KEY_VARIABLES, PROTOCOL, RendezvousServer, _cloudpickle, \
-    _outcome_of_error, _raise_for, _Server, accept_channel
+    _outcome_of_error, _raise_for, _Server, accept_channel, start_timeout_seconds
 
 PROG = "hvdmx.spark.run"
 START_TIMEOUT_VARIABLES = ("HVDMX_SPARK_START_TIMEOUT", "HOROVOD_SPARK_START_TIMEOUT")
@@ -133,21 +133,8 @@ def _validate(fn: Any, args: Any, kwargs: Any, num_proc: Any, start_timeout: Any
     if data is not None and not (hasattr(data, "repartition") and hasattr(data, "columns")):
         raise TypeError(f"{PROG}: data must be a pyspark.sql.DataFrame, got "
                         f"{type(data).__name__}")
-    where, raw = "start_timeout", start_timeout  # type: Tuple[str, object]
-    if start_timeout is None:
-        for name in START_TIMEOUT_VARIABLES:
-            if os.environ.get(name):
-                where, raw = name, os.environ[name]
-                break
-        else:
-            return DEFAULT_START_TIMEOUT
-    try:
-        seconds = float(raw)  # type: ignore[arg-type]
-    except (TypeError, ValueError):
-        seconds = -1.0
-    if not 0 < seconds < float("inf"):
-        raise ValueError(f"{PROG}: {where}={raw!r} must be a number of seconds > 0")
-    return seconds
+    return start_timeout_seconds(start_timeout, os.environ, START_TIMEOUT_VARIABLES,
+                                 DEFAULT_START_TIMEOUT, PROG)
 
 
 def _spark_summary(error: BaseException) -> str:
