@@ -60,10 +60,23 @@ def raise_on(rank_that_raises):
     return rank
 
 
-def returns_then_fails():
+def returns_then_fails(marker_dir, num_proc):
+    """Returns the rank; then, once every rank has sent its value (each marks
+    that at its exit, after the send), exits with status 3: so that which
+    rank's failure Spark sees first never keeps another rank's value from
+    reaching the driver, which would be a different (and also right) error."""
     import atexit
-    atexit.register(os._exit, 3)  # after the value is sent: the rank's status is 3
-    return int(os.environ["HVDMX_RANK"])
+    rank = int(os.environ["HVDMX_RANK"])
+
+    def exit_when_all_returned():
+        open(os.path.join(marker_dir, f"returned{rank}"), "w").close()
+        deadline = time.monotonic() + 60
+        while len(os.listdir(marker_dir)) < num_proc and time.monotonic() < deadline:
+            time.sleep(0.05)
+        os._exit(3)
+
+    atexit.register(exit_when_all_returned)
+    return rank
 
 
 def wait_forever(marker_dir):
@@ -106,7 +119,8 @@ def run_scenario(spark, request):
         frame = spark.range(request["rows"]).selectExpr("id", "sequence(0, id) as ragged")
         return hvdmx.spark.run(share, num_proc=num_proc, env=env, data=frame)
     if name == "returns_then_fails":
-        return hvdmx.spark.run(returns_then_fails, num_proc=num_proc, env=env)
+        return hvdmx.spark.run(returns_then_fails, args=(request["marker_dir"], num_proc),
+                               num_proc=num_proc, env=env)
     if name == "raises":
         return hvdmx.spark.run(raise_on, args=(request["rank"],), num_proc=num_proc, env=env)
     if name == "unplaceable":

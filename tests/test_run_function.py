@@ -81,15 +81,14 @@ def raises_on_last_rank():
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize("num_proc", [1, 2])
 def test_a_ranks_exception_is_raised_here(num_proc):
-    started = time.monotonic()
     with pytest.raises(ValueError, match=f"^rank {num_proc - 1} says no$") as caught:
         hvdmx.run_function(raises_on_last_rank, num_proc=num_proc, start_timeout=START_TIMEOUT)
     cause = caught.value.__cause__
     assert isinstance(cause, function_job.RemoteTraceback)
     assert str(cause).startswith(f"rank {num_proc - 1} raised this")
     assert "in raises_on_last_rank" in str(cause) and "ValueError: rank" in str(cause)
-    # The other rank waited in a collective: the launcher ended the job.
-    assert time.monotonic() - started < 60
+    # The other rank waits in a collective that never completes: only the
+    # launcher's ending the job lets this return before the test's timeout.
 
 
 def rendezvous_sum(offset):
@@ -108,7 +107,7 @@ def rendezvous_sum(offset):
 def raises_on_rank_1_without_mpi():
     if os.environ["HVDMX_RANK"] == "1":
         raise KeyError("rank 1 without MPI")
-    time.sleep(60)  # the job is ended before this returns
+    time.sleep(600)  # longer than the test's timeout: the launcher must end the job
     return "unreachable"
 
 
@@ -121,11 +120,9 @@ def test_use_gloo_starts_the_ranks_without_mpi():
 
 @pytest.mark.timeout(120)
 def test_use_gloo_raises_a_ranks_exception():
-    started = time.monotonic()
     with pytest.raises(KeyError, match="rank 1 without MPI"):
         hvdmx.run_function(raises_on_rank_1_without_mpi, num_proc=2, use_gloo=True,
                            start_timeout=START_TIMEOUT)
-    assert time.monotonic() - started < 50
 
 
 class Unpicklable(Exception):
@@ -166,12 +163,11 @@ def test_ranks_that_never_start_time_out(tmp_path):
     stuck = tmp_path / "stuck"
     stuck.write_text("#!/bin/sh\nexec sleep 100\n")
     stuck.chmod(0o755)
-    started = time.monotonic()
+    # It sleeps longer than the test's timeout: only start_timeout ends the wait.
     with pytest.raises(TimeoutError, match=r"0 of 2 ranks started within start_timeout=2 s "
                                            r"\(not started: ranks 0, 1\)"):
         hvdmx.run_function(arguments, args=(1,), kwargs={"c": 3}, num_proc=2, start_timeout=2,
                            executable=str(stuck))
-    assert time.monotonic() - started < 20
 
 
 @pytest.mark.timeout(30)

@@ -169,10 +169,11 @@ def test_local_rank_that_raises(local_driver):
     assert_none_left(mark)
 
 
-def test_local_ranks_that_return_then_fail(local_driver):
+def test_local_ranks_that_return_then_fail(local_driver, tmp_path):
     # As run_function when its launcher fails: the values are not returned.
     mark = new_mark()
-    answer = local_driver.ask(scenario="returns_then_fails", num_proc=2, mark=mark)
+    answer = local_driver.ask(scenario="returns_then_fails", num_proc=2, mark=mark,
+                              marker_dir=str(tmp_path))
     assert answer.get("error") == "RuntimeError", answer
     # The first task to fail fails the barrier stage, and Spark kills the
     # other: which statuses reached the driver first varies; the task's own

@@ -108,7 +108,7 @@ def _world_rank(environ: Mapping[str, str]) -> int:
                        "hvdmx.run_function through a launcher, not by hand")
 
 
-def _connect(addresses: str, key: bytes) -> Channel:
+def connect_to_launcher(addresses: str, key: bytes) -> Channel:
     """A connection to the launcher that has passed the handshake: the
     addresses are tried in order (the first that works on this host wins)."""
     reasons = []
@@ -131,18 +131,18 @@ def _connect(addresses: str, key: bytes) -> Channel:
                           + "; ".join(reasons))
 
 
-def _outcome_of_error(error: BaseException) -> tuple:
+def outcome_of_error(error: BaseException) -> tuple:
     """What a rank sends for an exception: the exception itself pickled (None
     if it cannot be), its type's name, its text and its traceback."""
     try:
-        pickled: Optional[bytes] = _cloudpickle().dumps(error)
+        pickled: Optional[bytes] = cloudpickle_module().dumps(error)
     except Exception:
         pickled = None
     return ("error", pickled, type(error).__qualname__, str(error),
             "".join(traceback.format_exception(type(error), error, error.__traceback__)))
 
 
-def _cloudpickle():
+def cloudpickle_module():
     import cloudpickle  # here: the ranks need it only once connected
     return cloudpickle
 
@@ -158,7 +158,7 @@ def _rank_main() -> int:
         return 2
     try:
         rank = _world_rank(os.environ)
-        channel = _connect(addresses, key)
+        channel = connect_to_launcher(addresses, key)
     except (RuntimeError, ConnectionError) as error:
         print(f"hvdmx.runner.function_job: {error}", file=sys.stderr)
         return 2
@@ -169,18 +169,18 @@ def _rank_main() -> int:
         # found as they were there (a script's directory, say).
         sys.path[:] = call["sys_path"] + [p for p in sys.path if p not in call["sys_path"]]
         try:
-            fn, args, kwargs = _cloudpickle().loads(call["call"])
+            fn, args, kwargs = cloudpickle_module().loads(call["call"])
             value = fn(*args, **kwargs)
         except BaseException as error:  # the caller gets it, SystemExit included
-            channel.send(pickle.dumps(_outcome_of_error(error)))
+            channel.send(pickle.dumps(outcome_of_error(error)))
             return 1
         try:
-            pickled = _cloudpickle().dumps(value)
+            pickled = cloudpickle_module().dumps(value)
         except Exception as error:
             problem = TypeError(f"the function's return value, a {type(value).__name__}, "
                                 f"cannot be pickled ({error}); return a value that cloudpickle "
                                 "can serialize")
-            channel.send(pickle.dumps(_outcome_of_error(problem)))
+            channel.send(pickle.dumps(outcome_of_error(problem)))
             return 1
         channel.send(pickle.dumps(("value", pickled)))
     return 0
@@ -290,7 +290,7 @@ def _no_mpi_command(num_proc: int, hosts: Optional[List[Host]],
                     ) -> Tuple[List[str], Dict[str, str]]:
     """(hvdmxrun --no-mpi's command, its environment) for a job without MPI
     (use_gloo=True): hvdmxrun runs in a process of its own, so that the job
-    is ended as the MPI launcher's is (_stop). It finds hvdmx where this
+    is ended as the MPI launcher's is (stop_launcher). It finds hvdmx where this
     process found it."""
     cmd = [sys.executable, "-m", "hvdmx.runner.launch", "--no-mpi", "-np", str(num_proc)]
     if hosts:
@@ -306,7 +306,7 @@ def _no_mpi_command(num_proc: int, hosts: Optional[List[Host]],
     return cmd + ["--", *_rank_command(executable)], env
 
 
-def _stop(process: subprocess.Popen) -> None:
+def stop_launcher(process: subprocess.Popen) -> None:
     """Ends the launcher, which passes SIGTERM on to the ranks, and waits for
     it; then kills what is left of its process group (the launcher started
     in a group of its own, which holds its local proxies and ranks), so that
@@ -324,7 +324,7 @@ def _stop(process: subprocess.Popen) -> None:
     process.wait()
 
 
-def _raise_for(rank: int, outcome: tuple, others: str) -> None:
+def raise_for(rank: int, outcome: tuple, others: str) -> None:
     _, pickled, type_name, text, remote_traceback = outcome
     cause = RemoteTraceback(f"rank {rank} raised this{others}:\n\n{remote_traceback}")
     error: Optional[BaseException] = None
@@ -338,7 +338,7 @@ def _raise_for(rank: int, outcome: tuple, others: str) -> None:
     raise error from cause
 
 
-class _Server:
+class FunctionServer:
     """The listening port, one thread that accepts and one per connection:
     each reports to the caller's thread through `events`, as
     ("hello", connection, ("hello", rank, host, pid)), ("outcome", connection, the
@@ -489,7 +489,7 @@ def run_function(fn: Callable[..., Any], args: Sequence[Any] = (),
     num_proc = _number_of_processes(num_proc, np)
     timeout = start_timeout_seconds(start_timeout, environ)
     try:
-        pickled = _cloudpickle().dumps((fn, tuple(args), dict(kwargs or {})))
+        pickled = cloudpickle_module().dumps((fn, tuple(args), dict(kwargs or {})))
     except Exception as error:
         raise TypeError(f"hvdmx.run_function: fn, args and kwargs must be picklable with "
                         f"cloudpickle ({type(error).__name__}: {error})") from error
@@ -527,7 +527,7 @@ def run_function(fn: Callable[..., Any], args: Sequence[Any] = (),
     key = _secret_key(environ)
     assert key is not None  # job_environ made one if there was none
     listen, addresses = _addresses(host_list, environ)
-    server = _Server(listen, key)
+    server = FunctionServer(listen, key)
     environ[ADDRESSES_VARIABLE] = ",".join(f"{a}:{server.port}" for a in addresses)
     try:
         if no_mpi:
@@ -544,18 +544,18 @@ def run_function(fn: Callable[..., Any], args: Sequence[Any] = (),
             launcher_env = launcher_environ(launcher, environ)
         if verbose:
             print(f"{PROG}: {shlex.join(cmd)}", file=sys.stderr, flush=True)
-        # A session of its own: _stop can end all of it (Ctrl-C here raises
-        # KeyboardInterrupt, and _stop ends the job).
+        # A session of its own: stop_launcher can end all of it (Ctrl-C here raises
+        # KeyboardInterrupt, and stop_launcher ends the job).
         process = subprocess.Popen(cmd, env=launcher_env, start_new_session=True)
         try:
             return _collect(server, process, num_proc, pickled, timeout)
         finally:
-            _stop(process)
+            stop_launcher(process)
     finally:
         server.close()
 
 
-def _collect(server: _Server, process: subprocess.Popen, num_proc: int, pickled: bytes,
+def _collect(server: FunctionServer, process: subprocess.Popen, num_proc: int, pickled: bytes,
              start_timeout: float) -> List[Any]:
     """Serves the call to every rank and gathers the outcomes (see the
     module's docstring); returns the values in rank order, or raises."""
@@ -584,7 +584,7 @@ def _collect(server: _Server, process: subprocess.Popen, num_proc: int, pickled:
             try:
                 values[rank] = pickle.loads(outcome[1])
             except Exception as error:
-                failures.append((rank, _outcome_of_error(RuntimeError(
+                failures.append((rank, outcome_of_error(RuntimeError(
                     f"rank {rank}'s return value cannot be unpickled here "
                     f"({type(error).__name__}: {error})"))))
 
@@ -599,7 +599,7 @@ def _collect(server: _Server, process: subprocess.Popen, num_proc: int, pickled:
         if stop_by is None and (failures or len(values) == num_proc):
             stop_by = now + (_FAILURE_GRACE_SECONDS if failures else _EXIT_GRACE_SECONDS)
         if stop_by is None and len(ranks) < num_proc and now > start_by:
-            _stop(process)
+            stop_launcher(process)
             missing = sorted(set(range(num_proc)) - set(ranks.values()))
             raise TimeoutError(
                 f"hvdmx.run_function: {len(ranks)} of {num_proc} ranks started within "
@@ -607,7 +607,7 @@ def _collect(server: _Server, process: subprocess.Popen, num_proc: int, pickled:
                 f"{', '.join(map(str, missing))}); check the hosts and their output above, "
                 "or raise start_timeout")
         if stop_by is not None and now > stop_by:
-            _stop(process)
+            stop_launcher(process)
     code = process.returncode
     # The ranks have ended, and with them their connections: what they sent
     # last is read by now, or about to be.
@@ -617,7 +617,7 @@ def _collect(server: _Server, process: subprocess.Popen, num_proc: int, pickled:
     if failures:
         rank, outcome = failures[0]
         others = sorted(r for r, _ in failures[1:])
-        _raise_for(rank, outcome, f" (ranks {others} raised after it)" if others else "")
+        raise_for(rank, outcome, f" (ranks {others} raised after it)" if others else "")
     missing = sorted(set(range(num_proc)) - set(values))
     if missing:
         raise RuntimeError(f"hvdmx.run_function: the job ended (launcher exit status {code}) "

@@ -24,8 +24,8 @@ import threading
 import time
 from typing import IO, Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
-from hvdmx.spark._runner import KEY_VARIABLES, PROTOCOL, RendezvousServer, _cloudpickle, \
-    _outcome_of_error, _raise_for, _Server, accept_channel, start_timeout_seconds
+from hvdmx.spark._runner import KEY_VARIABLES, PROTOCOL, RendezvousServer, cloudpickle_module, \
+    outcome_of_error, raise_for, FunctionServer, accept_channel, start_timeout_seconds
 
 PROG = "hvdmx.spark.run"
 START_TIMEOUT_VARIABLES = ("HVDMX_SPARK_START_TIMEOUT", "HOROVOD_SPARK_START_TIMEOUT")
@@ -57,7 +57,7 @@ class _TaskServer:
     def __init__(self, key: bytes, num_proc: int, write: Callable[[int, str, bytes], None]):
         self.key, self.num_proc, self.write = key, num_proc, write  # before the acceptor starts
         self.events: "queue.Queue[tuple]" = queue.Queue()
-        self.server = _Server("0.0.0.0", key, serve=self._serve)
+        self.server = FunctionServer("0.0.0.0", key, serve=self._serve)
         self.port = self.server.port
 
     def close(self) -> None:
@@ -182,7 +182,7 @@ def run(fn: Callable[..., Any], args: Sequence[Any] = (),
     if num_proc is None:
         num_proc = int(sc.defaultParallelism)
     try:
-        pickled = _cloudpickle().dumps((fn, tuple(args), dict(kwargs or {})))
+        pickled = cloudpickle_module().dumps((fn, tuple(args), dict(kwargs or {})))
     except Exception as error:
         raise TypeError(f"{PROG}: fn, args and kwargs must be picklable with cloudpickle "
                         f"({type(error).__name__}: {error})") from error
@@ -212,7 +212,7 @@ def run(fn: Callable[..., Any], args: Sequence[Any] = (),
                                   on_problem=lambda text: say(f"rendezvous: {text}"))
     functions = tasks = None
     try:
-        functions = _Server("0.0.0.0", key.encode())
+        functions = FunctionServer("0.0.0.0", key.encode())
         tasks = _TaskServer(key.encode(), num_proc, write)
         alias = getattr(sys.modules.get("horovod"), "_hvdmx_alias", False)
         module = ["-m", "hvdmx.as_horovod", "-m", "hvdmx.runner.function_job"] if alias \
@@ -290,7 +290,7 @@ class _SparkJob:
 class _Collect:
     """Serves the call and gathers the outcomes (see the module's docstring)."""
 
-    def __init__(self, functions: _Server, tasks: _TaskServer, job: _SparkJob, num_proc: int,
+    def __init__(self, functions: FunctionServer, tasks: _TaskServer, job: _SparkJob, num_proc: int,
                  pickled: bytes, timeout: float, say: Callable[[str], None], verbose: int):
         self.functions, self.tasks, self.job = functions, tasks, job
         self.num_proc, self.timeout, self.say, self.verbose = num_proc, timeout, say, verbose
@@ -309,7 +309,7 @@ class _Collect:
             rank = hello[1] if isinstance(hello, tuple) and len(hello) == 4 else None
             if not isinstance(rank, int) or not 0 <= rank < self.num_proc \
                     or rank in self.ranks.values():
-                _Server.drop(connection)
+                FunctionServer.drop(connection)
                 return
             self.ranks[connection] = rank
             try:
@@ -327,7 +327,7 @@ class _Collect:
                 try:
                     self.values[rank] = pickle.loads(outcome[1])
                 except Exception as error:
-                    self.failures.append((rank, _outcome_of_error(RuntimeError(
+                    self.failures.append((rank, outcome_of_error(RuntimeError(
                         f"rank {rank}'s return value cannot be unpickled here "
                         f"({type(error).__name__}: {error})"))))
         elif event[0] == "stranger":
@@ -436,5 +436,5 @@ class _Collect:
         self._end_job()
         rank, outcome = self.failures[0]
         others = sorted(r for r, _ in self.failures[1:])
-        _raise_for(rank, outcome, f" (ranks {others} raised after it)" if others else "")
+        raise_for(rank, outcome, f" (ranks {others} raised after it)" if others else "")
 

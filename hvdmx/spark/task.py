@@ -41,7 +41,7 @@ import threading
 from typing import Any, Dict, Iterable, Iterator, List, Mapping, Optional, Sequence, Tuple
 
 from hvdmx.spark._runner import ADDRESSES_VARIABLE, BOOTSTRAP, KEY_VARIABLES, Placement, \
-    _connect, _stop_launcher, rank_env, variables_line
+    connect_to_launcher, stop_launcher, rank_env, variables_line
 from hvdmx.spark.data import DATA_VARIABLE, write_share
 
 STOP_SECONDS = 10.0  # for the rank's output to be read after it ended
@@ -70,7 +70,7 @@ class _Channel:
     """The task's connection to the driver (See Note [The task's channel])."""
 
     def __init__(self, addresses: str, key: bytes):
-        self.channel = _connect(addresses, key)
+        self.channel = connect_to_launcher(addresses, key)
         self.sock = self.channel.sock
         self.lock = threading.Lock()
         self.broken = False
@@ -102,14 +102,14 @@ class _Channel:
 
 def _stop(process: subprocess.Popen) -> None:
     """Ends the rank: its bootstrap stops the rank's group when its standard
-    input ends, and on the SIGTERM that the function job's _stop sends
+    input ends, and on the SIGTERM that the function job's stop_launcher sends
     before it kills the group."""
     if process.poll() is None and process.stdin is not None:
         try:
             process.stdin.close()
         except OSError:
             pass
-    _stop_launcher(process)
+    stop_launcher(process)
 
 
 def _stop_when_closed(channel: _Channel, process: subprocess.Popen) -> None:
