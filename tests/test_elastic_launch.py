@@ -128,3 +128,27 @@ def test_a_new_worker_after_the_first_generation_is_a_membership_change():
         assert "hvdmxrun: resumed at size 2 after" in err.getvalue()
     finally:
         job.stop_all()
+
+
+def test_a_host_that_leaves_the_discovery_has_its_workers_stopped_and_may_come_back():
+    # Slurm drains a node, or the operator's discover_hosts.sh stops printing
+    # a pod: its workers are stopped (they would run on), the host is not
+    # blacklisted, and its slots get workers again once it is back.
+    job, membership, started, err = launcher({"a": 1, "b": 2}, {})
+    job.fill()
+    try:
+        b_workers = [job.workers[("b", 0)], job.workers[("b", 1)]]
+        job.hosts.discover = lambda: {"a": 1}
+        job.fill()
+        assert sorted(job.workers) == [("a", 0)]
+        assert all(proc.poll() is not None for proc in b_workers)
+        assert not membership.started(("b", 0)) and not membership.started(("b", 1))
+        assert "host b left the discovered hosts (or has fewer slots); its worker(s) b:0, b:1 " \
+               "are stopped and the job goes on without them" in err.getvalue()
+        assert not job.hosts.blacklisted("b") and job.lost_hosts == ["b"]
+        job.hosts.discover = lambda: {"a": 1, "b": 1}  # back, with one slot
+        job.fill()
+        assert sorted(job.workers) == [("a", 0), ("b", 0)]
+        assert started == [("a", 0), ("b", 0), ("b", 1), ("b", 0)]
+    finally:
+        job.stop_all()
