@@ -9,8 +9,10 @@ import time
 import pytest
 
 from hvdmx.runner.elastic.hosts import HostManager
+from hvdmx.runner.elastic.job import check_options
 from hvdmx.runner.elastic.loop import SLOT_VARIABLE, ElasticLauncher, lost
 from hvdmx.runner.elastic.membership import Membership
+from hvdmx.runner.hosts import Host, UsageError
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -152,3 +154,21 @@ def test_a_host_that_leaves_the_discovery_has_its_workers_stopped_and_may_come_b
         assert started == [("a", 0), ("b", 0), ("b", 1), ("b", 0)]
     finally:
         job.stop_all()
+
+
+def test_with_a_schedulers_hosts_np_defaults_to_their_slots():
+    hosts = [Host("n1", 2), Host("n2", 1)]
+    where = "the Slurm allocation (SLURM_JOB_NODELIST, SLURM_TASKS_PER_NODE)"
+
+    def options(min_np=None, max_np=None, scheduler=where):
+        return check_options(None, min_np, max_np, hosts, None, None, 600.0, None, None,
+                             slurm_nodelist="n[1-2]", scheduler=scheduler)
+    chosen = options(min_np=2)
+    assert (chosen.num_proc, chosen.min_np, chosen.max_np) == (3, 2, 3)
+    assert chosen.slurm_nodelist == "n[1-2]"
+    assert options(min_np=1, max_np=2).num_proc == 2
+    assert options(min_np=2, scheduler=None).num_proc == 2  # -H: --max-np, else --min-np
+    with pytest.raises(UsageError, match=r"--min-np 4 is more than the 3 slot\(s\) of the "
+                       r"Slurm allocation \(SLURM_JOB_NODELIST, SLURM_TASKS_PER_NODE\); ask "
+                       "the scheduler for more, or lower --min-np"):
+        options(min_np=4)

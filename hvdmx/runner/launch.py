@@ -213,7 +213,8 @@ def make_parser() -> argparse.ArgumentParser:
     elastic.add_argument("--host-discovery-script", metavar="PATH",
                          help="an executable that prints the usable hosts, one 'host' or "
                               "'host:slots' a line; run every second, new hosts join at the "
-                              "next commit()")
+                              "next commit(), hosts no longer printed leave (default inside "
+                              "a Slurm allocation: its nodes that Slurm has not drained)")
     elastic.add_argument("--slots-per-host", type=_positive_int, metavar="N",
                          help="slots of a host the discovery script prints without ':slots'")
     elastic.add_argument("--elastic-timeout", type=float, default=600.0, metavar="SECONDS",
