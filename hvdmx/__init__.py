@@ -44,6 +44,7 @@ The launcher:
     runner.nompi    hvdmxrun --no-mpi: starts the ranks itself, serves the rendezvous
     runner.elastic  the launcher's side of elastic, its package
     runner.elastic.hosts  an elastic job's hosts: discovery, blacklist, numbering of ranks
+    runner.elastic.slurm_discovery  an elastic job's hosts in a Slurm allocation (sinfo)
     runner.elastic.membership  who is in an elastic job, generation by generation
     runner.elastic.loop  hvdmxrun's elastic loop: workers started, watched, hosts failed
     runner.elastic.service  the elastic rendezvous: a worker's place in each generation

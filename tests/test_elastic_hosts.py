@@ -9,7 +9,9 @@ from hypothesis import given, strategies as st
 
 from hvdmx.runner.elastic.hosts import HostManager, number_ranks, parse_discovery_output, \
     run_discovery_script, slots_of
-from hvdmx.runner.hosts import UsageError
+from hvdmx.runner.elastic.slurm_discovery import SlurmDiscovery, parse_sinfo, runs_jobs, \
+    sinfo_command, usable
+from hvdmx.runner.hosts import Host, UsageError
 
 
 def test_discovery_output_with_and_without_slots():
@@ -101,3 +103,42 @@ def test_places_are_a_consistent_topology(previous, members):
         same_local = sorted(q.rank for q in places.values() if q.local_rank == place.local_rank)
         assert (place.cross_rank, place.cross_size) == (same_local.index(place.rank),
                                                         len(same_local))
+
+
+# The Slurm discovery (hvdmx/runner/elastic/slurm_discovery.py): sinfo's
+# compact states as Slurm 22.05 prints them (`sinfo -h -N -o '%N %t'`).
+SINFO = sinfo_command("n[1-6]")
+
+
+@pytest.mark.parametrize("state, runs", [
+    ("alloc", True), ("mix", True), ("idle", True), ("comp", True), ("resv", True),
+    ("alloc$", True), ("mix@", True), ("drain", False), ("drng", False), ("down", False),
+    ("down*", False), ("alloc*", False), ("fail", False), ("failg", False), ("unk", False),
+    ("idle~", False), ("pow_dn", False), ("inval", False)])
+def test_which_slurm_states_keep_a_node_in_the_job(state, runs):
+    assert runs_jobs(state) is runs
+
+
+def test_the_allocation_less_its_drained_nodes():
+    hosts = [Host("n1", 2), Host("n2", 2), Host("n3", 1), Host("n4", 1)]
+    # n1 twice (two partitions), n3 draining, n4 not listed at all.
+    states = parse_sinfo("n1 alloc\nn2 mix\nn1 alloc\n\nn3 drng\n", SINFO)
+    assert usable(hosts, states) == {"n1": 2, "n2": 2}
+
+
+def test_sinfo_printing_something_else_names_the_command():
+    with pytest.raises(UsageError, match=r"`sinfo -h -N -n 'n\[1-6\]' -o '%N %t'` printed the "
+                       r"line 'NODELIST STATE EXTRA', not 'NODE STATE'"):
+        parse_sinfo("n1 alloc\nNODELIST STATE EXTRA\n", SINFO)
+
+
+def test_a_failing_sinfo_names_the_command_and_its_output(tmp_path, monkeypatch):
+    # A real sinfo, pointed at an empty slurm.conf: no Slurm is needed for
+    # sinfo to fail (at once; a missing file makes it retry for 60 s);
+    # without sinfo installed, that is named too.
+    (tmp_path / "empty.conf").write_text("")
+    monkeypatch.setenv("SLURM_CONF", str(tmp_path / "empty.conf"))
+    with pytest.raises(UsageError, match=r"the Slurm discovery of hvdmxrun's elastic job: "
+                       r"`sinfo -h -N -n n1 -o '%N %t'` (exited with status 1|could not be "
+                       r"run): .*make sinfo work here"):
+        SlurmDiscovery("n1", [Host("n1", 1)])()

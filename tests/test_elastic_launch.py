@@ -9,8 +9,10 @@ import time
 import pytest
 
 from hvdmx.runner.elastic.hosts import HostManager
+from hvdmx.runner.elastic.job import check_options
 from hvdmx.runner.elastic.loop import SLOT_VARIABLE, ElasticLauncher, lost
 from hvdmx.runner.elastic.membership import Membership
+from hvdmx.runner.hosts import Host, UsageError
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -128,3 +130,45 @@ def test_a_new_worker_after_the_first_generation_is_a_membership_change():
         assert "hvdmxrun: resumed at size 2 after" in err.getvalue()
     finally:
         job.stop_all()
+
+
+def test_a_host_that_leaves_the_discovery_has_its_workers_stopped_and_may_come_back():
+    # Slurm drains a node, or the operator's discover_hosts.sh stops printing
+    # a pod: its workers are stopped (they would run on), the host is not
+    # blacklisted, and its slots get workers again once it is back.
+    job, membership, started, err = launcher({"a": 1, "b": 2}, {})
+    job.fill()
+    try:
+        b_workers = [job.workers[("b", 0)], job.workers[("b", 1)]]
+        job.hosts.discover = lambda: {"a": 1}
+        job.fill()
+        assert sorted(job.workers) == [("a", 0)]
+        assert all(proc.poll() is not None for proc in b_workers)
+        assert not membership.started(("b", 0)) and not membership.started(("b", 1))
+        assert "host b left the discovered hosts (or has fewer slots); its worker(s) b:0, b:1 " \
+               "are stopped and the job goes on without them" in err.getvalue()
+        assert not job.hosts.blacklisted("b") and job.lost_hosts == ["b"]
+        job.hosts.discover = lambda: {"a": 1, "b": 1}  # back, with one slot
+        job.fill()
+        assert sorted(job.workers) == [("a", 0), ("b", 0)]
+        assert started == [("a", 0), ("b", 0), ("b", 1), ("b", 0)]
+    finally:
+        job.stop_all()
+
+
+def test_with_a_schedulers_hosts_np_defaults_to_their_slots():
+    hosts = [Host("n1", 2), Host("n2", 1)]
+    where = "the Slurm allocation (SLURM_JOB_NODELIST, SLURM_TASKS_PER_NODE)"
+
+    def options(min_np=None, max_np=None, scheduler=where):
+        return check_options(None, min_np, max_np, hosts, None, None, 600.0, None, None,
+                             slurm_nodelist="n[1-2]", scheduler=scheduler)
+    chosen = options(min_np=2)
+    assert (chosen.num_proc, chosen.min_np, chosen.max_np) == (3, 2, 3)
+    assert chosen.slurm_nodelist == "n[1-2]"
+    assert options(min_np=1, max_np=2).num_proc == 2
+    assert options(min_np=2, scheduler=None).num_proc == 2  # -H: --max-np, else --min-np
+    with pytest.raises(UsageError, match=r"--min-np 4 is more than the 3 slot\(s\) of the "
+                       r"Slurm allocation \(SLURM_JOB_NODELIST, SLURM_TASKS_PER_NODE\); ask "
+                       "the scheduler for more, or lower --min-np"):
+        options(min_np=4)

@@ -11,6 +11,8 @@ import os
 import re
 import subprocess
 import sys
+import threading
+import time
 
 import pytest
 import yaml
@@ -160,3 +162,87 @@ def test_the_plain_ssh_recipes(th, tmp_path):
         result = run_in_launcher(th, ["sh", "-c", line], pod_env(th, tmp_path, {}), tmp_path)
         assert result.returncode == 0, (line, result.stderr)
         allreduce_report.check(result.stdout, workers)
+
+
+# ---- elastic: the operator's discover_hosts.sh --------------------------------
+
+def discover_script(job, running):
+    """discover_hosts.sh as the operator writes it (updateDiscoverHostsInConfigMap
+    of pkg/controller/mpi_job_controller.go): one echo per running worker,
+    sorted by pod name, no slots; `running` are the pods' host names."""
+    return "#!/bin/sh\n" + "".join(f"echo {host}\n" for host in sorted(running))
+
+
+def test_the_discover_script_and_the_elastic_command_in_the_docs():
+    job = manifest()
+    name = job["metadata"]["name"]
+    script, command = blocks("Kubernetes", "sh")
+    workers = [f"{name}-worker-{i}.{name}.default.svc"
+               for i in range(job["spec"]["mpiReplicaSpecs"]["Worker"]["replicas"])]
+    assert script == discover_script(job, workers)
+    words = command.split()
+    assert words[0] == "hvdmxrun"
+    assert words[words.index("--host-discovery-script") + 1] == "/etc/mpi/discover_hosts.sh"
+    assert int(words[words.index("--slots-per-host") + 1]) == job["spec"]["slotsPerWorker"]
+
+
+def write_script(path, text):
+    """Replaces the script at once, as the kubelet swaps a ConfigMap's files."""
+    new = path.with_name(path.name + ".new")
+    new.write_text(text)
+    new.chmod(0o555)
+    os.replace(new, path)
+
+
+def test_an_elastic_job_goes_on_when_the_operator_drops_a_worker(th, tmp_path):
+    # The operator's set-up for the manifest (hostfile, HYDRA_HOST_FILE, ssh,
+    # discover_hosts.sh printing both workers), the elastic command of the docs
+    # in the launcher; tests/elastic_job.py (60 committed steps) as train.py.
+    # At step 3 the second worker's pod stops running: the operator rewrites
+    # the script without it. The job goes on at size 2 (one worker x 2 slots)
+    # and checks its sum and that the ranks' vectors are bitwise identical.
+    job = manifest()
+    workers = th.hosts[1:]
+    variables, text = operator_setup(job, workers)
+    hostfile = tmp_path / "hostfile"
+    hostfile.write_text(text)
+    variables = {k: str(hostfile) if v == HOSTFILE else v for k, v in variables.items()}
+    script = tmp_path / "discover_hosts.sh"
+    write_script(script, discover_script(job, workers))
+    (tmp_path / "train.py").write_text(
+        "import runpy, sys\n"
+        f"sys.argv = [{os.path.join(REPO, 'tests', 'elastic_job.py')!r}, '60']\n"
+        "runpy.run_path(sys.argv[0], run_name='__main__')\n")
+    (_, command) = blocks("Kubernetes", "sh")
+    argv = command.replace("/etc/mpi/discover_hosts.sh", str(script)).split()
+    env = pod_env(th, tmp_path, variables)
+    env.update(HVDMX_STALL_SHUTDOWN_TIME_SECONDS="3", HVDMX_STALL_CHECK_TIME_SECONDS="0",
+               HVDMX_ELASTIC_JOIN_WINDOW="3")
+    proc = subprocess.Popen(th.command("h1", argv), env=env, cwd=str(tmp_path),
+                            stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True)
+    lines = []
+    reader = threading.Thread(target=lambda: lines.extend(proc.stdout), daemon=True)
+    reader.start()
+    try:
+        deadline = time.monotonic() + 150
+        while not any("STEP 3 SIZE 4" in line for line in lines):
+            assert proc.poll() is None and time.monotonic() < deadline, "".join(lines)[-4000:]
+            time.sleep(0.1)
+        write_script(script, discover_script(job, workers[:1]))
+        assert proc.wait(timeout=150) == 0, "".join(lines)[-4000:]
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    reader.join(30)
+    out = "".join(lines)
+    gone = workers[1]
+    assert f"hvdmxrun: host {gone} left the discovered hosts (or has fewer slots); its " \
+           f"worker(s) {gone}:0, {gone}:1 are stopped" in out, out[-4000:]
+    assert "hvdmxrun: resumed at size 2" in out
+    done = [line for line in lines if "DONE" in line]
+    assert len(done) == 1 and re.search(r"DONE value (\S+) expected \1 size 2 identical True",
+                                        done[0]), out[-4000:]
+    resets = sorted(re.findall(r"^\[(\S+)\]<stdout>:RESET size 2$", out, re.M))
+    assert resets == [f"{workers[0]}:0", f"{workers[0]}:1"], out[-4000:]

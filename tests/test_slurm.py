@@ -1,4 +1,4 @@
-"""hvdmx in a real Slurm cluster: Debian's slurmctld and slurmd on two test
+"""hvdmx in a real Slurm cluster: Debian's slurmctld and slurmd on three test
 hosts (tools/slurm_cluster.py, started once for this file and removed at its
 end, on failure too). The Slurm recipes of docs/clusters.md run as written:
 hvdmxrun inside salloc and sbatch, under MPI and without, takes its hosts and
@@ -6,12 +6,14 @@ hvdmxrun inside salloc and sbatch, under MPI and without, takes its hosts and
 (PMI). Also: the dry run's placement, a failing rank, the errors for -np beyond the
 allocation and for srun without a PMI; Slurm's node list against
 `scontrol show hostnames`. Each job is a 2 x 2 allreduce whose result every
-rank checks against the ranks' own inputs."""
+rank checks against the ranks' own inputs (on the first two nodes; the third
+is for the elastic job that outlives a node Slurm drains)."""
 import ast
 import os
 import re
 import subprocess
 import sys
+import threading
 import time
 
 import pytest
@@ -46,7 +48,7 @@ def cluster():
     reason = slurm_cluster.unavailable()
     if reason:
         pytest.skip(reason)
-    with slurm_cluster.cluster(2) as instance:
+    with slurm_cluster.cluster(3) as instance:
         yield instance
 
 
@@ -72,7 +74,7 @@ def run(cluster, argv, cwd, timeout=150):
 
 
 def check_reports(cluster, out):
-    allreduce_report.check(out, cluster.nodes)
+    allreduce_report.check(out, cluster.nodes[:2])
 
 
 @SRUN_PMI_FAULT
@@ -118,7 +120,7 @@ def test_run_function_spans_the_allocation(cluster, tmp_path, name):
                            "hvdmx.as_horovod", "fn.py", name], tmp_path)
     assert result.returncode == 0, result.stderr
     (line,) = [line for line in result.stdout.splitlines() if line.startswith("RESULT ")]
-    h1, h2 = cluster.nodes
+    h1, h2 = cluster.nodes[:2]
     assert ast.literal_eval(line[len("RESULT "):]) == [(0, h1, 12.0), (1, h1, 12.0), (2, h2, 12.0),
                                            (3, h2, 12.0)]
 
@@ -153,7 +155,7 @@ def test_dry_run_shows_the_placement(cluster, tmp_path, mode):
     result = run(cluster, ["salloc", "-N", "2", "--ntasks-per-node=2", "hvdmxrun", *flags,
                            "--dry-run", "python", "train.py"], tmp_path)
     assert result.returncode == 0, result.stderr
-    h1, h2 = cluster.nodes
+    h1, h2 = cluster.nodes[:2]
     if mode == "mpi":
         assert f" -n 4 -hosts {h1}:2,{h2}:2 " in result.stdout, result.stdout
     else:
@@ -212,13 +214,16 @@ def test_the_allocation_as_slurm_writes_it(cluster, tmp_path, shape, tasks):
 def slurm_recipes():
     """The Slurm section's recipes of docs/clusters.md: each command line, and
     the batch script whole."""
+    found = []
+    for block in re.findall(r"```sh\n(.*?)```", slurm_section(), re.S):
+        found += [block] if block.startswith("#!") else block.splitlines()
+    return [recipe for recipe in found if "--min-np" not in recipe]  # elastic: below
+
+
+def slurm_section():
     text = open(os.path.join(REPO, "docs", "clusters.md"), encoding="utf-8").read()
     start = text.index("\n## Slurm")
-    found = []
-    for block in re.findall(r"```sh\n(.*?)```", text[start:text.index("\n## ", start + 1)],
-                            re.S):
-        found += [block] if block.startswith("#!") else block.splitlines()
-    return found
+    return text[start:text.index("\n## ", start + 1)]
 
 
 RECIPES = slurm_recipes()
@@ -250,3 +255,90 @@ def test_the_recipes_of_docs_clusters(cluster, tmp_path, recipe):
                      timeout=45 if recipe.startswith("srun") else 150)
         assert result.returncode == 0, (recipe, result.stderr)
         check_reports(cluster, result.stdout)
+
+
+# ---- elastic inside an allocation (hvdmx/runner/elastic/slurm_discovery.py) --
+
+ELASTIC_ENV = dict(HVDMX_STALL_SHUTDOWN_TIME_SECONDS="3", HVDMX_STALL_CHECK_TIME_SECONDS="0",
+                   HVDMX_ELASTIC_JOIN_WINDOW="3")
+
+
+def elastic_recipe():
+    (block,) = [b for b in re.findall(r"```sh\n(.*?)```", slurm_section(), re.S)
+                if "--min-np" in b]
+    (line,) = block.splitlines()
+    return line
+
+
+def test_an_elastic_job_outlives_a_node_that_slurm_drains(cluster, tmp_path):
+    # The recipe of docs/clusters.md on 3 nodes, 1 task each: tests/elastic_job.py
+    # (60 committed steps) as train.py. Node 3 is drained at step 3; Slurm
+    # leaves its step running, so hvdmxrun must see the drain (sinfo) and stop
+    # the worker itself; the two others go on at size 2 from the last commit,
+    # and the program checks the sum over every membership it ran at and that
+    # the ranks' vectors are bitwise identical.
+    recipe = elastic_recipe()
+    assert recipe.startswith("salloc -N 3 hvdmxrun --min-np 2 ")
+    (tmp_path / "train.py").write_text(
+        "import runpy, sys\n"
+        f"sys.argv = [{os.path.join(REPO, 'tests', 'elastic_job.py')!r}, '60']\n"
+        "runpy.run_path(sys.argv[0], run_name='__main__')\n")
+    drained = cluster.nodes[2]
+    proc = subprocess.Popen(cluster.command(["sh", "-c", recipe]),
+                            env=dict(env(cluster), **ELASTIC_ENV), cwd=str(tmp_path),
+                            stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True)
+    lines = []
+    reader = threading.Thread(target=lambda: lines.extend(proc.stdout), daemon=True)
+    reader.start()
+
+    def wait_for(text, timeout=120):
+        deadline = time.monotonic() + timeout
+        while not any(text in line for line in lines):
+            assert proc.poll() is None and time.monotonic() < deadline, \
+                f"{text!r} never came:\n{''.join(lines)[-4000:]}"
+            time.sleep(0.1)
+
+    try:
+        wait_for("STEP 3 SIZE 3")
+        cluster.run(["scontrol", "update", f"nodename={drained}", "state=drain",
+                     "reason=hvdmx-test"])
+        wait_for("hvdmxrun: resumed at size 2")
+        # The drained node's step has ended (Slurm would have let it run).
+        deadline = time.monotonic() + 30
+        while True:
+            steps = cluster.run(["squeue", "-h", "-s", "-o", "%i %N"]).stdout
+            if drained not in steps or time.monotonic() > deadline:
+                break
+            time.sleep(0.5)
+        assert drained not in steps, steps
+        assert proc.wait(timeout=150) == 0, "".join(lines)[-4000:]
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        cluster.run(["scontrol", "update", f"nodename={drained}", "state=resume"], check=False)
+    reader.join(30)
+    out = "".join(lines)
+    assert f"hvdmxrun: host {drained} left the discovered hosts (or has fewer slots); its " \
+           f"worker(s) {drained}:0 are stopped" in out
+    done = [line for line in lines if "DONE" in line]
+    assert len(done) == 1 and re.search(r"DONE value (\S+) expected \1 size 2 identical True",
+                                        done[0]), out[-4000:]
+    resets = sorted(re.findall(r"^\[(\S+):0\]<stdout>:RESET size 2$", out, re.M))
+    assert resets == cluster.nodes[:2], out[-4000:]
+
+
+def test_an_elastic_job_whose_sinfo_fails_names_it_and_starts_nothing(cluster, tmp_path):
+    # A real sinfo that fails: the allocation is made, then hvdmxrun runs with
+    # an empty slurm.conf (one that is not there makes sinfo retry for 60 s).
+    marker = tmp_path / "started"
+    (tmp_path / "empty.conf").write_text("")
+    result = run(cluster, ["salloc", "-N", "2", "sh", "-c",
+                           f"SLURM_CONF={tmp_path}/empty.conf exec hvdmxrun --min-np 1 "
+                           f"python -c 'open({str(marker)!r}, \"w\")'"], tmp_path)
+    assert result.returncode == 2, result.stderr
+    assert f"`sinfo -h -N -n '{cluster.nodes[0][:-1]}[1-2]' -o '%N %t'` exited with " \
+           "status 1: 'sinfo: " in result.stderr, result.stderr
+    assert "ClusterName needs to be specified" in result.stderr
+    assert not marker.exists()

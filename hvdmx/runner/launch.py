@@ -34,7 +34,8 @@ from hvdmx.runner.mpi import INTEL, MPICH, OPENMPI, PROG, Launcher, build_comman
     launcher_mismatch, mpi_without_init, plan_launch, remote_shell, split_mpi_args
 from hvdmx.runner.elastic.job import check_options as check_elastic_options, launch_elastic
 from hvdmx.runner.nompi import launch as launch_without_mpi
-from hvdmx.runner.allocation import scheduler_hosts, scheduler_shell
+from hvdmx.runner.allocation import SLURM_HOSTS, scheduler_hosts, scheduler_shell
+from hvdmx.runner.slurm import NODELIST
 
 # Also hvdmxrun's, for the tests and for scripts that use them from here.
 __all__ = ["INTEL", "MPICH", "OPENMPI", "Host", "Launcher", "UsageError", "build_command",
@@ -212,7 +213,8 @@ def make_parser() -> argparse.ArgumentParser:
     elastic.add_argument("--host-discovery-script", metavar="PATH",
                          help="an executable that prints the usable hosts, one 'host' or "
                               "'host:slots' a line; run every second, new hosts join at the "
-                              "next commit()")
+                              "next commit(), hosts no longer printed leave (default inside "
+                              "a Slurm allocation: its nodes that Slurm has not drained)")
     elastic.add_argument("--slots-per-host", type=_positive_int, metavar="N",
                          help="slots of a host the discovery script prints without ':slots'")
     elastic.add_argument("--elastic-timeout", type=float, default=600.0, metavar="SECONDS",
@@ -289,7 +291,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             options = check_elastic_options(
                 args.num_proc, args.min_np, args.max_np, hosts, args.host_discovery_script,
                 args.slots_per_host, args.elastic_timeout, args.reset_limit,
-                args.blacklist_cooldown_range)
+                args.blacklist_cooldown_range,
+                slurm_nodelist=os.environ[NODELIST] if host_flag == SLURM_HOSTS else None,
+                scheduler=None if host_flag in ("", "-H", "--hostfile") else host_flag)
             return launch_elastic(options, command, os.environ, tuning_env(args),
                                   ssh_exec=scheduler_shell(args.ssh_exec, host_flag),
                                   verbose=args.verbose)

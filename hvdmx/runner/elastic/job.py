@@ -8,6 +8,7 @@ hosts fail and come. docs/elastic.md has the model.
     hvdmxrun -np 3 --min-np 2 -H a:1,b:1,c:1 python train.py
     hvdmxrun -np 2 --max-np 4 --host-discovery-script ./hosts.sh --slots-per-host 1 \\
         python train.py
+    salloc -N 3 hvdmxrun --min-np 2 python train.py   # slurm_discovery.py
 """
 from __future__ import annotations
 
@@ -23,6 +24,7 @@ from hvdmx.rendezvous.elastic_wire import RESET_LIMIT_VARIABLE
 from hvdmx.runner.elastic.loop import ElasticLauncher
 from hvdmx.runner.elastic.membership import Membership
 from hvdmx.runner.elastic.service import ElasticService
+from hvdmx.runner.elastic.slurm_discovery import SlurmDiscovery
 from hvdmx.rendezvous.wire import ADDRESS_VARIABLE
 from hvdmx.runner.hosts import Host, UsageError, is_this_host
 from hvdmx.runner.nompi import NoMpiJob, Placement, remote_shell
@@ -44,19 +46,35 @@ class ElasticOptions:
     elastic_timeout: float
     reset_limit: Optional[int]
     cooldown: Optional[Tuple[float, float]]
+    # With hosts from a Slurm allocation: its SLURM_JOB_NODELIST, which the
+    # discovery asks sinfo about (slurm_discovery.py).
+    slurm_nodelist: Optional[str] = None
 
 
 def check_options(num_proc: Optional[int], min_np: Optional[int], max_np: Optional[int],
                   hosts: Optional[List[Host]], discovery_script: Optional[str],
                   slots_per_host: Optional[int], elastic_timeout: float,
                   reset_limit: Optional[int],
-                  cooldown: Optional[Sequence[float]]) -> ElasticOptions:
-    """The elastic flags, checked together; UsageError naming the flags."""
+                  cooldown: Optional[Sequence[float]],
+                  slurm_nodelist: Optional[str] = None,
+                  scheduler: Optional[str] = None) -> ElasticOptions:
+    """The elastic flags, checked together; UsageError naming the flags.
+    ``scheduler``: where ``hosts`` came from when a scheduler gave them (a
+    Slurm allocation, the MPI Operator's hostfile): -np then defaults to
+    their slots, at most --max-np. ``slurm_nodelist``: the hosts are the
+    Slurm allocation's, whose nodes leave the job when Slurm drains them."""
     if discovery_script is not None and hosts is not None:
         raise UsageError("--host-discovery-script and -H/--hostfile both name the hosts; give "
                          "one of them")
     if discovery_script is None and hosts is None:
         hosts = [Host(socket.gethostname(), num_proc or max_np or min_np or 1)]
+    if num_proc is None and scheduler and hosts:
+        num_proc = sum(host.slots for host in hosts)
+        if min_np is not None and min_np > num_proc:
+            raise UsageError(f"--min-np {min_np} is more than the {num_proc} slot(s) of "
+                             f"{scheduler}; ask the scheduler for more, or lower --min-np")
+        if max_np is not None:
+            num_proc = min(num_proc, max_np)
     if num_proc is None:
         num_proc = max_np or min_np
         if num_proc is None:
@@ -80,7 +98,7 @@ def check_options(num_proc: Optional[int], min_np: Optional[int], max_np: Option
     if slots_per_host is not None and slots_per_host < 1:
         raise UsageError(f"--slots-per-host {slots_per_host} must be >= 1")
     return ElasticOptions(num_proc, min_np, max_np, hosts, discovery_script, slots_per_host,
-                          elastic_timeout, reset_limit, pair)
+                          elastic_timeout, reset_limit, pair, slurm_nodelist)
 
 
 class ElasticJob(NoMpiJob):
@@ -94,6 +112,8 @@ class ElasticJob(NoMpiJob):
         super().__init__([], command, environ, tuning, shell, verbose)
         self.options = options
         self._routes: Dict[str, str] = {}
+        self._slurm = None if options.slurm_nodelist is None else \
+            SlurmDiscovery(options.slurm_nodelist, options.hosts or ())
         try:
             self.join_window = float(environ.get(JOIN_WINDOW_VARIABLE, DEFAULT_JOIN_WINDOW))
         except ValueError:
@@ -104,6 +124,8 @@ class ElasticJob(NoMpiJob):
         if self.options.discovery_script is not None:
             return run_discovery_script(self.options.discovery_script,
                                         self.options.slots_per_host)
+        if self._slurm is not None:
+            return self._slurm()
         return {host.name: host.slots for host in self.options.hosts or ()}
 
     def _address(self, service: ElasticService, host: str) -> str:

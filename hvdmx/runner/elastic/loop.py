@@ -9,6 +9,11 @@ hosts, watches them, and keeps the job going while hosts fail and come
   cooldown of --blacklist-cooldown-range, else for good), its other workers
   are stopped, and the survivors, whose collectives failed, join a new
   generation (membership.py).
+- A host that leaves the discovery (the discovery script no longer prints
+  it, or, inside a Slurm allocation, Slurm drains it or marks it down) has
+  left the job: its workers are stopped (not blacklisted: should it come
+  back, it gets workers again), and the survivors join a new generation, as
+  after a failure. So are the workers of slots a host no longer has.
 - A worker that exits with any other status failed in the training script:
   that is the user's error, not the machine's, so it is not retried; every
   worker is stopped and hvdmxrun exits with that status.
@@ -81,8 +86,12 @@ class ElasticLauncher:
     # ---- workers ----------------------------------------------------------
 
     def fill(self) -> None:
-        """Starts a worker on every usable slot that has none, up to max_np."""
-        for slot in slots_of(self.hosts.usable(), None):
+        """Stops the workers of slots no longer usable (their host left the
+        discovery, or a failed one), then starts a worker on every usable
+        slot that has none, up to max_np."""
+        available = slots_of(self.hosts.usable(), None)
+        self._leave(available)
+        for slot in available:
             if self.max_np is not None and len(self.workers) >= self.max_np:
                 return
             if slot in self.workers:
@@ -115,6 +124,23 @@ class ElasticLauncher:
                 except (ProcessLookupError, PermissionError):
                     proc.kill()
                 proc.wait()
+
+    def _leave(self, available: List[Slot]) -> None:
+        """Stops the workers whose slot is not in ``available``, host by host."""
+        keep = set(available)
+        gone: Dict[str, List[Slot]] = {}
+        for slot in self.workers:
+            if slot not in keep:
+                gone.setdefault(slot[0], []).append(slot)
+        for host, slots in gone.items():
+            if host not in self.lost_hosts:
+                self.lost_hosts.append(host)
+            if self._change_at is None:
+                self._change_at = self.clock()
+            self.log(f"host {host} left the discovered hosts (or has fewer slots); its "
+                     f"worker(s) {', '.join(f'{h}:{i}' for h, i in slots)} are stopped and "
+                     "the job goes on without them")
+            self._stop(slots)
 
     def stop_all(self) -> None:
         self._stop(list(self.workers))
