@@ -315,17 +315,20 @@ def _join(task: SlurmTask, environ: Mapping[str, str], timeout: float
                 raise PermissionError(
                     f"hvdmx under srun: HVDMX_SECRET_KEY of task {task.rank} (node {task.node}) "
                     f"is not task 0's ({record.get('node')}); set the same key for every task")
-            key = given if given is not None else parse_key(str(record["key"]),
-                                                            f"the key in {path}")
+            try:
+                key = given if given is not None else parse_key(str(record["key"]))
+            except ValueError:
+                raise ValueError(f"hvdmx under srun: {path} holds a malformed key: it is not "
+                                 f"a meeting file of hvdmx ({FORMAT}); remove it") from None
             for address in record["addresses"]:  # type: ignore[union-attr]
                 try:
                     return connect(str(address), key, task.rank, task.size,
                                    slot=task.local_rank,
                                    connect_timeout=min(_CONNECT_TRY_SECONDS,
-                                                       max(0.0, deadline - time.monotonic()))
-                                   ), key
+                                                       max(0.0, deadline - time.monotonic())),
+                                   unreachable=str(address)), key
                 except (OSError, ProtocolError, RendezvousError) as error:
-                    why = f"{address}: {error}"
+                    why = str(error)
             tried = json.dumps(record, sort_keys=True)
         if time.monotonic() > deadline:
             break
