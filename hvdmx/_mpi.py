@@ -122,7 +122,9 @@ def settle_slurm_pmi(environ) -> None:
     mpich wheel) and Slurm 22.05 exchange UCX addresses that arrive garbled
     in most starts ("failed to unpack address", then MPI_Init aborts); over
     PMI-1 the same happened in 4 of about 35 starts, so this lessens the
-    fault without removing it (issue 63, open). Hydra, whose ranks inherit
+    fault without removing it (issue 63). That is why an srun task starts
+    MPI only when asked (srun_wants_mpi); otherwise hvd.init() meets the
+    tasks without MPI and this is not called. Hydra, whose ranks inherit
     these variables inside an allocation, speaks PMI-1 too."""
     if environ.get("SLURM_MPI_TYPE") == "pmi2" and "PMI_FD" in environ:
         environ.setdefault("MPIR_CVAR_PMI_VERSION", "1")
