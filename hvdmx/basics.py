@@ -12,8 +12,9 @@ from typing import Any, List, Optional, Sequence, Union
 # can use mpi4py and hvdmx side by side. See hvdmx/_mpi.py, load_core.
 from hvdmx import _core, _job, process_sets as _process_sets
 from hvdmx._job import check_running as _check_running, topology as _topology
-from hvdmx._mpi import mpi_library as _mpi_library, started_by_srun as _started_by_srun, \
-    started_without_mpi as _without_mpi, venv_mpiexec as _venv_mpiexec
+from hvdmx._mpi import mpi_library as _mpi_library, srun_task as _srun_task, \
+    started_by_srun as _started_by_srun, started_without_mpi as _without_mpi, \
+    venv_mpiexec as _venv_mpiexec
 from mpi4py import MPI
 import mxnet as mx
 
@@ -190,12 +191,14 @@ def _check_launcher(environ) -> None:
             f"(SLURM_STEP_NUM_TASKS={value}) but gave MPI no way to find the others (no PMI: "
             f"srun --mpi=none, or the cluster's default), so the MPI library hvdmx uses "
             f"({_mpi_library(MPI)}) sees it alone, and every process would train by itself "
-            f"as rank 0 of 1. MPI was asked for (HVDMX_SRUN_MPI=1, HVDMX_TRANSPORT=mpi, or "
-            "mpi4py.MPI imported before hvdmx); without that, hvd.init() meets srun's tasks "
-            "by itself, with no MPI. Else give srun a PMI plugin that this MPI supports "
-            "(srun --mpi=pmi2; srun --mpi=list shows them), or start the job with hvdmxrun "
-            f"-np {value} ... inside the allocation. To run one process alone here on "
-            "purpose, unset SLURM_STEP_NUM_TASKS.")
+            f"as rank 0 of 1. Start the job with hvdmxrun -np {value} ... inside the "
+            "allocation (it runs this MPI's own launcher, which reads Slurm's allocation), "
+            "or give srun a PMI plugin that this MPI supports (srun --mpi=pmi2; srun "
+            "--mpi=list shows them)" +
+            ("; or leave MPI out: it was asked for (HVDMX_SRUN_MPI=1, HVDMX_TRANSPORT=mpi, "
+             "or mpi4py.MPI imported before hvdmx), and without that hvd.init() meets "
+             "srun's tasks by itself" if _srun_task(environ) else "") +
+            ". To run one process alone here on purpose, unset SLURM_STEP_NUM_TASKS.")
 
 
 def _finalize_mpi() -> None:

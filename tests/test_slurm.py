@@ -167,7 +167,7 @@ def test_mpi_under_srun_without_a_pmi_says_what_to_do(cluster, program, tmp_path
     assert result.returncode != 0
     assert "REPORT" not in result.stdout
     assert "srun started this process as one of 4 tasks" in result.stderr
-    assert "MPI was asked for (HVDMX_SRUN_MPI=1" in result.stderr
+    assert "leave MPI out: it was asked for (HVDMX_SRUN_MPI=1" in result.stderr
     assert "srun --mpi=list" in result.stderr
 
 
