@@ -29,6 +29,7 @@ The rendezvous, shared:
     rendezvous.server  the rendezvous server of hvdmxrun --no-mpi
     rendezvous.client  a rank's side: the client group (StoreGroup)
     rendezvous.elastic_wire  what the elastic service and its workers both know
+    rendezvous.srun  srun's tasks meet without MPI: task 0 serves, the meeting file
 MPI's identity, which both sides read:
     _mpi            which MPI is which; loads the extension into mpi4py's MPI
     _core           the C++ extension (csrc/hvdmx), loaded by _mpi

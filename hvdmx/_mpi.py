@@ -122,7 +122,9 @@ def settle_slurm_pmi(environ) -> None:
     mpich wheel) and Slurm 22.05 exchange UCX addresses that arrive garbled
     in most starts ("failed to unpack address", then MPI_Init aborts); over
     PMI-1 the same happened in 4 of about 35 starts, so this lessens the
-    fault without removing it (issue 63, open). Hydra, whose ranks inherit
+    fault without removing it (issue 63). That is why an srun task starts
+    MPI only when asked (srun_wants_mpi); otherwise hvd.init() meets the
+    tasks without MPI and this is not called. Hydra, whose ranks inherit
     these variables inside an allocation, speaks PMI-1 too."""
     if environ.get("SLURM_MPI_TYPE") == "pmi2" and "PMI_FD" in environ:
         environ.setdefault("MPIR_CVAR_PMI_VERSION", "1")
@@ -134,8 +136,62 @@ RENDEZVOUS_VARIABLE = "HVDMX_RENDEZVOUS"
 
 
 def started_without_mpi(environ=os.environ) -> bool:
-    """Whether hvdmxrun started this process without MPI (--no-mpi)."""
-    return RENDEZVOUS_VARIABLE in environ
+    """Whether this process runs without MPI: hvdmxrun started it so
+    (--no-mpi), or srun did and hvd.init() meets the step's other tasks
+    itself (see srun_task)."""
+    return RENDEZVOUS_VARIABLE in environ or _started_by_srun
+
+
+# The variables of a task that srun started (Slurm sets them all for each).
+SRUN_TASK_VARIABLES = ("SLURM_STEP_ID", "SLURM_PROCID", "SLURM_LOCALID")
+# Set to 1 to have hvd.init() start MPI under srun, as before issue 63 (MPI
+# then learns the job from srun's PMI: srun --mpi=pmi2).
+SRUN_MPI_VARIABLE = "HVDMX_SRUN_MPI"
+# Whether load_core found this process to be an srun task that runs without
+# MPI (decided once, before mpi4py.MPI is imported).
+_started_by_srun = False
+
+
+def started_by_srun() -> bool:
+    """Whether this process is an srun task that hvd.init() starts without
+    MPI, from Slurm's variables (decided when hvdmx was imported)."""
+    return _started_by_srun
+
+
+def srun_task(environ=os.environ) -> bool:
+    """Whether Slurm's srun started this process as a task of a step with
+    no launcher between them: not hvdmxrun (HVDMX_RENDEZVOUS), not an MPI
+    launcher. MPICH's Hydra and Open MPI's mpirun inside an allocation start
+    their ranks from proxies that srun started, so those ranks carry a
+    step's SLURM_* variables too; they also carry the launcher's own
+    (MPI_LOCALNRANKS from Hydra, OMPI_COMM_WORLD_SIZE from Open MPI), and
+    the PMI rank and size of their launcher, which are not the step's.
+    srun's own PMI (--mpi=pmi2, --mpi=pmix) numbers the tasks as Slurm does."""
+    if RENDEZVOUS_VARIABLE in environ or not all(n in environ for n in SRUN_TASK_VARIABLES):
+        return False
+    if "SLURM_STEP_NUM_TASKS" not in environ and "SLURM_NTASKS" not in environ:
+        return False
+    if "MPI_LOCALNRANKS" in environ or "OMPI_COMM_WORLD_SIZE" in environ:
+        return False
+    size = environ.get("SLURM_STEP_NUM_TASKS", environ.get("SLURM_NTASKS"))
+    for pmi, slurm in (("PMI_RANK", environ["SLURM_PROCID"]), ("PMI_SIZE", size),
+                       ("PMIX_RANK", environ["SLURM_PROCID"])):
+        if pmi in environ and environ[pmi] != slurm:
+            return False
+    return True
+
+
+def srun_wants_mpi(environ=os.environ) -> bool:
+    """Whether an srun task should start MPI all the same: asked for with
+    HVDMX_SRUN_MPI=1, or by HVDMX_TRANSPORT=mpi (which needs it), or MPI is
+    started already (the script imported mpi4py.MPI before hvdmx)."""
+    asked = environ.get(SRUN_MPI_VARIABLE, "")
+    if asked not in ("", "0", "1"):
+        raise ValueError(f"hvdmx: {SRUN_MPI_VARIABLE}={asked!r} must be 1 (under srun, start "
+                         "MPI through srun's PMI: srun --mpi=pmi2) or 0 (the default: "
+                         "hvd.init() meets the step's tasks without MPI)")
+    transport = environ.get("HVDMX_TRANSPORT") or environ.get("HOROVOD_TRANSPORT") or ""
+    return asked == "1" or transport.strip().lower() == "mpi" or "mpi4py.MPI" in sys.modules
 
 
 # Note [One wheel for MPICH and Open MPI]
@@ -187,22 +243,28 @@ def load_core():
     Only that: this module is the bottom layer (hvdmx/__init__.py), below
     every module that imports _core.
 
-    In a job that hvdmxrun started without MPI (started_without_mpi),
-    mpi4py is told not to start MPI at its import, and nothing starts it.
+    In a job that hvdmxrun started without MPI, and in a task that srun
+    started with no launcher between (srun_task; unless srun_wants_mpi),
+    mpi4py is told not to start MPI at its import, and nothing starts it:
+    hvd.init() meets the other ranks through the rendezvous (issue 63).
 
     Before MPI starts, a PMIx launcher with the mpich wheel is refused, and
     PMIx variables inherited under MPICH's launcher are dropped (see
     settle_pmix); under srun's PMI-2, MPICH is told to speak PMI-1 (see
     settle_slurm_pmi): every module that imports mpi4py.MPI loads _core first.
     """
+    global _started_by_srun
+    if srun_task() and not srun_wants_mpi():
+        _started_by_srun = True
     if started_without_mpi() and "mpi4py.MPI" not in sys.modules:
         # The library is loaded (the extension links it) but never started.
         import mpi4py
         mpi4py.rc.initialize = False
         mpi4py.rc.finalize = False
-    if "mpi4py.MPI" not in sys.modules:
+    if "mpi4py.MPI" not in sys.modules and not started_without_mpi():
         settle_slurm_pmi(os.environ)
-    if "PMIX_NAMESPACE" in os.environ and "mpi4py.MPI" not in sys.modules:
+    if "PMIX_NAMESPACE" in os.environ and "mpi4py.MPI" not in sys.modules and \
+            not started_without_mpi():
         message = settle_pmix(os.environ, wheel_libmpi())
         if message is not None:
             raise RuntimeError(message)

@@ -12,7 +12,8 @@ from typing import Any, List, Optional, Sequence, Union
 # can use mpi4py and hvdmx side by side. See hvdmx/_mpi.py, load_core.
 from hvdmx import _core, _job, process_sets as _process_sets
 from hvdmx._job import check_running as _check_running, topology as _topology
-from hvdmx._mpi import mpi_library as _mpi_library, started_without_mpi as _without_mpi, \
+from hvdmx._mpi import mpi_library as _mpi_library, srun_task as _srun_task, \
+    started_by_srun as _started_by_srun, started_without_mpi as _without_mpi, \
     venv_mpiexec as _venv_mpiexec
 from mpi4py import MPI
 import mxnet as mx
@@ -117,21 +118,38 @@ def _init_without_mpi(comm, process_sets) -> None:
     """init in a job that hvdmxrun started without MPI: over the group the
     launcher's rendezvous gives (hvdmx/rendezvous/client.py)."""
     from hvdmx.elastic import worker as elastic_worker
-    from hvdmx.rendezvous import client as rendezvous
+    from hvdmx.rendezvous import client as rendezvous, srun
+    by_srun = _started_by_srun()
     if comm is not None:
-        raise ValueError("hvdmx.init: argument 'comm' needs MPI, but hvdmxrun started this "
-                         "job without MPI (--no-mpi); call hvd.init() without it (process "
-                         "sets as lists of ranks work), or start the job with MPI")
+        raise ValueError(
+            "hvdmx.init: argument 'comm' needs MPI, but " +
+            ("srun started this task and hvdmx runs it without MPI (see 'srun' in "
+             "docs/clusters.md); call hvd.init() without it (process sets as lists of ranks "
+             "work), or have hvdmx start MPI under srun: HVDMX_SRUN_MPI=1 with srun --mpi=pmi2"
+             if by_srun else
+             "hvdmxrun started this job without MPI (--no-mpi); call hvd.init() without it "
+             "(process sets as lists of ranks work), or start the job with MPI"))
     _check_process_sets_argument(process_sets)
     # One connection a process: a later init (after hvd.shutdown()) runs on
     # the same group, whose collectives every rank numbers alike.
     if _job.group is None:
-        # An elastic worker learns its place at each reset (hvd.elastic).
-        _job.group = elastic_worker.join() if elastic_worker.elastic() else \
-            rendezvous.group_from_environment()
+        # An elastic worker learns its place at each reset (hvd.elastic);
+        # an srun task from Slurm's variables (Note [Meeting under srun]).
+        if elastic_worker.elastic():
+            _job.group = elastic_worker.join()
+        elif by_srun:
+            _job.group, key = srun.group_from_slurm()
+            # The ranks' own TCP connections prove the same key (the core
+            # reads it from the environment, as under hvdmxrun).
+            if not any(os.environ.get(n) for n in ("HVDMX_SECRET_KEY", "HOROVOD_SECRET_KEY")):
+                os.environ["HVDMX_SECRET_KEY"] = key.hex()
+        else:
+            _job.group = rendezvous.group_from_environment()
     _job.comm = None
     _process_sets._forget_all()
     _core.init_group(_job.group)
+    if by_srun:
+        srun.forget_meeting()  # every task has joined: the file's work is done
     _started(process_sets)
 
 
@@ -175,8 +193,12 @@ def _check_launcher(environ) -> None:
             f"({_mpi_library(MPI)}) sees it alone, and every process would train by itself "
             f"as rank 0 of 1. Start the job with hvdmxrun -np {value} ... inside the "
             "allocation (it runs this MPI's own launcher, which reads Slurm's allocation), "
-            "or give srun a PMI plugin that this MPI supports (srun --mpi=list shows "
-            "them). To run one process alone here on purpose, unset SLURM_STEP_NUM_TASKS.")
+            "or give srun a PMI plugin that this MPI supports (srun --mpi=pmi2; srun "
+            "--mpi=list shows them)" +
+            ("; or leave MPI out: it was asked for (HVDMX_SRUN_MPI=1, HVDMX_TRANSPORT=mpi, "
+             "or mpi4py.MPI imported before hvdmx), and without that hvd.init() meets "
+             "srun's tasks by itself" if _srun_task(environ) else "") +
+            ". To run one process alone here on purpose, unset SLURM_STEP_NUM_TASKS.")
 
 
 def _finalize_mpi() -> None:

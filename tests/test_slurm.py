@@ -2,12 +2,15 @@
 hosts (tools/slurm_cluster.py, started once for this file and removed at its
 end, on failure too). The Slurm recipes of docs/clusters.md run as written:
 hvdmxrun inside salloc and sbatch, under MPI and without, takes its hosts and
--np from the allocation; srun starts the ranks with no launcher of ours
-(PMI). Also: the dry run's placement, a failing rank, the errors for -np beyond the
-allocation and for srun without a PMI; Slurm's node list against
-`scontrol show hostnames`. Each job is a 2 x 2 allreduce whose result every
-rank checks against the ranks' own inputs (on the first two nodes; the third
-is for the elastic job that outlives a node Slurm drains)."""
+-np from the allocation; srun starts the ranks with no launcher of ours, and
+hvd.init() meets them without MPI (Note [Meeting under srun] in
+hvdmx/rendezvous/srun.py), also inside sbatch and without a PMI. Also: the dry
+run's placement, a failing rank, the errors for -np beyond the allocation,
+for MPI asked for under srun without a PMI, and for srun tasks that cannot
+meet; Slurm's node list against `scontrol show hostnames`. Each job is a
+2 x 2 allreduce whose result every rank checks against the ranks' own inputs
+(on the first two nodes; the third is for the elastic job that outlives a
+node Slurm drains)."""
 import ast
 import os
 import re
@@ -28,20 +31,6 @@ from hvdmx.runner.slurm import expand_nodelist, expand_tasks  # noqa: E402
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 pytestmark = pytest.mark.timeout(180)
-
-# Issue 63, open: ranks started by srun with Slurm's PMI (MPICH 5.0.2, Slurm
-# 22.05) sometimes get garbled addresses at MPI_Init (slurmstepd logs
-# "mpi/pmi2: invalid client request" with bytes of the task's unrelated
-# memory) and abort or wait. It happened in about 1 start in 9 here, and in
-# both srun starts of one loaded run. Marked, not skipped: each such test
-# runs, and reports XPASS when srun started the job.
-# A good srun start takes 7 to 15 s here even under load; a spoiled one
-# waits until its limit, so those tests give srun 45 s: what the open fault
-# can cost the suite is bounded.
-SRUN_PMI_FAULT = pytest.mark.xfail(
-    strict=False, reason="issue 63: srun's PMI start of MPICH sometimes garbles UCX "
-    "addresses (MPI_Init aborts or waits)")
-
 
 @pytest.fixture(scope="session")
 def cluster():
@@ -69,28 +58,79 @@ def env(cluster):
     return base
 
 
-def run(cluster, argv, cwd, timeout=150):
-    return cluster.run(argv, env=env(cluster), cwd=str(cwd), timeout=timeout, check=False)
+def run(cluster, argv, cwd, timeout=150, **extra):
+    return cluster.run(argv, env={**env(cluster), **extra}, cwd=str(cwd), timeout=timeout,
+                       check=False)
 
 
 def check_reports(cluster, out):
     allreduce_report.check(out, cluster.nodes[:2])
 
 
-@SRUN_PMI_FAULT
-def test_srun_without_a_launcher(cluster, program, tmp_path):
-    # With no --mpi flag: MpiDefault=pmi2 in the cluster's slurm.conf, so
-    # srun hands the tasks Slurm's PMI, through which the mpich wheel's MPI
-    # finds the others; the job's key goes from rank 0 to the others over
-    # MPI. (The recipe of docs/clusters.md runs it with --mpi=pmi2.) The
-    # PMI-2 garbling of issue 63 spoiled most starts, so two runs of srun
-    # (this and the recipe's) would almost surely catch its return. Known
-    # open fault: under PMI-1 it still spoiled about 1 start in 9 here
-    # (docs/clusters.md); this test then fails, as it should.
-    result = run(cluster, ["srun", "-N", "2", "--ntasks-per-node=2", "python", program],
-                 tmp_path, timeout=45)
+def test_srun_without_a_pmi(cluster, program, tmp_path):
+    # srun with no launcher of ours and, here, no PMI either: hvd.init()
+    # takes rank, size and local rank from Slurm and meets the others
+    # through task 0's rendezvous, found in the meeting file, which is gone
+    # once the job ends. (The recipe of docs/clusters.md runs plain srun,
+    # where the cluster's MpiDefault=pmi2 hands the tasks a PMI that hvdmx
+    # leaves unused.)
+    meet = tmp_path / "meet"
+    result = run(cluster, ["srun", "-N", "2", "--ntasks-per-node=2", "--mpi=none", "python",
+                           program], tmp_path, HVDMX_SRUN_DIR=str(meet))
     assert result.returncode == 0, result.stderr
     check_reports(cluster, result.stdout)
+    assert meet.is_dir() and not list(meet.iterdir())
+
+
+SRUN_BATCH = """#!/bin/sh
+#SBATCH -N 2
+#SBATCH --ntasks-per-node=2
+srun python train.py
+"""
+
+
+def test_srun_inside_sbatch(cluster, program, tmp_path):
+    # The batch script's own srun, with the default meeting directory.
+    (tmp_path / "job.sh").write_text(SRUN_BATCH)
+    out = tmp_path / "job.out"
+    result = run(cluster, ["sbatch", "--wait", "-o", str(out), "job.sh"], tmp_path)
+    assert result.returncode == 0, (result.stderr, out.read_text() if out.exists() else "")
+    check_reports(cluster, out.read_text())
+
+
+# Tasks that cannot meet: each case's shell line (run by every task before
+# python), and what the tasks say. HVDMX_RENDEZVOUS_TIMEOUT=6 bounds every
+# wait, so that the step ends within seconds, never hangs. One step holds two
+# tasks that go wrong each its own way (a key set for task 1 only, Slurm's
+# SLURM_LOCALID changed for task 3), to keep the cost of an srun down.
+SRUN_BAD = {
+    "two-tasks-wrong": (
+        f"[ $SLURM_PROCID = 1 ] && export HVDMX_SECRET_KEY={'ab' * 32}; "
+        "[ $SLURM_PROCID = 3 ] && export SLURM_LOCALID=x",
+        ["HVDMX_SECRET_KEY is set for task 1 (node {h1}) but not for task 0 ({h1}); set the "
+         "same key for every task", "SLURM_LOCALID='x' must be an integer from 0 to 3",
+         "ranks 1, 3 did not reach it within 6 s (HVDMX_RENDEZVOUS_TIMEOUT); ranks 1, 3 never "
+         "connected"]),
+    "directory-not-shared": (
+        "export HVDMX_SRUN_DIR=$PWD/meet-$(hostname)",
+        ["task 2 of 4 (node {h2}) waited 6 s (HVDMX_RENDEZVOUS_TIMEOUT) for task 0 to write "
+         "the meeting file", "set HVDMX_SRUN_DIR to a directory that every node of the job "
+         "sees", "ranks 2, 3 never connected"]),
+}
+
+
+@pytest.mark.parametrize("case", sorted(SRUN_BAD))
+def test_srun_tasks_that_cannot_meet_say_why(cluster, program, tmp_path, case):
+    line, expected = SRUN_BAD[case]
+    result = run(cluster, ["srun", "-N", "2", "--ntasks-per-node=2", "sh", "-c",
+                           f"{line}; exec python {program}"], tmp_path, timeout=90,
+                 HVDMX_RENDEZVOUS_TIMEOUT="6")
+    assert result.returncode != 0
+    assert "REPORT" not in result.stdout
+    h1, h2 = cluster.nodes
+    for text in expected:
+        assert text.format(h1=h1, h2=h2) in result.stderr, result.stderr
+    assert not [p for p in tmp_path.rglob("*.json")], "a meeting file was left behind"
 
 
 # horovod.run(fn, np=4) as a Horovod program calls it, under hvdmx's alias
@@ -125,27 +165,14 @@ def test_run_function_spans_the_allocation(cluster, tmp_path, name):
                                            (3, h2, 12.0)]
 
 
-@SRUN_PMI_FAULT
-def test_srun_with_a_key_on_one_task_only_says_what_to_set(cluster, program, tmp_path):
-    # The key reaches srun's tasks from rank 0 over MPI, or from the job's
-    # environment when set there: set for some tasks only, the job cannot
-    # agree on one, and every rank stops saying what to set.
-    key = "ab" * 32
-    result = run(cluster, ["srun", "-N", "2", "--ntasks-per-node=2", "sh", "-c",
-                           f"[ $SLURM_PROCID = 1 ] && export HVDMX_SECRET_KEY={key}; "
-                           f"exec python {program}"], tmp_path, timeout=45)
-    assert result.returncode != 0
-    assert "REPORT" not in result.stdout
-    assert "HVDMX_SECRET_KEY is set for rank 1 but not for rank 0; set the same key for " \
-        "every rank" in result.stderr, result.stderr
-
-
-def test_srun_without_a_pmi_says_what_to_do(cluster, program, tmp_path):
+def test_mpi_under_srun_without_a_pmi_says_what_to_do(cluster, program, tmp_path):
+    # MPI asked for (HVDMX_SRUN_MPI=1), but srun gives it no PMI.
     result = run(cluster, ["srun", "-N", "2", "--ntasks-per-node=2", "--mpi=none", "python",
-                           program], tmp_path)
+                           program], tmp_path, HVDMX_SRUN_MPI="1")
     assert result.returncode != 0
     assert "REPORT" not in result.stdout
     assert "srun started this process as one of 4 tasks" in result.stderr
+    assert "leave MPI out: it was asked for (HVDMX_SRUN_MPI=1" in result.stderr
     assert "srun --mpi=list" in result.stderr
 
 
@@ -237,8 +264,7 @@ def test_the_recipes_are_there():
 
 def _recipe_param(recipe):
     name = recipe.split("\n")[-2 if recipe.startswith("#!") else 0][:60]
-    marks = [SRUN_PMI_FAULT] if recipe.startswith("srun") else []
-    return pytest.param(recipe, id=name, marks=marks)
+    return pytest.param(recipe, id=name)
 
 
 @pytest.mark.parametrize("recipe", [_recipe_param(r) for r in RECIPES])
@@ -251,8 +277,7 @@ def test_the_recipes_of_docs_clusters(cluster, tmp_path, recipe):
         assert result.returncode == 0, result.stderr
         check_reports(cluster, out.read_text())
     else:
-        result = run(cluster, ["sh", "-c", recipe], tmp_path,
-                     timeout=45 if recipe.startswith("srun") else 150)
+        result = run(cluster, ["sh", "-c", recipe], tmp_path)
         assert result.returncode == 0, (recipe, result.stderr)
         check_reports(cluster, result.stdout)
 

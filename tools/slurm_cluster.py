@@ -12,6 +12,8 @@ has the recipes that run on it; in short:
 What it runs is Debian's Slurm (slurmctld, slurmd, slurm-client) and munge,
 installed by `make slurm`, with everything of its own under
 /run/hvdmx-slurm/PREFIX/ (SLURM_CONF points the commands there):
+- a cluster named by the prefix (SLURM_CLUSTER_NAME), so that jobs of two
+  clusters up at once (another prefix) never share a name;
 - one munged, with a fresh key and its own socket, for every host: the
   hosts share this machine's filesystem, and the Slurm commands reach it by
   the socket named in slurm.conf's AuthInfo;
@@ -75,7 +77,10 @@ def _which(name: str) -> Optional[str]:
 
 _CONF = """\
 # Slurm of the test hosts __PREFIX__ (tools/slurm_cluster.py); removed with them.
-ClusterName=hvdmx
+# The prefix, so that two clusters that run at once have different names: job
+# numbers start at 1 in each, and what a job keys by cluster and job number
+# (hvdmx's srun meeting file, under $HOME) must not meet the other's.
+ClusterName=__PREFIX__
 SlurmctldHost=__FIRST__
 SlurmUser=root
 SlurmdUser=root

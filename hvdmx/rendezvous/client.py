@@ -204,10 +204,12 @@ def _check_int(name: str, value: object, bits: int) -> None:
 
 
 def connect(address: str, key: bytes, rank: int, size: int, host: Optional[str] = None,
-            slot: int = 0, connect_timeout: float = 30.0) -> StoreGroup:
+            slot: int = 0, connect_timeout: float = 30.0,
+            unreachable: Optional[str] = None) -> StoreGroup:
     """The job's group, as rank `rank` of `size`, through the server at
     `address` ('host:port'). Retries a refused connection until
-    `connect_timeout` (the server may still be starting)."""
+    `connect_timeout` (the server may still be starting); `unreachable` is
+    the error's text then (default: it names HVDMX_RENDEZVOUS and hvdmxrun)."""
     target = parse_address(address)
     if len(key) != KEY_BYTES:
         raise ValueError(f"the secret key must be {KEY_BYTES} bytes")
@@ -218,6 +220,8 @@ def connect(address: str, key: bytes, rank: int, size: int, host: Optional[str] 
             break
         except OSError as error:
             if time.monotonic() > deadline:
+                if unreachable is not None:
+                    raise ConnectionError(f"{unreachable}: {error}") from None
                 raise ConnectionError(f"cannot reach the rendezvous server at {address} "
                                       f"({ADDRESS_VARIABLE}): {error}; is the launcher "
                                       "(hvdmxrun --no-mpi) still running, and is that "
