@@ -16,7 +16,8 @@
 namespace hvdmx {
 
 // Raises a failed Status in Python: ValueError for invalid arguments,
-// RuntimeError otherwise. Call with the GIL held.
+// hvdmx.errors.PeerProtocolError for kPeerProtocol, RuntimeError otherwise.
+// Call with the GIL held.
 void ThrowIfError(const Status& status);
 
 // Adds the Status codes (base/common.h) to module `m` as STATUS_OK,
