@@ -79,6 +79,12 @@ for i, (liar, how, lie, to) in enumerate(cases):
     except Exception as e:
         report.update(error=str(e), kind=type(e).__name__, stop=list(_job.stop_status()))
     report["seconds"] = time.monotonic() - start
+    # A call of hvdmx's own after the stop raises the stop's error itself.
+    try:
+        hvd.barrier()
+        report["after"] = ""
+    except Exception as e:
+        report["after"] = type(e).__name__
     _hvdmx_testing.stop_lying()
     path = os.path.join(out, f"case{i}.rank{rank}.json")
     with open(path + ".tmp", "w") as f:
@@ -167,6 +173,7 @@ def assert_every_honest_rank_names(reports, out, liar, said, case):
         assert "which the protocol does not allow" in report["error"], (case, r, report)
         assert "not taken part in negotiation" not in report["error"], (case, r, report)
         assert report["stop"][0] == _core.STATUS_PEER_PROTOCOL, (case, r, report)
+        assert report["after"] == "PeerProtocolError", (case, r, report)
 
 
 # ---- the lies ----------------------------------------------------------------------
