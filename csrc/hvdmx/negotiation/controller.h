@@ -73,9 +73,12 @@
 // is waiting in negotiation. The ranks tell each other at most once each,
 // and wait at most a second for the bytes to leave. Not covered: a rank
 // waiting in a collective's data transfer reads no control comm (it fails
-// after the stall shutdown time, or reads the report at its next round),
-// and a host tree's non-leaders report nothing over the network (their
-// host learns of their stop through shared memory).
+// after the stall shutdown time, or reads the report at its next round);
+// a host tree's non-leaders report nothing over the network (their host
+// learns of their stop through shared memory), and neither do the
+// shared-memory control comm of a job on one host (the same) nor MpiComm
+// (HVDMX_TRANSPORT=mpi), whose ranks fail as before. LocalComm reports as
+// TcpComm does, for the in-process tests (tests/test_peer_input.py).
 //
 // Note [Requests with the bit-and]
 // ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
