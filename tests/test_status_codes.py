@@ -67,6 +67,9 @@ def test_a_secret_key_of_another_length_from_rank_0_fails_init_naming_it():
         assert code == _core.STATUS_PEER_PROTOCOL and key == b"", (length, message)
         assert f"rank 0 sent a secret key of {length} bytes where 32 were expected" in message
         assert type(_job.error_for(code, message)) is errors.PeerProtocolError
+    # hvd.init()'s way to Python (InitStatus, ThrowIfError): the class itself.
+    with pytest.raises(hvd.PeerProtocolError, match="rank 0 sent a secret key of 31 bytes"):
+        t.init_key_from_liar(b"k" * 31)
 
 
 def test_the_message_decides_nothing():

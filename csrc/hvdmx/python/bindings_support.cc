@@ -4,6 +4,7 @@
 #include <stdexcept>
 #include <utility>
 
+#include "comm/comm.h"
 #include "config/env_config.h"
 
 namespace py = pybind11;
@@ -20,6 +21,14 @@ void ThrowIfError(const Status& status) {
     throw py::error_already_set();
   }
   throw std::runtime_error(status.message());
+}
+
+Status InitStatus(const std::function<Status()>& init) {
+  try {
+    return init();
+  } catch (const PeerProtocolError& e) {
+    return Status::PeerProtocol(e.what());
+  }
 }
 
 void AddStatusCodes(py::module_& m) {

@@ -22,6 +22,7 @@
 #include "comm/group.h"
 #include "job/job.h"
 #include "job/secret_key.h"
+#include "python/bindings_support.h"
 #include "testing/testing_bindings.h"
 
 namespace py = pybind11;
@@ -221,6 +222,17 @@ void DefineTestingLiarBindings(py::module_& m) {
   m.def("stop_lying", [] { SetNegotiationCommWrapper(nullptr); });
   // (code, message, key): rank 1's AgreeOnSecretKey when rank 0 sends `key`.
   m.def("agree_on_key_from_liar", &AgreeOnKeyFromLiar, py::arg("key"));
+  // As hvd.init() raises it: AgreeOnSecretKey's status through
+  // InitStatus and ThrowIfError (python/bindings_support.h).
+  m.def("init_key_from_liar", [](const py::bytes& key) {
+    const std::string bytes = key;
+    const Status status = InitStatus([&] {
+      KeyLiarGroup group(bytes);
+      std::string agreed;
+      return AgreeOnSecretKey(group, &agreed);
+    });
+    ThrowIfError(status);
+  });
 }
 
 }  // namespace hvdmx
