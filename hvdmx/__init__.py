@@ -127,6 +127,7 @@ _EXPORTS = {
     'Compression': 'compression',
     'KVStore': 'kvstore',
     'load_checkpoint': 'checkpoint',
+    'PeerProtocolError': 'errors',
     'save_checkpoint': 'checkpoint',
     'allgather_object': 'objects',
     'broadcast_object': 'objects',
@@ -177,6 +178,7 @@ if TYPE_CHECKING:
     from hvdmx.checkpoint import (load_checkpoint as load_checkpoint,
         save_checkpoint as save_checkpoint)
     from hvdmx.compression import Compression as Compression
+    from hvdmx.errors import PeerProtocolError as PeerProtocolError
     from hvdmx.gather_scatter import (allgather as allgather, alltoall as alltoall,
         grouped_allgather as grouped_allgather, grouped_reducescatter as grouped_reducescatter,
         reducescatter as reducescatter)

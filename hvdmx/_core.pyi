@@ -129,6 +129,7 @@ STATUS_INTERNAL: int
 STATUS_PEER_SHUTDOWN: int
 STATUS_STALLED: int
 STATUS_PEER_GONE: int
+STATUS_PEER_PROTOCOL: int
 
 # Dtype codes by name (every DataType), and the names the collectives take.
 DTYPE_CODES: dict[str, int]

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Optional
 # _core before mpi4py.MPI: see basics.py.
 from hvdmx import _core
 from hvdmx._mpi import started_without_mpi as _started_without_mpi
-from hvdmx.errors import InvalidArgumentError, MismatchError, NotRunningError
+from hvdmx.errors import InvalidArgumentError, MismatchError, NotRunningError, PeerProtocolError
 from mpi4py import MPI
 from mxnet.base import MXNetError
 
@@ -43,6 +43,7 @@ _ERROR_CLASSES = {
     _core.STATUS_PEER_SHUTDOWN: MXNetError,
     _core.STATUS_STALLED: MXNetError,
     _core.STATUS_PEER_GONE: MXNetError,
+    _core.STATUS_PEER_PROTOCOL: PeerProtocolError,
 }
 # ... and, for the reason the runtime stopped (stop_status), whether the peers
 # this rank waited for may be gone: the stall shutdown gave up on them while
@@ -50,8 +51,14 @@ _ERROR_CLASSES = {
 # stopped, dead or unreachable. Not a stall while this rank waited in
 # hvd.shutdown() (STATUS_SHUTDOWN): the others may only be busy elsewhere,
 # and MPI_Finalize waits for them as it should. Not another rank's shutdown
-# either: that rank finalizes MPI too. basics._exit_if_peers_are_gone acts on it.
-_PEERS_GONE = frozenset({_core.STATUS_STALLED, _core.STATUS_PEER_GONE})
+# either: that rank finalizes MPI too. A peer that broke the protocol (or
+# stopped on a peer that did) takes part in nothing more either.
+# basics._exit_if_peers_are_gone acts on it.
+_PEERS_GONE = frozenset({_core.STATUS_STALLED, _core.STATUS_PEER_GONE,
+                         _core.STATUS_PEER_PROTOCOL})
+# ... and whether hvd.elastic.run may reset and go on after it: after a lost
+# peer, yes; after a peer that broke the protocol, no (the job fails naming it).
+_RECOVERABLE = frozenset({_core.STATUS_STALLED, _core.STATUS_PEER_GONE})
 
 
 def error_for(code: int, message: str) -> MXNetError:
@@ -66,15 +73,32 @@ def peers_gone(code: int) -> bool:
     return code in _PEERS_GONE
 
 
+def recoverable(code: int) -> bool:
+    """Whether hvd.elastic.run resets and goes on after a runtime stopped with
+    status ``code`` (see _RECOVERABLE)."""
+    return code in _RECOVERABLE
+
+
+def protocol_error() -> Optional[PeerProtocolError]:
+    """The PeerProtocolError that stopped hvdmx on this rank, if one did: what
+    a call that fails after the stop raises, whatever MXNet raised for it."""
+    code, message = stop_status()
+    return PeerProtocolError(message) if code == _core.STATUS_PEER_PROTOCOL else None
+
+
 def stop_status() -> tuple:
     """(code, message): why hvdmx stopped on its own or by another rank's
     shutdown; (STATUS_OK, "") while it runs, and after this rank's shutdown."""
     return _core.stop_status()
 
 
-def not_running() -> NotRunningError:
+def not_running() -> MXNetError:
     """The error for a call made while hvdmx is not running: why it stopped,
-    when it stopped on its own or by another rank's shutdown."""
+    when it stopped on its own or by another rank's shutdown; the
+    PeerProtocolError itself when a peer broke the protocol."""
+    broke = protocol_error()
+    if broke is not None:
+        return broke
     return NotRunningError(stop_status()[1] or "hvdmx has not been initialized, or has been "
                            "shut down; call hvd.init() first")
 

@@ -21,7 +21,8 @@ without restoring).
 from mxnet.base import MXNetError
 
 __all__ = ["HorovodInternalError", "HostsUpdatedInterrupt", "InvalidArgumentError",
-           "InvalidTypeError", "MismatchError", "NotRunningError", "ResetLimitError"]
+           "InvalidTypeError", "MismatchError", "NotRunningError", "PeerProtocolError",
+           "ResetLimitError"]
 
 
 class InvalidArgumentError(MXNetError, ValueError):
@@ -44,6 +45,21 @@ class MismatchError(MXNetError, ValueError):
 class NotRunningError(MXNetError, ValueError):
     """A collective called while hvdmx is not running: before ``hvd.init()``,
     after ``hvd.shutdown()``, or after another rank's shutdown stopped it."""
+
+
+class PeerProtocolError(MXNetError):
+    """A rank sent this one what hvdmx's protocol does not allow (a message
+    that does not parse, a count or rank out of range: another version of
+    hvdmx, a corrupted buffer, a bug), or a rank reports that one did to it;
+    the message names the rank that sent it, what was wrong, and which rank
+    reports it. hvdmx has stopped on this rank, and the job fails on every
+    rank (``hvd.elastic.run`` does not reset after it). An ``MXNetError`` (a
+    ``RuntimeError``), as the error of a collective whose peer is lost is, so
+    code that catches that catches this too. Raised where hvdmx raises its
+    own exceptions (``hvd.init()``, synchronous calls such as ``join`` and
+    ``barrier``, calls after the stop, ``hvd.elastic.run``); an operation
+    that MXNet's engine runs fails with a plain ``MXNetError`` carrying the
+    same text (docs/errors.md says how to tell)."""
 
 
 class HorovodInternalError(RuntimeError):

@@ -390,6 +390,32 @@ def test_a_rank_whose_gather_breaks_its_framing_fails_every_rank_naming_it(size,
         assert "rank 1 sent a gather" in result["error"], (r, results)
 
 
+@pytest.mark.parametrize("size", [3, 4])
+def test_a_workers_finding_about_another_worker_reaches_every_rank(size):
+    # Rank 1 sends rank size-1 a bit-and whose partial claims 2^62 bytes, the others
+    # an honest one, and then nothing. Rank size-1 finds it and reports it before it
+    # stops (Note [A rank's finding reaches every rank]); rank 0 reads the report in
+    # its gather from the rank that reported it to it and broadcasts it; each fails
+    # saying that rank size-1 reports that rank 1 sent it, through the chain of
+    # ranks that passed it on ("rank 2 reports that rank 3 reports that ..."),
+    # none waiting.
+    words = 1 + (16 + 63) // 64 + 1  # Controller::BitWords(16)
+    lie = b"\xff" * (words * 8) + struct.pack("<Q", 2**62)
+    finder = size - 1
+    results = t.negotiation_liar(size, 1, "bitand", lie, timeout=20.0)
+    said = "rank 1 sent a bit-and partial of 4611686018427387904 bytes"
+    assert results[finder]["peer"] == 1, results
+    assert results[finder]["error"].startswith(f"hvdmx: {said}"), results
+    for r in range(size):
+        if r in (1, finder):
+            continue
+        result = results[r]
+        assert not result["abandoned"] and result["peer"] not in (-1, 1, r), (r, results)
+        error = result["error"]
+        assert error.startswith(f"hvdmx: rank {result['peer']} reports that "), (r, results)
+        assert f"rank {finder} reports that {said}" in error, (r, results)
+
+
 @pytest.mark.parametrize("size", [2, 3, 4])
 def test_a_job_whose_rank_sends_bad_requests_stops_every_rank_naming_it(size):
     # Whole runtimes, one a rank: rank size-1's first requests reach rank 0 as a count
@@ -410,7 +436,7 @@ def test_a_job_whose_rank_sends_bad_requests_stops_every_rank_naming_it(size):
             error = job.wait(ticket, 20.0)
             assert error is not None and f"rank {liar} sent a request list" in error, (r, error)
             assert "count of requests of 4611686018427387904" in error, (r, error)
-            assert job.stop_at_callback(ticket) == _core.STATUS_PEER_GONE, r
+            assert job.stop_at_callback(ticket) == _core.STATUS_PEER_PROTOCOL, r
     finally:
         job.shutdown()
 

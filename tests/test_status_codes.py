@@ -24,6 +24,7 @@ EXPECTED = {
     "STATUS_PEER_SHUTDOWN": (mx.base.MXNetError, False),
     "STATUS_STALLED": (mx.base.MXNetError, True),
     "STATUS_PEER_GONE": (mx.base.MXNetError, True),
+    "STATUS_PEER_PROTOCOL": (errors.PeerProtocolError, True),
 }
 
 
@@ -39,6 +40,36 @@ def test_each_code_maps_to_its_class_and_exit(name):
     error = _job.error_for(CODES[name], "the core's message")
     assert type(error) is cls and str(error) == "the core's message"
     assert _job.peers_gone(CODES[name]) is gone
+
+
+def test_a_peer_that_broke_the_protocol_is_caught_as_a_lost_peer_is_but_not_recovered():
+    # Code written for a failed collective (MXNetError, or RuntimeError as Horovod's
+    # HorovodInternalError is) catches it; hvd.elastic.run resets after a lost peer
+    # only, and a call after the stop raises the PeerProtocolError itself.
+    assert hvd.PeerProtocolError is errors.PeerProtocolError
+    assert "PeerProtocolError" in hvd.__all__ and "PeerProtocolError" in errors.__all__
+    assert issubclass(errors.PeerProtocolError, mx.base.MXNetError)
+    assert issubclass(errors.PeerProtocolError, RuntimeError)
+    assert _job.recoverable(_core.STATUS_PEER_GONE) and _job.recoverable(_core.STATUS_STALLED)
+    assert not _job.recoverable(_core.STATUS_PEER_PROTOCOL)
+    assert _job.protocol_error() is None  # not stopped
+
+
+def test_a_secret_key_of_another_length_from_rank_0_fails_init_naming_it():
+    # The key rank 0 broadcasts (job/secret_key.cc) is peer input: rank 1's
+    # AgreeOnSecretKey, given 31 or 33 bytes by a scripted rank 0, fails with
+    # kPeerProtocol naming rank 0 and the length, and keeps no key.
+    import _hvdmx_testing as t
+    code, message, key = t.agree_on_key_from_liar(b"k" * 32)
+    assert (code, message, len(key)) == (_core.STATUS_OK, "", 32)
+    for length in (0, 31, 33, 2**20):
+        code, message, key = t.agree_on_key_from_liar(b"k" * length)
+        assert code == _core.STATUS_PEER_PROTOCOL and key == b"", (length, message)
+        assert f"rank 0 sent a secret key of {length} bytes where 32 were expected" in message
+        assert type(_job.error_for(code, message)) is errors.PeerProtocolError
+    # hvd.init()'s way to Python (InitStatus, ThrowIfError): the class itself.
+    with pytest.raises(hvd.PeerProtocolError, match="rank 0 sent a secret key of 31 bytes"):
+        t.init_key_from_liar(b"k" * 31)
 
 
 def test_the_message_decides_nothing():

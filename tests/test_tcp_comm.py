@@ -64,6 +64,27 @@ def test_a_silent_peer_fails_the_waits_after_the_give_up_time(n):
                 in results[r]["error"] and "for 0.5" in results[r]["error"]), results[r]["error"]
 
 
+@pytest.mark.parametrize("bytes_", [64, 4, -1])
+def test_a_peers_report_fails_any_receive_from_it_naming_it_and_saying_what_it_reports(bytes_):
+    # Note [A rank's finding reaches every rank]: a report frame ends a receive of
+    # known size (longer or shorter than the report) or of any size up to 8 bytes
+    # (shorter than the report) alike, not as a message of the wrong size; the
+    # reporter's "hvdmx: " goes, and its control characters show as '?'.
+    finding = "hvdmx: rank 7 sent a bad count\n\x1b[31m, which the protocol does not allow"
+    results = _hvdmx_testing.tcp_report(finding, bytes_)
+    assert results[1]["error"] == "", results
+    error = results[0]["error"]
+    assert error.startswith("hvdmx: rank 1 (host "), error
+    assert error.endswith(" reports that rank 7 sent a bad count??[31m, which the protocol "
+                          "does not allow"), error
+
+
+def test_a_report_carries_at_most_4096_bytes():
+    results = _hvdmx_testing.tcp_report("z" * 10000, 16)
+    error = results[0]["error"]
+    assert error.split(" reports that ", 1)[1] == "z" * 4096, error[:200]
+
+
 @pytest.mark.timeout(60)
 def test_a_peer_that_never_answers_the_handshake_fails_the_connection_in_bounded_time():
     """A listener whose accept queue is full drops further SYNs, as a host that

@@ -340,13 +340,22 @@ class LyingPeer:
         self.thread.join(30)
 
 
+# A report's text: what its sender stopped on (TcpComm::ReportStop).
+REPORT = b"rank 3 sent y, which the protocol does not allow"
+
+
 def frame(length, body=b""):
     return struct.pack("<Q", length) + body
 
 
 @pytest.mark.parametrize("what, size, frames, expected", [
     ("recv", 16, frame(17, b"x" * 17), "a message of 17 bytes where 16 were expected"),
-    ("recv", 16, frame(2 ** 63), "where 16 were expected"),
+    ("recv", 16, frame(2 ** 62), "a message of 4611686018427387904 bytes where 16 were expected"),
+    # The header's top bit marks a report (Note [A rank's finding reaches every
+    # rank]), whose length is bounded too.
+    ("recv", 16, frame(2 ** 63 + 5000), "a report of 5000 bytes where at most 4096 may follow"),
+    ("recv", 16, frame(2 ** 63 + 2 ** 40), "a report of 1099511627776 bytes where at most 4096"),
+    ("recv", 16, frame(2 ** 63 + len(REPORT), REPORT), " reports that rank 3 sent y, which"),
     ("gather", 0, frame(2 ** 40), "bytes where at most 1073741824 were expected"),
     ("gather", 0, frame(5, b"abcde"), "a gather of 5 bytes with record's rank 1684234849, outside"),
     ("gather", 0, frame(12, struct.pack("<IQ", 0, 0)),

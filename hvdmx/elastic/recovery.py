@@ -12,7 +12,8 @@ from mxnet.base import MXNetError
 from hvdmx import _job, process_sets as _process_sets
 from hvdmx.elastic import driver as _elastic_driver
 from hvdmx.rendezvous.elastic_wire import RESET_LIMIT_VARIABLE
-from hvdmx.errors import HorovodInternalError, HostsUpdatedInterrupt, ResetLimitError
+from hvdmx.errors import (HorovodInternalError, HostsUpdatedInterrupt, PeerProtocolError,
+                          ResetLimitError)
 from hvdmx.ops import Max, allreduce
 from hvdmx.elastic.state import _NAME, State
 
@@ -49,7 +50,7 @@ def _lost_peers(error: BaseException) -> bool:
     # MXNetError at a read, or RuntimeError from a call submitted just as the
     # runtime stopped ("not initialized, or shut down"): the code decides.
     return isinstance(error, (MXNetError, RuntimeError)) and \
-        _job.peers_gone(_job.stop_status()[0])
+        _job.recoverable(_job.stop_status()[0])
 
 
 def _drain_engine() -> None:
@@ -116,6 +117,11 @@ def run(func: F) -> F:
                 skip_sync, cause = interrupt.skip_sync, interrupt
             except Exception as error:  # noqa: BLE001 - re-raised unless a lost peer
                 if not _lost_peers(error):
+                    # A peer broke the protocol: the job fails naming it,
+                    # as PeerProtocolError whatever MXNet raised.
+                    broke = _job.protocol_error()
+                    if broke is not None and not isinstance(error, PeerProtocolError):
+                        raise broke from error
                     raise
                 _drain_engine()
                 state.restore()

@@ -221,6 +221,22 @@ def test_an_mxnet_error_is_recoverable_only_when_the_peers_are_gone(monkeypatch)
     with pytest.raises(mx.base.MXNetError, match="a collective failed"):
         fails(state)
 
+    # A peer that broke the protocol: no reset, the job fails with
+    # hvdmx.PeerProtocolError (the core's status decides), from MXNet's error.
+    broke = (_core.STATUS_PEER_PROTOCOL, "hvdmx: rank 1 sent a bad count (simulated)")
+    calls = []
+
+    @hvd.elastic.run
+    def lied_to(state):
+        calls.append(1)
+        monkeypatch.setattr(_job, "stop_status", lambda: broke)
+        raise mx.base.MXNetError("a collective failed")
+
+    with pytest.raises(hvd.PeerProtocolError, match=r"rank 1 sent a bad count") as info:
+        lied_to(state)
+    monkeypatch.setattr(_job, "stop_status", real)
+    assert calls == [1] and isinstance(info.value.__cause__, mx.base.MXNetError)
+
 
 def test_a_users_exception_propagates_and_is_not_retried():
     state = hvd.elastic.ObjectState(n=0)

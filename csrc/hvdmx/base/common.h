@@ -82,6 +82,7 @@ class Status {
     kPeerShutdown,     // another rank shut hvdmx down (its hvd.shutdown() or its exit)
     kStalled,          // the other ranks stopped taking part in negotiation (stall shutdown)
     kPeerGone,         // a peer stopped, died or cannot be reached (PeerGone, comm/comm.h)
+    kPeerProtocol,     // a peer sent what the protocol does not allow (PeerProtocolError)
   };
 
   Status() = default;
@@ -97,6 +98,9 @@ class Status {
   }
   static Status Stalled(std::string msg) { return Status(Code::kStalled, std::move(msg)); }
   static Status PeerGone(std::string msg) { return Status(Code::kPeerGone, std::move(msg)); }
+  static Status PeerProtocol(std::string msg) {
+    return Status(Code::kPeerProtocol, std::move(msg));
+  }
 
   bool ok() const { return code_ == Code::kOk; }
   Code code() const { return code_; }

@@ -178,6 +178,15 @@ class ControlComm {
     StartBitAndWithPayload(words, n, payload);
   }
 
+  // Optional: tells the ranks this one negotiates with that it has stopped
+  // on `finding` (the text of a PeerProtocolError it raised), so that each
+  // fails naming the rank that broke the protocol instead of waiting for
+  // this one (Note [A rank's finding reaches every rank] in
+  // negotiation/controller.h). Best effort and bounded: it waits at most
+  // about a second for the bytes to leave. The default (a comm whose peers
+  // learn of a stop otherwise, or not at all) does nothing.
+  virtual void ReportStop(const std::string& finding) { (void)finding; }
+
  protected:
   std::function<bool(int64_t)> idle_;
 };

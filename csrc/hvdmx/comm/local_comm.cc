@@ -6,10 +6,10 @@
 
 namespace hvdmx {
 
-void LocalWorld::Post(int src, int dst, std::string message) {
+void LocalWorld::Post(int src, int dst, std::string message, bool report) {
   {
     std::lock_guard<std::mutex> lock(mu_);
-    boxes_[src * size_ + dst].push_back(std::move(message));
+    boxes_[src * size_ + dst].push_back(Message{std::move(message), report});
   }
   cv_.notify_all();
 }
@@ -42,22 +42,24 @@ void LocalWorld::Cut(const std::string& why) {
   cv_.notify_all();
 }
 
-std::string LocalWorld::Take(int src, int dst) {
+std::string LocalWorld::Take(int src, int dst, bool* report) {
   std::unique_lock<std::mutex> lock(mu_);
   auto& box = boxes_[src * size_ + dst];
   cv_.wait(lock, [&] { return !box.empty() || !cut_.empty(); });
   if (!cut_.empty()) throw PeerGone(src, cut_);
-  std::string message = std::move(box.front());
+  std::string message = std::move(box.front().bytes);
+  *report = box.front().report;
   box.pop_front();
   return message;
 }
 
-bool LocalWorld::TryTake(int src, int dst, std::string* out) {
+bool LocalWorld::TryTake(int src, int dst, std::string* out, bool* report) {
   std::lock_guard<std::mutex> lock(mu_);
   auto& box = boxes_[src * size_ + dst];
   if (!cut_.empty()) throw PeerGone(src, cut_);
   if (box.empty()) return false;
-  *out = std::move(box.front());
+  *out = std::move(box.front().bytes);
+  *report = box.front().report;
   box.pop_front();
   return true;
 }
@@ -111,7 +113,21 @@ void LocalComm::FailProtocol(int peer, const std::string& what) {
                                     ", which the protocol does not allow");
 }
 
-void LocalComm::Deliver(PendingRecv* recv, std::string message) {
+void LocalComm::ReportStop(const std::string& finding) {
+  constexpr char kPrefix[] = "hvdmx: ";
+  const std::string text = finding.compare(0, sizeof(kPrefix) - 1, kPrefix) == 0
+                               ? finding.substr(sizeof(kPrefix) - 1)
+                               : finding;
+  for (int j = 0; j < size(); ++j) {
+    if (j != rank_ && world_->Linked(rank_, j)) world_->Post(rank_, j, text, /*report=*/true);
+  }
+}
+
+void LocalComm::Deliver(PendingRecv* recv, std::string message, bool report) {
+  if (report) {
+    throw PeerProtocolError(
+        recv->peer, "hvdmx: rank " + std::to_string(recv->peer) + " reports that " + message);
+  }
   const int64_t got = static_cast<int64_t>(message.size());
   if (recv->bytes < 0) {
     if (got > recv->max_bytes) {
@@ -138,12 +154,13 @@ bool LocalComm::Progress(Request request, bool block) {
     PendingRecv& recv = earlier->second;
     if (recv.done || recv.peer != peer) continue;
     std::string message;
+    bool report = false;
     if (block) {
-      message = world_->Take(peer, rank_);
-    } else if (!world_->TryTake(peer, rank_, &message)) {
+      message = world_->Take(peer, rank_, &report);
+    } else if (!world_->TryTake(peer, rank_, &message, &report)) {
       return false;
     }
-    Deliver(&recv, std::move(message));
+    Deliver(&recv, std::move(message), report);
   }
   return true;
 }

@@ -34,11 +34,13 @@ class LocalWorld {
   bool Linked(int a, int b) const { return linked_.empty() || linked_[a * size_ + b]; }
   bool links_every_pair() const { return linked_.empty(); }
 
-  void Post(int src, int dst, std::string message);
+  // `report`: the message is a report (LocalComm::ReportStop), not one of
+  // the comm's; Take and TryTake say which in *report.
+  void Post(int src, int dst, std::string message, bool report = false);
   // Blocks until a message from src to dst is there.
-  std::string Take(int src, int dst);
+  std::string Take(int src, int dst, bool* report);
   // Takes one if there is one.
-  bool TryTake(int src, int dst, std::string* out);
+  bool TryTake(int src, int dst, std::string* out, bool* report);
   // From now on, every Take and TryTake throws PeerGone with `why`, as a
   // rank's transport does when its peer's process ends: for the tests of
   // what a runtime does when its peers go (every rank's next receive fails,
@@ -49,9 +51,13 @@ class LocalWorld {
   int size_;
   std::mutex mu_;
   std::condition_variable cv_;
-  std::vector<std::deque<std::string>> boxes_;  // index src * size + dst
-  std::vector<bool> linked_;                    // index a * size + b; empty: every pair
-  std::string cut_;                             // Cut's reason; empty: not cut
+  struct Message {
+    std::string bytes;
+    bool report = false;
+  };
+  std::vector<std::deque<Message>> boxes_;  // index src * size + dst
+  std::vector<bool> linked_;                // index a * size + b; empty: every pair
+  std::string cut_;                         // Cut's reason; empty: not cut
 };
 
 class LocalComm : public P2PComm {
@@ -75,6 +81,10 @@ class LocalComm : public P2PComm {
   // kNegotiation with an idle function polls, calling it between polls.
   void WaitAll(const std::vector<Request>& requests, Waiting waiting) override;
   [[noreturn]] void FailProtocol(int peer, const std::string& what) override;
+  // As TcpComm's (Note [A rank's finding reaches every rank] in
+  // negotiation/controller.h): a report to every linked rank, which its
+  // next receive from this rank throws as PeerProtocolError.
+  void ReportStop(const std::string& finding) override;
   bool NativeAllreduce(void*, int64_t, DataType, ReduceOp) override { return false; }
 
  private:
@@ -90,7 +100,7 @@ class LocalComm : public P2PComm {
   // the order they were posted; without `block`, stops at the first whose
   // message is not there yet. True if `request` is done.
   bool Progress(Request request, bool block);
-  void Deliver(PendingRecv* recv, std::string message);
+  void Deliver(PendingRecv* recv, std::string message, bool report);
   // Throws UnlinkedPeerError unless this rank links with `peer`.
   void CheckLinked(int peer, const char* doing) const;
 

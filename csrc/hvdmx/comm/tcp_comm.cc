@@ -50,6 +50,81 @@ void TcpComm::FailProtocol(int peer, const std::string& what) {
                                     "ranks' output (see docs/errors.md)");
 }
 
+void TcpComm::FailReported(int peer, const Op& op) {
+  const uint64_t length = op.header & ~kReportBit;
+  if (length > static_cast<uint64_t>(kMaxReportBytes)) {
+    FailProtocol(peer, "a report of " + std::to_string(length) + " bytes where at most " +
+                           std::to_string(kMaxReportBytes) + " may follow");
+  }
+  std::string text(static_cast<size_t>(length), '\0');
+  // A receive of known size read the report's first bytes into its buffer.
+  size_t have = 0;
+  if (op.bytes > 0 && op.moved > kHeaderBytes) {
+    have = std::min<size_t>(text.size(), static_cast<size_t>(op.moved - kHeaderBytes));
+    std::memcpy(&text[0], op.buf, have);
+  }
+  Socket& socket = peers_[peer].socket;
+  const Clock::time_point start = Clock::now();
+  while (have < text.size() && MicrosSince(start) < 1000 * 1000) {
+    ssize_t n = 0;
+    try {
+      n = socket.RecvSome(&text[have], text.size() - have);
+    } catch (const SystemError&) {
+      break;
+    }
+    if (n < 0) break;  // closed: what came is what there is
+    if (n == 0) {
+      std::vector<pollfd> fds{{socket.fd(), POLLIN, 0}};
+      PollSockets(&fds, 10);
+    }
+    have += static_cast<size_t>(n);
+  }
+  text.resize(have);
+  // The peer's text, shown as text: no control characters of its choosing.
+  for (char& c : text) {
+    if (static_cast<unsigned char>(c) < 0x20 || c == 0x7f) c = '?';
+  }
+  throw PeerProtocolError(peer, "hvdmx: " + Describe(peer) + " reports that " + text);
+}
+
+void TcpComm::ReportStop(const std::string& finding) {
+  constexpr char kPrefix[] = "hvdmx: ";
+  report_ = finding.compare(0, sizeof(kPrefix) - 1, kPrefix) == 0
+                ? finding.substr(sizeof(kPrefix) - 1)
+                : finding;
+  if (report_.size() > static_cast<size_t>(kMaxReportBytes)) report_.resize(kMaxReportBytes);
+  std::vector<int> to;
+  std::vector<Request> sends;
+  for (int peer : linked()) {
+    Op op;
+    op.send = true;
+    op.buf = &report_[0];
+    op.bytes = static_cast<int64_t>(report_.size());
+    op.header = kReportBit | static_cast<uint64_t>(report_.size());
+    sends.push_back(Post(op, peer));
+    to.push_back(peer);
+  }
+  // Each goes after what this rank still sends that peer; a peer that does
+  // not read, or is gone, is left behind after a second.
+  const Clock::time_point start = Clock::now();
+  std::vector<bool> done(to.size(), false);
+  for (;;) {
+    bool all = true;
+    for (size_t k = 0; k < to.size(); ++k) {
+      if (done[k]) continue;
+      try {
+        ProgressSends(to[k]);
+        done[k] = ops_[sends[k]].done;
+      } catch (const PeerGone&) {
+        done[k] = true;
+      }
+      all = all && done[k];
+    }
+    if (all || MicrosSince(start) >= 1000 * 1000) break;
+    usleep(1000);
+  }
+}
+
 void TcpComm::FailOnError(int peer, int err, const char* doing) {
   // A reset (or a write after the peer's close) is how a peer whose process
   // ended without closing cleanly shows.
@@ -174,6 +249,7 @@ bool TcpComm::ProgressRecvs(int peer) {
     }
     const bool header_arrived = op.moved < kHeaderBytes && op.moved + n >= kHeaderBytes;
     op.moved += n;
+    if (header_arrived && (op.header & kReportBit) != 0) FailReported(peer, op);
     if (header_arrived && op.bytes < 0) {
       if (op.header > static_cast<uint64_t>(op.max_bytes)) {
         FailProtocol(peer, "a message of " + std::to_string(op.header) + " bytes where at most " +

@@ -166,6 +166,13 @@ class TcpComm : public P2PComm {
   bool WakesOnArrival() const override { return true; }
   bool LinksEveryPair() const override { return links_every_pair_; }
   void AwaitArrival(int64_t waited_micros) override;
+  // Note [A rank's finding reaches every rank] in negotiation/controller.h:
+  // a report frame (the header's top bit set, then at most kMaxReportBytes
+  // of text) to every linked rank. A receive that meets one, whatever it
+  // was posted for, throws PeerProtocolError saying which rank reports what.
+  void ReportStop(const std::string& finding) override;
+  static constexpr uint64_t kReportBit = uint64_t{1} << 63;
+  static constexpr int64_t kMaxReportBytes = 4096;
 
   // Connections made (for tests), and connections to the listening port
   // that were dropped because they did not prove the job's key.
@@ -209,6 +216,10 @@ class TcpComm : public P2PComm {
   // WaitUntil the request is done, then Free it.
   void Finish(Request request, const char* what, bool use_idle);
   [[noreturn]] void Fail(int peer, const std::string& what);
+  // `op`, a receive from `peer`, met a report frame: reads its text (what
+  // the receive took of it already, then the rest, for at most a second)
+  // and throws PeerProtocolError saying that `peer` reports it.
+  [[noreturn]] void FailReported(int peer, const Op& op);
   [[noreturn]] void FailOnError(int peer, int err, const char* doing);
   std::string Describe(int peer) const;
 
@@ -227,6 +238,7 @@ class TcpComm : public P2PComm {
   int dropped_ = 0;
   bool links_every_pair_ = true;
   std::vector<std::string> addresses_;  // "ip:port hostname", index = rank
+  std::string report_;                  // what ReportStop sends, kept until sent
   std::vector<Peer> peers_;
   std::vector<int> pending_;  // peers with queued operations, unordered
   std::vector<Op> ops_;

@@ -29,6 +29,18 @@ Status AgreeOnSecretKey(Group& group, std::string* key) {
   }
   std::string made = rank == 0 ? RandomBytes(kSecretKeyBytes) : std::string();
   *key = GroupBcast(group, made, 0);
+  // Peer input (Note [Peer input] in comm/peer_input.h): a key of another
+  // length would make every connection's proof fail, or prove nothing.
+  if (key->size() != static_cast<size_t>(kSecretKeyBytes)) {
+    const size_t got = key->size();
+    key->clear();
+    return Status::PeerProtocol(
+        "hvdmx.init: rank 0 sent a secret key of " + std::to_string(got) + " bytes where " +
+        std::to_string(kSecretKeyBytes) +
+        " were expected, which the protocol does not allow: the ranks may run different "
+        "versions of hvdmx. hvdmx has stopped on this rank: end the job and look at the "
+        "other ranks' output (see docs/errors.md)");
+  }
   return Status::Ok();
 }
 

@@ -18,7 +18,8 @@ namespace hvdmx {
 // never carries one, and a job on it without a key is an error. If every
 // rank has one, each keeps its own (ranks with different keys then refuse
 // each other's connections); if only some do, an error on every rank says
-// so. Collective over `group`.
+// so. A key from rank 0 of another length than kSecretKeyBytes fails with
+// kPeerProtocol naming rank 0 and the length. Collective over `group`.
 Status AgreeOnSecretKey(Group& group, std::string* key);
 
 }  // namespace hvdmx

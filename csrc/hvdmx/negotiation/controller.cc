@@ -178,7 +178,9 @@ void Controller::SlowPath(const std::vector<uint64_t>& bits, std::vector<Request
     try {
       gathered = comm_.Gather(SerializeRequests(misses), 0);
     } catch (const PeerProtocolError& e) {
-      // The root has received all it waits for: it can still broadcast.
+      // The root can still broadcast: it has received all it waits for, or
+      // a rank's report of what another sent (Note [A rank's finding
+      // reaches every rank]), after which the rest no longer matters.
       if (comm_.rank() != 0) throw;
       finding = SerializePeerFailure(e.peer(), e.what());
     }

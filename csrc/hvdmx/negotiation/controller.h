@@ -40,9 +40,45 @@
 //    what a rank sent rank 0 breaks the protocol (its requests, or its
 //    gather's records), rank 0 broadcasts that finding instead of the
 //    responses and every rank fails the round naming that rank
-//    (PeerProtocolError; Note [Peer input] in comm/peer_input.h).
+//    (PeerProtocolError; Note [Peer input] in comm/peer_input.h). What a
+//    worker finds travels too (Note [A rank's finding reaches every rank]).
 // 5. If some rank cleared word 0 bit 1, everyone runs this round's responses
 //    and then stops.
+//
+// Note [A rank's finding reaches every rank]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+// Rank 0's findings travel in place of its responses (step 4), and a
+// rank's bit-and message is read by every rank it reaches. But a worker can
+// find that another rank broke the protocol where no other rank looks: a
+// bit-and message sent to it alone, a tree gather's or broadcast's message
+// from its child or parent. It then stops in the middle of a round, and
+// without more the others would only see it stop taking part and fail
+// after the stall shutdown time, never learning who lied. So a rank that
+// stops on a PeerProtocolError, its own finding or one reported to it,
+// tells every rank it negotiates with before it stops
+// (ControlComm::ReportStop; Runtime::StopAfterPeer): a report that the
+// transport frames apart from every message (TcpComm: the header's top
+// bit, then at most 4 KiB of text). A rank reads it at its next receive
+// from the reporter on the control comm, whatever that receive was for (a
+// bit-and, the gather, a broadcast), or the one it is waiting in now, and
+// fails with PeerProtocolError reading "rank 2 (host, address) reports
+// that rank 1 (...) sent ...": the rank that reports it is named by the
+// link it came on, which the job's key authenticates, and what it says
+// follows; so a liar can make a report, but only one that starts with its
+// own rank. Rank 0 meeting one in its gather treats it as its own finding
+// and broadcasts it in place of the responses; every rank that stops on a
+// report reports in turn ("rank 0 reports that rank 2 reports that ..."),
+// so the finding floods the negotiation's links (every pair up to
+// P2PComm::kDirectBitAndRanks ranks, the trees beyond) to every rank that
+// is waiting in negotiation. The ranks tell each other at most once each,
+// and wait at most a second for the bytes to leave. Not covered: a rank
+// waiting in a collective's data transfer reads no control comm (it fails
+// after the stall shutdown time, or reads the report at its next round);
+// a host tree's non-leaders report nothing over the network (their host
+// learns of their stop through shared memory), and neither do the
+// shared-memory control comm of a job on one host (the same) nor MpiComm
+// (HVDMX_TRANSPORT=mpi), whose ranks fail as before. LocalComm reports as
+// TcpComm does, for the in-process tests (tests/test_peer_input.py).
 //
 // Note [Requests with the bit-and]
 // ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
@@ -144,6 +180,10 @@ class Controller {
   RoundResult RunRound(std::vector<Request> new_requests, bool want_shutdown,
                        const std::set<std::string>& stalled,
                        const std::function<bool(int64_t)>& idle);
+
+  // Tells the ranks this one negotiates with that it stopped on `finding`
+  // (Note [A rank's finding reaches every rank]).
+  void ReportStop(const std::string& finding) { comm_.ReportStop(finding); }
 
   // Requests this rank has submitted that have no response yet.
   bool HasPending() const { return !cache_hits_.empty() || !at_coordinator_.empty(); }

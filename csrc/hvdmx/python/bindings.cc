@@ -424,7 +424,7 @@ PYBIND11_MODULE(_core, m) {
         Status status;
         {
           py::gil_scoped_release release;
-          status = Init(comm_address);
+          status = InitStatus([&] { return Init(comm_address); });
         }
         ThrowIfError(status);
       },
@@ -434,7 +434,7 @@ PYBIND11_MODULE(_core, m) {
     Status status;
     {
       py::gil_scoped_release release;
-      status = InitOver(std::move(world));
+      status = InitStatus([&] { return InitOver(std::move(world)); });
     }
     ThrowIfError(status);
   });

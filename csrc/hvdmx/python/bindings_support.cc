@@ -4,6 +4,7 @@
 #include <stdexcept>
 #include <utility>
 
+#include "comm/comm.h"
 #include "config/env_config.h"
 
 namespace py = pybind11;
@@ -13,7 +14,21 @@ namespace hvdmx {
 void ThrowIfError(const Status& status) {
   if (status.ok()) return;
   if (status.code() == Status::Code::kInvalidArgument) throw py::value_error(status.message());
+  if (status.code() == Status::Code::kPeerProtocol) {
+    // hvdmx.errors.PeerProtocolError, the class hvdmx/_job.py maps the code to.
+    const py::object cls = py::module_::import("hvdmx.errors").attr("PeerProtocolError");
+    PyErr_SetString(cls.ptr(), status.message().c_str());
+    throw py::error_already_set();
+  }
   throw std::runtime_error(status.message());
+}
+
+Status InitStatus(const std::function<Status()>& init) {
+  try {
+    return init();
+  } catch (const PeerProtocolError& e) {
+    return Status::PeerProtocol(e.what());
+  }
 }
 
 void AddStatusCodes(py::module_& m) {
@@ -25,7 +40,8 @@ void AddStatusCodes(py::module_& m) {
         std::make_pair("STATUS_INTERNAL", Status::Code::kInternal),
         std::make_pair("STATUS_PEER_SHUTDOWN", Status::Code::kPeerShutdown),
         std::make_pair("STATUS_STALLED", Status::Code::kStalled),
-        std::make_pair("STATUS_PEER_GONE", Status::Code::kPeerGone)}) {
+        std::make_pair("STATUS_PEER_GONE", Status::Code::kPeerGone),
+        std::make_pair("STATUS_PEER_PROTOCOL", Status::Code::kPeerProtocol)}) {
     m.attr(code.first) = static_cast<int>(code.second);
   }
 }

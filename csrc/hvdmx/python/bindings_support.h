@@ -7,6 +7,7 @@
 #include <pybind11/pybind11.h>
 
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -16,8 +17,15 @@
 namespace hvdmx {
 
 // Raises a failed Status in Python: ValueError for invalid arguments,
-// RuntimeError otherwise. Call with the GIL held.
+// hvdmx.errors.PeerProtocolError for kPeerProtocol, RuntimeError otherwise.
+// Call with the GIL held.
 void ThrowIfError(const Status& status);
+
+// What `init` (hvd.init's start of the job) returned, or kPeerProtocol when
+// it threw PeerProtocolError (a peer that broke the protocol while the
+// comms were made: its address, its handshake), so that Python raises
+// hvdmx.errors.PeerProtocolError for it too; other exceptions pass.
+Status InitStatus(const std::function<Status()>& init);
 
 // Adds the Status codes (base/common.h) to module `m` as STATUS_OK,
 // STATUS_MISMATCH, ...: the values that negotiate() and stop_status() return

@@ -348,7 +348,10 @@ bool Runtime::Stop(const Status& why) {
 
 bool Runtime::StopAfterPeer(const PeerGone& gone) {
   const std::string what = gone.what();
-  if (config_.elastic) {
+  const bool broke_protocol = dynamic_cast<const PeerProtocolError*>(&gone) != nullptr;
+  // Note [A rank's finding reaches every rank] in negotiation/controller.h.
+  if (broke_protocol) controller_.ReportStop(what);
+  if (config_.elastic && !broke_protocol) {
     // A host of an elastic job may fail: one warning, without the advice to
     // end the job (hvd.elastic.run resets and goes on; the Python error keeps
     // the whole message).
@@ -358,7 +361,7 @@ bool Runtime::StopAfterPeer(const PeerGone& gone) {
   } else {
     HVDMX_LOG(kError) << what;
   }
-  return Stop(Status::PeerGone(what));
+  return Stop(broke_protocol ? Status::PeerProtocol(what) : Status::PeerGone(what));
 }
 
 void Runtime::Loop() {

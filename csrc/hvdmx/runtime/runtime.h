@@ -125,7 +125,9 @@ class Runtime {
   // alone: kStalled (the stall shutdown gave up on the peers while this rank
   // waited for collectives), kShutdown (it gave up on them while this rank
   // waited in Shutdown()), kPeerShutdown (another rank's Shutdown()) or
-  // kPeerGone (a PeerGone from a transport or shared memory); Ok otherwise.
+  // kPeerGone (a PeerGone from a transport or shared memory), kPeerProtocol
+  // (a PeerProtocolError: a peer broke the protocol, or a peer reports that
+  // one did); Ok otherwise.
   // The code decides; the message is the report for the user.
   Status stop_status() {
     std::lock_guard<std::mutex> lock(stop_mu_);

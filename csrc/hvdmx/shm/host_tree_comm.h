@@ -75,6 +75,12 @@ class HostTreeComm : public ControlComm {
   // waits in shared memory poll.
   bool WakesOnArrival() const override { return in_network_; }
   void AwaitArrival(int64_t waited_micros) override { leaders_->AwaitArrival(waited_micros); }
+  // A leader tells the other leaders it is linked with; the host's other
+  // ranks learn of its stop through shared memory (Note [A peer that
+  // stops] in shm/shm_region.h), and a non-leader's finding goes nowhere.
+  void ReportStop(const std::string& finding) override {
+    if (leaders_) leaders_->ReportStop(finding);
+  }
 
   // The network latencies on the critical path of the last bit-and (part
   // 2's, the same on every rank of a host), and the leaders' comm (nullptr

@@ -19,7 +19,10 @@
 #include <vector>
 
 #include "comm/comm.h"
+#include "comm/group.h"
 #include "job/job.h"
+#include "job/secret_key.h"
+#include "python/bindings_support.h"
 #include "testing/testing_bindings.h"
 
 namespace py = pybind11;
@@ -103,6 +106,7 @@ class LyingComm : public ControlComm {
   void set_idle(std::function<bool(int64_t)> idle) override { inner_->set_idle(std::move(idle)); }
   bool WakesOnArrival() const override { return inner_->WakesOnArrival(); }
   void AwaitArrival(int64_t waited_micros) override { inner_->AwaitArrival(waited_micros); }
+  void ReportStop(const std::string& finding) override { inner_->ReportStop(finding); }
 
   void StartBitAnd(uint64_t* words, int n) override { StartBitAndCombining(words, n, "", nullptr); }
   bool TestBitAnd() override { return silent_ ? false : inner_->TestBitAnd(); }
@@ -182,12 +186,53 @@ void LieInNegotiation(const std::string& how, const py::bytes& lie_bytes,
   });
 }
 
+// Rank 1 of a group of 2 whose rank 0 says it has no key either, then
+// broadcasts `key` as the one it made: what AgreeOnSecretKey says.
+class KeyLiarGroup : public Group {
+ public:
+  explicit KeyLiarGroup(std::string key) : key_(std::move(key)) {}
+  int rank() const override { return 1; }
+  int size() const override { return 2; }
+  std::vector<std::string> Allgather(const std::string& mine) override {
+    // The first call asks who has a key: rank 0's answer is this rank's.
+    return {calls_++ == 0 ? mine : key_, mine};
+  }
+  std::unique_ptr<Group> Split(int, int) override {
+    throw std::logic_error("hvdmx testing: KeyLiarGroup does not split");
+  }
+  bool private_channel() const override { return true; }
+
+ private:
+  std::string key_;
+  int calls_ = 0;
+};
+
+py::tuple AgreeOnKeyFromLiar(const py::bytes& key) {
+  KeyLiarGroup group(key);
+  std::string agreed;
+  const Status status = AgreeOnSecretKey(group, &agreed);
+  return py::make_tuple(static_cast<int>(status.code()), status.message(), py::bytes(agreed));
+}
+
 }  // namespace
 
 void DefineTestingLiarBindings(py::module_& m) {
   m.def("lie_in_negotiation", &LieInNegotiation, py::arg("how"), py::arg("lie"),
         py::arg("to") = std::vector<int>());
   m.def("stop_lying", [] { SetNegotiationCommWrapper(nullptr); });
+  // (code, message, key): rank 1's AgreeOnSecretKey when rank 0 sends `key`.
+  m.def("agree_on_key_from_liar", &AgreeOnKeyFromLiar, py::arg("key"));
+  // As hvd.init() raises it: AgreeOnSecretKey's status through
+  // InitStatus and ThrowIfError (python/bindings_support.h).
+  m.def("init_key_from_liar", [](const py::bytes& key) {
+    const std::string bytes = key;
+    const Status status = InitStatus([&] {
+      KeyLiarGroup group(bytes);
+      std::string agreed;
+      return AgreeOnSecretKey(group, &agreed);
+    });
+    ThrowIfError(status);
+  });
 }
 
 }  // namespace hvdmx

@@ -207,15 +207,21 @@ std::vector<std::pair<uint32_t, py::bytes>> ParseGatherBytes(const py::bytes& da
 // round by hand and sends the coordinator `lie` as its request list, in
 // the gather (how == "gather") or with the bit-and ("payload"), or sends
 // `lie` as its whole gather message, records and all ("frame"; rank 0 must
-// be the liar's parent in the gather's tree: a power of two). Each thread
+// be the liar's parent in the gather's tree: a power of two), or sends
+// rank size - 1 `lie` as its bit-and message and the others an honest one
+// without requests (its list comes by the gather), then takes part in
+// nothing more ("bitand"). An honest rank that throws PeerProtocolError
+// reports it (ControlComm::ReportStop), as the runtime does
+// (Runtime::StopAfterPeer). Each thread
 // gives up after `timeout` seconds. Per rank: "error" (what it
 // threw, "" if nothing), "peer" (the rank its PeerProtocolError named, -1
 // if none) and "abandoned" (its round gave up waiting).
 std::vector<py::dict> NegotiationLiar(int size, int liar, const std::string& how,
                                       const py::bytes& lie_bytes, double timeout) {
-  if (how != "gather" && how != "payload" && how != "frame") {
-    throw py::value_error("how: 'gather', 'payload' or 'frame'");
+  if (how != "gather" && how != "payload" && how != "frame" && how != "bitand") {
+    throw py::value_error("how: 'gather', 'payload', 'frame' or 'bitand'");
   }
+  if (how == "bitand" && liar == size - 1) throw py::value_error("bitand: a liar below size - 1");
   if (liar < 0 || liar >= size) throw py::value_error("liar: a rank");
   if (how == "frame" && (liar == 0 || (liar & (liar - 1)) != 0)) {
     throw py::value_error("frame: the liar's parent must be rank 0");
@@ -241,12 +247,28 @@ std::vector<py::dict> NegotiationLiar(int size, int liar, const std::string& how
         q.name = "t";
         q.dtypes = {DataType::kFloat32};
         q.shapes = {{4}};
-        abandoned[r] = controller.RunRound({q}, false, {}, idle).abandoned;
+        try {
+          abandoned[r] = controller.RunRound({q}, false, {}, idle).abandoned;
+        } catch (const PeerProtocolError& e) {
+          controller.ReportStop(e.what());
+          throw;
+        }
         return;
       }
       std::vector<uint64_t> bits(Controller::BitWords(kCapacity), ~uint64_t{0});
       bits[0] &= ~uint64_t{1};                        // something for the coordinator
       if (how != "payload") bits[0] &= ~uint64_t{4};  // nothing sent with the bit-and
+      if (how == "bitand") {
+        // A direct bit-and's message: the words, the partial's length, the partial.
+        std::string honest(reinterpret_cast<const char*>(bits.data()), bits.size() * 8);
+        honest.append(8, '\0');
+        for (int j = 0; j < size; ++j) {
+          if (j == r) continue;
+          const std::string& message = j == size - 1 ? lie : honest;
+          comm.Wait(comm.ISend(message.data(), static_cast<int64_t>(message.size()), j));
+        }
+        return;
+      }
       comm.StartBitAndWithPayload(bits.data(), static_cast<int>(bits.size()),
                                   how == "payload" ? lie : std::string());
       for (int64_t i = 0; !comm.TestBitAnd(); ++i) {

@@ -215,6 +215,35 @@ std::vector<py::dict> TestingTcpPeerGone(int n, const std::string& how) {
   });
 }
 
+// Rank 1 of two reports `finding` (TcpComm::ReportStop) while rank 0 waits
+// in a receive from it: of `bytes` bytes, or of any size up to 8 bytes when
+// `bytes` < 0. Rank 1 then waits until rank 0's comm closes. Per rank: the
+// error its wait raised ("" for rank 1).
+std::vector<py::dict> TestingTcpReport(const std::string& finding, int64_t bytes) {
+  ThreadExchange exchange(2);
+  TcpOptions options;
+  options.give_up_seconds = 20;
+  py::gil_scoped_release release;
+  return OnThreads(2, [&](int r, py::dict*) {
+    std::unique_ptr<TcpComm> comm = MakeComm(r, 2, &exchange, options);
+    uint64_t word = ~uint64_t{0};
+    comm->StartBitAnd(&word, 1);
+    while (!comm->TestBitAnd()) comm->AwaitArrival(1000000);
+    if (r == 1) {
+      comm->ReportStop(finding);
+      char byte = 0;
+      try {
+        comm->Wait(comm->IRecv(&byte, 1, 0));
+      } catch (const PeerGone&) {
+      }
+      return;
+    }
+    std::string any;
+    std::vector<char> buf(static_cast<size_t>(std::max<int64_t>(bytes, 1)));
+    comm->Wait(bytes >= 0 ? comm->IRecv(buf.data(), bytes, 1) : comm->IRecvAny(&any, 1, 8));
+  });
+}
+
 // What a fake rank 1 offers as the comm's id in the address exchange (only
 // rank 0's is used, but every entry must be well formed).
 std::string PeerCommId() { return std::string(2 * kCommIdBytes, '0'); }
@@ -364,6 +393,7 @@ void DefineTestingTcpBindings(py::module_& m) {
         py::arg("direct_bit_and_ranks") = 16, py::arg("count") = 100,
         py::arg("segment_bytes") = 64);
   m.def("tcp_peer_gone", &TestingTcpPeerGone, py::arg("n"), py::arg("how"));
+  m.def("tcp_report", &TestingTcpReport, py::arg("finding"), py::arg("bytes"));
   m.def("tcp_data_collectives", &TestingTcpDataCollectives, py::arg("n"), py::arg("matrix"),
         py::arg("count"), py::arg("host_keys"));
   m.def("tcp_unlinked", &TestingTcpUnlinked, py::arg("n"), py::arg("from_rank"),
