@@ -126,6 +126,20 @@ def test_the_wheel_holds_the_package_and_a_module_for_each_mpi_and_no_tests(whee
     assert "\nRequires-Dist: mpich\n" in text
 
 
+def test_the_wheel_says_its_license_and_carries_the_text(wheel):
+    with zipfile.ZipFile(wheel) as whl:
+        names = whl.namelist()
+        (metadata,) = [n for n in names if n.endswith(".dist-info/METADATA")]
+        text = whl.read(metadata).decode()
+        (license_file,) = [n for n in names if n.endswith(".dist-info/licenses/LICENSE")]
+        carried = whl.read(license_file)
+    assert "\nLicense-Expression: Apache-2.0\n" in text, text
+    assert "\nLicense-File: LICENSE\n" in text, text
+    with open(os.path.join(ROOT, "LICENSE"), "rb") as f:
+        assert carried == f.read()
+    assert b"Apache License\n                           Version 2.0, January 2004" in carried
+
+
 @pytest.fixture(scope="module")
 def user(wheel, tmp_path_factory):
     """A fresh venv with the wheel and its dependencies (binary wheels only),
