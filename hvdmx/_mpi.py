@@ -177,6 +177,16 @@ def load_core():
     return importlib.import_module("hvdmx._core")
 
 
+class NoMpiError(ImportError):
+    """load_mpi's error where no MPI is installed (no mpi4py, or no MPI
+    library for it): not a broken installation, one for hvdmxrun --no-mpi."""
+
+
+# What load_mpi loaded (mpi4py.MPI), or the error it refused MPI with.
+_loaded = None
+_refused = None
+
+
 def load_mpi():
     """Loads MPI for a job that uses it, and returns mpi4py.MPI: mpi4py loads
     the MPI library, then the core opens the MPI plugin of that library's
@@ -199,13 +209,16 @@ def load_mpi():
     settle_slurm_pmi): every module that imports mpi4py.MPI for hvdmx calls
     this first.
     """
+    global _loaded, _refused
+    if _refused is not None:  # refused once: at every use after it too
+        raise ImportError(_refused)
+    if _loaded is not None:
+        return _loaded
     core = load_core()
-    if "mpi4py.MPI" in sys.modules and core.mpi_vendor():
-        return sys.modules["mpi4py.MPI"]
     try:
         import mpi4py
     except ImportError as error:
-        raise ImportError(f"hvdmx: this job uses MPI, but mpi4py is not installed ({error}); "
+        raise NoMpiError(f"hvdmx: this job uses MPI, but mpi4py is not installed ({error}); "
                           f"{NO_MPI_FIX}") from error
     if started_without_mpi() and "mpi4py.MPI" not in sys.modules:
         mpi4py.rc.initialize = False
@@ -219,7 +232,7 @@ def load_mpi():
     try:
         MPI = importlib.import_module("mpi4py.MPI")
     except (ImportError, RuntimeError) as error:  # mpi4py found no MPI library
-        raise ImportError(f"hvdmx: mpi4py cannot load an MPI library ({error}); {NO_MPI_FIX}") \
+        raise NoMpiError(f"hvdmx: mpi4py cannot load an MPI library ({error}); {NO_MPI_FIX}") \
             from error
     name, version = MPI.get_vendor()
     loaded = f"{name} {'.'.join(map(str, version))}"
@@ -238,5 +251,7 @@ def load_mpi():
         raise ImportError(missing_libmpi(reason, loaded)) from error
     message = two_mpis(built, loaded)
     if message is not None:
+        _refused = message
         raise ImportError(message)
+    _loaded = MPI
     return MPI

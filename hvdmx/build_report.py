@@ -43,7 +43,7 @@ def build_report(launcher_line: str) -> str:
 
     import hvdmx
     from hvdmx import _core
-    from hvdmx._mpi import load_mpi
+    from hvdmx._mpi import NoMpiError, load_mpi
 
     def box(flag: bool) -> str:
         return "[x]" if flag else "[ ]"
@@ -51,7 +51,7 @@ def build_report(launcher_line: str) -> str:
     nccl = _core.nccl_built()
     try:
         MPI = load_mpi()
-    except ImportError as e:  # no MPI here: jobs run under hvdmxrun --no-mpi only
+    except NoMpiError as e:  # no MPI here: jobs run under hvdmxrun --no-mpi only
         MPI, why = None, str(e)
     if MPI is not None:
         import mpi4py

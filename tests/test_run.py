@@ -14,6 +14,7 @@ import textwrap
 import pytest
 
 import hvdmx
+import hvdmx._mpi
 import _hvdmx_testing
 from hvdmx import _core
 from hvdmx.runner import hosts as run_hosts, launch as run
@@ -677,6 +678,9 @@ def test_check_build():
     assert result.returncode == 0, result.stderr
     out = result.stdout
     assert out.startswith(f"hvdmx {hvdmx.__version__} (Python ")
+    # The MPI plugin's vendor, known once MPI is loaded (as the report loads it).
+    hvdmx._mpi.load_mpi()
+    assert _core.mpi_vendor().startswith("MPICH ")
     assert f"compiled against  {_core.mpi_vendor()}\n" in out
     assert "\n    [x] MPI_THREAD_MULTIPLE\n" in out
     # Inside an outer PMIx job step, MPI does not start, and the report says so.

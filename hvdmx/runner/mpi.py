@@ -119,8 +119,8 @@ def find_mpiexec(explicit: Optional[str], environ: Mapping[str, str],
         if found is not None:
             return found
     raise UsageError(f"no MPI launcher found: looked for mpiexec and mpirun in {beside or '.'} "
-                     "and on PATH; install one (pip install mpich) or pass --mpiexec "
-                     "/path/to/mpiexec")
+                     "and on PATH; install one (pip install mpich mpi4py), pass --mpiexec "
+                     "/path/to/mpiexec, or start the job with --no-mpi, which needs no MPI")
 
 
 def identify_launcher(path: str, version_output: str) -> Launcher:
