@@ -395,7 +395,9 @@ def test_mpiexec_search_order(tmp_path):
 def test_mpiexec_not_found(tmp_path):
     with pytest.raises(UsageError, match=r"no MPI launcher found: looked for mpiexec and "
                                          r"mpirun in .* and on PATH; install one \(pip "
-                                         r"install mpich\) or pass --mpiexec"):
+                                         r"install mpich mpi4py\), pass --mpiexec "
+                                         r"/path/to/mpiexec, or start the job with "
+                                         r"--no-mpi, which needs no MPI"):
         run.find_mpiexec(None, {"PATH": str(tmp_path)}, str(tmp_path / "python"))
     with pytest.raises(UsageError, match=r"--mpiexec '/no/such/mpiexec' is not an "
                                          r"executable file"):
