@@ -219,7 +219,7 @@ def load_mpi():
         import mpi4py
     except ImportError as error:
         raise NoMpiError(f"hvdmx: this job uses MPI, but mpi4py is not installed ({error}); "
-                          f"{NO_MPI_FIX}") from error
+                         f"{NO_MPI_FIX}") from error
     if started_without_mpi() and "mpi4py.MPI" not in sys.modules:
         mpi4py.rc.initialize = False
         mpi4py.rc.finalize = False
