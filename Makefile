@@ -19,7 +19,7 @@ CORE := hvdmx/_core$(EXT_SUFFIX)
 # setup.py build_ext; never installed. Both link the core library
 # hvdmx/libhvdmx_core.so, which that command builds first (see setup.py).
 TESTING := tests/_hvdmx_testing$(EXT_SUFFIX)
-CSRC := $(wildcard csrc/hvdmx/*/*.cc csrc/hvdmx/*/*.h)
+CSRC := $(wildcard csrc/hvdmx/*/*.cc csrc/hvdmx/*/*.h csrc/hvdmx/*/*.c)
 
 # Build requirements from pyproject.toml, quoted for the shell (they contain '>').
 BUILD_REQUIRES = $(shell $(PY) -c 'import re, shlex, sys; t = open("pyproject.toml").read(); \
@@ -207,7 +207,7 @@ lint-cxx: venv
 	$(VENV)/bin/clang-format --dry-run --Werror $(sort $(CSRC))
 
 clean:
-	rm -rf build dist *.egg-info hvdmx/_core*.so hvdmx/libhvdmx_core.so tests/_hvdmx_testing*.so .pytest_cache .hypothesis
+	rm -rf build dist *.egg-info hvdmx/_core*.so hvdmx/libhvdmx_core.so hvdmx/libhvdmx_mpi*.so tests/_hvdmx_testing*.so .pytest_cache .hypothesis
 	find . -path ./$(VENV) -prune -o -name __pycache__ -type d -prune -exec rm -rf {} +
 
 distclean: clean

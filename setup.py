@@ -1,10 +1,11 @@
 """Builds hvdmx: the Python package hvdmx/, the core as a shared library
-hvdmx/libhvdmx_core.so, and one extension, hvdmx._core.
+hvdmx/libhvdmx_core.so, one extension, hvdmx._core, and the MPI plugin
+hvdmx/libhvdmx_mpi.so.
 
 The core library is every csrc/hvdmx/<layer>/*.cc compiled together (C++17) except
 csrc/hvdmx/testing/ and the two pybind11 files python/bindings.cc and
 python/bindings_support.cc; csrc/hvdmx/README.md says what each layer folder holds.
-It is plain C++ with default visibility and no Python in it. hvdmx._core is
+It is plain C++ with default visibility and no Python or MPI in it. hvdmx._core is
 bindings.cc and bindings_support.cc (pybind11), linked against it and finding it
 beside itself (RUNPATH $ORIGIN). The library is one of the build's extensions
 (named CORE_LIBRARY below, given a plain file name by build_ext.get_ext_filename),
@@ -20,9 +21,16 @@ The tests' module
     (tests/test_core_ships_no_tests.py checks that it carries no copy of its own).
     Installing (pip install, a wheel, pip install -e .) leaves it out: hvdmx
     ships none of it.
+The MPI plugin
+    csrc/hvdmx/mpi/mpi_plugin.c, plain C, the one source that includes
+    mpi.h and the one file that links libmpi: the core opens it at run time, and
+    only in a job that uses MPI (Note [MPI as a plugin] in
+    csrc/hvdmx/mpi/mpi_plugin.h), so `import hvdmx` and a job under
+    `hvdmxrun --no-mpi` need no MPI library.
+
 It needs two things from the build environment, both found here:
 
-MPI
+MPI (for the plugin only)
     The wrapper compiler is chosen in this order: $MPICC; $HVDMX_MPI_HOME/bin/mpicc;
     the mpicc beside sys.executable (a venv with the `mpich` wheel); mpicc on PATH
     (under pip's build isolation, the `mpich` build requirement). We only ask it for
@@ -50,17 +58,17 @@ With MPICC or HVDMX_MPI_HOME set, the `mpich` wheel is not a runtime dependency.
 
 Note [Finding libmpi at run time]
 ---------------------------------
-_core links libmpi by its soname (`-lmpi`, giving NEEDED libmpi.so.12 for MPICH,
-libmpi.so.40 for Open MPI) and records no rpath from the MPI wrapper when the MPI
-was found automatically: under build isolation that directory is a temporary
-build environment that is deleted after the build. Instead:
-  1. The package imports mpi4py.MPI before _core (load_core in hvdmx/_mpi.py).
-     mpi4py has loaded the MPI library, and the dynamic loader satisfies _core's
-     NEEDED entry with the loaded object whose soname matches, so both share one MPI.
-     The same holds for the core library's NEEDED libmpi, loaded with _core.
-  2. As a fallback, RUNPATH $ORIGIN/../../.. (in the core library and _core, both in
-     hvdmx/) points from <prefix>/lib/pythonX.Y/site-packages/hvdmx to <prefix>/lib,
-     where the `mpich` wheel puts libmpi.
+The plugin links libmpi by its soname (`-lmpi`, giving NEEDED libmpi.so.12 for
+MPICH, libmpi.so.40 for Open MPI) and records no rpath from the MPI wrapper when
+the MPI was found automatically: under build isolation that directory is a
+temporary build environment that is deleted after the build. Instead:
+  1. The package imports mpi4py.MPI before it opens the plugin (load_mpi in
+     hvdmx/_mpi.py). mpi4py has loaded the MPI library, and the dynamic loader
+     satisfies the plugin's NEEDED entry with the loaded object whose soname
+     matches, so both share one MPI.
+  2. As a fallback, RUNPATH $ORIGIN/../../.. (in the plugin, in hvdmx/) points
+     from <prefix>/lib/pythonX.Y/site-packages/hvdmx to <prefix>/lib, where the
+     `mpich` wheel puts libmpi.
 When the MPI was chosen explicitly (MPICC/HVDMX_MPI_HOME), it is a lasting
 installation: its wrapper's rpath is kept and the wheel fallback is left out.
 """
@@ -319,8 +327,9 @@ class build_ext(_pybind11_build_ext):
     def get_ext_filename(self, fullname: str) -> str:
         # A library, not a module: no EXT_SUFFIX. distutils asks with the last
         # part of the name too (get_ext_fullpath).
-        if fullname in (CORE_LIBRARY, CORE_LIBRARY.split(".")[-1]):
-            return os.path.join(*fullname.split(".")[:-1], CORE_LIBRARY_FILE)
+        for library, file in ((CORE_LIBRARY, CORE_LIBRARY_FILE), (MPI_PLUGIN, MPI_PLUGIN_FILE)):
+            if fullname in (library, library.split(".")[-1]):
+                return os.path.join(*fullname.split(".")[:-1], file)
         return super().get_ext_filename(fullname)
 
     def build_extensions(self):
@@ -336,39 +345,33 @@ class build_ext(_pybind11_build_ext):
         # modules link it from.
         core_dir = os.path.dirname(self.get_ext_fullpath(CORE_LIBRARY))
         for ext in self.extensions:
-            ext_rpaths = rpaths
-            if ext.name == CORE_MODULE:
-                ext_rpaths = ["$ORIGIN"] + rpaths  # the core library beside it
-            elif ext.name == TESTING_MODULE:
-                # Never installed: it may point at the build's MPI, and so loads
-                # without hvdmx (which loads libmpi through mpi4py) imported first.
-                ext_rpaths = ["$ORIGIN/../hvdmx"] + mpi.rpaths + mpi.library_dirs
+            ext.define_macros += MXNET_HEADER_MACROS + GPU_MACROS
+            ext.libraries += ["dl", "pthread"]
+            if ext.name == MPI_PLUGIN:
+                # The one MPI user (Note [MPI as a plugin]): MPI's flags, its
+                # vendor, and the rpath of Note [Finding libmpi at run time].
+                ext.include_dirs += mpi.include_dirs
+                ext.library_dirs += mpi.library_dirs
+                ext.libraries += mpi.libraries
+                ext.define_macros += mpi.macros + [("HVDMX_MPI_VENDOR", f'"{vendor}"')]
+                ext.extra_compile_args += mpi.compile_args
+                ext.extra_link_args += (
+                    mpi.link_args
+                    + ["-Wl,--enable-new-dtags"]
+                    + ["-Wl,-rpath," + path for path in rpaths]
+                )
+                continue
             if ext.name != CORE_LIBRARY:
                 ext.library_dirs.append(core_dir)
                 ext.libraries.append(CORE_LIBRARY_NAME)
-            if ext.name == TESTING_MODULE:
-                # It calls no MPI function itself, so the linker would drop its
-                # NEEDED libmpi; kept, the rpath above finds it for the core
-                # library too (a loaded soname satisfies the library's NEEDED).
-                ext.extra_link_args += ["-Wl,--no-as-needed"] + [
-                    "-l" + name for name in mpi.libraries
-                ]
-            ext.include_dirs += mpi.include_dirs
-            ext.library_dirs += mpi.library_dirs
-            ext.libraries += mpi.libraries + ["dl", "pthread"]
-            ext.define_macros += (
-                mpi.macros
-                + MXNET_HEADER_MACROS
-                + GPU_MACROS
-                + [("HVDMX_MPI_VENDOR", f'"{vendor}"')]
-            )
+            # The modules find the core library beside them (the tests' module
+            # from tests/).
+            ext_rpaths = {CORE_MODULE: ["$ORIGIN"], TESTING_MODULE: ["$ORIGIN/../hvdmx"]}
             # -isystem: the MXNet headers are not ours to keep -Wall clean.
-            ext.extra_compile_args += mpi.compile_args + ["-isystem", mxnet_include]
-            ext.extra_link_args += (
-                mpi.link_args
-                + ["-Wl,--enable-new-dtags"]
-                + ["-Wl,-rpath," + path for path in ext_rpaths]
-            )
+            ext.extra_compile_args += ["-isystem", mxnet_include]
+            ext.extra_link_args += ["-Wl,--enable-new-dtags"] + [
+                "-Wl,-rpath," + path for path in ext_rpaths.get(ext.name, [])
+            ]
         print(
             f"hvdmx: MPI {vendor} from {' '.join(mpicc)}; MXNet headers {mxnet_include}"
         )
@@ -408,6 +411,9 @@ CORE_LIBRARY = "hvdmx.libhvdmx_core"
 CORE_LIBRARY_NAME = "hvdmx_core"  # -lhvdmx_core
 CORE_LIBRARY_FILE = "libhvdmx_core.so"
 CORE_MODULE = "hvdmx._core"
+MPI_PLUGIN = "hvdmx.libhvdmx_mpi"
+MPI_PLUGIN_FILE = "libhvdmx_mpi.so"
+MPI_PLUGIN_SOURCE = os.path.join(CSRC_DIR, "mpi", "mpi_plugin.c")
 TESTING_MODULE = "tests._hvdmx_testing"
 # -ffp-contract=off: see Note [Half precision summed in float32].
 COMPILE_ARGS = ["-O3", "-Wall", "-ffp-contract=off"]
@@ -441,6 +447,19 @@ def core_library(sources: list) -> Extension:
     )
 
 
+def mpi_plugin() -> Extension:
+    """The MPI plugin: plain C, one source (Note [MPI as a plugin])."""
+    return Extension(
+        MPI_PLUGIN,
+        [MPI_PLUGIN_SOURCE],
+        depends=[os.path.join(CSRC_DIR, "mpi", "mpi_plugin.h")],
+        include_dirs=[CSRC_DIR],
+        extra_compile_args=["-O2", "-Wall", "-fvisibility=hidden", "-g0"],
+        extra_link_args=["-Wl,-soname," + MPI_PLUGIN_FILE],
+        language="c",
+    )
+
+
 def core_sources() -> list:
     sources = sorted(glob.glob(os.path.join(CSRC_DIR, "*", "*.cc")))
     if not sources:
@@ -453,12 +472,13 @@ def core_sources() -> list:
 
 
 def extensions() -> list:
-    """The core library and hvdmx._core, and with `setup.py build_ext` the tests'
+    """The core library, hvdmx._core and the MPI plugin, and with `setup.py build_ext` the tests'
     module tests/_hvdmx_testing (see the module docstring). The library comes
     first: the modules link it."""
     built = [
         core_library(core_sources()),
         module(CORE_MODULE, [CORE_BINDINGS, BINDINGS_SUPPORT]),
+        mpi_plugin(),
     ]
     if "build_ext" in sys.argv[1:]:
         testing = sorted(glob.glob(os.path.join(TESTING_DIR, "*.cc")))

@@ -31,8 +31,8 @@ The rendezvous, shared:
     rendezvous.elastic_wire  what the elastic service and its workers both know
     rendezvous.srun  srun's tasks meet without MPI: task 0 serves, the meeting file
 MPI's identity, which both sides read:
-    _mpi            which MPI is which; loads the extension into mpi4py's MPI
-    _core           the C++ extension (csrc/hvdmx), loaded by _mpi
+    _mpi            which MPI is which; loads the extension, and MPI for a job that uses it
+    _core           the C++ extension (csrc/hvdmx; no MPI in it), loaded by _mpi
 The launcher:
     runner          its package (what each of its modules holds)
     runner.flags    hvdmxrun's tuning flags and the variables they set

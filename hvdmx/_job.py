@@ -5,18 +5,17 @@ that both read it without importing each other (see the layers in
 hvdmx/__init__.py)."""
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Optional
+from typing import TYPE_CHECKING, Any, Optional
 
-# _core before mpi4py.MPI: see basics.py.
 from hvdmx import _core
-from hvdmx._mpi import started_without_mpi as _started_without_mpi
+from hvdmx._mpi import load_mpi as _load_mpi, started_without_mpi as _started_without_mpi
 from hvdmx.errors import InvalidArgumentError, MismatchError, NotRunningError, PeerProtocolError
-from mpi4py import MPI
 from mxnet.base import MXNetError
 
-# The mpi4py communicator hvdmx runs on; None before the first init, and in
+# The mpi4py communicator hvdmx runs on (an mpi4py.MPI.Comm: mpi4py is
+# imported only by a job that uses MPI); None before the first init, and in
 # a job started without MPI.
-comm: Optional[MPI.Comm] = None
+comm: Optional[Any] = None
 if TYPE_CHECKING:
     from hvdmx.rendezvous.client import StoreGroup
 # In a job started without MPI: the job's group at the launcher's rendezvous
@@ -29,7 +28,7 @@ def job_comm():
     a job started without MPI (hvdmxrun --no-mpi)."""
     if comm is None and _started_without_mpi():
         return None
-    return comm if comm is not None else MPI.COMM_WORLD
+    return comm if comm is not None else _load_mpi().COMM_WORLD
 
 
 # What each status code of the core (Status::Code in csrc/hvdmx/base/common.h)

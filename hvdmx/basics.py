@@ -6,16 +6,16 @@ import os
 import sys
 from typing import Any, List, Optional, Sequence, Union
 
-# _core before mpi4py.MPI: loading it imports mpi4py.MPI (which loads libmpi
-# and starts MPI), after refusing a launcher that MPI could not join; the
-# extension then binds to that same library (matched by soname), so a script
-# can use mpi4py and hvdmx side by side. See hvdmx/_mpi.py, load_core.
+# No mpi4py here: MPI is loaded by init in a job that uses it (load_mpi
+# imports mpi4py.MPI, which loads libmpi, after refusing a launcher that MPI
+# could not join, then has the core open its MPI plugin, bound to that same
+# library by soname, so a script can use mpi4py and hvdmx side by side). A job
+# under hvdmxrun --no-mpi loads no MPI library. See hvdmx/_mpi.py, load_mpi.
 from hvdmx import _core, _job, process_sets as _process_sets
 from hvdmx._job import check_running as _check_running, topology as _topology
-from hvdmx._mpi import mpi_library as _mpi_library, srun_task as _srun_task, \
-    started_by_srun as _started_by_srun, started_without_mpi as _without_mpi, \
-    venv_mpiexec as _venv_mpiexec
-from mpi4py import MPI
+from hvdmx._mpi import load_mpi as _load_mpi, mpi_library as _mpi_library, \
+    srun_task as _srun_task, started_by_srun as _started_by_srun, \
+    started_without_mpi as _without_mpi, venv_mpiexec as _venv_mpiexec
 import mxnet as mx
 
 _core.load_mxnet(mx.base._LIB._name)
@@ -47,6 +47,7 @@ def init(comm: Optional[Union[Any, Sequence[int]]] = None,
     if _without_mpi():
         _init_without_mpi(comm, process_sets)
         return
+    MPI = _load_mpi()
     if not MPI.Is_initialized():
         MPI.Init_thread(MPI.THREAD_MULTIPLE)
         # atexit runs last-registered first: registered before shutdown, this
@@ -164,6 +165,7 @@ def _check_launcher(environ) -> None:
     hvdmx loaded (Open MPI's mpirun starting a program on the mpich wheel,
     say), or srun started it without a PMI, and every process would train on
     its own, each as rank 0 of 1."""
+    MPI = _load_mpi()  # loaded by init already
     if MPI.COMM_WORLD.Get_size() != 1:
         return
     for variable, launcher in _LAUNCHER_SIZES:
@@ -202,6 +204,7 @@ def _check_launcher(environ) -> None:
 
 
 def _finalize_mpi() -> None:
+    MPI = _load_mpi()  # registered by init, which loaded it
     if not MPI.Is_finalized():
         MPI.Finalize()
 
@@ -253,7 +256,8 @@ def _exit_if_peers_are_gone() -> None:
     would make the launcher kill them). Not MPI_Abort: that would kill the
     other survivors, and with a host's link down it did not return either
     (tried)."""
-    if not (_peers_gone or _job.peers_gone(_job.stop_status()[0])) or \
+    MPI = sys.modules.get("mpi4py.MPI")  # None: a job without MPI
+    if not (_peers_gone or _job.peers_gone(_job.stop_status()[0])) or MPI is None or \
             not MPI.Is_initialized() or MPI.Is_finalized():
         return
     grace = _exit_deadline()

@@ -39,28 +39,42 @@ def _thread_support(MPI) -> str:
 
 def build_report(launcher_line: str) -> str:
     """What this hvdmx can do, as a checklist: [x] available, [ ] not."""
-    import mpi4py
     import mxnet as mx
-    from mpi4py import MPI
 
     import hvdmx
     from hvdmx import _core
+    from hvdmx._mpi import NoMpiError, load_mpi
 
     def box(flag: bool) -> str:
         return "[x]" if flag else "[ ]"
 
     nccl = _core.nccl_built()
-    library = mpi_library(MPI)
-    threads_line = _thread_support(MPI)
+    try:
+        MPI = load_mpi()
+    except NoMpiError as e:  # no MPI here: jobs run under hvdmxrun --no-mpi only
+        MPI, why = None, str(e)
+    if MPI is not None:
+        import mpi4py
+        mpi_lines = [
+            f"    compiled against  {_core.mpi_vendor()}",
+            f"    library loaded    {mpi_library(MPI)}",
+            f"    launcher          {launcher_line}",
+            f"    {_thread_support(MPI)}",
+        ]
+        loaded = f"mpi4py {mpi4py.__version__}"
+    else:
+        mpi_lines = [
+            f"    none loaded       {why}",
+            f"    launcher          {launcher_line}",
+            "    jobs run under hvdmxrun --no-mpi, which needs no MPI",
+        ]
+        loaded = "no MPI"
     lines = [
         f"hvdmx {hvdmx.__version__} (Python {sys.version.split()[0]}, "
-        f"MXNet {mx.__version__}, mpi4py {mpi4py.__version__})",
+        f"MXNet {mx.__version__}, {loaded})",
         "",
         "MPI:",
-        f"    compiled against  {_core.mpi_vendor()}",
-        f"    library loaded    {library}",
-        f"    launcher          {launcher_line}",
-        f"    {threads_line}",
+    ] + mpi_lines + [
         "",
         "Training with MXNet:",
         f"    {box(hasattr(hvdmx, 'DistributedTrainer'))} Gluon: DistributedTrainer",
@@ -68,7 +82,8 @@ def build_report(launcher_line: str) -> str:
         f"    {box(hasattr(hvdmx, 'KVStore'))} kvstore plugin: KVStore",
         "",
         "Communication:",
-        f"    {box(_core.mpi_built())} MPI (CPU tensors)",
+        f"    {box(MPI is not None)} MPI (CPU tensors)",
+        "    [x] hvdmx's TCP transport (hvdmxrun --no-mpi, and between hosts)",
         f"    {box(nccl > 0)} NCCL{f' {_nccl_version(nccl)}' if nccl else ''} (GPU tensors)",
         f"    {box(_core.cuda_built())} CUDA",
         f"    {box(hvdmx.gloo_built())} Gloo",

@@ -15,10 +15,11 @@ import itertools
 import numbers
 from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple, Union
 
-from hvdmx import _core  # before mpi4py.MPI: see basics.py
+import sys
+
+from hvdmx import _core
 from hvdmx._job import check_running, job_comm, topology
 from hvdmx.errors import InvalidArgumentError
-from mpi4py import MPI
 
 
 class ProcessSet:
@@ -32,7 +33,10 @@ class ProcessSet:
     def __init__(self, ranks_or_comm: Union[Sequence[int], Any]) -> None:
         self.process_set_id: Optional[int] = None
         self._comm = None
-        if isinstance(ranks_or_comm, MPI.Comm):
+        # An mpi4py communicator, which only a program that loaded mpi4py.MPI
+        # has (hvdmx loads no MPI in a job without it).
+        MPI = sys.modules.get("mpi4py.MPI")
+        if MPI is not None and isinstance(ranks_or_comm, MPI.Comm):
             # Resolved when the set is added: a rank outside the
             # communicator holds MPI.COMM_NULL and learns the ranks then.
             self._comm = ranks_or_comm
@@ -125,6 +129,8 @@ def _resolve(process_set: ProcessSet, comm) -> List[int]:
         raise ValueError("hvdmx.add_process_set: a process set made from an mpi4py "
                          "communicator needs MPI, but hvdmxrun started this job without MPI "
                          "(--no-mpi); give the set as a list of ranks")
+    from hvdmx._mpi import load_mpi
+    MPI = load_mpi()  # loaded already: the set holds an mpi4py communicator
     mine = None
     if process_set._comm != MPI.COMM_NULL:
         mine = sorted(MPI.Group.Translate_ranks(process_set._comm.Get_group(),

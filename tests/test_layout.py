@@ -63,10 +63,11 @@ def layer_files(layer):
     return [os.path.join(folder, name) for name in sorted(os.listdir(folder))]
 
 
-# MPI is one transport among several: its calls live in comm/mpi_comm.*, and
-# the choice of what runs over it in job/ (csrc/hvdmx/README.md). The rest of
-# the core, shm/ above all, works over any Comm or Group.
-MPI_MAY_BE_INCLUDED_BY = ("comm/mpi_comm.h", "comm/mpi_comm.cc")
+# MPI is one transport among several: its calls live in the plugin mpi/ (the
+# one file that includes <mpi.h>), which comm/mpi_comm.* call through, and the
+# choice of what runs over it in job/ (csrc/hvdmx/README.md). The rest of the
+# core, shm/ above all, works over any Comm or Group.
+MPI_MAY_BE_INCLUDED_BY = ("comm/mpi_comm.h", "comm/mpi_comm.cc", "mpi/mpi_plugin.c")
 MPI_LAYERS = ("job",)
 
 
@@ -78,6 +79,13 @@ def mpi_includers():
             if "mpi.h" in system_includes(path) or "comm/mpi_comm.h" in includes(path):
                 found.append(rel)
     return found
+
+
+def test_only_the_plugin_includes_mpi_h():
+    # The core links no MPI (Note [MPI as a plugin]): mpi.h is the plugin's alone.
+    found = [os.path.relpath(path, CSRC) for layer in layer_order()
+             for path in layer_files(layer) if "mpi.h" in system_includes(path)]
+    assert found == ["mpi/mpi_plugin.c"], found
 
 
 def test_only_the_mpi_comm_and_the_job_reach_mpi():

@@ -14,6 +14,7 @@ import textwrap
 import pytest
 
 import hvdmx
+import hvdmx._mpi
 import _hvdmx_testing
 from hvdmx import _core
 from hvdmx.runner import hosts as run_hosts, launch as run
@@ -394,7 +395,9 @@ def test_mpiexec_search_order(tmp_path):
 def test_mpiexec_not_found(tmp_path):
     with pytest.raises(UsageError, match=r"no MPI launcher found: looked for mpiexec and "
                                          r"mpirun in .* and on PATH; install one \(pip "
-                                         r"install mpich\) or pass --mpiexec"):
+                                         r"install mpich mpi4py\), pass --mpiexec "
+                                         r"/path/to/mpiexec, or start the job with "
+                                         r"--no-mpi, which needs no MPI"):
         run.find_mpiexec(None, {"PATH": str(tmp_path)}, str(tmp_path / "python"))
     with pytest.raises(UsageError, match=r"--mpiexec '/no/such/mpiexec' is not an "
                                          r"executable file"):
@@ -677,6 +680,9 @@ def test_check_build():
     assert result.returncode == 0, result.stderr
     out = result.stdout
     assert out.startswith(f"hvdmx {hvdmx.__version__} (Python ")
+    # The MPI plugin's vendor, known once MPI is loaded (as the report loads it).
+    hvdmx._mpi.load_mpi()
+    assert _core.mpi_vendor().startswith("MPICH ")
     assert f"compiled against  {_core.mpi_vendor()}\n" in out
     assert "\n    [x] MPI_THREAD_MULTIPLE\n" in out
     # Inside an outer PMIx job step, MPI does not start, and the report says so.

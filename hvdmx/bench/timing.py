@@ -50,7 +50,7 @@ def rounds(steps: dict, rounds: int, warmup: int, iters: int, comm) -> dict:
 
 
 def load_mpi():
-    """mpi4py's MPI, loaded after hvdmx's extension."""
-    from hvdmx import _core  # noqa: F401  first: it refuses a launcher MPI cannot join
-    from mpi4py import MPI
-    return MPI
+    """mpi4py's MPI, loaded by hvdmx (which refuses a launcher MPI cannot
+    join, and opens its MPI plugin on the same library)."""
+    from hvdmx._mpi import load_mpi as load
+    return load()

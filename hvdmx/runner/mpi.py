@@ -119,8 +119,8 @@ def find_mpiexec(explicit: Optional[str], environ: Mapping[str, str],
         if found is not None:
             return found
     raise UsageError(f"no MPI launcher found: looked for mpiexec and mpirun in {beside or '.'} "
-                     "and on PATH; install one (pip install mpich) or pass --mpiexec "
-                     "/path/to/mpiexec")
+                     "and on PATH; install one (pip install mpich mpi4py), pass --mpiexec "
+                     "/path/to/mpiexec, or start the job with --no-mpi, which needs no MPI")
 
 
 def identify_launcher(path: str, version_output: str) -> Launcher:
@@ -277,14 +277,24 @@ def mpi_without_init() -> None:
     was built with. An MPI_Init here could not even succeed everywhere: inside
     a PMIx job step (hvdmxrun run under srun --mpi=pmix), the mpich wheel
     aborts in it. With mpi4py.MPI loaded first, hvdmx's own refusal of that
-    case (hvdmx._mpi.load_core) does not apply to this process either: it is
-    meant for the ranks, whose environment launcher_environ cleans."""
+    case (hvdmx._mpi.load_mpi) does not apply to this process either: it is
+    meant for the ranks, whose environment launcher_environ cleans.
+
+    Without mpi4py or an MPI library (a venv for hvdmxrun --no-mpi only),
+    nothing is loaded: the launcher itself needs none, and what a job lacks
+    is said where it is needed (no mpiexec found; hvd.init's error)."""
     if "mpi4py.MPI" in sys.modules:  # run.main() called by a program that uses MPI
         return
-    import mpi4py
+    try:
+        import mpi4py
+    except ImportError:
+        return
     mpi4py.rc.initialize = False
     mpi4py.rc.finalize = False
-    import mpi4py.MPI  # noqa: F401
+    try:
+        import mpi4py.MPI  # noqa: F401
+    except (ImportError, RuntimeError):  # mpi4py found no MPI library
+        return
 
 
 def split_mpi_args(text: str, flag: str = "--mpi-args",

@@ -2,11 +2,12 @@
 // duplicates and owns, so our traffic never matches the user's own MPI
 // calls; a Group over one (which asks MPI which ranks share a host); MPI's
 // initialization. What runs over MPI and what over TCP is the job's choice
-// (job/comm_wiring.h).
+// (job/comm_wiring.h). Every MPI call goes through the plugin
+// (comm/mpi_library.h, Note [MPI as a plugin] in mpi/mpi_plugin.h),
+// which must be loaded before any of these is made; handles are its
+// hvdmx_mpi_handle.
 #ifndef HVDMX_MPI_COMM_H_
 #define HVDMX_MPI_COMM_H_
-
-#include <mpi.h>
 
 #include <memory>
 #include <string>
@@ -14,20 +15,21 @@
 
 #include "comm/comm.h"
 #include "comm/group.h"
+#include "comm/mpi_library.h"
 
 namespace hvdmx {
 
 class MpiComm : public Comm {
  public:
   // Duplicates `comm` (collective over it).
-  explicit MpiComm(MPI_Comm comm);
+  explicit MpiComm(hvdmx_mpi_handle comm);
   ~MpiComm() override;  // frees the duplicate (collective)
   MpiComm(const MpiComm&) = delete;
   MpiComm& operator=(const MpiComm&) = delete;
 
   int rank() const override { return rank_; }
   int size() const override { return size_; }
-  MPI_Comm handle() const { return comm_; }
+  hvdmx_mpi_handle handle() const { return comm_; }
 
   Request ISend(const void* buf, int64_t bytes, int peer) override;
   Request IRecv(void* buf, int64_t bytes, int peer) override;
@@ -40,19 +42,20 @@ class MpiComm : public Comm {
   bool NativeAllreduce(void* buf, int64_t count, DataType dtype, ReduceOp op) override;
 
  private:
-  MPI_Comm comm_ = MPI_COMM_NULL;
+  const hvdmx_mpi_api& mpi_;
+  hvdmx_mpi_handle comm_;
   int rank_ = 0;
   int size_ = 1;
   // Requests live in slots; a Request is a slot index. Freed slots are reused.
   // Stores `req` in a free slot and returns the slot as the Request.
-  Request Keep(MPI_Request req);
+  Request Keep(hvdmx_mpi_handle req);
   // Completes a nonblocking call of the negotiation, polled with idle_ when
   // one is set (see Comm::set_idle).
-  void Complete(MPI_Request* req, const char* what);
+  void Complete(hvdmx_mpi_handle* req, const char* what);
 
-  std::vector<MPI_Request> requests_;
+  std::vector<hvdmx_mpi_handle> requests_;
   std::vector<int64_t> free_slots_;
-  MPI_Request bit_and_request_ = MPI_REQUEST_NULL;
+  hvdmx_mpi_handle bit_and_request_;
 };
 
 // A Group over an MPI communicator that it duplicates and owns (or over
@@ -61,14 +64,14 @@ class MpiComm : public Comm {
 class MpiGroup : public Group {
  public:
   // Duplicates `comm` (collective over it).
-  explicit MpiGroup(MPI_Comm comm);
+  explicit MpiGroup(hvdmx_mpi_handle comm);
   ~MpiGroup() override;  // frees the communicator, unless MPI is finalized
   MpiGroup(const MpiGroup&) = delete;
   MpiGroup& operator=(const MpiGroup&) = delete;
 
   int rank() const override { return rank_; }
   int size() const override { return size_; }
-  MPI_Comm handle() const { return comm_; }
+  hvdmx_mpi_handle handle() const { return comm_; }
   std::vector<std::string> Allgather(const std::string& mine) override;
   std::unique_ptr<Group> Split(int color, int key) override;
   std::unique_ptr<Group> SplitByHost() override;
@@ -76,18 +79,20 @@ class MpiGroup : public Group {
 
  private:
   struct Adopt {};
-  MpiGroup(MPI_Comm comm, Adopt);  // takes `comm` as it is
-  MPI_Comm comm_ = MPI_COMM_NULL;
+  MpiGroup(hvdmx_mpi_handle comm, Adopt);  // takes `comm` as it is
+  const hvdmx_mpi_api& mpi_;
+  hvdmx_mpi_handle comm_;
   int rank_ = 0;
   int size_ = 1;
 };
 
 // Every rank's string (index = rank): an allgather over `comm`, collective.
-std::vector<std::string> MpiAllgatherStrings(MPI_Comm comm, const std::string& mine);
+std::vector<std::string> MpiAllgatherStrings(hvdmx_mpi_handle comm, const std::string& mine);
 
 // Initializes MPI with MPI_THREAD_MULTIPLE unless it already is (mpi4py
-// normally does it first). Returns the thread level provided.
-int EnsureMpiInitialized();
+// normally does it first). Returns the thread level provided, and sets
+// *multiple to whether it is MPI_THREAD_MULTIPLE.
+int EnsureMpiInitialized(bool* multiple);
 
 }  // namespace hvdmx
 

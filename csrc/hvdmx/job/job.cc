@@ -1,8 +1,6 @@
 // The job: see job.h.
 #include "job/job.h"
 
-#include <mpi.h>
-
 #include <algorithm>
 #include <map>
 #include <mutex>
@@ -26,8 +24,9 @@ struct Global {
   std::mutex mu;
   std::shared_ptr<Runtime> runtime;  // the global set's
   Topology topo;
-  HostMap hosts;         // which ranks of the job share a host (Note [One host split])
-  int thread_level = 0;  // MPI's; -1 in a job without MPI
+  HostMap hosts;                 // which ranks of the job share a host (Note [One host split])
+  int thread_level = 0;          // MPI's; -1 in a job without MPI
+  bool thread_multiple = false;  // whether it is MPI_THREAD_MULTIPLE
   Config config;
   std::unique_ptr<Group> world;  // the job's ranks (an MPI duplicate, or a rendezvous)
   std::map<int, std::shared_ptr<Runtime>> sets;  // ids >= 1 this rank belongs to
@@ -172,7 +171,7 @@ Status CheckSettingsAgree(Group& group, const Config& c) {
 Status JobTopology(Topology* topology, bool* thread_multiple) {
   std::lock_guard<std::mutex> lock(G().mu);
   if (!G().runtime) return Status::InvalidArgument(kNotInitialized);
-  *thread_multiple = G().thread_level >= MPI_THREAD_MULTIPLE;
+  *thread_multiple = G().thread_multiple;
   *topology = G().topo;
   return Status::Ok();
 }
@@ -223,8 +222,9 @@ bool AllIdle() {
 namespace {
 
 // Starts hvdmx over `world`, the job's group; MPI's thread level, or -1
-// when the job runs without MPI. Callers hold mu.
-Status StartLocked(std::unique_ptr<Group> world, int thread_level) {
+// when the job runs without MPI, and whether it is MPI_THREAD_MULTIPLE.
+// Callers hold mu.
+Status StartLocked(std::unique_ptr<Group> world, int thread_level, bool thread_multiple) {
   StopAllLocked();
   Config config;
   Status status = LoadConfig(ProcessEnvironment(), &config);
@@ -233,7 +233,8 @@ Status StartLocked(std::unique_ptr<Group> world, int thread_level) {
   OutputPool::Get().SetLimit(config.output_pool_bytes);
   G().config = config;
   G().thread_level = thread_level;
-  if (thread_level >= 0 && thread_level < MPI_THREAD_MULTIPLE) {
+  G().thread_multiple = thread_multiple;
+  if (thread_level >= 0 && !thread_multiple) {
     HVDMX_LOG(kWarning) << "MPI provides thread level " << thread_level
                         << ", not MPI_THREAD_MULTIPLE; do not call MPI from Python while "
                            "hvdmx collectives are running";
@@ -275,15 +276,21 @@ void SetNegotiationCommWrapper(NegotiationCommWrapper wrap) {
 Status Init(uintptr_t comm_address) {
   std::lock_guard<std::mutex> lock(G().mu);
   if (Running()) return Status::Ok();  // a second init is a no-op
-  const int thread_level = EnsureMpiInitialized();
-  MPI_Comm comm = comm_address ? *reinterpret_cast<MPI_Comm*>(comm_address) : MPI_COMM_WORLD;
-  return StartLocked(std::make_unique<MpiGroup>(comm), thread_level);
+  if (!MpiPluginLoaded()) {
+    return Status::InvalidArgument(
+        "hvdmx.init: MPI is not loaded (hvdmx._mpi.load_mpi loads it); install an MPI (pip "
+        "install mpich mpi4py), or start the job with hvdmxrun --no-mpi");
+  }
+  bool multiple = false;
+  const int thread_level = EnsureMpiInitialized(&multiple);
+  const hvdmx_mpi_handle comm = Mpi().comm_at(reinterpret_cast<const void*>(comm_address));
+  return StartLocked(std::make_unique<MpiGroup>(comm), thread_level, multiple);
 }
 
 Status InitOver(std::unique_ptr<Group> world) {
   std::lock_guard<std::mutex> lock(G().mu);
   if (Running()) return Status::Ok();
-  return StartLocked(std::move(world), -1);
+  return StartLocked(std::move(world), -1, false);
 }
 
 void Shutdown() {

@@ -61,7 +61,8 @@ bool AllIdle();
 
 // Collective over the communicator at `comm_address` (0: MPI_COMM_WORLD),
 // which the caller keeps alive; a second call while running does nothing.
-// InvalidArgument for a bad setting or settings that differ between ranks.
+// InvalidArgument for a bad setting or settings that differ between ranks,
+// and before the MPI plugin is loaded (comm/mpi_library.h).
 Status Init(uintptr_t comm_address);
 // The same over `world`, in a job started without MPI (hvdmxrun --no-mpi:
 // the launcher's rendezvous), which never calls MPI. Collective over `world`.

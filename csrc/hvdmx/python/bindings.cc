@@ -20,6 +20,7 @@
 #include "base/timeline.h"
 #include "bench/scale_harness.h"
 #include "comm/group.h"
+#include "comm/mpi_library.h"
 #include "job/job.h"
 #include "mxnet/mxnet_engine.h"
 #include "platform/cpu_binding.h"
@@ -31,9 +32,6 @@
 #include "shm/shm_control_comm.h"
 #include "shm/shm_host.h"
 
-#ifndef HVDMX_MPI_VENDOR
-#define HVDMX_MPI_VENDOR "unknown"
-#endif
 #ifndef HVDMX_NCCL_BUILT
 #define HVDMX_NCCL_BUILT 0
 #endif
@@ -410,7 +408,13 @@ PYBIND11_MODULE(_core, m) {
   m.doc() = "hvdmx's C++ core; use the hvdmx package, not this module.";
 
   m.def("mpi_built", [] { return true; });
-  m.def("mpi_vendor", [] { return std::string(HVDMX_MPI_VENDOR); });
+  // The MPI the loaded plugin was built against; "" before load_mpi.
+  m.def("mpi_vendor", [] { return MpiPluginVendor(); });
+  m.def("load_mpi", [](const std::string& path) {
+    std::string vendor;
+    ThrowIfError(LoadMpiPlugin(path, &vendor));
+    return vendor;
+  });
   m.def("nccl_built", [] { return HVDMX_NCCL_BUILT; });
   m.def("cuda_built", [] { return HVDMX_CUDA_BUILT != 0; });
   m.def("load_mxnet", [](const std::string& path) { ThrowIfError(LoadMXNetApi(path)); });
