@@ -44,7 +44,7 @@ import struct
 import threading
 import time
 from dataclasses import dataclass
-from typing import Dict, List, Mapping, Optional, Tuple
+from typing import Dict, List, Mapping, Optional, Tuple, cast
 
 from hvdmx.rendezvous.client import StoreGroup, connect
 from hvdmx.rendezvous.server import RendezvousServer
@@ -320,7 +320,7 @@ def _join(task: SlurmTask, environ: Mapping[str, str], timeout: float
             except ValueError:
                 raise ValueError(f"hvdmx under srun: {path} holds a malformed key: it is not "
                                  f"a meeting file of hvdmx ({FORMAT}); remove it") from None
-            for address in record["addresses"]:  # type: ignore[union-attr]
+            for address in cast(List[object], record["addresses"]):  # checked: a list
                 try:
                     return connect(str(address), key, task.rank, task.size,
                                    slot=task.local_rank,
