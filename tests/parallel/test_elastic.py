@@ -3,8 +3,10 @@ over the same world (hvdmx/elastic/driver.py): commit and restore give back
 parameters, optimizer states and values bitwise; sync gives every rank rank
 0's; run() retries after a HorovodInternalError and ends bitwise where an
 uninterrupted run ends; a user's exception is not retried; a host update
-announced on one rank interrupts every rank at the same commit; the reset
-limit ends the run with ResetLimitError."""
+announced on one rank interrupts every rank at the same commit; a reset
+drops the old job's host votes, and the ranks sync together when one
+restored and another was interrupted (issue 60); the reset limit ends the
+run with ResetLimitError."""
 import mxnet as mx
 import pytest
 from mxnet import gluon
