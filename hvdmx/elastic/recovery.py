@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import functools
 import os
-from typing import Any, Callable, Optional, TypeVar
+from typing import Any, Callable, Optional, Tuple, TypeVar
 
 import mxnet as mx
 from mxnet.base import MXNetError
@@ -15,7 +15,7 @@ from hvdmx.rendezvous.elastic_wire import RESET_LIMIT_VARIABLE
 from hvdmx.errors import (HorovodInternalError, HostsUpdatedInterrupt, PeerProtocolError,
                           ResetLimitError)
 from hvdmx.ops import Max, allreduce
-from hvdmx.elastic.state import _NAME, State
+from hvdmx.elastic.state import _NAME, State, _forget_host_votes
 
 # The resets one run() may do (hvdmxrun --reset-limit sets it for the
 # workers; Horovod's horovodrun --reset-limit); unset: no limit. The
@@ -65,11 +65,18 @@ def _drain_engine() -> None:
             continue
 
 
-def _agreed_resets(resets: int) -> int:
-    """The most resets any rank has seen (a worker that joins later has
-    seen fewer): every rank then counts alike against the limit."""
-    count = mx.nd.array([resets], dtype="int64")
-    return int(allreduce(count, op=Max, name=_NAME + "resets").asnumpy()[0])
+def _agreed_start(resets: int, skip_sync: bool) -> Tuple[int, bool]:
+    """(the most resets any rank has seen, whether any rank needs the sync):
+    a worker that joins later has seen fewer resets, and every rank then
+    counts alike against the limit; and the ranks sync together or not at
+    all. A rank that lost its peers in a collective restores and needs the
+    sync, while one that read the same commit's host votes before the loss
+    reached it was interrupted with skip_sync: without the agreement the
+    one would wait in the sync's broadcasts while the other trained on
+    (issue 60)."""
+    mine = mx.nd.array([resets, int(not skip_sync)], dtype="int64")
+    agreed = allreduce(mine, op=Max, name=_NAME + "resets").asnumpy()
+    return int(agreed[0]), bool(agreed[1])
 
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -84,7 +91,8 @@ def run(func: F) -> F:
     peers gone) it restores the last commit, resets hvdmx over the job's new
     membership, calls ``state.on_reset()`` and starts again (sync, call).
     On HostsUpdatedInterrupt it resets without restoring, and skips the
-    sync when the interrupt says so. Any other exception propagates: it is
+    sync when the interrupt says so on every rank (the ranks agree on it
+    with the count of resets). Any other exception propagates: it is
     the user's error and is not retried. Past the job's reset limit
     (HVDMX_ELASTIC_RESET_LIMIT, from hvdmxrun --reset-limit) it raises
     ResetLimitError from the failure. Do not make collectives before the
@@ -97,7 +105,6 @@ def run(func: F) -> F:
 
     @functools.wraps(func)
     def wrapper(state, *args, **kwargs):
-        global _host_votes
         if not isinstance(state, State):
             raise TypeError(f"hvdmx.elastic.run: the first argument of "
                             f"{getattr(func, '__name__', func)!r} must be an hvd.elastic.State "
@@ -107,8 +114,8 @@ def run(func: F) -> F:
         resets, skip_sync = 0, False
         while True:
             try:
-                resets = _agreed_resets(resets)
-                if not skip_sync:
+                resets, needs_sync = _agreed_start(resets, skip_sync)
+                if needs_sync:
                     state.sync()
                 if resets:
                     _elastic_driver.resumed()
@@ -133,7 +140,8 @@ def run(func: F) -> F:
                     f"--reset-limit, {RESET_LIMIT_VARIABLE}={limit}), so it ends here "
                     "(as Horovod's: the number of resets during the elastic job exceeded "
                     "the limit)") from cause
-            resets, _host_votes = resets + 1, None
+            resets += 1
+            _forget_host_votes()
             _elastic_driver.reset()
             _process_sets._restart_names()
             state.on_reset()

@@ -130,6 +130,16 @@ class State:
 _host_votes: Optional[mx.nd.NDArray] = None
 
 
+def _forget_host_votes() -> None:
+    """At a reset: the last commit's votes belonged to the old job, and are
+    not read. A rank whose commit had sent votes that the others never
+    joined (it committed once more before the failure reached it) would
+    otherwise read their failure at its first commit in the new job, alone,
+    and end or reset while the others trained on (issue 60)."""
+    global _host_votes
+    _host_votes = None
+
+
 def _send_host_votes(kind: str) -> mx.nd.NDArray:
     """This rank's answer to whether the hosts changed, combined over the
     ranks by an allreduce (Max) that is returned, not waited for: [updated

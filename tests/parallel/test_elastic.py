@@ -3,8 +3,10 @@ over the same world (hvdmx/elastic/driver.py): commit and restore give back
 parameters, optimizer states and values bitwise; sync gives every rank rank
 0's; run() retries after a HorovodInternalError and ends bitwise where an
 uninterrupted run ends; a user's exception is not retried; a host update
-announced on one rank interrupts every rank at the same commit; the reset
-limit ends the run with ResetLimitError."""
+announced on one rank interrupts every rank at the same commit; a reset
+drops the old job's host votes, and the ranks sync together when one
+restored and another was interrupted (issue 60); the reset limit ends the
+run with ResetLimitError."""
 import mxnet as mx
 import pytest
 from mxnet import gluon
@@ -312,6 +314,67 @@ def test_check_host_updates_raises_on_every_rank_in_the_same_call():
     assert raised.value.skip_sync is False
     _elastic_driver._announced = None
     state.check_host_updates()
+
+
+def test_the_old_jobs_host_votes_are_not_read_after_a_reset():
+    # Issue 60: the votes the last commit sent belong to the job that was
+    # lost. Here they say "updated" (announced at the commit of step 2, then
+    # a peer lost before the next commit); the reset takes the update in, so
+    # the first commit of the new job must not interrupt again. (After a real
+    # loss they may be an allreduce that failed, whose error the restore's
+    # drain took out of MXNet: read, they held whatever the buffer held.)
+    state = CountingState(step=0)
+    calls, failed = [], []
+
+    @hvd.elastic.run
+    def train(state):
+        calls.append(state.step)
+        while state.step < 4:
+            state.step += 1
+            if state.step == 3 and not failed:
+                failed.append(1)
+                raise hvd.elastic.HorovodInternalError("a peer is gone (simulated)")
+            if state.step == 2 and hvd.rank() == 0 and not failed:
+                _elastic_driver._announce_hosts_update(False)
+            state.commit()
+        return state.step
+
+    assert train(state) == 4
+    assert calls == [0, 2], "one reset, from the commit of step 2"
+    assert state.counts == {"sync": 2, "restore": 1, "reset": 1}
+
+
+def test_the_ranks_sync_together_when_one_restores_and_another_was_interrupted():
+    # Issue 60: at the same commit rank 0 reads the votes (a host update that
+    # needs no sync) while the last rank loses its peer first. Rank 0 resets
+    # without a restore and would skip the sync; the last rank restores and
+    # syncs: every rank must sync, or rank 0 trains on while the last rank
+    # waits in the sync's broadcasts.
+    if hvd.size() == 1:
+        pytest.skip("needs two ranks: one interrupted, one that lost its peer")
+    last = hvd.rank() == hvd.size() - 1
+    state = CountingState(step=0)
+    calls, announced = [], []
+
+    @hvd.elastic.run
+    def train(state):
+        calls.append(state.step)
+        while state.step < 6:
+            state.step += 1
+            if state.step == 3 and hvd.rank() == 0 and not announced:
+                announced.append(1)
+                _elastic_driver._announce_hosts_update(True)
+            if state.step == 4 and last and state.counts["reset"] == 0:
+                raise hvd.elastic.HorovodInternalError("a peer is gone (simulated)")
+            state.commit()  # rank 0: HostsUpdatedInterrupt(skip_sync=True) at step 4
+        return state.step
+
+    assert train(state) == 6
+    # Rank 0 committed step 4 before the interrupt; the last rank restored
+    # step 3; the sync gives every rank rank 0's.
+    assert calls == [0, 4]
+    assert state.counts == {"sync": 2, "restore": 1 if last else 0, "reset": 1}
+    assert world_bcast(calls) == calls
 
 
 def test_the_reset_limit_ends_the_run(monkeypatch):
