@@ -95,6 +95,8 @@ void DeleteOpParam(void* p) {
 // op's on_complete with the error. Under the NaiveEngine everything runs
 // on the pushing thread and the op ends at once; if the push fails, too
 // (under a lock, so that our failures at least do not race each other).
+// With MXNET_CPU_WORKER_NTHREADS above 1 the workers still race each other
+// over the vector (MXNet's own ops too); docs/env.md says to keep it at 1.
 std::mutex g_fail_mu;
 
 struct FailParam {
