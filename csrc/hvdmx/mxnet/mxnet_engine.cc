@@ -7,6 +7,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <future>
+#include <mutex>
 #include <stdexcept>
 
 #include "mxnet/mxnet_api.h"
@@ -62,6 +63,8 @@ struct OpParam {
   std::vector<NDArrayHandle> owned;      // every copy we made, freed once
   uint64_t turn = TensorEntry::kNoTurn;  // see Note [Same-name calls in flight]
   ComputeFn compute;                     // PushCompute's: run this instead of a collective
+  int dev_type = 1;                      // the op's device (cpu(0) for PushCompute's)
+  int dev_id = 0;
 };
 
 void DeleteOpParam(void* p) {
@@ -70,13 +73,66 @@ void DeleteOpParam(void* p) {
   delete param;
 }
 
-void Complete(const CallbackOnComplete& on_complete, const Status& status) {
+// Note [Failing ops on the engine's worker]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+// MXNet 1.9.1's threaded engine keeps every failed op's exception in one
+// std::vector (ThreadedEngine::global_exception_refs_, which waitall
+// rethrows and clears), appended to and searched without a lock by
+// whichever thread ends an op: the op's on_complete, and the engine's
+// worker when it starts an op on an array that holds an exception (the
+// DeleteVariable of a failed output, an op that reads one). Its workers
+// for one CPU device are one thread by default (MXNET_CPU_WORKER_NTHREADS
+// is 1), so MXNet's own ops never touch the vector at once. Ours end
+// elsewhere: on the runtime's thread (Runtime::Stop fails every pending
+// entry when a peer shuts down or goes) or the Python thread (RunOp on a
+// runtime that has just stopped). A failure ended there while the worker
+// passed an earlier one on corrupted the vector: "double free or
+// corruption (!prev)", "malloc(): invalid next size" or a segfault in
+// mx.nd.waitall() on a rank whose peer shut down while it had
+// collectives in flight (tests/test_peer_shutdown_in_flight.py). So a
+// failed op of ours ends on the worker of its device: Complete pushes a
+// small op there (no arrays, so it runs at once) that calls the failed
+// op's on_complete with the error. Under the NaiveEngine everything runs
+// on the pushing thread and the op ends at once; if the push fails, too
+// (under a lock, so that our failures at least do not race each other).
+// With MXNET_CPU_WORKER_NTHREADS above 1 the workers still race each other
+// over the vector (MXNet's own ops too); docs/env.md says to keep it at 1.
+std::mutex g_fail_mu;
+
+struct FailParam {
+  CallbackOnComplete on_complete;  // the failed op's
+  std::string message;
+};
+
+void RunFail(void* /*run_context*/, void* on_complete_ptr, void* p) {
+  const FailParam* fail = static_cast<const FailParam*>(p);
+  CallbackOnComplete own = *static_cast<CallbackOnComplete*>(on_complete_ptr);
+  dmlc::Error error(fail->message);
+  fail->on_complete(&error);
+  own(nullptr);
+}
+
+void DeleteFailParam(void* p) { delete static_cast<FailParam*>(p); }
+
+// Ends an op: at once when it succeeded, else with the error on the
+// engine's worker for device (dev_type, dev_id) (see the Note above).
+void Complete(const CallbackOnComplete& on_complete, const Status& status, int dev_type,
+              int dev_id) {
   if (status.ok()) {
     on_complete(nullptr);
-  } else {
-    dmlc::Error error(status.message());
-    on_complete(&error);
+    return;
   }
+  if (!g_naive_engine) {
+    Context ctx{dev_type, dev_id};
+    auto* fail = new FailParam{on_complete, status.message()};
+    if (g_api.push_async_nd(RunFail, fail, DeleteFailParam, &ctx, nullptr, 0, nullptr, 0,
+                            &kFnPropertyNormal, 0, "hvdmx_failed", false) == 0) {
+      return;
+    }
+  }
+  dmlc::Error error(status.message());
+  std::lock_guard<std::mutex> lock(g_fail_mu);
+  on_complete(&error);
 }
 
 // Note [Letting go before completing]
@@ -118,8 +174,10 @@ void RunCompute(void* /*run_context*/, void* on_complete_ptr, void* p) {
     NDArrayHandle h = is_input ? param->inputs[i] : param->outputs[i - param->inputs.size()];
     void* data = nullptr;
     if (!HasDefaultLayout(h) || g_api.get_data(h, &data) != 0) {
-      Complete(on_complete, Status::Internal("hvdmx: could not read an array of " +
-                                             param->request.name + ": " + g_api.last_error()));
+      Complete(on_complete,
+               Status::Internal("hvdmx: could not read an array of " + param->request.name + ": " +
+                                g_api.last_error()),
+               param->dev_type, param->dev_id);
       return;
     }
     if (is_input) {
@@ -128,7 +186,7 @@ void RunCompute(void* /*run_context*/, void* on_complete_ptr, void* p) {
       out.push_back(data);
     }
   }
-  Complete(on_complete, param->compute(in, out));
+  Complete(on_complete, param->compute(in, out), param->dev_type, param->dev_id);
 }
 
 // Called by the engine when the op's inputs are ready.
@@ -192,7 +250,7 @@ void RunOp(void* /*run_context*/, void* on_complete_ptr, void* p) {
       for (NDArrayHandle h : param->owned) g_api.free_ndarray(h);
       param->owned.clear();
     }
-    Complete(on_complete, status);
+    Complete(on_complete, status, param->dev_type, param->dev_id);
     if (done) done->set_value();
   };
   // A name is checked here, when the engine runs the op, not at the call:
@@ -201,7 +259,7 @@ void RunOp(void* /*run_context*/, void* on_complete_ptr, void* p) {
   // step k's is still queued.
   Status queued = param->runtime->Enqueue(std::move(entry));
   if (!queued.ok()) {
-    Complete(on_complete, queued);
+    Complete(on_complete, queued, param->dev_type, param->dev_id);
     return;
   }
   // MXNet's NaiveEngine requires an op to complete before it returns.
@@ -279,6 +337,8 @@ Status PushCollective(const std::shared_ptr<Runtime>& runtime, PushArgs args) {
   auto param = std::make_unique<OpParam>();
   param->runtime = runtime;
   param->request = std::move(args.request);
+  param->dev_type = args.dev_type;
+  param->dev_id = args.dev_id;
 
   std::vector<NDArrayHandle> const_handles;
   std::vector<NDArrayHandle> mutable_handles;
