@@ -100,7 +100,7 @@ run_parallel() {
 shard_a=(tests/test_many_hosts.py tests/test_elastic_jobs.py tests/test_testhosts.py tests/test_tcp_transport.py
   tests/test_timeline.py tests/test_tcp_comm.py tests/test_shm_process_exit.py tests/test_one_mpi.py
   tests/test_horovod_programs.py tests/test_as_horovod.py tests/test_spark.py
-  tests/test_peer_input_tcp.py tests/test_process_exit.py tests/test_mpi_operator.py)
+  tests/test_peer_input_tcp.py tests/test_mpi_operator.py)
 ignore_a=()
 for file in "${shard_a[@]}"; do ignore_a+=(--ignore="$file"); done
 echo "== single process: pytest tests (without tests/parallel), two shards at once"
