@@ -4,6 +4,8 @@
 #include <climits>
 #include <string>
 
+#include "comm/peer_input.h"
+
 namespace hvdmx {
 namespace {
 
@@ -12,6 +14,31 @@ void CheckMpi(const hvdmx_mpi_api& mpi, int rc, const char* what) {
   char text[512];
   mpi.error_string(rc, text, sizeof(text));
   HVDMX_CHECK(false, std::string(what) + " failed: " + text);
+}
+
+// The displacements of a gather whose ranks sent `lens` (peer input: each
+// length in [0, DataComm::kMaxMessageBytes], all of them within MPI's int
+// displacements), and their total in *total; a bad one fails naming its rank.
+std::vector<int> GatherDisplacements(const std::vector<int>& lens, const char* message,
+                                     int64_t* total) {
+  std::vector<int> displs(lens.size());
+  *total = 0;
+  for (size_t i = 0; i < lens.size(); ++i) {
+    const int rank = static_cast<int>(i);
+    if (lens[i] < 0 || lens[i] > DataComm::kMaxMessageBytes) {
+      FailPeerInput(PeerSender::Rank(rank),
+                    std::string(message) + " of " + std::to_string(lens[i]) + " bytes where 0 to " +
+                        std::to_string(DataComm::kMaxMessageBytes) + " may be");
+    }
+    if (*total + lens[i] > INT_MAX) {
+      FailPeerInput(PeerSender::Rank(rank),
+                    std::string(message) + " of " + std::to_string(lens[i]) + " bytes after " +
+                        std::to_string(*total) + " from the ranks before it: over 2 GiB in all");
+    }
+    displs[i] = static_cast<int>(*total);
+    *total += lens[i];
+  }
+  return displs;
 }
 
 bool MpiType(DataType dtype, int* out) {
@@ -81,14 +108,11 @@ std::vector<std::string> MpiAllgatherStrings(hvdmx_mpi_handle comm, const std::s
   int size = 1;
   mpi.comm_size(comm, &size);
   int len = static_cast<int>(mine.size());
-  std::vector<int> lens(size), displs(size);
+  std::vector<int> lens(size);
   CheckMpi(mpi, mpi.allgather(&len, 1, HVDMX_MPI_INT, lens.data(), comm), "MPI_Allgather");
-  int total = 0;
-  for (int i = 0; i < size; ++i) {
-    displs[i] = total;
-    total += lens[i];
-  }
-  std::string all(total, '\0');
+  int64_t total = 0;
+  const std::vector<int> displs = GatherDisplacements(lens, "a string for the group", &total);
+  std::string all(static_cast<size_t>(total), '\0');
   CheckMpi(mpi, mpi.allgatherv(mine.data(), len, &all[0], lens.data(), displs.data(), comm),
            "MPI_Allgatherv");
   std::vector<std::string> out;
@@ -177,14 +201,9 @@ std::vector<std::string> MpiComm::Gather(const std::string& mine, int root) {
   std::vector<int> displs;
   std::string all;
   if (rank_ == root) {
-    displs.resize(size_);
     int64_t total = 0;
-    for (int i = 0; i < size_; ++i) {
-      displs[i] = static_cast<int>(total);
-      total += lens[i];
-    }
-    HVDMX_CHECK(total < INT_MAX, "negotiation message over 2 GiB");
-    all.resize(total);
+    displs = GatherDisplacements(lens, "a gather message", &total);
+    all.resize(static_cast<size_t>(total));
   }
   CheckMpi(
       mpi_,
@@ -204,7 +223,12 @@ void MpiComm::BcastString(std::string* data, int root) {
   hvdmx_mpi_handle req = mpi_.request_null;
   CheckMpi(mpi_, mpi_.ibcast(&len, 1, HVDMX_MPI_INT64, root, comm_, &req), "MPI_Ibcast");
   Complete(&req, "MPI_Ibcast");
-  data->resize(len);
+  if (len < 0 || len > kMaxMessageBytes) {
+    FailPeerInput(PeerSender::Rank(root), "a broadcast of " + std::to_string(len) +
+                                              " bytes where 0 to " +
+                                              std::to_string(kMaxMessageBytes) + " may be");
+  }
+  data->resize(static_cast<size_t>(len));
   char* p = &(*data)[0];
   for (int64_t done = 0; done < len; done += kMaxMessageBytes) {
     const int piece = static_cast<int>(std::min(kMaxMessageBytes, len - done));
